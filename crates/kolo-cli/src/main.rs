@@ -1,0 +1,64 @@
+//! `kolo`: the command line of the kolo distributed training library.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod cmd;
+
+/// The `kolo` command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "kolo",
+    version,
+    about = "kolo: distributed deep-learning training in Rust",
+    long_about = "kolo: distributed deep-learning training in Rust.\n\n\
+                  `kolo run` starts and supervises the worker processes of a training job \
+                  on this machine, like torchrun: each worker gets RANK, WORLD_SIZE, \
+                  LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT and friends \
+                  (see `kolo run --help`).",
+    after_help = "Example: kolo run -n 4 -- ./train --epochs 3",
+    propagate_version = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Start N local worker processes and supervise them (like torchrun)
+    #[command(
+        long_about = cmd::run::LONG_ABOUT,
+        override_usage = "kolo run [OPTIONS] -n <N> -- <PROGRAM> [ARGS]..."
+    )]
+    Run(cmd::run::RunArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Run(args) => cmd::run::execute(args),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn run_takes_program_and_args_after_dashes() {
+        let cli = Cli::try_parse_from(["kolo", "run", "-n", "2", "--", "prog", "-x", "--y"]);
+        assert!(cli.is_ok());
+        let cli = Cli::try_parse_from(["kolo", "run", "--nproc-per-node", "2", "prog"]);
+        assert!(cli.is_ok());
+        assert!(Cli::try_parse_from(["kolo", "run", "-n", "2"]).is_err());
+        assert!(Cli::try_parse_from(["kolo", "run", "-n", "0", "prog"]).is_err());
+    }
+}

@@ -1,0 +1,191 @@
+//! [`Ctx`]: what an algorithm knows about the collective it runs — its group, its tag and fingerprint,
+//! its deadline — and the checked send/receive it uses.
+
+use std::ops::Range;
+use std::time::Instant;
+
+use kolo_core::{Error, Header, Message, RecvError, Reducer, Result, Transport};
+
+/// One collective call on one rank, as seen by an algorithm.
+///
+/// Ranks here are group ranks (`0..size`); `members` maps them to transport ranks. Every message is
+/// sent with this call's [`Header`]; every receive checks that the sender's fingerprint equals ours and
+/// that the payload has the expected length, so ranks that disagree get [`Error::Mismatch`] or
+/// [`Error::MessageLength`] instead of a hang or garbage.
+#[derive(Debug)]
+pub struct Ctx<'a> {
+    /// The transport.
+    pub transport: &'a dyn Transport,
+    /// Group rank → transport rank.
+    pub members: &'a [usize],
+    /// This rank in the group.
+    pub rank: usize,
+    /// Tag and fingerprint of this call.
+    pub header: Header,
+    /// When the call started.
+    pub started: Instant,
+    /// When waiting for a peer becomes an error (`None`: never).
+    pub deadline: Option<Instant>,
+}
+
+/// Largest message a pipelined algorithm sends at once; longer chunks go as several segments so the
+/// receiver reduces one while the next is on the wire.
+pub const SEGMENT_BYTES: usize = 1 << 20;
+
+impl Ctx<'_> {
+    /// Group size.
+    pub fn size(&self) -> usize {
+        self.members.len()
+    }
+
+    /// Name of the operation.
+    pub fn op(&self) -> &'static str {
+        self.header.call.op.name()
+    }
+
+    /// Sends `data` to group rank `to`.
+    pub fn send(&self, to: usize, data: &[u8]) -> Result<()> {
+        self.transport
+            .send(self.members[to], &self.header, data)
+            .map_err(|f| f.into_error(self.op(), self.rank))
+    }
+
+    fn recv_msg(&self, from: usize, expected: usize) -> Result<Message> {
+        let msg = self
+            .transport
+            .recv(self.members[from], &self.header.tag, self.deadline)
+            .map_err(|e| match e {
+                RecvError::Timeout => Error::Timeout {
+                    op: self.op(),
+                    rank: self.rank,
+                    peer: from,
+                    waited: self.started.elapsed(),
+                },
+                RecvError::Link(f) => f.into_error(self.op(), self.rank),
+            })?;
+        if msg.header.call != self.header.call {
+            return Err(Error::Mismatch {
+                rank: self.rank,
+                peer: from,
+                local: self.header.call,
+                remote: msg.header.call,
+                tag: self.header.tag,
+            });
+        }
+        if msg.payload.len() != expected {
+            return Err(Error::MessageLength {
+                op: self.op(),
+                rank: self.rank,
+                peer: from,
+                expected,
+                actual: msg.payload.len(),
+            });
+        }
+        Ok(msg)
+    }
+
+    /// Receives exactly `expected` bytes from group rank `from`.
+    pub fn recv(&self, from: usize, expected: usize) -> Result<Vec<u8>> {
+        Ok(self.recv_msg(from, expected)?.payload)
+    }
+
+    /// Receives `buf.len()` bytes from `from` into `buf`.
+    pub fn recv_into(&self, from: usize, buf: &mut [u8]) -> Result<()> {
+        let m = self.recv_msg(from, buf.len())?;
+        buf.copy_from_slice(&m.payload);
+        Ok(())
+    }
+
+    /// Receives `buf.len()` bytes from `from` and reduces them into `buf`.
+    pub fn recv_reduce(&self, from: usize, buf: &mut [u8], red: &Reducer) -> Result<()> {
+        let m = self.recv_msg(from, buf.len())?;
+        red.apply(buf, &m.payload);
+        Ok(())
+    }
+
+    /// Sends `data` in segments of at most [`SEGMENT_BYTES`] (rounded to whole elements of `elem` bytes).
+    pub fn send_segmented(&self, to: usize, data: &[u8], elem: usize) -> Result<()> {
+        if data.is_empty() {
+            return self.send(to, data);
+        }
+        for r in segments(data.len(), elem) {
+            self.send(to, &data[r])?;
+        }
+        Ok(())
+    }
+
+    /// Receives what [`Ctx::send_segmented`] sent, copying or reducing each segment into `buf`.
+    pub fn recv_segmented(
+        &self,
+        from: usize,
+        buf: &mut [u8],
+        elem: usize,
+        red: Option<&Reducer>,
+    ) -> Result<()> {
+        if buf.is_empty() {
+            return self.recv_into(from, buf);
+        }
+        for r in segments(buf.len(), elem) {
+            match red {
+                Some(red) => self.recv_reduce(from, &mut buf[r], red)?,
+                None => self.recv_into(from, &mut buf[r])?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Splits `len` bytes into segments of at most [`SEGMENT_BYTES`], cut at multiples of `elem`.
+pub fn segments(len: usize, elem: usize) -> impl Iterator<Item = Range<usize>> {
+    let seg = (SEGMENT_BYTES / elem).max(1) * elem;
+    (0..len).step_by(seg).map(move |s| s..(s + seg).min(len))
+}
+
+/// Splits `count` elements into `parts` contiguous blocks whose sizes differ by at most one, as byte
+/// ranges for elements of `elem` bytes.
+pub fn even_blocks(count: usize, parts: usize, elem: usize) -> Vec<Range<usize>> {
+    let base = count / parts;
+    let extra = count % parts;
+    let mut start = 0;
+    (0..parts)
+        .map(|i| {
+            let n = base + usize::from(i < extra);
+            let r = start * elem..(start + n) * elem;
+            start += n;
+            r
+        })
+        .collect()
+}
+
+/// Byte ranges of consecutive blocks with the given element counts.
+pub fn blocks_from_counts(counts: &[usize], elem: usize) -> Vec<Range<usize>> {
+    let mut start = 0;
+    counts
+        .iter()
+        .map(|c| {
+            let r = start..start + c * elem;
+            start = r.end;
+            r
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_cover_everything() {
+        let b = even_blocks(10, 3, 4);
+        assert_eq!(b, vec![0..16, 16..28, 28..40]);
+        assert_eq!(even_blocks(2, 4, 1), vec![0..1, 1..2, 2..2, 2..2]);
+        assert_eq!(blocks_from_counts(&[1, 0, 2], 2), vec![0..2, 2..2, 2..6]);
+    }
+
+    #[test]
+    fn segments_are_whole_elements() {
+        let s: Vec<_> = segments(3 * SEGMENT_BYTES + 6, 6).collect();
+        assert!(s.iter().all(|r| r.len() % 6 == 0));
+        assert_eq!(s.last().map(|r| r.end), Some(3 * SEGMENT_BYTES + 6));
+    }
+}

@@ -1,0 +1,116 @@
+//! The cost model: which algorithm runs a collective, by message size and world size.
+//!
+//! The choice depends only on values every rank shares (count, element size, group size and the
+//! configured overrides), so every rank picks the same algorithm. The algorithm is part of each call's
+//! fingerprint, so ranks configured differently get a mismatch error rather than a hang.
+//!
+//! All-reduce: recursive doubling below [`SMALL_BYTES`] (fewest rounds), halving-doubling up to
+//! [`MEDIUM_BYTES`] when there are at least four ranks (log rounds, near-optimal bandwidth), ring above
+//! (optimal bandwidth, segments pipelined).
+
+use kolo_core::{Algorithm, Error, Result};
+
+/// Up to this many bytes, all-reduce uses recursive doubling.
+pub const SMALL_BYTES: usize = 32 * 1024;
+/// Up to this many bytes (and from four ranks), all-reduce uses halving-doubling.
+pub const MEDIUM_BYTES: usize = 1 << 20;
+
+/// Algorithms each collective can run, the first being the default.
+pub const ALL_REDUCE_ALGOS: &[Algorithm] = &[
+    Algorithm::Ring,
+    Algorithm::RecursiveDoubling,
+    Algorithm::HalvingDoubling,
+    Algorithm::BinomialTree,
+];
+
+/// Per-collective algorithm overrides (e.g. from `KOLO_ALGO_ALLREDUCE`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Overrides {
+    /// Forced all-reduce algorithm.
+    pub all_reduce: Option<Algorithm>,
+}
+
+impl Overrides {
+    /// Parses an all-reduce algorithm name, as the `KOLO_ALGO_ALLREDUCE` variable holds it.
+    pub fn parse_all_reduce(var: &str, value: &str) -> Result<Algorithm> {
+        Algorithm::from_name(value)
+            .filter(|a| ALL_REDUCE_ALGOS.contains(a))
+            .ok_or_else(|| Error::Config {
+                var: var.to_string(),
+                value: value.to_string(),
+                reason: format!(
+                    "expected one of {}",
+                    ALL_REDUCE_ALGOS
+                        .iter()
+                        .map(|a| a.name())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            })
+    }
+}
+
+/// Chooses the all-reduce algorithm for `count` elements of `elem` bytes over `n` ranks.
+pub fn all_reduce(count: usize, elem: usize, n: usize, ov: &Overrides) -> Algorithm {
+    if n <= 1 {
+        return Algorithm::Direct;
+    }
+    if let Some(a) = ov.all_reduce {
+        return a;
+    }
+    let bytes = count * elem;
+    if bytes <= SMALL_BYTES || count < n {
+        Algorithm::RecursiveDoubling
+    } else if bytes <= MEDIUM_BYTES && n >= 4 {
+        Algorithm::HalvingDoubling
+    } else {
+        Algorithm::Ring
+    }
+}
+
+/// Algorithm of the collectives that have one schedule.
+pub fn fixed(op: kolo_core::OpKind, n: usize) -> Algorithm {
+    use kolo_core::OpKind::*;
+    if n <= 1 {
+        return Algorithm::Direct;
+    }
+    match op {
+        Barrier => Algorithm::Dissemination,
+        Broadcast | Reduce => Algorithm::BinomialTree,
+        AllGather | AllGatherV | ReduceScatter => Algorithm::Ring,
+        AllToAll | AllToAllV => Algorithm::Pairwise,
+        Scatter | ScatterV | Gather | GatherV => Algorithm::Linear,
+        Send | AllReduce => Algorithm::Direct,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_pick_algorithms() {
+        let ov = Overrides::default();
+        assert_eq!(all_reduce(1, 4, 1, &ov), Algorithm::Direct);
+        assert_eq!(all_reduce(1, 4, 3, &ov), Algorithm::RecursiveDoubling);
+        assert_eq!(all_reduce(100_000, 4, 4, &ov), Algorithm::HalvingDoubling);
+        assert_eq!(all_reduce(100_000, 4, 2, &ov), Algorithm::Ring);
+        assert_eq!(all_reduce(10_000_000, 4, 4, &ov), Algorithm::Ring);
+        let forced = Overrides {
+            all_reduce: Some(Algorithm::BinomialTree),
+        };
+        assert_eq!(all_reduce(10, 4, 4, &forced), Algorithm::BinomialTree);
+    }
+
+    #[test]
+    fn bad_override_names_the_choices() {
+        let e = Overrides::parse_all_reduce("KOLO_ALGO_ALLREDUCE", "fast");
+        assert!(
+            matches!(e, Err(Error::Config { ref reason, .. }) if reason.contains("halving_doubling"))
+        );
+        assert_eq!(
+            Overrides::parse_all_reduce("X", "ring").ok(),
+            Some(Algorithm::Ring)
+        );
+    }
+}

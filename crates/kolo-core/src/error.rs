@@ -1,0 +1,443 @@
+//! kolo's error type.
+//!
+//! Every error names the rank that saw it and, where there is one, the peer and the operation. Errors
+//! from a collective poison the communicator: later calls return [`Error::Failed`] with the first error,
+//! and the peers are told (so that they fail too instead of waiting).
+
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kolo_store::StoreError;
+
+use crate::call::{Call, Tag};
+
+/// Result with kolo's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in kolo's communication layer.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A root, peer or member rank outside the group.
+    #[error("{op} on rank {rank}: {arg} = {value} is out of range for a group of {size} ranks")]
+    RankOutOfRange {
+        /// Operation.
+        op: &'static str,
+        /// Rank that made the call.
+        rank: usize,
+        /// Argument name (`root`, `dest`, ...).
+        arg: &'static str,
+        /// The value passed.
+        value: usize,
+        /// Group size.
+        size: usize,
+    },
+
+    /// A buffer of the wrong length for the call on this rank.
+    #[error("{op} on rank {rank}: buffer `{arg}` has {actual} elements, expected {expected}")]
+    BufferLength {
+        /// Operation.
+        op: &'static str,
+        /// Rank that made the call.
+        rank: usize,
+        /// Argument name.
+        arg: &'static str,
+        /// Elements required.
+        expected: usize,
+        /// Elements passed.
+        actual: usize,
+    },
+
+    /// Any other invalid argument.
+    #[error("{op} on rank {rank}: invalid argument `{arg}`: {reason}")]
+    InvalidArgument {
+        /// Operation.
+        op: &'static str,
+        /// Rank that made the call.
+        rank: usize,
+        /// Argument name.
+        arg: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// Two ranks are in different calls at the same point of their sequence (different operation,
+    /// element type, count, root, reduce operator or algorithm).
+    #[error(
+        "collective mismatch: rank {rank} called {local} but rank {peer} called {remote} ({tag})"
+    )]
+    Mismatch {
+        /// Rank that noticed.
+        rank: usize,
+        /// Rank whose message disagreed.
+        peer: usize,
+        /// This rank's call.
+        local: Call,
+        /// The peer's call.
+        remote: Call,
+        /// Where in the sequence.
+        tag: Tag,
+    },
+
+    /// A message whose size differs from what the receive expects.
+    #[error(
+        "{op} on rank {rank}: message from rank {peer} has {actual} bytes, expected {expected}"
+    )]
+    MessageLength {
+        /// Operation.
+        op: &'static str,
+        /// Receiving rank.
+        rank: usize,
+        /// Sending rank.
+        peer: usize,
+        /// Bytes expected.
+        expected: usize,
+        /// Bytes received.
+        actual: usize,
+    },
+
+    /// Nothing arrived from a peer before the deadline.
+    #[error("{op} on rank {rank}: timed out after {waited:.1?} waiting for rank {peer}")]
+    Timeout {
+        /// Operation.
+        op: &'static str,
+        /// Waiting rank.
+        rank: usize,
+        /// Rank waited for.
+        peer: usize,
+        /// How long it waited.
+        waited: Duration,
+    },
+
+    /// The connection to a peer broke (the peer died or the network failed).
+    #[error("{op} on rank {rank}: lost connection to rank {peer}: {reason}")]
+    PeerLost {
+        /// Operation that noticed.
+        op: &'static str,
+        /// Rank that noticed.
+        rank: usize,
+        /// Lost rank.
+        peer: usize,
+        /// What the transport saw.
+        reason: String,
+    },
+
+    /// A peer shut its communicator down cleanly and will send nothing more.
+    #[error("{op} on rank {rank}: rank {peer} has closed its communicator")]
+    PeerClosed {
+        /// Operation.
+        op: &'static str,
+        /// Rank that noticed.
+        rank: usize,
+        /// Closed rank.
+        peer: usize,
+    },
+
+    /// Another rank failed and aborted the communicator.
+    #[error("{op} on rank {rank}: aborted by rank {by}: {reason}")]
+    Aborted {
+        /// Operation.
+        op: &'static str,
+        /// Rank that noticed.
+        rank: usize,
+        /// Rank that aborted.
+        by: usize,
+        /// The aborting rank's error.
+        reason: String,
+    },
+
+    /// A peer sent bytes that are not a valid kolo frame.
+    #[error("rank {rank}: protocol error on the link to rank {peer}: {reason}")]
+    Protocol {
+        /// Receiving rank.
+        rank: usize,
+        /// Sending rank.
+        peer: usize,
+        /// What was wrong.
+        reason: String,
+    },
+
+    /// The communicator failed earlier; this is the first error, returned by every later call.
+    #[error("rank {rank}: communicator failed earlier: {first}")]
+    Failed {
+        /// Rank.
+        rank: usize,
+        /// The first error.
+        first: Arc<Error>,
+    },
+
+    /// An operating-system I/O error.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+
+    /// The rendezvous store failed.
+    #[error("rendezvous store: {0}")]
+    Store(#[from] StoreError),
+
+    /// An environment variable or init option is missing or malformed.
+    #[error("init: {var} = {value:?}: {reason}")]
+    Config {
+        /// Variable or option name.
+        var: String,
+        /// Its value.
+        value: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// An object could not be serialized or deserialized.
+    #[error("{op} on rank {rank}: object (de)serialization failed: {reason}")]
+    Serialize {
+        /// Operation.
+        op: &'static str,
+        /// Rank.
+        rank: usize,
+        /// Serializer message.
+        reason: String,
+    },
+
+    /// The request needs something this build or transport does not have.
+    #[error("unsupported: {what}")]
+    Unsupported {
+        /// What was asked for.
+        what: String,
+    },
+}
+
+impl Error {
+    /// The first error behind [`Error::Failed`] wrappers.
+    pub fn root_cause(&self) -> &Error {
+        match self {
+            Error::Failed { first, .. } => first.root_cause(),
+            e => e,
+        }
+    }
+
+    /// A copy of this error, for keeping as a communicator's sticky failure while the original is
+    /// returned. OS and store errors are copied by kind and message.
+    pub fn duplicate(&self) -> Error {
+        use Error::*;
+        match self {
+            RankOutOfRange {
+                op,
+                rank,
+                arg,
+                value,
+                size,
+            } => RankOutOfRange {
+                op,
+                rank: *rank,
+                arg,
+                value: *value,
+                size: *size,
+            },
+            BufferLength {
+                op,
+                rank,
+                arg,
+                expected,
+                actual,
+            } => BufferLength {
+                op,
+                rank: *rank,
+                arg,
+                expected: *expected,
+                actual: *actual,
+            },
+            InvalidArgument {
+                op,
+                rank,
+                arg,
+                reason,
+            } => InvalidArgument {
+                op,
+                rank: *rank,
+                arg,
+                reason: reason.clone(),
+            },
+            Mismatch {
+                rank,
+                peer,
+                local,
+                remote,
+                tag,
+            } => Mismatch {
+                rank: *rank,
+                peer: *peer,
+                local: *local,
+                remote: *remote,
+                tag: *tag,
+            },
+            MessageLength {
+                op,
+                rank,
+                peer,
+                expected,
+                actual,
+            } => MessageLength {
+                op,
+                rank: *rank,
+                peer: *peer,
+                expected: *expected,
+                actual: *actual,
+            },
+            Timeout {
+                op,
+                rank,
+                peer,
+                waited,
+            } => Timeout {
+                op,
+                rank: *rank,
+                peer: *peer,
+                waited: *waited,
+            },
+            PeerLost {
+                op,
+                rank,
+                peer,
+                reason,
+            } => PeerLost {
+                op,
+                rank: *rank,
+                peer: *peer,
+                reason: reason.clone(),
+            },
+            PeerClosed { op, rank, peer } => PeerClosed {
+                op,
+                rank: *rank,
+                peer: *peer,
+            },
+            Aborted {
+                op,
+                rank,
+                by,
+                reason,
+            } => Aborted {
+                op,
+                rank: *rank,
+                by: *by,
+                reason: reason.clone(),
+            },
+            Protocol { rank, peer, reason } => Protocol {
+                rank: *rank,
+                peer: *peer,
+                reason: reason.clone(),
+            },
+            Failed { rank, first } => Failed {
+                rank: *rank,
+                first: first.clone(),
+            },
+            Io { context, source } => Io {
+                context: context.clone(),
+                source: io::Error::new(source.kind(), source.to_string()),
+            },
+            Store(e) => Io {
+                context: "rendezvous store".into(),
+                source: io::Error::other(e.to_string()),
+            },
+            Config { var, value, reason } => Config {
+                var: var.clone(),
+                value: value.clone(),
+                reason: reason.clone(),
+            },
+            Serialize { op, rank, reason } => Serialize {
+                op,
+                rank: *rank,
+                reason: reason.clone(),
+            },
+            Unsupported { what } => Unsupported { what: what.clone() },
+        }
+    }
+
+    /// Builds an [`Error::Io`].
+    pub fn io(context: impl Into<String>, source: io::Error) -> Error {
+        Error::Io {
+            context: context.into(),
+            source,
+        }
+    }
+}
+
+/// Why a link (the transport's view of the connection to peers) cannot deliver any more.
+///
+/// Stored by transports when a link fails and turned into an [`Error`] naming the operation that
+/// noticed it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LinkFailure {
+    /// The connection to `peer` broke.
+    PeerLost {
+        /// Lost peer.
+        peer: usize,
+        /// What was seen.
+        reason: String,
+    },
+    /// `peer` closed cleanly.
+    PeerClosed {
+        /// Closed peer.
+        peer: usize,
+    },
+    /// Rank `by` aborted the job.
+    Aborted {
+        /// Aborting rank.
+        by: usize,
+        /// Its error.
+        reason: String,
+    },
+    /// `peer` sent an invalid frame.
+    Protocol {
+        /// Offending peer.
+        peer: usize,
+        /// What was wrong.
+        reason: String,
+    },
+    /// This rank closed or aborted its own endpoint.
+    LocalClosed {
+        /// Why.
+        reason: String,
+    },
+}
+
+impl LinkFailure {
+    /// The error an operation `op` on `rank` reports for this failure.
+    pub fn into_error(self, op: &'static str, rank: usize) -> Error {
+        match self {
+            LinkFailure::PeerLost { peer, reason } => Error::PeerLost {
+                op,
+                rank,
+                peer,
+                reason,
+            },
+            LinkFailure::PeerClosed { peer } => Error::PeerClosed { op, rank, peer },
+            LinkFailure::Aborted { by, reason } => Error::Aborted {
+                op,
+                rank,
+                by,
+                reason,
+            },
+            LinkFailure::Protocol { peer, reason } => Error::Protocol { rank, peer, reason },
+            LinkFailure::LocalClosed { reason } => Error::Aborted {
+                op,
+                rank,
+                by: rank,
+                reason,
+            },
+        }
+    }
+}
+
+/// Why a receive returned without a message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RecvError {
+    /// The deadline passed.
+    Timeout,
+    /// The link failed.
+    Link(LinkFailure),
+}

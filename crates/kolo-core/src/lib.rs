@@ -1,0 +1,19 @@
+//! # kolo-core
+//!
+//! The vocabulary shared by every kolo crate: the [`Error`] type, element types ([`DType`],
+//! [`Element`]), reduce operators and kernels ([`ReduceOp`], [`Reducer`]), message tags and call
+//! fingerprints ([`Tag`], [`Call`], [`Header`]) and the [`Transport`] trait with its [`Mailbox`].
+//!
+//! Most users depend on the `kolo` crate, which re-exports what they need.
+
+pub mod call;
+pub mod dtype;
+pub mod error;
+pub mod reduce;
+pub mod transport;
+
+pub use call::{Algorithm, Call, Header, OpKind, Tag, TagSpace, HEADER_LEN};
+pub use dtype::{DType, Element};
+pub use error::{Error, LinkFailure, RecvError, Result};
+pub use reduce::{ReduceOp, Reducer};
+pub use transport::{Mailbox, Message, Transport};

@@ -1,0 +1,260 @@
+//! The byte-moving interface every transport implements, and the [`Mailbox`] they share for matching
+//! incoming messages to receives.
+//!
+//! Collective algorithms are written once against [`Transport`] and so run unchanged on threads, shared
+//! memory and TCP. The contract is small:
+//!
+//! - `send` is *buffered*: it returns once the payload has been handed to the transport and never waits
+//!   for the peer to post a receive, so a schedule in which every rank sends before it receives cannot
+//!   deadlock;
+//! - messages from one peer with one tag arrive in the order they were sent;
+//! - once a link fails (a peer died, a peer aborted, a protocol error), every receive returns that failure.
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::Instant;
+
+use crate::call::{Header, Tag};
+use crate::error::{LinkFailure, RecvError};
+
+/// A received message.
+#[derive(Debug)]
+pub struct Message {
+    /// Tag and sender's fingerprint.
+    pub header: Header,
+    /// Payload bytes.
+    pub payload: Vec<u8>,
+}
+
+/// Moves tagged byte messages between the ranks of one world.
+///
+/// Ranks here are transport ranks (positions in the world the transport was built for); communicators
+/// for sub-groups map their own ranks onto these.
+pub trait Transport: Send + Sync + fmt::Debug {
+    /// This endpoint's rank.
+    fn rank(&self) -> usize;
+    /// Number of ranks.
+    fn size(&self) -> usize;
+    /// Short name (`local`, `tcp`, ...), used in benchmarks and errors.
+    fn kind(&self) -> &'static str;
+    /// Sends `payload` to `peer` (which may be this rank). Buffered: returns without waiting for a
+    /// matching receive.
+    fn send(&self, peer: usize, header: &Header, payload: &[u8]) -> Result<(), LinkFailure>;
+    /// Waits for the next message from `peer` with `tag`, until `deadline` (`None`: forever).
+    fn recv(&self, peer: usize, tag: &Tag, deadline: Option<Instant>)
+        -> Result<Message, RecvError>;
+    /// Returns the next message from `peer` with `tag` if one has arrived.
+    fn try_recv(&self, peer: usize, tag: &Tag) -> Result<Option<Message>, LinkFailure>;
+    /// Fails this endpoint and tells every peer that this rank aborted with `reason`; their pending
+    /// and later receives fail with [`LinkFailure::Aborted`]. Idempotent.
+    fn abort(&self, reason: &str);
+    /// The failure that broke this endpoint, if any.
+    fn failure(&self) -> Option<LinkFailure>;
+}
+
+#[derive(Debug, Default)]
+struct MailboxState {
+    queues: HashMap<(usize, Tag), VecDeque<Message>>,
+    failure: Option<LinkFailure>,
+    closed: Vec<bool>,
+}
+
+/// Incoming messages of one rank, keyed by (source, tag), with waiting, deadlines and failure.
+///
+/// Transports deliver into it from wherever bytes arrive (a reader thread, another thread's `send`)
+/// and implement `recv`/`try_recv` with it.
+#[derive(Debug)]
+pub struct Mailbox {
+    state: Mutex<MailboxState>,
+    cond: Condvar,
+}
+
+impl Mailbox {
+    /// An empty mailbox for a world of `size` ranks.
+    pub fn new(size: usize) -> Self {
+        Mailbox {
+            state: Mutex::new(MailboxState {
+                closed: vec![false; size],
+                ..MailboxState::default()
+            }),
+            cond: Condvar::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, MailboxState> {
+        // A panic while holding this lock cannot leave the queues inconsistent (every critical section
+        // is a single insert or remove), so a poisoned lock is still usable.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Queues a message from `src`.
+    pub fn deliver(&self, src: usize, msg: Message) {
+        let mut s = self.lock();
+        s.queues
+            .entry((src, msg.header.tag))
+            .or_default()
+            .push_back(msg);
+        drop(s);
+        self.cond.notify_all();
+    }
+
+    /// Marks `peer` as cleanly closed: its queued messages can still be received, then receives from it
+    /// fail with [`LinkFailure::PeerClosed`].
+    pub fn close_peer(&self, peer: usize) {
+        let mut s = self.lock();
+        if let Some(c) = s.closed.get_mut(peer) {
+            *c = true;
+        }
+        drop(s);
+        self.cond.notify_all();
+    }
+
+    /// Fails the mailbox; the first failure sticks and wakes every waiter.
+    pub fn fail(&self, failure: LinkFailure) {
+        let mut s = self.lock();
+        if s.failure.is_none() {
+            s.failure = Some(failure);
+        }
+        drop(s);
+        self.cond.notify_all();
+    }
+
+    /// The failure, if any.
+    pub fn failure(&self) -> Option<LinkFailure> {
+        self.lock().failure.clone()
+    }
+
+    fn take(s: &mut MailboxState, src: usize, tag: &Tag) -> Result<Option<Message>, LinkFailure> {
+        if let Some(f) = &s.failure {
+            return Err(f.clone());
+        }
+        let key = (src, *tag);
+        if let Some(q) = s.queues.get_mut(&key) {
+            if let Some(m) = q.pop_front() {
+                if q.is_empty() {
+                    s.queues.remove(&key);
+                }
+                return Ok(Some(m));
+            }
+        }
+        if s.closed.get(src).copied().unwrap_or(false) {
+            return Err(LinkFailure::PeerClosed { peer: src });
+        }
+        Ok(None)
+    }
+
+    /// Returns the next message from `src` with `tag` if there is one.
+    pub fn try_recv(&self, src: usize, tag: &Tag) -> Result<Option<Message>, LinkFailure> {
+        Mailbox::take(&mut self.lock(), src, tag)
+    }
+
+    /// Waits for the next message from `src` with `tag` until `deadline`.
+    pub fn recv(
+        &self,
+        src: usize,
+        tag: &Tag,
+        deadline: Option<Instant>,
+    ) -> Result<Message, RecvError> {
+        let mut s = self.lock();
+        loop {
+            if let Some(m) = Mailbox::take(&mut s, src, tag).map_err(RecvError::Link)? {
+                return Ok(m);
+            }
+            s = match deadline {
+                None => self.cond.wait(s).unwrap_or_else(|p| p.into_inner()),
+                Some(d) => {
+                    let now = Instant::now();
+                    if now >= d {
+                        return Err(RecvError::Timeout);
+                    }
+                    self.cond
+                        .wait_timeout(s, d - now)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0
+                }
+            };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::call::{Algorithm, Call, OpKind, TagSpace};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    fn header(value: u64) -> Header {
+        Header {
+            tag: Tag {
+                group: 1,
+                space: TagSpace::P2p,
+                value,
+            },
+            call: Call::new(OpKind::Send, Algorithm::Direct),
+        }
+    }
+
+    #[test]
+    fn fifo_per_source_and_tag() {
+        let mb = Mailbox::new(2);
+        for (i, t) in [(1u8, 7), (2, 8), (3, 7)] {
+            mb.deliver(
+                1,
+                Message {
+                    header: header(t),
+                    payload: vec![i],
+                },
+            );
+        }
+        let tag7 = header(7).tag;
+        assert_eq!(mb.recv(1, &tag7, None).map(|m| m.payload), Ok(vec![1]));
+        assert_eq!(mb.recv(1, &tag7, None).map(|m| m.payload), Ok(vec![3]));
+        assert!(matches!(mb.try_recv(0, &tag7), Ok(None)));
+        assert_eq!(
+            mb.recv(1, &header(8).tag, None).map(|m| m.payload),
+            Ok(vec![2])
+        );
+    }
+
+    #[test]
+    fn deadline_and_failure_wake_waiters() {
+        let mb = Arc::new(Mailbox::new(2));
+        let t = Instant::now();
+        let r = mb.recv(1, &header(1).tag, Some(t + Duration::from_millis(50)));
+        assert!(matches!(r, Err(RecvError::Timeout)));
+        assert!(t.elapsed() >= Duration::from_millis(50));
+
+        let mb2 = mb.clone();
+        let h = std::thread::spawn(move || mb2.recv(1, &header(1).tag, None));
+        std::thread::sleep(Duration::from_millis(20));
+        mb.fail(LinkFailure::PeerLost {
+            peer: 1,
+            reason: "eof".into(),
+        });
+        let r = h.join().map_err(|_| "panicked");
+        assert!(matches!(
+            r,
+            Ok(Err(RecvError::Link(LinkFailure::PeerLost { peer: 1, .. })))
+        ));
+    }
+
+    #[test]
+    fn closed_peer_drains_then_fails() {
+        let mb = Mailbox::new(2);
+        mb.deliver(
+            1,
+            Message {
+                header: header(1),
+                payload: vec![9],
+            },
+        );
+        mb.close_peer(1);
+        assert!(mb.recv(1, &header(1).tag, None).is_ok());
+        assert!(matches!(
+            mb.recv(1, &header(1).tag, None),
+            Err(RecvError::Link(LinkFailure::PeerClosed { peer: 1 }))
+        ));
+    }
+}

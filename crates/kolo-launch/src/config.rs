@@ -1,0 +1,112 @@
+//! What to launch: [`LaunchConfig`].
+
+use std::ffi::OsString;
+use std::time::Duration;
+
+use crate::LaunchError;
+
+/// Default address the rendezvous store binds to and workers connect to.
+pub const DEFAULT_MASTER_ADDR: &str = "127.0.0.1";
+
+/// Default time workers get between SIGTERM and SIGKILL.
+pub const DEFAULT_GRACE_PERIOD: Duration = Duration::from_secs(5);
+
+/// Everything [`launch`](crate::launch) needs to start and supervise a job.
+///
+/// Build it with [`LaunchConfig::new`] and adjust the public fields.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LaunchConfig {
+    /// Number of worker processes to start (ranks `0..nproc`); must be at least 1.
+    pub nproc: usize,
+    /// Program every worker runs (looked up in `PATH` like a shell would).
+    pub program: OsString,
+    /// Arguments passed to every worker.
+    pub args: Vec<OsString>,
+    /// Address the rendezvous store binds to, exported to workers as `MASTER_ADDR`.
+    pub master_addr: String,
+    /// Port of the rendezvous store; `None` lets the operating system pick a free one.
+    pub master_port: Option<u16>,
+    /// How long workers get to exit after SIGTERM before they are SIGKILLed.
+    pub grace_period: Duration,
+    /// Prefix every output line with `[rank R] `.
+    pub prefix_output: bool,
+    /// Additional environment variables for every worker, applied last (they
+    /// override the variables the launcher sets).
+    pub extra_env: Vec<(OsString, OsString)>,
+}
+
+impl LaunchConfig {
+    /// A configuration running `program args...` in `nproc` workers, with the
+    /// defaults: master address [`DEFAULT_MASTER_ADDR`], a free port, a grace
+    /// period of [`DEFAULT_GRACE_PERIOD`], prefixed output and no extra
+    /// environment.
+    pub fn new<P, I, A>(nproc: usize, program: P, args: I) -> Self
+    where
+        P: Into<OsString>,
+        I: IntoIterator<Item = A>,
+        A: Into<OsString>,
+    {
+        Self {
+            nproc,
+            program: program.into(),
+            args: args.into_iter().map(Into::into).collect(),
+            master_addr: DEFAULT_MASTER_ADDR.to_owned(),
+            master_port: None,
+            grace_period: DEFAULT_GRACE_PERIOD,
+            prefix_output: true,
+            extra_env: Vec::new(),
+        }
+    }
+
+    /// Checks the configuration before anything is started.
+    pub(crate) fn validate(&self) -> Result<(), LaunchError> {
+        if self.nproc == 0 {
+            return Err(LaunchError::NoWorkers);
+        }
+        Ok(())
+    }
+
+    /// `master_addr:port`, with IPv6 literals in brackets.
+    pub(crate) fn endpoint(&self, port: u16) -> String {
+        if self.master_addr.contains(':') && !self.master_addr.starts_with('[') {
+            format!("[{}]:{port}", self.master_addr)
+        } else {
+            format!("{}:{port}", self.master_addr)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults() {
+        let cfg = LaunchConfig::new(2, "prog", ["a", "b"]);
+        assert_eq!(cfg.nproc, 2);
+        assert_eq!(cfg.program, OsString::from("prog"));
+        assert_eq!(cfg.args, vec![OsString::from("a"), OsString::from("b")]);
+        assert_eq!(cfg.master_addr, "127.0.0.1");
+        assert_eq!(cfg.master_port, None);
+        assert_eq!(cfg.grace_period, Duration::from_secs(5));
+        assert!(cfg.prefix_output);
+        assert!(cfg.extra_env.is_empty());
+    }
+
+    #[test]
+    fn zero_workers_is_an_error() {
+        let cfg = LaunchConfig::new(0, "true", Vec::<OsString>::new());
+        assert!(matches!(cfg.validate(), Err(LaunchError::NoWorkers)));
+    }
+
+    #[test]
+    fn endpoint_brackets_ipv6() {
+        let mut cfg = LaunchConfig::new(1, "true", Vec::<OsString>::new());
+        assert_eq!(cfg.endpoint(29500), "127.0.0.1:29500");
+        cfg.master_addr = "::1".to_owned();
+        assert_eq!(cfg.endpoint(29500), "[::1]:29500");
+        cfg.master_addr = "[::1]".to_owned();
+        assert_eq!(cfg.endpoint(1), "[::1]:1");
+    }
+}

@@ -1,0 +1,247 @@
+//! kolo's launcher: starts `nproc` local worker processes, hosts the
+//! rendezvous store for them, forwards their output and supervises them —
+//! torchrun's local mode.
+//!
+//! ```no_run
+//! use kolo_launch::{launch, LaunchConfig};
+//!
+//! let cfg = LaunchConfig::new(4, "python3", ["train.py"]);
+//! let outcome = launch(&cfg)?;
+//! std::process::exit(outcome.exit_code());
+//! # Ok::<(), kolo_launch::LaunchError>(())
+//! ```
+//!
+//! Every worker gets the environment described in [`mod@env`]. Workers run in
+//! their own process groups and (on Linux) die with the launcher, even when
+//! it is SIGKILLed. The first worker that fails makes the launcher SIGTERM
+//! the others, wait [`LaunchConfig::grace_period`], then SIGKILL what is left.
+//! SIGINT, SIGTERM and SIGHUP sent to the launcher are forwarded to the
+//! workers as SIGTERM in the same way.
+
+#[cfg(not(unix))]
+compile_error!("kolo-launch supports Unix only");
+
+mod config;
+pub mod env;
+mod error;
+mod outcome;
+mod output;
+mod process;
+mod spawn;
+mod supervise;
+
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+pub use config::{LaunchConfig, DEFAULT_GRACE_PERIOD, DEFAULT_MASTER_ADDR};
+pub use error::LaunchError;
+pub use outcome::{LaunchOutcome, RankExit, Termination};
+
+use output::Target;
+use process::SignalFlags;
+use spawn::{JobEnv, Worker};
+use supervise::StopCause;
+
+/// How long the launcher waits, after all workers have exited, for their
+/// output to be forwarded completely.
+const OUTPUT_DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Runs the job described by `cfg` and returns once every worker is gone.
+///
+/// Hosts the rendezvous store on `master_addr:master_port` (kept alive until
+/// all workers exit), starts ranks `0..nproc`, forwards their output, and
+/// supervises them as described in the [crate documentation](crate).
+/// Failures of workers are reported in the returned [`LaunchOutcome`] (and
+/// one line on stderr); an `Err` means the job could not be run at all, in
+/// which case any worker already started has been stopped.
+///
+/// While it runs, SIGINT, SIGTERM and SIGHUP are caught by the launcher.
+/// After it returns they remain caught (and ignored): a program that calls
+/// `launch` should exit soon after, with [`LaunchOutcome::exit_code`].
+///
+/// On Linux the workers' parent-death signal is tied to the calling thread,
+/// so call `launch` from a thread that outlives it (such as `main`).
+pub fn launch(cfg: &LaunchConfig) -> Result<LaunchOutcome, LaunchError> {
+    cfg.validate()?;
+    let signals = SignalFlags::register().map_err(|source| LaunchError::Signals { source })?;
+    let store = host_store(cfg)?;
+    let job = JobEnv {
+        master_port: store.local_addr().port(),
+        job_id: spawn::new_job_id(),
+    };
+
+    let (done_tx, done_rx) = mpsc::channel();
+    let mut workers: Vec<Worker> = Vec::with_capacity(cfg.nproc);
+    let mut streams = 0usize;
+    for rank in 0..cfg.nproc {
+        let started = spawn::spawn_worker(cfg, &job, rank).and_then(|mut worker| {
+            let attached = attach_output(&mut worker, cfg.prefix_output, &done_tx);
+            workers.push(worker);
+            attached
+        });
+        match started {
+            Ok(n) => streams += n,
+            Err(err) => {
+                supervise::stop_all(&mut workers, cfg.grace_period);
+                return Err(err);
+            }
+        }
+    }
+    drop(done_tx);
+
+    let cause = match supervise::supervise(&mut workers, cfg.grace_period, &signals) {
+        Ok(cause) => cause,
+        Err(err) => {
+            supervise::stop_all(&mut workers, Duration::ZERO);
+            return Err(err);
+        }
+    };
+    supervise::kill_stragglers(&workers);
+    drop(store);
+
+    // Let the output threads finish; a stream still held open by a process
+    // that escaped the workers' process groups must not hang the launcher.
+    let deadline = Instant::now() + OUTPUT_DRAIN_TIMEOUT;
+    for _ in 0..streams {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if done_rx.recv_timeout(left).is_err() {
+            break;
+        }
+    }
+
+    let ranks = workers
+        .iter()
+        .map(|w| RankExit {
+            rank: w.rank,
+            pid: w.pid,
+            // Every worker has been reaped when `supervise` returns.
+            termination: w.exit.unwrap_or(Termination::Signaled(libc::SIGKILL)),
+        })
+        .collect();
+    let (first_failure, interrupted_by) = match cause {
+        Some(StopCause::Failure(rank)) => (Some(rank), None),
+        Some(StopCause::Signal(sig)) => (None, Some(sig)),
+        None => (None, None),
+    };
+    Ok(LaunchOutcome {
+        ranks,
+        first_failure,
+        interrupted_by,
+    })
+}
+
+/// Binds the rendezvous store the workers will connect to.
+fn host_store(cfg: &LaunchConfig) -> Result<kolo_store::TcpStoreServer, LaunchError> {
+    let port = cfg.master_port.unwrap_or(0);
+    kolo_store::TcpStoreServer::bind((cfg.master_addr.as_str(), port)).map_err(|source| {
+        LaunchError::Store {
+            addr: cfg.endpoint(port),
+            source,
+        }
+    })
+}
+
+/// Starts the threads forwarding `worker`'s stdout and stderr; returns how
+/// many were started.
+fn attach_output(
+    worker: &mut Worker,
+    prefix: bool,
+    done: &mpsc::Sender<()>,
+) -> Result<usize, LaunchError> {
+    let rank = worker.rank;
+    let mut started = 0;
+    let thread_error = |source| LaunchError::OutputThread { rank, source };
+    if let Some(stdout) = worker.child.stdout.take() {
+        output::spawn_forwarder(
+            rank,
+            stdout,
+            Target::Stdout,
+            output::prefix(rank, prefix),
+            done.clone(),
+        )
+        .map_err(thread_error)?;
+        started += 1;
+    }
+    if let Some(stderr) = worker.child.stderr.take() {
+        output::spawn_forwarder(
+            rank,
+            stderr,
+            Target::Stderr,
+            output::prefix(rank, prefix),
+            done.clone(),
+        )
+        .map_err(thread_error)?;
+        started += 1;
+    }
+    Ok(started)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::OsString;
+
+    #[test]
+    fn zero_workers() {
+        let cfg = LaunchConfig::new(0, "true", Vec::<OsString>::new());
+        assert!(matches!(launch(&cfg), Err(LaunchError::NoWorkers)));
+    }
+
+    #[test]
+    fn missing_program_is_a_spawn_error() {
+        let cfg = LaunchConfig::new(2, "/nonexistent/kolo-launch-test", Vec::<OsString>::new());
+        match launch(&cfg) {
+            Err(LaunchError::Spawn {
+                rank,
+                program,
+                source,
+            }) => {
+                assert_eq!(rank, 0);
+                assert_eq!(program, OsString::from("/nonexistent/kolo-launch-test"));
+                assert_eq!(source.kind(), std::io::ErrorKind::NotFound);
+            }
+            other => panic!("expected a spawn error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn port_in_use_names_the_address() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("binds a free port");
+        let port = taken.local_addr().expect("local addr").port();
+        let mut cfg = LaunchConfig::new(1, "true", Vec::<OsString>::new());
+        cfg.master_port = Some(port);
+        match launch(&cfg) {
+            Err(err @ LaunchError::Store { .. }) => {
+                assert!(
+                    err.to_string().contains(&format!("127.0.0.1:{port}")),
+                    "{err}"
+                );
+            }
+            other => panic!("expected a store error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn outcome_lists_every_rank() {
+        let cfg = LaunchConfig::new(3, "sh", ["-c", "exit $((RANK == 1 ? 5 : 0))"]);
+        let outcome = launch(&cfg).expect("launches");
+        assert_eq!(outcome.ranks.len(), 3);
+        assert!(outcome
+            .ranks
+            .iter()
+            .enumerate()
+            .all(|(i, r)| r.rank == i && r.pid > 0));
+        assert_eq!(outcome.ranks[1].termination, Termination::Exited(5));
+        assert_eq!(outcome.first_failure, Some(1));
+        assert_eq!(outcome.interrupted_by, None);
+        assert_eq!(outcome.exit_code(), 5);
+    }
+
+    #[test]
+    fn extra_env_reaches_workers() {
+        let mut cfg = LaunchConfig::new(1, "sh", ["-c", r#"[ "$KOLO_TEST_VAR" = yes ]"#]);
+        assert_eq!(launch(&cfg).expect("launches").exit_code(), 1);
+        cfg.extra_env.push(("KOLO_TEST_VAR".into(), "yes".into()));
+        assert_eq!(launch(&cfg).expect("launches").exit_code(), 0);
+    }
+}

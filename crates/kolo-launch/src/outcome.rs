@@ -1,0 +1,218 @@
+//! How a job ended: [`LaunchOutcome`], [`RankExit`], [`Termination`].
+
+use std::fmt;
+use std::os::unix::process::ExitStatusExt;
+use std::process::ExitStatus;
+
+use crate::process::signal_name;
+
+/// How one worker process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Termination {
+    /// It exited with this code.
+    Exited(i32),
+    /// It was killed by this signal.
+    Signaled(i32),
+}
+
+impl Termination {
+    /// `true` for exit code 0.
+    pub fn success(self) -> bool {
+        self == Termination::Exited(0)
+    }
+
+    /// The shell convention: the exit code, or 128 + the signal number.
+    pub fn exit_code(self) -> i32 {
+        match self {
+            Termination::Exited(code) => code,
+            Termination::Signaled(sig) => 128 + sig,
+        }
+    }
+}
+
+impl From<ExitStatus> for Termination {
+    fn from(status: ExitStatus) -> Self {
+        match (status.code(), status.signal()) {
+            (Some(code), _) => Termination::Exited(code),
+            (None, Some(sig)) => Termination::Signaled(sig),
+            // Stopped/continued statuses are not reported by `wait` without
+            // WUNTRACED; keep a failure rather than panic.
+            (None, None) => Termination::Exited(status.into_raw()),
+        }
+    }
+}
+
+impl fmt::Display for Termination {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Termination::Exited(code) => write!(f, "exit code {code}"),
+            Termination::Signaled(sig) => match signal_name(sig) {
+                Some(name) => write!(f, "killed by signal {sig} ({name})"),
+                None => write!(f, "killed by signal {sig}"),
+            },
+        }
+    }
+}
+
+/// How one rank ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RankExit {
+    /// The worker's rank.
+    pub rank: usize,
+    /// Its process id (also its process group id).
+    pub pid: u32,
+    /// How it ended.
+    pub termination: Termination,
+}
+
+/// The result of a launched job: how every rank ended and why the job stopped.
+///
+/// At most one of [`first_failure`](Self::first_failure) and
+/// [`interrupted_by`](Self::interrupted_by) is set: whichever stopped the job
+/// first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LaunchOutcome {
+    /// One entry per rank, in rank order.
+    pub ranks: Vec<RankExit>,
+    /// The rank that failed first (non-zero exit or killed by a signal), which
+    /// made the launcher stop the others.
+    pub first_failure: Option<usize>,
+    /// The signal (SIGINT, SIGTERM or SIGHUP) the launcher received, which made
+    /// it stop the workers.
+    pub interrupted_by: Option<i32>,
+}
+
+impl LaunchOutcome {
+    /// `true` if every rank exited with code 0 and the launcher was not interrupted.
+    pub fn success(&self) -> bool {
+        self.exit_code() == 0
+    }
+
+    /// The exit code the launcher should exit with: 0 on success, the first
+    /// failed rank's exit code (128 + signal if it was killed by a signal), or
+    /// 128 + signal if the launcher itself was interrupted.
+    pub fn exit_code(&self) -> i32 {
+        if let Some(sig) = self.interrupted_by {
+            return 128 + sig;
+        }
+        let failed = self
+            .first_failure
+            .and_then(|rank| self.ranks.iter().find(|r| r.rank == rank));
+        match failed {
+            Some(r) if !r.termination.success() => r.termination.exit_code(),
+            Some(_) => 1,
+            None => self
+                .ranks
+                .iter()
+                .map(|r| r.termination)
+                .find(|t| !t.success())
+                .map_or(0, Termination::exit_code),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rank(rank: usize, termination: Termination) -> RankExit {
+        RankExit {
+            rank,
+            pid: 1000 + rank as u32,
+            termination,
+        }
+    }
+
+    #[test]
+    fn termination_exit_codes() {
+        assert_eq!(Termination::Exited(0).exit_code(), 0);
+        assert_eq!(Termination::Exited(3).exit_code(), 3);
+        assert_eq!(Termination::Signaled(libc::SIGKILL).exit_code(), 137);
+        assert_eq!(Termination::Signaled(libc::SIGTERM).exit_code(), 143);
+        assert!(Termination::Exited(0).success());
+        assert!(!Termination::Exited(1).success());
+        assert!(!Termination::Signaled(9).success());
+    }
+
+    #[test]
+    fn termination_from_exit_status() {
+        // Raw wait statuses: exit code in bits 8..16, signal in the low 7 bits.
+        assert_eq!(
+            Termination::from(ExitStatus::from_raw(3 << 8)),
+            Termination::Exited(3)
+        );
+        assert_eq!(
+            Termination::from(ExitStatus::from_raw(libc::SIGKILL)),
+            Termination::Signaled(libc::SIGKILL)
+        );
+    }
+
+    #[test]
+    fn termination_display() {
+        assert_eq!(Termination::Exited(3).to_string(), "exit code 3");
+        assert_eq!(
+            Termination::Signaled(9).to_string(),
+            "killed by signal 9 (SIGKILL)"
+        );
+        assert_eq!(Termination::Signaled(63).to_string(), "killed by signal 63");
+    }
+
+    #[test]
+    fn outcome_success() {
+        let out = LaunchOutcome {
+            ranks: vec![
+                rank(0, Termination::Exited(0)),
+                rank(1, Termination::Exited(0)),
+            ],
+            first_failure: None,
+            interrupted_by: None,
+        };
+        assert_eq!(out.exit_code(), 0);
+        assert!(out.success());
+    }
+
+    #[test]
+    fn outcome_first_failure_exit_code() {
+        let out = LaunchOutcome {
+            ranks: vec![
+                rank(0, Termination::Signaled(libc::SIGTERM)),
+                rank(1, Termination::Exited(3)),
+                rank(2, Termination::Exited(7)),
+            ],
+            first_failure: Some(1),
+            interrupted_by: None,
+        };
+        assert_eq!(out.exit_code(), 3);
+        assert!(!out.success());
+    }
+
+    #[test]
+    fn outcome_first_failure_by_signal() {
+        let out = LaunchOutcome {
+            ranks: vec![
+                rank(0, Termination::Signaled(libc::SIGKILL)),
+                rank(1, Termination::Signaled(libc::SIGTERM)),
+            ],
+            first_failure: Some(0),
+            interrupted_by: None,
+        };
+        assert_eq!(out.exit_code(), 137);
+    }
+
+    #[test]
+    fn outcome_interrupted() {
+        let out = LaunchOutcome {
+            ranks: vec![rank(0, Termination::Signaled(libc::SIGTERM))],
+            first_failure: None,
+            interrupted_by: Some(libc::SIGINT),
+        };
+        assert_eq!(out.exit_code(), 130);
+        let out = LaunchOutcome {
+            interrupted_by: Some(libc::SIGTERM),
+            ..out
+        };
+        assert_eq!(out.exit_code(), 143);
+    }
+}

@@ -1,0 +1,129 @@
+//! Starting worker processes with the torchrun environment and piped output.
+
+use std::fs::File;
+use std::io::Read;
+use std::process::{Child, Command, Stdio};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::env;
+use crate::process::isolate_child;
+use crate::{LaunchConfig, LaunchError, Termination};
+
+/// A started worker.
+#[derive(Debug)]
+pub(crate) struct Worker {
+    pub(crate) rank: usize,
+    /// Process id, which is also the id of the worker's process group.
+    pub(crate) pid: u32,
+    pub(crate) child: Child,
+    /// Set once the worker has been reaped.
+    pub(crate) exit: Option<Termination>,
+}
+
+/// What every worker of one launch shares.
+#[derive(Debug)]
+pub(crate) struct JobEnv {
+    pub(crate) master_port: u16,
+    pub(crate) job_id: String,
+}
+
+/// The environment variables the launcher sets for `rank`, before `extra_env`.
+pub(crate) fn worker_env(
+    cfg: &LaunchConfig,
+    job: &JobEnv,
+    rank: usize,
+) -> Vec<(&'static str, String)> {
+    vec![
+        (env::RANK, rank.to_string()),
+        (env::WORLD_SIZE, cfg.nproc.to_string()),
+        (env::LOCAL_RANK, rank.to_string()),
+        (env::LOCAL_WORLD_SIZE, cfg.nproc.to_string()),
+        (env::GROUP_RANK, "0".to_owned()),
+        (env::NODE_RANK, "0".to_owned()),
+        (env::MASTER_ADDR, cfg.master_addr.clone()),
+        (env::MASTER_PORT, job.master_port.to_string()),
+        (env::KOLO_AGENT_STORE, "1".to_owned()),
+        (env::KOLO_JOB_ID, job.job_id.clone()),
+    ]
+}
+
+/// Starts `rank` in its own process group, stdin from /dev/null (a worker in
+/// a background process group reading the terminal would be stopped), stdout
+/// and stderr piped.
+pub(crate) fn spawn_worker(
+    cfg: &LaunchConfig,
+    job: &JobEnv,
+    rank: usize,
+) -> Result<Worker, LaunchError> {
+    let mut cmd = Command::new(&cfg.program);
+    cmd.args(&cfg.args)
+        .envs(worker_env(cfg, job, rank))
+        .envs(cfg.extra_env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    isolate_child(&mut cmd);
+    let child = cmd.spawn().map_err(|source| LaunchError::Spawn {
+        rank,
+        program: cfg.program.clone(),
+        source,
+    })?;
+    Ok(Worker {
+        rank,
+        pid: child.id(),
+        child,
+        exit: None,
+    })
+}
+
+/// A fresh random job id: 16 hex digits from /dev/urandom, or from the clock
+/// and the process id where that is unavailable.
+pub(crate) fn new_job_id() -> String {
+    let mut bytes = [0u8; 8];
+    let random = File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes));
+    if random.is_err() {
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        // Truncation is fine: this only needs to differ between launches.
+        let mixed = (nanos as u64) ^ (u64::from(std::process::id()) << 40).rotate_left(17);
+        bytes = mixed.to_le_bytes();
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::OsString;
+
+    #[test]
+    fn job_ids_are_hex_and_differ() {
+        let a = new_job_id();
+        let b = new_job_id();
+        assert_eq!(a.len(), 16);
+        assert!(a.chars().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn torchrun_environment() {
+        let cfg = LaunchConfig::new(4, "true", Vec::<OsString>::new());
+        let job = JobEnv {
+            master_port: 29500,
+            job_id: "abc".to_owned(),
+        };
+        let env = worker_env(&cfg, &job, 2);
+        let get = |k: &str| env.iter().find(|(n, _)| *n == k).map(|(_, v)| v.as_str());
+        assert_eq!(get("RANK"), Some("2"));
+        assert_eq!(get("WORLD_SIZE"), Some("4"));
+        assert_eq!(get("LOCAL_RANK"), Some("2"));
+        assert_eq!(get("LOCAL_WORLD_SIZE"), Some("4"));
+        assert_eq!(get("GROUP_RANK"), Some("0"));
+        assert_eq!(get("NODE_RANK"), Some("0"));
+        assert_eq!(get("MASTER_ADDR"), Some("127.0.0.1"));
+        assert_eq!(get("MASTER_PORT"), Some("29500"));
+        assert_eq!(get("KOLO_AGENT_STORE"), Some("1"));
+        assert_eq!(get("KOLO_JOB_ID"), Some("abc"));
+    }
+}

@@ -1,0 +1,457 @@
+//! TCP transport: one connection per pair of ranks, usable across hosts.
+//!
+//! Set-up (gloo's full mesh): every rank listens on an ephemeral port and publishes `ip:port` in the
+//! store under `{prefix}/tcp/{rank}`; each rank connects to every lower rank and accepts a connection from
+//! every higher one. The connecting side introduces itself with a [`frame::Hello`] naming its rank, the
+//! world size and the world id (a hash of the prefix); the acceptor refuses anything else and keeps
+//! waiting, so a stray or stale connection cannot take a rank's place.
+//!
+//! Data path: `send` writes a frame on the peer's connection under a per-connection lock; a reader
+//! thread per connection drains incoming frames into the rank's [`Mailbox`]. Because readers always
+//! drain, sends never wait for the peer to post a receive. An unexpected end of stream (the peer died)
+//! fails the mailbox, so every pending and later receive reports the lost rank at once; a `GOODBYE` frame
+//! marks a clean close; an `ABORT` frame carries another rank's error.
+
+pub mod frame;
+
+use std::io::{BufReader, Read, Write};
+use std::net::{IpAddr, Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use kolo_core::{
+    call::fnv1a, Algorithm, Call, Error, Header, LinkFailure, Mailbox, Message, OpKind, RecvError,
+    Tag, TagSpace, Transport,
+};
+use kolo_store::Store;
+
+use frame::{Frame, Hello, Kind, ReadError, HELLO_LEN};
+
+/// Options of the TCP transport.
+#[derive(Clone, Debug)]
+pub struct TcpOptions {
+    /// Address to listen on (`127.0.0.1` for single-host jobs, `0.0.0.0` or an interface's address
+    /// otherwise).
+    pub listen: IpAddr,
+    /// Address peers should connect to.
+    pub advertise: IpAddr,
+    /// How long set-up may take (waiting for peers to publish and connect).
+    pub connect_timeout: Duration,
+    /// Largest payload accepted from a peer, in bytes.
+    pub max_message: u64,
+}
+
+impl Default for TcpOptions {
+    fn default() -> Self {
+        TcpOptions {
+            listen: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            advertise: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            connect_timeout: Duration::from_secs(300),
+            max_message: 1 << 40,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Link {
+    writer: Mutex<TcpStream>,
+}
+
+/// One rank's endpoint of a TCP world. Build it with [`TcpTransport::connect`].
+#[derive(Debug)]
+pub struct TcpTransport {
+    rank: usize,
+    size: usize,
+    mailbox: Arc<Mailbox>,
+    links: Vec<Option<Link>>,
+    aborted: AtomicBool,
+}
+
+const SETUP_OP: &str = "tcp connect";
+
+fn io_err(context: String) -> impl FnOnce(std::io::Error) -> Error {
+    move |source| Error::Io { context, source }
+}
+
+impl TcpTransport {
+    /// Connects rank `rank` of `size` to all others, meeting them through `store` under `prefix`.
+    pub fn connect(
+        store: &dyn Store,
+        prefix: &str,
+        rank: usize,
+        size: usize,
+        opts: &TcpOptions,
+    ) -> Result<TcpTransport, Error> {
+        if rank >= size {
+            return Err(Error::RankOutOfRange {
+                op: SETUP_OP,
+                rank,
+                arg: "rank",
+                value: rank,
+                size,
+            });
+        }
+        let deadline = Instant::now() + opts.connect_timeout;
+        let world = fnv1a(&[prefix.as_bytes(), &(size as u64).to_le_bytes()]);
+        let listener = TcpListener::bind((opts.listen, 0))
+            .map_err(io_err(format!("rank {rank}: listen on {}", opts.listen)))?;
+        let port = listener
+            .local_addr()
+            .map_err(io_err(format!("rank {rank}: local address")))?
+            .port();
+        let me = SocketAddr::new(opts.advertise, port);
+        store.set(&format!("{prefix}/tcp/{rank}"), me.to_string().as_bytes())?;
+
+        // Accept from higher ranks on a helper thread while connecting to lower ranks here.
+        let expect_higher = size - rank - 1;
+        let acceptor = thread::Builder::new()
+            .name(format!("kolo-accept-{rank}"))
+            .spawn(move || accept_higher(listener, rank, size, world, expect_higher, deadline))
+            .map_err(io_err(format!("rank {rank}: spawn accept thread")))?;
+
+        let mut streams: Vec<Option<TcpStream>> = (0..size).map(|_| None).collect();
+        let mut first_err = None;
+        for (peer, slot) in streams.iter_mut().enumerate().take(rank) {
+            match connect_lower(store, prefix, rank, size, world, peer, deadline) {
+                Ok(s) => *slot = Some(s),
+                Err(e) => {
+                    first_err = Some(e);
+                    break;
+                }
+            }
+        }
+        let accepted = acceptor.join().unwrap_or_else(|_| {
+            Err(Error::Io {
+                context: format!("rank {rank}: accept thread panicked"),
+                source: std::io::Error::other("panic"),
+            })
+        });
+        if let Some(e) = first_err {
+            return Err(e);
+        }
+        for (peer, s) in accepted? {
+            streams[peer] = Some(s);
+        }
+
+        let mailbox = Arc::new(Mailbox::new(size));
+        let mut links = Vec::with_capacity(size);
+        for (peer, s) in streams.into_iter().enumerate() {
+            let Some(s) = s else {
+                links.push(None);
+                continue;
+            };
+            s.set_nodelay(true)
+                .map_err(io_err(format!("rank {rank}: TCP_NODELAY to rank {peer}")))?;
+            let reader = s
+                .try_clone()
+                .map_err(io_err(format!("rank {rank}: clone socket to rank {peer}")))?;
+            let mb = mailbox.clone();
+            let max = opts.max_message;
+            thread::Builder::new()
+                .name(format!("kolo-recv-{rank}-{peer}"))
+                .spawn(move || read_loop(reader, peer, mb, max))
+                .map_err(io_err(format!("rank {rank}: spawn reader thread")))?;
+            links.push(Some(Link {
+                writer: Mutex::new(s),
+            }));
+        }
+        Ok(TcpTransport {
+            rank,
+            size,
+            mailbox,
+            links,
+            aborted: AtomicBool::new(false),
+        })
+    }
+
+    fn write(
+        &self,
+        peer: usize,
+        kind: Kind,
+        header: &Header,
+        payload: &[u8],
+    ) -> Result<(), LinkFailure> {
+        let link = self
+            .links
+            .get(peer)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| LinkFailure::PeerLost {
+                peer,
+                reason: format!("no connection to rank {peer} in a world of {}", self.size),
+            })?;
+        let mut w = link.writer.lock().unwrap_or_else(|p| p.into_inner());
+        frame::write_frame(&mut *w, kind, header, payload).map_err(|e| LinkFailure::PeerLost {
+            peer,
+            reason: format!("send failed: {e}"),
+        })
+    }
+}
+
+fn control_header() -> Header {
+    Header {
+        tag: Tag {
+            group: 0,
+            space: TagSpace::P2p,
+            value: 0,
+        },
+        call: Call::new(OpKind::Send, Algorithm::Direct),
+    }
+}
+
+fn accept_higher(
+    listener: TcpListener,
+    rank: usize,
+    size: usize,
+    world: u64,
+    expect: usize,
+    deadline: Instant,
+) -> Result<Vec<(usize, TcpStream)>, Error> {
+    let mut got: Vec<(usize, TcpStream)> = Vec::with_capacity(expect);
+    listener
+        .set_nonblocking(true)
+        .map_err(io_err(format!("rank {rank}: listener")))?;
+    while got.len() < expect {
+        match listener.accept() {
+            Ok((mut s, from)) => {
+                let _ = s.set_nonblocking(false);
+                let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+                let mut b = [0u8; HELLO_LEN];
+                let hello = s
+                    .read_exact(&mut b)
+                    .map_err(|e| e.to_string())
+                    .and_then(|_| Hello::decode(&b).map_err(str::to_string));
+                let verdict = match hello {
+                    Err(e) => Err(e),
+                    Ok(h) if h.world != world || h.size as usize != size => {
+                        Err("belongs to another job or world".to_string())
+                    }
+                    Ok(h) if (h.rank as usize) <= rank || h.rank as usize >= size => {
+                        Err(format!("claims rank {}, not a higher rank", h.rank))
+                    }
+                    Ok(h) if got.iter().any(|(p, _)| *p == h.rank as usize) => {
+                        Err(format!("duplicate connection from rank {}", h.rank))
+                    }
+                    Ok(h) => Ok(h.rank as usize),
+                };
+                match verdict {
+                    Ok(peer) => {
+                        s.write_all(&[1u8])
+                            .map_err(io_err(format!("rank {rank}: handshake with rank {peer}")))?;
+                        let _ = s.set_read_timeout(None);
+                        got.push((peer, s));
+                    }
+                    Err(why) => {
+                        eprintln!("kolo: rank {rank}: refused connection from {from}: {why}");
+                    }
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if Instant::now() >= deadline {
+                    let missing: Vec<usize> = (rank + 1..size)
+                        .filter(|p| !got.iter().any(|(g, _)| g == p))
+                        .collect();
+                    return Err(Error::Timeout {
+                        op: SETUP_OP,
+                        rank,
+                        peer: missing.first().copied().unwrap_or(rank),
+                        waited: Duration::ZERO.max(deadline.elapsed()),
+                    });
+                }
+                thread::sleep(Duration::from_millis(2));
+            }
+            Err(e) => return Err(io_err(format!("rank {rank}: accept"))(e)),
+        }
+    }
+    Ok(got)
+}
+
+fn connect_lower(
+    store: &dyn Store,
+    prefix: &str,
+    rank: usize,
+    size: usize,
+    world: u64,
+    peer: usize,
+    deadline: Instant,
+) -> Result<TcpStream, Error> {
+    let remaining = deadline.saturating_duration_since(Instant::now());
+    let raw = store.get(&format!("{prefix}/tcp/{peer}"), remaining)?;
+    let text = String::from_utf8_lossy(&raw).to_string();
+    let addr: SocketAddr = text.parse().map_err(|_| Error::Config {
+        var: format!("{prefix}/tcp/{peer}"),
+        value: text.clone(),
+        reason: "not a socket address".into(),
+    })?;
+    let mut backoff = Duration::from_millis(5);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let attempt = TcpStream::connect_timeout(&addr, left.max(Duration::from_millis(10)))
+            .and_then(|mut s| {
+                s.write_all(
+                    &Hello {
+                        rank: rank as u32,
+                        size: size as u32,
+                        world,
+                    }
+                    .encode(),
+                )?;
+                s.set_read_timeout(Some(Duration::from_secs(10)))?;
+                let mut ack = [0u8; 1];
+                s.read_exact(&mut ack)?;
+                s.set_read_timeout(None)?;
+                Ok(s)
+            });
+        match attempt {
+            Ok(s) => return Ok(s),
+            Err(e) if Instant::now() + backoff < deadline => {
+                let _ = e;
+                thread::sleep(backoff);
+                backoff = (backoff * 2).min(Duration::from_millis(200));
+            }
+            Err(e) => {
+                return Err(Error::PeerLost {
+                    op: SETUP_OP,
+                    rank,
+                    peer,
+                    reason: format!("could not connect to {addr}: {e}"),
+                })
+            }
+        }
+    }
+}
+
+fn read_loop(stream: TcpStream, peer: usize, mailbox: Arc<Mailbox>, max_message: u64) {
+    let mut r = BufReader::with_capacity(256 * 1024, stream);
+    let mut closed_cleanly = false;
+    loop {
+        match frame::read_frame(&mut r, max_message) {
+            Ok(Frame {
+                kind: Kind::Data,
+                header,
+                payload,
+            }) => mailbox.deliver(peer, Message { header, payload }),
+            Ok(Frame {
+                kind: Kind::Abort,
+                payload,
+                ..
+            }) => mailbox.fail(LinkFailure::Aborted {
+                by: peer,
+                reason: String::from_utf8_lossy(&payload).into_owned(),
+            }),
+            Ok(Frame {
+                kind: Kind::Goodbye,
+                ..
+            }) => {
+                closed_cleanly = true;
+                mailbox.close_peer(peer);
+            }
+            Err(ReadError::Eof) => {
+                if !closed_cleanly {
+                    mailbox.fail(LinkFailure::PeerLost {
+                        peer,
+                        reason:
+                            "connection closed without goodbye (the process exited or was killed)"
+                                .into(),
+                    });
+                }
+                return;
+            }
+            Err(ReadError::Io(e)) => {
+                if !closed_cleanly {
+                    mailbox.fail(LinkFailure::PeerLost {
+                        peer,
+                        reason: e.to_string(),
+                    });
+                }
+                return;
+            }
+            Err(ReadError::Invalid(reason)) => {
+                mailbox.fail(LinkFailure::Protocol { peer, reason });
+                let _ = r.get_ref().shutdown(Shutdown::Both);
+                return;
+            }
+        }
+    }
+}
+
+impl Transport for TcpTransport {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn kind(&self) -> &'static str {
+        "tcp"
+    }
+
+    fn send(&self, peer: usize, header: &Header, payload: &[u8]) -> Result<(), LinkFailure> {
+        if let Some(f) = self.mailbox.failure() {
+            return Err(f);
+        }
+        if peer == self.rank {
+            self.mailbox.deliver(
+                peer,
+                Message {
+                    header: *header,
+                    payload: payload.to_vec(),
+                },
+            );
+            return Ok(());
+        }
+        self.write(peer, Kind::Data, header, payload)
+            .inspect_err(|f| {
+                self.mailbox.fail(f.clone());
+            })
+    }
+
+    fn recv(
+        &self,
+        peer: usize,
+        tag: &Tag,
+        deadline: Option<Instant>,
+    ) -> Result<Message, RecvError> {
+        self.mailbox.recv(peer, tag, deadline)
+    }
+
+    fn try_recv(&self, peer: usize, tag: &Tag) -> Result<Option<Message>, LinkFailure> {
+        self.mailbox.try_recv(peer, tag)
+    }
+
+    fn abort(&self, reason: &str) {
+        if self.aborted.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        for peer in 0..self.size {
+            if peer != self.rank {
+                let _ = self.write(peer, Kind::Abort, &control_header(), reason.as_bytes());
+            }
+        }
+        self.mailbox.fail(LinkFailure::LocalClosed {
+            reason: reason.to_string(),
+        });
+    }
+
+    fn failure(&self) -> Option<LinkFailure> {
+        self.mailbox.failure()
+    }
+}
+
+impl Drop for TcpTransport {
+    fn drop(&mut self) {
+        let aborted = self.aborted.load(Ordering::SeqCst);
+        for link in self.links.iter().flatten() {
+            let mut w = link.writer.lock().unwrap_or_else(|p| p.into_inner());
+            if !aborted {
+                let _ = frame::write_frame(&mut *w, Kind::Goodbye, &control_header(), &[]);
+            }
+            // Half-close: our reader keeps draining until the peer closes too, so no unread data
+            // turns our close into a reset that could destroy what the peer has not read yet.
+            let _ = w.shutdown(Shutdown::Write);
+        }
+    }
+}

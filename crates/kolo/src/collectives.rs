@@ -1,0 +1,664 @@
+//! Collective operations of a [`Communicator`], typed over [`Element`], blocking and asynchronous.
+//!
+//! Each operation validates its arguments on this rank, builds the call's fingerprint, picks the
+//! algorithm (see `kolo_collectives::select`) and runs it. Argument errors poison the communicator just
+//! like communication errors, so that the other ranks of the collective fail too instead of waiting.
+
+use kolo_collectives::algorithms::{
+    alltoall_pairwise, barrier_dissemination, broadcast_binomial, linear, reduce_binomial, ring,
+};
+use kolo_collectives::ctx::{blocks_from_counts, even_blocks};
+use kolo_collectives::select;
+use kolo_core::call::counts_hash;
+use kolo_core::dtype::{as_bytes, as_bytes_mut};
+use kolo_core::{Algorithm, Call, DType, Element, Error, OpKind, ReduceOp, Reducer, Result};
+
+use crate::communicator::{Communicator, Inner};
+use crate::work::Work;
+
+/// The arguments of one typed collective, checked against the group.
+struct Check<'a> {
+    inner: &'a Inner,
+    op: OpKind,
+}
+
+impl Check<'_> {
+    fn root(&self, root: usize) -> Result<u32> {
+        let size = self.inner.size();
+        if root >= size {
+            return Err(Error::RankOutOfRange {
+                op: self.op.name(),
+                rank: self.inner.rank,
+                arg: "root",
+                value: root,
+                size,
+            });
+        }
+        Ok(root as u32)
+    }
+
+    fn len(&self, arg: &'static str, actual: usize, expected: usize) -> Result<()> {
+        if actual != expected {
+            return Err(Error::BufferLength {
+                op: self.op.name(),
+                rank: self.inner.rank,
+                arg,
+                expected,
+                actual,
+            });
+        }
+        Ok(())
+    }
+
+    fn counts(&self, arg: &'static str, counts: &[usize]) -> Result<usize> {
+        let size = self.inner.size();
+        if counts.len() != size {
+            return Err(Error::InvalidArgument {
+                op: self.op.name(),
+                rank: self.inner.rank,
+                arg,
+                reason: format!(
+                    "has {} entries, expected one per rank ({size})",
+                    counts.len()
+                ),
+            });
+        }
+        Ok(counts.iter().sum())
+    }
+
+    fn call(
+        &self,
+        dtype: DType,
+        count: usize,
+        reduce: Option<ReduceOp>,
+        root: Option<u32>,
+    ) -> Call {
+        let algo = select::fixed(self.op, self.inner.size());
+        Call {
+            op: self.op,
+            dtype: Some(dtype),
+            reduce,
+            count: count as u64,
+            root,
+            algo,
+        }
+    }
+}
+
+impl Inner {
+    fn check_args<R>(&self, op: OpKind, f: impl FnOnce(&Check) -> Result<R>) -> Result<R> {
+        self.check()?;
+        f(&Check { inner: self, op }).map_err(|e| self.poison(e))
+    }
+
+    pub(crate) fn barrier(&self, seq: u64) -> Result<()> {
+        let call = Call::new(OpKind::Barrier, select::fixed(OpKind::Barrier, self.size()));
+        self.run(seq, call, barrier_dissemination::barrier)
+    }
+
+    pub(crate) fn broadcast(
+        &self,
+        seq: u64,
+        buf: &mut [u8],
+        dtype: DType,
+        root: usize,
+    ) -> Result<()> {
+        let call = self.check_args(OpKind::Broadcast, |c| {
+            Ok(c.call(dtype, buf.len() / dtype.size(), None, Some(c.root(root)?)))
+        })?;
+        self.run(seq, call, |ctx| {
+            broadcast_binomial::broadcast(ctx, buf, dtype.size(), root)
+        })
+    }
+
+    pub(crate) fn all_reduce(
+        &self,
+        seq: u64,
+        buf: &mut [u8],
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let count = buf.len() / dtype.size();
+        let mut call = self.check_args(OpKind::AllReduce, |c| {
+            Ok(c.call(dtype, count, Some(op), None))
+        })?;
+        call.algo = select::all_reduce(count, dtype.size(), self.size(), &self.config.overrides);
+        let red = Reducer::new(dtype, op);
+        self.run(seq, call, |ctx| {
+            kolo_collectives::all_reduce(ctx, buf, dtype.size(), &red)
+        })
+    }
+
+    pub(crate) fn reduce(
+        &self,
+        seq: u64,
+        buf: &mut [u8],
+        dtype: DType,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
+        let call = self.check_args(OpKind::Reduce, |c| {
+            Ok(c.call(
+                dtype,
+                buf.len() / dtype.size(),
+                Some(op),
+                Some(c.root(root)?),
+            ))
+        })?;
+        let red = Reducer::new(dtype, op);
+        self.run(seq, call, |ctx| {
+            if call.algo == Algorithm::Direct {
+                red.finish(buf, 1);
+                return Ok(());
+            }
+            reduce_binomial::reduce(ctx, buf, dtype.size(), &red, root)
+        })
+    }
+
+    pub(crate) fn reduce_scatter(
+        &self,
+        seq: u64,
+        send: &[u8],
+        recv: &mut [u8],
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let (e, n) = (dtype.size(), self.size());
+        let count = recv.len() / e;
+        let call = self.check_args(OpKind::ReduceScatter, |c| {
+            c.len("send", send.len() / e, count * n)?;
+            Ok(c.call(dtype, count, Some(op), None))
+        })?;
+        let red = Reducer::new(dtype, op);
+        let blocks = even_blocks(count * n, n, e);
+        self.run(seq, call, |ctx| {
+            ring::reduce_scatter(ctx, send, recv, &blocks, e, &red)
+        })
+    }
+
+    /// All-gather; `counts` is `None` for the equal-count form.
+    pub(crate) fn all_gather(
+        &self,
+        seq: u64,
+        send: &[u8],
+        recv: &mut [u8],
+        dtype: DType,
+        counts: Option<&[usize]>,
+    ) -> Result<()> {
+        let (e, n) = (dtype.size(), self.size());
+        let op = if counts.is_some() {
+            OpKind::AllGatherV
+        } else {
+            OpKind::AllGather
+        };
+        let (call, blocks) = self.check_args(op, |c| {
+            let mine = send.len() / e;
+            match counts {
+                None => {
+                    c.len("recv", recv.len() / e, mine * n)?;
+                    Ok((c.call(dtype, mine, None, None), even_blocks(mine * n, n, e)))
+                }
+                Some(counts) => {
+                    let total = c.counts("counts", counts)?;
+                    c.len("send", mine, counts[self.rank])?;
+                    c.len("recv", recv.len() / e, total)?;
+                    Ok((
+                        c.call(dtype, 0, None, None).with_count(counts_hash(counts)),
+                        blocks_from_counts(counts, e),
+                    ))
+                }
+            }
+        })?;
+        self.run(seq, call, |ctx| {
+            ring::all_gather(ctx, send, recv, &blocks, e)
+        })
+    }
+
+    /// Gather to `root`; `counts` is `None` for the equal-count form.
+    pub(crate) fn gather(
+        &self,
+        seq: u64,
+        send: &[u8],
+        recv: &mut [u8],
+        dtype: DType,
+        counts: Option<&[usize]>,
+        root: usize,
+    ) -> Result<()> {
+        let (e, n) = (dtype.size(), self.size());
+        let op = if counts.is_some() {
+            OpKind::GatherV
+        } else {
+            OpKind::Gather
+        };
+        let (call, blocks) = self.check_args(op, |c| {
+            let root32 = c.root(root)?;
+            let mine = send.len() / e;
+            let (call, blocks, total) = match counts {
+                None => (
+                    c.call(dtype, mine, None, Some(root32)),
+                    even_blocks(mine * n, n, e),
+                    mine * n,
+                ),
+                Some(counts) => {
+                    let total = c.counts("counts", counts)?;
+                    c.len("send", mine, counts[self.rank])?;
+                    let call = c
+                        .call(dtype, 0, None, Some(root32))
+                        .with_count(counts_hash(counts));
+                    (call, blocks_from_counts(counts, e), total)
+                }
+            };
+            if self.rank == root {
+                c.len("recv", recv.len() / e, total)?;
+            }
+            Ok((call, blocks))
+        })?;
+        self.run(seq, call, |ctx| {
+            linear::gather(ctx, send, recv, &blocks, e, root)
+        })
+    }
+
+    /// Scatter from `root`; `counts` is `None` for the equal-count form.
+    pub(crate) fn scatter(
+        &self,
+        seq: u64,
+        send: &[u8],
+        recv: &mut [u8],
+        dtype: DType,
+        counts: Option<&[usize]>,
+        root: usize,
+    ) -> Result<()> {
+        let (e, n) = (dtype.size(), self.size());
+        let op = if counts.is_some() {
+            OpKind::ScatterV
+        } else {
+            OpKind::Scatter
+        };
+        let (call, blocks) = self.check_args(op, |c| {
+            let root32 = c.root(root)?;
+            let mine = recv.len() / e;
+            let (call, blocks, total) = match counts {
+                None => (
+                    c.call(dtype, mine, None, Some(root32)),
+                    even_blocks(mine * n, n, e),
+                    mine * n,
+                ),
+                Some(counts) => {
+                    let total = c.counts("counts", counts)?;
+                    c.len("recv", mine, counts[self.rank])?;
+                    let call = c
+                        .call(dtype, 0, None, Some(root32))
+                        .with_count(counts_hash(counts));
+                    (call, blocks_from_counts(counts, e), total)
+                }
+            };
+            if self.rank == root {
+                c.len("send", send.len() / e, total)?;
+            }
+            Ok((call, blocks))
+        })?;
+        self.run(seq, call, |ctx| {
+            linear::scatter(ctx, send, recv, &blocks, e, root)
+        })
+    }
+
+    /// All-to-all; `counts` is `None` for the equal-count form, else `(send_counts, recv_counts)`.
+    pub(crate) fn all_to_all(
+        &self,
+        seq: u64,
+        send: &[u8],
+        recv: &mut [u8],
+        dtype: DType,
+        counts: Option<(&[usize], &[usize])>,
+    ) -> Result<()> {
+        let (e, n) = (dtype.size(), self.size());
+        let op = if counts.is_some() {
+            OpKind::AllToAllV
+        } else {
+            OpKind::AllToAll
+        };
+        let (call, sb, rb) = self.check_args(op, |c| match counts {
+            None => {
+                let len = send.len() / e;
+                c.len("recv", recv.len() / e, len)?;
+                if len % n != 0 {
+                    return Err(Error::InvalidArgument {
+                        op: op.name(),
+                        rank: self.rank,
+                        arg: "send",
+                        reason: format!("{len} elements do not split evenly among {n} ranks"),
+                    });
+                }
+                let b = even_blocks(len, n, e);
+                Ok((c.call(dtype, len / n, None, None), b.clone(), b))
+            }
+            Some((sc, rc)) => {
+                let st = c.counts("send_counts", sc)?;
+                let rt = c.counts("recv_counts", rc)?;
+                c.len("send", send.len() / e, st)?;
+                c.len("recv", recv.len() / e, rt)?;
+                // Counts differ per rank by design; message lengths are checked on receipt.
+                Ok((
+                    c.call(dtype, 0, None, None),
+                    blocks_from_counts(sc, e),
+                    blocks_from_counts(rc, e),
+                ))
+            }
+        })?;
+        self.run(seq, call, |ctx| {
+            alltoall_pairwise::all_to_all(ctx, send, &sb, recv, &rb, e)
+        })
+    }
+}
+
+trait WithCount {
+    fn with_count(self, count: u64) -> Self;
+}
+
+impl WithCount for Call {
+    fn with_count(mut self, count: u64) -> Self {
+        self.count = count;
+        self
+    }
+}
+
+/// Blocking collectives.
+impl Communicator {
+    /// Blocks until every rank of the group has entered the barrier.
+    pub fn barrier(&self) -> Result<()> {
+        let seq = self.inner.issue_blocking()?;
+        self.inner.barrier(seq)
+    }
+
+    /// Copies `buf` of rank `root` into `buf` of every rank. Every rank passes the same length.
+    pub fn broadcast<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
+        let seq = self.inner.issue_blocking()?;
+        self.inner.broadcast(seq, as_bytes_mut(buf), T::DTYPE, root)
+    }
+
+    /// Reduces `buf` element-wise over all ranks with `op`; every rank gets the result in `buf`.
+    pub fn all_reduce<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        let seq = self.inner.issue_blocking()?;
+        self.inner.all_reduce(seq, as_bytes_mut(buf), T::DTYPE, op)
+    }
+
+    /// Reduces `buf` over all ranks into `buf` of `root`; other ranks' buffers are unchanged.
+    pub fn reduce<T: Element>(&self, buf: &mut [T], op: ReduceOp, root: usize) -> Result<()> {
+        let seq = self.inner.issue_blocking()?;
+        self.inner
+            .reduce(seq, as_bytes_mut(buf), T::DTYPE, op, root)
+    }
+
+    /// `send` holds `size()` blocks of `recv.len()` elements; rank r receives block r reduced over all
+    /// ranks.
+    pub fn reduce_scatter<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: ReduceOp,
+    ) -> Result<()> {
+        let seq = self.inner.issue_blocking()?;
+        self.inner
+            .reduce_scatter(seq, as_bytes(send), as_bytes_mut(recv), T::DTYPE, op)
+    }
+
+    /// Every rank's `send` (all the same length) concatenated in rank order into every rank's `recv`
+    /// (`size() * send.len()` elements).
+    pub fn all_gather<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        let seq = self.inner.issue_blocking()?;
+        self.inner
+            .all_gather(seq, as_bytes(send), as_bytes_mut(recv), T::DTYPE, None)
+    }
+
+    /// All-gather with a count per rank: rank r sends `counts[r]` elements; `recv` holds their sum.
+    /// Every rank passes the same `counts`.
+    pub fn all_gather_v<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        counts: &[usize],
+    ) -> Result<()> {
+        let seq = self.inner.issue_blocking()?;
+        self.inner.all_gather(
+            seq,
+            as_bytes(send),
+            as_bytes_mut(recv),
+            T::DTYPE,
+            Some(counts),
+        )
+    }
+
+    /// Every rank's `send` concatenated in rank order into `recv` of `root` (`size() * send.len()`
+    /// elements; `recv` is not used on other ranks and may be empty).
+    pub fn gather<T: Element>(&self, send: &[T], recv: &mut [T], root: usize) -> Result<()> {
+        let seq = self.inner.issue_blocking()?;
+        self.inner.gather(
+            seq,
+            as_bytes(send),
+            as_bytes_mut(recv),
+            T::DTYPE,
+            None,
+            root,
+        )
+    }
+
+    /// Gather with a count per rank (every rank passes the same `counts`).
+    pub fn gather_v<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        counts: &[usize],
+        root: usize,
+    ) -> Result<()> {
+        let seq = self.inner.issue_blocking()?;
+        self.inner.gather(
+            seq,
+            as_bytes(send),
+            as_bytes_mut(recv),
+            T::DTYPE,
+            Some(counts),
+            root,
+        )
+    }
+
+    /// Splits `send` of `root` (`size() * recv.len()` elements) into blocks; rank r receives block r in
+    /// `recv`. `send` is not used on other ranks and may be empty.
+    pub fn scatter<T: Element>(&self, send: &[T], recv: &mut [T], root: usize) -> Result<()> {
+        let seq = self.inner.issue_blocking()?;
+        self.inner.scatter(
+            seq,
+            as_bytes(send),
+            as_bytes_mut(recv),
+            T::DTYPE,
+            None,
+            root,
+        )
+    }
+
+    /// Scatter with a count per rank (every rank passes the same `counts`).
+    pub fn scatter_v<T: Element>(
+        &self,
+        send: &[T],
+        counts: &[usize],
+        recv: &mut [T],
+        root: usize,
+    ) -> Result<()> {
+        let seq = self.inner.issue_blocking()?;
+        self.inner.scatter(
+            seq,
+            as_bytes(send),
+            as_bytes_mut(recv),
+            T::DTYPE,
+            Some(counts),
+            root,
+        )
+    }
+
+    /// `send` holds `size()` equal blocks; block d goes to rank d, and the block from rank s lands in
+    /// block s of `recv`.
+    pub fn all_to_all<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        let seq = self.inner.issue_blocking()?;
+        self.inner
+            .all_to_all(seq, as_bytes(send), as_bytes_mut(recv), T::DTYPE, None)
+    }
+
+    /// All-to-all with counts: `send_counts[d]` elements go to rank d, `recv_counts[s]` come from rank s
+    /// (and must equal what rank s sends here).
+    pub fn all_to_all_v<T: Element>(
+        &self,
+        send: &[T],
+        send_counts: &[usize],
+        recv: &mut [T],
+        recv_counts: &[usize],
+    ) -> Result<()> {
+        let seq = self.inner.issue_blocking()?;
+        self.inner.all_to_all(
+            seq,
+            as_bytes(send),
+            as_bytes_mut(recv),
+            T::DTYPE,
+            Some((send_counts, recv_counts)),
+        )
+    }
+}
+
+/// Asynchronous collectives: each takes its buffers by value and returns a [`Work`] whose `wait`
+/// gives the result buffer back. They run on the communicator's worker thread, in issue order, and a
+/// blocking collective issued after them waits for them first.
+impl Communicator {
+    fn spawn<R: Send + 'static>(
+        &self,
+        op: OpKind,
+        f: impl FnOnce(&Inner, u64) -> Result<R> + Send + 'static,
+    ) -> Work<R> {
+        let (work, completer) = Work::new(op.name());
+        match self
+            .inner
+            .submit(move |inner, seq| completer.complete(f(inner, seq)))
+        {
+            Ok(()) => work,
+            Err(e) => Work::ready(op.name(), Err(e)),
+        }
+    }
+
+    /// Asynchronous [`Communicator::barrier`].
+    pub fn barrier_async(&self) -> Work<()> {
+        self.spawn(OpKind::Barrier, |inner, seq| inner.barrier(seq))
+    }
+
+    /// Asynchronous [`Communicator::broadcast`].
+    pub fn broadcast_async<T: Element>(&self, mut buf: Vec<T>, root: usize) -> Work<Vec<T>> {
+        self.spawn(OpKind::Broadcast, move |inner, seq| {
+            inner
+                .broadcast(seq, as_bytes_mut(&mut buf), T::DTYPE, root)
+                .map(|_| buf)
+        })
+    }
+
+    /// Asynchronous [`Communicator::all_reduce`].
+    pub fn all_reduce_async<T: Element>(&self, mut buf: Vec<T>, op: ReduceOp) -> Work<Vec<T>> {
+        self.spawn(OpKind::AllReduce, move |inner, seq| {
+            inner
+                .all_reduce(seq, as_bytes_mut(&mut buf), T::DTYPE, op)
+                .map(|_| buf)
+        })
+    }
+
+    /// Asynchronous [`Communicator::reduce`].
+    pub fn reduce_async<T: Element>(
+        &self,
+        mut buf: Vec<T>,
+        op: ReduceOp,
+        root: usize,
+    ) -> Work<Vec<T>> {
+        self.spawn(OpKind::Reduce, move |inner, seq| {
+            inner
+                .reduce(seq, as_bytes_mut(&mut buf), T::DTYPE, op, root)
+                .map(|_| buf)
+        })
+    }
+
+    /// Asynchronous [`Communicator::reduce_scatter`]; the result has `send.len() / size()` elements.
+    pub fn reduce_scatter_async<T: Element>(&self, send: Vec<T>, op: ReduceOp) -> Work<Vec<T>> {
+        let n = self.size();
+        self.spawn(OpKind::ReduceScatter, move |inner, seq| {
+            let mut recv = vec![T::zeroed(); send.len() / n.max(1)];
+            inner
+                .reduce_scatter(seq, as_bytes(&send), as_bytes_mut(&mut recv), T::DTYPE, op)
+                .map(|_| recv)
+        })
+    }
+
+    /// Asynchronous [`Communicator::all_gather`]; the result has `size() * send.len()` elements.
+    pub fn all_gather_async<T: Element>(&self, send: Vec<T>) -> Work<Vec<T>> {
+        let n = self.size();
+        self.spawn(OpKind::AllGather, move |inner, seq| {
+            let mut recv = vec![T::zeroed(); send.len() * n];
+            inner
+                .all_gather(
+                    seq,
+                    as_bytes(&send),
+                    as_bytes_mut(&mut recv),
+                    T::DTYPE,
+                    None,
+                )
+                .map(|_| recv)
+        })
+    }
+
+    /// Asynchronous [`Communicator::gather`]; the result is the gathered data on `root`, empty elsewhere.
+    pub fn gather_async<T: Element>(&self, send: Vec<T>, root: usize) -> Work<Vec<T>> {
+        let (n, me) = (self.size(), self.rank());
+        self.spawn(OpKind::Gather, move |inner, seq| {
+            let mut recv = vec![T::zeroed(); if me == root { send.len() * n } else { 0 }];
+            inner
+                .gather(
+                    seq,
+                    as_bytes(&send),
+                    as_bytes_mut(&mut recv),
+                    T::DTYPE,
+                    None,
+                    root,
+                )
+                .map(|_| recv)
+        })
+    }
+
+    /// Asynchronous [`Communicator::scatter`]: every rank passes `count`, the root also `send`.
+    pub fn scatter_async<T: Element>(
+        &self,
+        send: Vec<T>,
+        count: usize,
+        root: usize,
+    ) -> Work<Vec<T>> {
+        self.spawn(OpKind::Scatter, move |inner, seq| {
+            let mut recv = vec![T::zeroed(); count];
+            inner
+                .scatter(
+                    seq,
+                    as_bytes(&send),
+                    as_bytes_mut(&mut recv),
+                    T::DTYPE,
+                    None,
+                    root,
+                )
+                .map(|_| recv)
+        })
+    }
+
+    /// Asynchronous [`Communicator::all_to_all`].
+    pub fn all_to_all_async<T: Element>(&self, send: Vec<T>) -> Work<Vec<T>> {
+        self.spawn(OpKind::AllToAll, move |inner, seq| {
+            let mut recv = vec![T::zeroed(); send.len()];
+            inner
+                .all_to_all(
+                    seq,
+                    as_bytes(&send),
+                    as_bytes_mut(&mut recv),
+                    T::DTYPE,
+                    None,
+                )
+                .map(|_| recv)
+        })
+    }
+}

@@ -1,0 +1,306 @@
+//! The [`Communicator`]: a group of ranks over a transport, with rank/size/topology queries, the
+//! sequencing that gives every collective its own tag, and the failure state that makes errors stick.
+//!
+//! The operations themselves live in `collectives.rs`, `p2p.rs`, `object.rs` and `group.rs`.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Instant;
+
+use kolo_collectives::Ctx;
+use kolo_core::{Call, Error, Header, Result, Tag, TagSpace, Transport};
+use kolo_store::TcpStoreServer;
+
+use crate::config::Config;
+use crate::work::WorkQueue;
+
+/// Where the ranks of a world run: a node index per transport rank.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Topology {
+    /// Node index of each transport rank (nodes numbered by first appearance).
+    pub node_of: Vec<usize>,
+}
+
+impl Topology {
+    /// Every rank on one node.
+    pub fn single_node(size: usize) -> Self {
+        Topology {
+            node_of: vec![0; size],
+        }
+    }
+
+    /// Numbers nodes by first appearance of their identifiers.
+    pub fn from_ids(ids: &[String]) -> Self {
+        let mut seen: Vec<&String> = Vec::new();
+        let node_of = ids
+            .iter()
+            .map(|id| match seen.iter().position(|s| *s == id) {
+                Some(i) => i,
+                None => {
+                    seen.push(id);
+                    seen.len() - 1
+                }
+            })
+            .collect();
+        Topology { node_of }
+    }
+}
+
+pub(crate) struct Inner {
+    pub transport: Arc<dyn Transport>,
+    /// Group rank → transport rank.
+    pub members: Vec<usize>,
+    /// This process's group rank.
+    pub rank: usize,
+    /// Group id, part of every tag.
+    pub group: u64,
+    pub topology: Arc<Topology>,
+    pub config: Config,
+    seq: AtomicU64,
+    failed: Mutex<Option<Arc<Error>>>,
+    /// Serializes issuing (sequence numbers) and waits for queued async work.
+    issue: Mutex<()>,
+    pending: Arc<(Mutex<usize>, Condvar)>,
+    queue: Mutex<Option<WorkQueue>>,
+    /// The rendezvous server, when this rank hosts it (kept alive with the world communicator).
+    _store_server: Option<TcpStoreServer>,
+}
+
+/// A group of ranks that communicate: point-to-point messages and collectives.
+///
+/// Cheap to clone (a handle). Collectives on one communicator must be called in the same order on
+/// every rank of its group; each gets the next sequence number, which tags its messages, and carries
+/// a fingerprint (operation, element type, count, root, reduce operator, algorithm) that every receiver
+/// checks. An error in a collective poisons the communicator: the peers are told, and every later call
+/// on any rank returns [`Error::Failed`] with the first error.
+#[derive(Clone)]
+pub struct Communicator {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl fmt::Debug for Communicator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Communicator")
+            .field("rank", &self.rank())
+            .field("size", &self.size())
+            .field("transport", &self.inner.transport.kind())
+            .field("group", &format_args!("{:x}", self.inner.group))
+            .finish()
+    }
+}
+
+impl Communicator {
+    pub(crate) fn from_parts(
+        transport: Arc<dyn Transport>,
+        members: Vec<usize>,
+        rank: usize,
+        group: u64,
+        topology: Arc<Topology>,
+        config: Config,
+        store_server: Option<TcpStoreServer>,
+    ) -> Communicator {
+        Communicator {
+            inner: Arc::new(Inner {
+                transport,
+                members,
+                rank,
+                group,
+                topology,
+                config,
+                seq: AtomicU64::new(0),
+                failed: Mutex::new(None),
+                issue: Mutex::new(()),
+                pending: Arc::new((Mutex::new(0), Condvar::new())),
+                queue: Mutex::new(None),
+                _store_server: store_server,
+            }),
+        }
+    }
+
+    /// This process's rank in the group, `0..size()`.
+    pub fn rank(&self) -> usize {
+        self.inner.rank
+    }
+
+    /// Number of ranks in the group.
+    pub fn size(&self) -> usize {
+        self.inner.members.len()
+    }
+
+    /// Rank among the group's members on this node.
+    pub fn local_rank(&self) -> usize {
+        let me = self.node_of(self.rank());
+        (0..self.rank()).filter(|&r| self.node_of(r) == me).count()
+    }
+
+    /// Number of the group's members on this node.
+    pub fn local_size(&self) -> usize {
+        let me = self.node_of(self.rank());
+        (0..self.size()).filter(|&r| self.node_of(r) == me).count()
+    }
+
+    /// Index of this node among the group's nodes (numbered by their lowest rank).
+    pub fn node_rank(&self) -> usize {
+        let me = self.node_of(self.rank());
+        let mut seen = Vec::new();
+        for r in 0..self.size() {
+            let n = self.node_of(r);
+            if !seen.contains(&n) {
+                seen.push(n);
+            }
+        }
+        seen.iter().position(|&n| n == me).unwrap_or(0)
+    }
+
+    /// Number of nodes the group spans.
+    pub fn num_nodes(&self) -> usize {
+        let mut nodes: Vec<usize> = (0..self.size()).map(|r| self.node_of(r)).collect();
+        nodes.sort_unstable();
+        nodes.dedup();
+        nodes.len()
+    }
+
+    fn node_of(&self, group_rank: usize) -> usize {
+        let t = self.inner.members[group_rank];
+        self.inner.topology.node_of.get(t).copied().unwrap_or(0)
+    }
+
+    /// Name of the transport (`local`, `tcp`).
+    pub fn transport_kind(&self) -> &'static str {
+        self.inner.transport.kind()
+    }
+
+    /// The settings this communicator runs with.
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    /// The first error that poisoned this communicator, if any.
+    pub fn failure(&self) -> Option<Arc<Error>> {
+        self.inner.failure()
+    }
+
+    /// Fails this communicator and every peer's (their pending and later calls return an
+    /// [`Error::Aborted`] naming this rank and `reason`). Like `ncclCommAbort` or `MPI_Abort` without
+    /// the exit.
+    pub fn abort(&self, reason: &str) {
+        self.inner.poison(Error::Aborted {
+            op: "abort",
+            rank: self.rank(),
+            by: self.rank(),
+            reason: reason.to_string(),
+        });
+    }
+}
+
+impl Inner {
+    pub fn size(&self) -> usize {
+        self.members.len()
+    }
+
+    pub fn failure(&self) -> Option<Arc<Error>> {
+        self.lock_failed().clone()
+    }
+
+    fn lock_failed(&self) -> MutexGuard<'_, Option<Arc<Error>>> {
+        self.failed.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Returns the sticky failure, if any, as an error.
+    pub fn check(&self) -> Result<()> {
+        match self.failure() {
+            Some(first) => Err(Error::Failed {
+                rank: self.rank,
+                first,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Records `e` as this communicator's failure (if it is the first) and tells the peers, then
+    /// returns it.
+    pub fn poison(&self, e: Error) -> Error {
+        let mut f = self.lock_failed();
+        if f.is_some() {
+            return e;
+        }
+        *f = Some(Arc::new(e.duplicate()));
+        drop(f);
+        // A peer's abort already reached everyone; echoing it would only add noise.
+        if !matches!(e, Error::Aborted { by, .. } if by != self.rank) {
+            self.transport.abort(&e.to_string());
+        }
+        e
+    }
+
+    /// Takes the next collective sequence number for a blocking call, after every queued async
+    /// collective has finished (so collectives complete in issue order).
+    pub fn issue_blocking(&self) -> Result<u64> {
+        self.check()?;
+        let _g = self.issue.lock().unwrap_or_else(|p| p.into_inner());
+        self.wait_pending();
+        Ok(self.seq.fetch_add(1, Ordering::SeqCst))
+    }
+
+    fn wait_pending(&self) {
+        let (m, c) = &*self.pending;
+        let mut n = m.lock().unwrap_or_else(|p| p.into_inner());
+        while *n > 0 {
+            n = c.wait(n).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Runs `f` as collective number `seq` with fingerprint `call`; an error poisons the communicator.
+    pub fn run<R>(&self, seq: u64, call: Call, f: impl FnOnce(&Ctx) -> Result<R>) -> Result<R> {
+        self.check()?;
+        let started = Instant::now();
+        let ctx = Ctx {
+            transport: &*self.transport,
+            members: &self.members,
+            rank: self.rank,
+            header: Header {
+                tag: Tag {
+                    group: self.group,
+                    space: TagSpace::Collective,
+                    value: seq,
+                },
+                call,
+            },
+            started,
+            deadline: Some(started + self.config.timeout),
+        };
+        f(&ctx).map_err(|e| self.poison(e))
+    }
+
+    /// Queues `job` on this communicator's worker thread as collective number `seq`.
+    pub fn submit(
+        self: &Arc<Self>,
+        job: impl FnOnce(&Arc<Inner>, u64) + Send + 'static,
+    ) -> Result<()> {
+        self.check()?;
+        let _g = self.issue.lock().unwrap_or_else(|p| p.into_inner());
+        let seq = self.seq.fetch_add(1, Ordering::SeqCst);
+        {
+            let (m, _) = &*self.pending;
+            *m.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+        }
+        let me = self.clone();
+        let pending = self.pending.clone();
+        let task = Box::new(move || {
+            job(&me, seq);
+            drop(me);
+            let (m, c) = &*pending;
+            *m.lock().unwrap_or_else(|p| p.into_inner()) -= 1;
+            c.notify_all();
+        });
+        let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        if q.is_none() {
+            *q = Some(WorkQueue::start(self.rank)?);
+        }
+        match q.as_ref() {
+            Some(q) => q.push(task),
+            None => Ok(()),
+        }
+    }
+}

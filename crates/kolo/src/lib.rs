@@ -1,0 +1,51 @@
+//! # kolo
+//!
+//! Distributed data-parallel training for Rust — what `torch.distributed`, Horovod and MPI are to
+//! Python. This crate is what programs depend on: [`init`] gives the process its [`Communicator`],
+//! which has point-to-point messages and every MPI-style collective over threads ([`run_local`]) or
+//! TCP (processes started by `kolo run`, torchrun, `mpirun` or `srun`).
+//!
+//! ```
+//! use kolo::prelude::*;
+//!
+//! // Four ranks as threads of this process; with `kolo run -n 4` use `kolo::init()` instead.
+//! let results = kolo::run_local(4, Config::default(), |comm| -> kolo::Result<Vec<f32>> {
+//!     let mut grads = vec![comm.rank() as f32; 3];
+//!     comm.all_reduce(&mut grads, ReduceOp::Sum)?;
+//!     Ok(grads)
+//! });
+//! for r in results {
+//!     assert_eq!(r.unwrap().unwrap(), vec![6.0, 6.0, 6.0]);
+//! }
+//! ```
+//!
+//! Collectives carry a fingerprint of the call; ranks that disagree (another operation, count, type
+//! or root) get [`Error::Mismatch`] instead of a hang. A peer that dies or stops answering is an
+//! error naming it, within the communicator's timeout ([`Config::timeout`], `KOLO_TIMEOUT`) at the
+//! latest and at once when its connection drops.
+
+mod collectives;
+mod communicator;
+pub mod config;
+mod group;
+pub mod init;
+mod object;
+mod p2p;
+mod work;
+
+pub use communicator::Communicator;
+pub use config::Config;
+pub use init::{init, init_with, local_communicators, run_local, InitMethod, InitOptions};
+pub use kolo_core::{Algorithm, Call, DType, Element, Error, OpKind, ReduceOp, Result};
+pub use p2p::{Completion, Request};
+pub use work::Work;
+
+/// Half-precision element types.
+pub use half::{bf16, f16};
+
+/// The names most programs need: `use kolo::prelude::*;`.
+pub mod prelude {
+    pub use crate::{
+        bf16, f16, Communicator, Config, DType, Element, Error, ReduceOp, Request, Work,
+    };
+}

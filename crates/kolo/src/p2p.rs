@@ -1,0 +1,302 @@
+//! Point-to-point messages: `send`/`recv` with tags, and `isend`/`irecv` with [`Request`] handles.
+//!
+//! Messages from one rank to another with one tag arrive in the order they were sent. Sends are
+//! buffered: `send` returns once the message is handed to the transport, whether or not the receiver
+//! has posted its receive (MPI's eager protocol, for every size), so `isend` completes at once. A
+//! receive checks the element type and length of what arrives.
+
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use kolo_core::dtype::{as_bytes, as_bytes_mut, vec_from_bytes};
+use kolo_core::{
+    Algorithm, Call, Element, Error, Header, LinkFailure, Message, OpKind, RecvError, Result, Tag,
+    TagSpace,
+};
+
+use crate::communicator::Communicator;
+
+const SEND: &str = "send";
+const RECV: &str = "recv";
+
+impl Communicator {
+    fn peer(&self, op: &'static str, arg: &'static str, peer: usize) -> Result<usize> {
+        self.inner.check()?;
+        self.inner
+            .members
+            .get(peer)
+            .copied()
+            .ok_or(Error::RankOutOfRange {
+                op,
+                rank: self.rank(),
+                arg,
+                value: peer,
+                size: self.size(),
+            })
+    }
+
+    fn p2p_tag(&self, tag: u64) -> Tag {
+        Tag {
+            group: self.inner.group,
+            space: TagSpace::P2p,
+            value: tag,
+        }
+    }
+
+    fn link_error(&self, op: &'static str, f: LinkFailure) -> Error {
+        f.into_error(op, self.rank())
+    }
+
+    /// Sends `data` to rank `dest` with `tag`.
+    pub fn send<T: Element>(&self, data: &[T], dest: usize, tag: u64) -> Result<()> {
+        let to = self.peer(SEND, "dest", dest)?;
+        let header = Header {
+            tag: self.p2p_tag(tag),
+            call: Call {
+                dtype: Some(T::DTYPE),
+                count: data.len() as u64,
+                root: Some(self.rank() as u32),
+                ..Call::new(OpKind::Send, Algorithm::Direct)
+            },
+        };
+        self.inner
+            .transport
+            .send(to, &header, as_bytes(data))
+            .map_err(|f| self.link_error(SEND, f))
+    }
+
+    /// Non-blocking send. Sends are buffered, so the request is complete when it is returned.
+    pub fn isend<T: Element>(&self, data: &[T], dest: usize, tag: u64) -> Request<()> {
+        Request::done(self.send(data, dest, tag))
+    }
+
+    fn check_message<T: Element>(
+        &self,
+        src: usize,
+        msg: Message,
+        expect: Option<usize>,
+    ) -> Result<Vec<T>> {
+        let call = msg.header.call;
+        let mine = Call {
+            dtype: Some(T::DTYPE),
+            count: expect.map_or(call.count, |c| c as u64),
+            root: Some(src as u32),
+            ..Call::new(OpKind::Send, Algorithm::Direct)
+        };
+        if call.op != OpKind::Send || call.dtype != Some(T::DTYPE) {
+            return Err(Error::Mismatch {
+                rank: self.rank(),
+                peer: src,
+                local: mine,
+                remote: call,
+                tag: msg.header.tag,
+            });
+        }
+        let elem = std::mem::size_of::<T>();
+        if let Some(n) = expect {
+            if msg.payload.len() != n * elem {
+                return Err(Error::MessageLength {
+                    op: RECV,
+                    rank: self.rank(),
+                    peer: src,
+                    expected: n * elem,
+                    actual: msg.payload.len(),
+                });
+            }
+        }
+        if msg.payload.len() % elem != 0 {
+            return Err(Error::Protocol {
+                rank: self.rank(),
+                peer: src,
+                reason: format!(
+                    "{} bytes is not a whole number of {}",
+                    msg.payload.len(),
+                    T::DTYPE
+                ),
+            });
+        }
+        Ok(vec_from_bytes(&msg.payload))
+    }
+
+    fn recv_message(&self, src: usize, tag: u64, deadline: Option<Instant>) -> Result<Message> {
+        let from = self.peer(RECV, "src", src)?;
+        let started = Instant::now();
+        self.inner
+            .transport
+            .recv(from, &self.p2p_tag(tag), deadline)
+            .map_err(|e| match e {
+                RecvError::Timeout => Error::Timeout {
+                    op: RECV,
+                    rank: self.rank(),
+                    peer: src,
+                    waited: started.elapsed(),
+                },
+                RecvError::Link(f) => self.link_error(RECV, f),
+            })
+    }
+
+    /// Receives a message of exactly `buf.len()` elements from `src` with `tag` into `buf`, waiting up
+    /// to the communicator's timeout.
+    pub fn recv<T: Element>(&self, buf: &mut [T], src: usize, tag: u64) -> Result<()> {
+        let deadline = Instant::now() + self.inner.config.timeout;
+        let msg = self.recv_message(src, tag, Some(deadline))?;
+        let v: Vec<T> = self.check_message(src, msg, Some(buf.len()))?;
+        as_bytes_mut(buf).copy_from_slice(as_bytes(&v));
+        Ok(())
+    }
+
+    /// Receives a message of any length from `src` with `tag`, waiting up to the communicator's timeout.
+    pub fn recv_vec<T: Element>(&self, src: usize, tag: u64) -> Result<Vec<T>> {
+        let deadline = Instant::now() + self.inner.config.timeout;
+        let msg = self.recv_message(src, tag, Some(deadline))?;
+        self.check_message(src, msg, None)
+    }
+
+    /// Non-blocking receive of a message from `src` with `tag`; with `Some(count)` the message must
+    /// have exactly `count` elements.
+    pub fn irecv<T: Element>(&self, src: usize, tag: u64, count: Option<usize>) -> Request<Vec<T>> {
+        match self.peer(RECV, "src", src) {
+            Err(e) => Request::done(Err(e)),
+            Ok(_) => Request {
+                state: State::Pending {
+                    comm: self.clone(),
+                    src,
+                    tag,
+                    count,
+                },
+            },
+        }
+    }
+}
+
+enum State<R> {
+    Pending {
+        comm: Communicator,
+        src: usize,
+        tag: u64,
+        count: Option<usize>,
+    },
+    Done(Result<R>),
+    Taken,
+}
+
+/// A pending point-to-point operation.
+pub struct Request<R> {
+    state: State<R>,
+}
+
+impl<R> fmt::Debug for Request<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = match &self.state {
+            State::Pending { src, tag, .. } => format!("pending recv from {src} tag {tag}"),
+            State::Done(_) => "complete".into(),
+            State::Taken => "taken".into(),
+        };
+        f.debug_struct("Request").field("state", &s).finish()
+    }
+}
+
+/// What a request delivers when it completes.
+pub trait Completion: Sized {
+    #[doc(hidden)]
+    fn finish(comm: &Communicator, src: usize, msg: Message, count: Option<usize>) -> Result<Self>;
+}
+
+impl<T: Element> Completion for Vec<T> {
+    fn finish(comm: &Communicator, src: usize, msg: Message, count: Option<usize>) -> Result<Self> {
+        comm.check_message(src, msg, count)
+    }
+}
+
+impl Completion for () {
+    fn finish(_: &Communicator, _: usize, _: Message, _: Option<usize>) -> Result<Self> {
+        Ok(())
+    }
+}
+
+impl<R: Completion> Request<R> {
+    fn done(r: Result<R>) -> Self {
+        Request {
+            state: State::Done(r),
+        }
+    }
+
+    fn poll(&mut self, deadline: Option<Option<Instant>>) -> Result<bool> {
+        let State::Pending {
+            comm,
+            src,
+            tag,
+            count,
+        } = &self.state
+        else {
+            return Ok(true);
+        };
+        let msg = match deadline {
+            None => {
+                let from = comm.peer(RECV, "src", *src)?;
+                comm.inner
+                    .transport
+                    .try_recv(from, &comm.p2p_tag(*tag))
+                    .map_err(|f| comm.link_error(RECV, f))?
+            }
+            Some(d) => match comm.recv_message(*src, *tag, d) {
+                Ok(m) => Some(m),
+                Err(Error::Timeout { .. }) if d.is_some() => None,
+                Err(e) => return Err(e),
+            },
+        };
+        match msg {
+            None => Ok(false),
+            Some(m) => {
+                let r = R::finish(comm, *src, m, *count);
+                self.state = State::Done(r);
+                Ok(true)
+            }
+        }
+    }
+
+    /// Whether the operation has completed (a failed one counts as completed; `wait` returns its error).
+    pub fn test(&mut self) -> bool {
+        match self.poll(None) {
+            Ok(done) => done,
+            Err(e) => {
+                self.state = State::Done(Err(e));
+                true
+            }
+        }
+    }
+
+    /// Waits up to `timeout`; returns whether the operation completed. A request that has not
+    /// completed can be waited on again.
+    pub fn wait_timeout(&mut self, timeout: Duration) -> bool {
+        match self.poll(Some(Some(Instant::now() + timeout))) {
+            Ok(done) => done,
+            Err(e) => {
+                self.state = State::Done(Err(e));
+                true
+            }
+        }
+    }
+
+    /// Waits for completion (up to the communicator's timeout) and returns the result.
+    pub fn wait(mut self) -> Result<R> {
+        if let State::Pending { comm, .. } = &self.state {
+            let deadline = Instant::now() + comm.inner.config.timeout;
+            if let Err(e) = self.poll(Some(Some(deadline))) {
+                return Err(e);
+            }
+        }
+        match std::mem::replace(&mut self.state, State::Taken) {
+            State::Done(r) => r,
+            State::Pending { comm, src, .. } => Err(Error::Timeout {
+                op: RECV,
+                rank: comm.rank(),
+                peer: src,
+                waited: comm.inner.config.timeout,
+            }),
+            State::Taken => Err(Error::Unsupported {
+                what: "waiting twice on one request".into(),
+            }),
+        }
+    }
+}
