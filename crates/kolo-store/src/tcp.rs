@@ -269,11 +269,14 @@ fn serve_connection(shared: &ServerShared, id: u64, stream: TcpStream, peer: Soc
         let quiet = shared.stopping.load(Ordering::SeqCst)
             || matches!(&err, WireError::Io(e) if is_disconnect(e));
         if !quiet {
-            let reason = match err {
-                WireError::Io(e) => e.to_string(),
-                WireError::Invalid(reason) => reason,
+            let err = match err {
+                WireError::Io(e) => StoreError::io(format!("serving {peer}"), e),
+                WireError::Invalid(reason) => StoreError::Protocol {
+                    peer: peer.to_string(),
+                    reason,
+                },
             };
-            log(format_args!("dropping connection from {peer}: {reason}"));
+            log(format_args!("dropping a client connection: {err}"));
         }
     }
 }

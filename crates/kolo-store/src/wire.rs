@@ -45,6 +45,9 @@ pub const PROTOCOL_VERSION: u16 = 1;
 
 /// Longest free-text string (error message) in a response.
 const MAX_MESSAGE_LEN: usize = 4 * 1024;
+/// Most key bytes in one key list, so a `wait` frame stays bounded
+/// (65536 keys of 4 KiB would otherwise be 256 MiB).
+const MAX_KEY_LIST_BYTES: usize = MAX_VALUE_LEN;
 /// Initial buffer for a value; it grows only as bytes actually arrive.
 const READ_CHUNK: usize = 64 * 1024;
 
@@ -293,6 +296,12 @@ fn put_keys<K: AsRef<str>>(out: &mut Vec<u8>, keys: &[K]) -> Result<(), WireErro
             keys.len()
         )));
     }
+    let total: usize = keys.iter().map(|k| k.as_ref().len()).sum();
+    if total > MAX_KEY_LIST_BYTES {
+        return Err(invalid(format!(
+            "key list of {total} bytes exceeds the limit of {MAX_KEY_LIST_BYTES}"
+        )));
+    }
     out.extend_from_slice(&(keys.len() as u32).to_le_bytes());
     for key in keys {
         put_str(out, key.as_ref(), MAX_KEY_LEN, "key")?;
@@ -523,8 +532,16 @@ fn get_keys<R: Read>(r: &mut R) -> Result<Vec<String>, WireError> {
     // Each key takes at least 4 bytes on the wire, so don't trust `count`
     // for the allocation: grow as keys arrive.
     let mut keys = Vec::with_capacity(count.min(1024));
+    let mut total = 0usize;
     for _ in 0..count {
-        keys.push(get_key(r)?);
+        let key = get_key(r)?;
+        total += key.len();
+        if total > MAX_KEY_LIST_BYTES {
+            return Err(invalid(format!(
+                "key list exceeds the limit of {MAX_KEY_LIST_BYTES} bytes"
+            )));
+        }
+        keys.push(key);
     }
     Ok(keys)
 }
@@ -775,6 +792,27 @@ mod tests {
         frame.extend_from_slice(&[0xff, 0xfe]);
         match read_request(&mut &frame[..]) {
             Err(WireError::Invalid(reason)) => assert!(reason.contains("UTF-8"), "{reason}"),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn oversized_key_list_rejected() {
+        let key = "k".repeat(MAX_KEY_LEN);
+        let count = MAX_KEY_LIST_BYTES / MAX_KEY_LEN + 1;
+        let keys = vec![Cow::Borrowed(key.as_str()); count];
+        let mut out = Vec::new();
+        assert!(encode_request(&Request::Wait { keys, timeout_ms: 0 }, &mut out).is_err());
+        // Hand-build the frame the encoder refuses to make.
+        let mut frame = vec![OP_WAIT];
+        frame.extend_from_slice(&(count as u32).to_le_bytes());
+        for _ in 0..count {
+            frame.extend_from_slice(&(MAX_KEY_LEN as u32).to_le_bytes());
+            frame.extend_from_slice(key.as_bytes());
+        }
+        frame.extend_from_slice(&0u64.to_le_bytes());
+        match read_request(&mut &frame[..]) {
+            Err(WireError::Invalid(reason)) => assert!(reason.contains("key list"), "{reason}"),
             other => panic!("unexpected {other:?}"),
         }
     }

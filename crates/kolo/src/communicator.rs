@@ -118,6 +118,22 @@ impl Communicator {
         }
     }
 
+    /// A world communicator over any [`Transport`] (all ranks taken to share one node). Used to bring
+    /// a custom transport, and by the test suites to run every transport through the same tests.
+    pub fn with_transport(transport: Arc<dyn Transport>, config: Config) -> Communicator {
+        let size = transport.size();
+        let rank = transport.rank();
+        Communicator::from_parts(
+            transport,
+            (0..size).collect(),
+            rank,
+            1,
+            Arc::new(Topology::single_node(size)),
+            config,
+            None,
+        )
+    }
+
     /// This process's rank in the group, `0..size()`.
     pub fn rank(&self) -> usize {
         self.inner.rank
