@@ -83,7 +83,8 @@ pub use wire::{MAGIC, PROTOCOL_VERSION};
 pub const MAX_KEY_LEN: usize = 4 * 1024;
 /// Largest value accepted by every store, in bytes.
 pub const MAX_VALUE_LEN: usize = 64 * 1024 * 1024;
-/// Most keys one [`Store::wait`] call may wait for.
+/// Most keys one [`Store::wait`] call may wait for (their total size is
+/// also limited, to [`MAX_VALUE_LEN`] bytes).
 pub const MAX_WAIT_KEYS: usize = 65_536;
 
 /// A key-value store shared by the ranks of a job.
@@ -216,7 +217,16 @@ pub(crate) fn validate_wait_keys<K: AsRef<str>>(keys: &[K]) -> Result<(), StoreE
             max: MAX_WAIT_KEYS as u64,
         });
     }
-    keys.iter().try_for_each(|k| validate_key(k.as_ref()))
+    keys.iter().try_for_each(|k| validate_key(k.as_ref()))?;
+    let total: usize = keys.iter().map(|k| k.as_ref().len()).sum();
+    if total > MAX_VALUE_LEN {
+        return Err(StoreError::TooLarge {
+            what: "total size of the keys in a wait",
+            len: total as u64,
+            max: MAX_VALUE_LEN as u64,
+        });
+    }
+    Ok(())
 }
 
 /// Parses a stored counter value.

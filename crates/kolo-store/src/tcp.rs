@@ -552,6 +552,7 @@ impl TcpStore {
                 what: match what.as_str() {
                     "value" => "value",
                     "number of keys in a wait" => "number of keys in a wait",
+                    "total size of the keys in a wait" => "total size of the keys in a wait",
                     _ => "request field",
                 },
                 len,

@@ -802,7 +802,14 @@ mod tests {
         let count = MAX_KEY_LIST_BYTES / MAX_KEY_LEN + 1;
         let keys = vec![Cow::Borrowed(key.as_str()); count];
         let mut out = Vec::new();
-        assert!(encode_request(&Request::Wait { keys, timeout_ms: 0 }, &mut out).is_err());
+        assert!(encode_request(
+            &Request::Wait {
+                keys,
+                timeout_ms: 0
+            },
+            &mut out
+        )
+        .is_err());
         // Hand-build the frame the encoder refuses to make.
         let mut frame = vec![OP_WAIT];
         frame.extend_from_slice(&(count as u32).to_le_bytes());

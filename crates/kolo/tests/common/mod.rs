@@ -1,0 +1,149 @@
+//! Shared test harness: run a closure on every rank of a world built on a given transport (gloo's
+//! `spawn(transport, size, fn)`), plus data generators and a sequential reference.
+#![allow(dead_code)]
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use kolo::prelude::*;
+use kolo::store::{MemoryStore, Store};
+use kolo::transport::{TcpOptions, TcpTransport};
+use kolo::Transport;
+
+/// The transports every test runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Local,
+    Tcp,
+}
+
+pub const KINDS: [Kind; 2] = [Kind::Local, Kind::Tcp];
+
+static NEXT_JOB: AtomicU64 = AtomicU64::new(0);
+
+/// Communicators of a world of `n` ranks on transport `kind`.
+pub fn world(kind: Kind, n: usize, config: Config) -> Vec<Communicator> {
+    match kind {
+        Kind::Local => kolo::local_communicators(n, config),
+        Kind::Tcp => {
+            let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+            let prefix = format!("test/{}/{}", std::process::id(), NEXT_JOB.fetch_add(1, Ordering::SeqCst));
+            let opts = TcpOptions {
+                connect_timeout: Duration::from_secs(30),
+                ..TcpOptions::default()
+            };
+            let transports: Vec<TcpTransport> = std::thread::scope(|s| {
+                let hs: Vec<_> = (0..n)
+                    .map(|r| {
+                        let (store, prefix, opts) = (store.clone(), prefix.clone(), opts.clone());
+                        s.spawn(move || TcpTransport::connect(&*store, &prefix, r, n, &opts))
+                    })
+                    .collect();
+                hs.into_iter()
+                    .map(|h| h.join().expect("connect thread").expect("tcp connect"))
+                    .collect()
+            });
+            transports
+                .into_iter()
+                .map(|t| Communicator::with_transport(Arc::new(t) as Arc<dyn Transport>, config.clone()))
+                .collect()
+        }
+    }
+}
+
+/// Runs `f` on every rank of a world of `n` on `kind`, returning each rank's result.
+pub fn spawn<R: Send>(kind: Kind, n: usize, config: Config, f: impl Fn(Communicator) -> R + Sync) -> Vec<R> {
+    let comms = world(kind, n, config);
+    std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .into_iter()
+            .map(|c| {
+                let f = &f;
+                s.spawn(move || f(c))
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("rank thread panicked")).collect()
+    })
+}
+
+/// Element types with a lossless conversion from small integers, for exact reference checks.
+pub trait TestElem: Element + PartialEq {
+    fn from_i(v: i64) -> Self;
+    fn to_f(self) -> f64;
+}
+
+macro_rules! test_elem {
+    ($($t:ty: $from:expr, $to:expr);* $(;)?) => {$(
+        impl TestElem for $t {
+            fn from_i(v: i64) -> Self { $from(v) }
+            fn to_f(self) -> f64 { $to(self) }
+        }
+    )*};
+}
+test_elem! {
+    f32: |v| v as f32, |x: f32| x as f64;
+    f64: |v| v as f64, |x: f64| x;
+    f16: |v| f16::from_f32(v as f32), |x: f16| x.to_f64();
+    bf16: |v| bf16::from_f32(v as f32), |x: bf16| x.to_f64();
+    i32: |v| v as i32, |x: i32| x as f64;
+    i64: |v| v, |x: i64| x as f64;
+    u8: |v| v as u8, |x: u8| x as f64;
+}
+
+/// Deterministic small values (1..=3), so sums and products of five ranks are exact in every type.
+pub fn data<T: TestElem>(rank: usize, count: usize, salt: usize) -> Vec<T> {
+    (0..count)
+        .map(|i| T::from_i(1 + ((rank * 7 + i * 13 + salt * 5) % 3) as i64))
+        .collect()
+}
+
+/// Sequential reference reduction of `inputs` (one vector per rank), written independently of kolo's
+/// kernels: exact integer arithmetic, converted once at the end.
+pub fn reference<T: TestElem>(inputs: &[Vec<T>], op: ReduceOp) -> Vec<T> {
+    let n = inputs.len();
+    let count = inputs.first().map_or(0, Vec::len);
+    (0..count)
+        .map(|i| {
+            let vals: Vec<i64> = inputs.iter().map(|v| v[i].to_f(). round() as i64).collect();
+            let r = match op {
+                ReduceOp::Sum => vals.iter().sum(),
+                ReduceOp::Prod => vals.iter().product(),
+                ReduceOp::Min => *vals.iter().min().unwrap_or(&0),
+                ReduceOp::Max => *vals.iter().max().unwrap_or(&0),
+                ReduceOp::Avg => {
+                    let s: i64 = vals.iter().sum();
+                    return avg::<T>(s, n);
+                }
+            };
+            T::from_i(r)
+        })
+        .collect()
+}
+
+/// The average the way each type computes it: integer division for integers, a division in the
+/// type's own precision for floats (through f32 for the half types).
+fn avg<T: TestElem>(sum: i64, n: usize) -> T {
+    match T::DTYPE {
+        DType::I32 | DType::I64 | DType::U8 => T::from_i(sum / n as i64),
+        DType::F64 => from_f64::<T>(sum as f64 / n as f64),
+        _ => from_f64::<T>(f64::from(sum as f32 / n as f32)),
+    }
+}
+
+fn from_f64<T: TestElem>(v: f64) -> T {
+    // Only called for float types.
+    let bytes: Vec<u8> = match T::DTYPE {
+        DType::F32 => (v as f32).to_le_bytes().to_vec(),
+        DType::F64 => v.to_le_bytes().to_vec(),
+        DType::F16 => f16::from_f64(v).to_le_bytes().to_vec(),
+        DType::BF16 => bf16::from_f64(v).to_le_bytes().to_vec(),
+        _ => unreachable!("from_f64 on an integer type"),
+    };
+    kolo_core::dtype::vec_from_bytes::<T>(&bytes)[0]
+}
+
+/// Byte view, for exact (bitwise) comparison of float results.
+pub fn bytes<T: Element>(v: &[T]) -> &[u8] {
+    kolo_core::dtype::as_bytes(v)
+}

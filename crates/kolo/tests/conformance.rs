@@ -1,0 +1,222 @@
+//! Conformance: every collective × element type × reduce operator, on every transport and every
+//! all-reduce algorithm, for world sizes 1–5 and counts 0, 1, 7 and 1,000,003, against a sequential
+//! reference. Inputs are small integers, so every result is exact and compared bit for bit.
+
+mod common;
+
+use common::{bytes, data, reference, spawn, Kind, TestElem};
+use kolo::prelude::*;
+use kolo::Algorithm;
+
+const SMALL: [usize; 3] = [0, 1, 7];
+const LARGE: usize = 1_000_003;
+const ALGOS: [Algorithm; 4] = [
+    Algorithm::Ring,
+    Algorithm::RecursiveDoubling,
+    Algorithm::HalvingDoubling,
+    Algorithm::BinomialTree,
+];
+
+type Check = Result<(), String>;
+
+fn expect_eq<T: TestElem>(what: &str, got: &[T], want: &[T]) -> Check {
+    if bytes(got) == bytes(want) {
+        return Ok(());
+    }
+    let i = got.iter().zip(want).position(|(a, b)| bytes(&[*a]) != bytes(&[*b]));
+    Err(match i {
+        Some(i) => format!("{what}: element {i} is {:?}, expected {:?}", got[i], want[i]),
+        None => format!("{what}: {} elements, expected {}", got.len(), want.len()),
+    })
+}
+
+fn all_inputs<T: TestElem>(n: usize, count: usize, salt: usize) -> Vec<Vec<T>> {
+    (0..n).map(|r| data(r, count, salt)).collect()
+}
+
+/// The reductions (all-reduce, reduce, reduce-scatter) for every operator.
+fn reductions<T: TestElem>(comm: &Communicator, count: usize) -> Check {
+    let (n, r) = (comm.size(), comm.rank());
+    let ctx = |op: &str, red: ReduceOp| format!("{op} {} x {count} {red} on rank {r}/{n}", T::DTYPE);
+    for (salt, red) in ReduceOp::ALL.into_iter().enumerate() {
+        // all_reduce
+        let mut buf: Vec<T> = data(r, count, salt);
+        comm.all_reduce(&mut buf, red).map_err(|e| format!("{}: {e}", ctx("all_reduce", red)))?;
+        expect_eq(&ctx("all_reduce", red), &buf, &reference(&all_inputs::<T>(n, count, salt), red))?;
+
+        // reduce to the last rank (a non-zero root); other ranks keep their input
+        let root = n - 1;
+        let mut buf: Vec<T> = data(r, count, salt);
+        comm.reduce(&mut buf, red, root).map_err(|e| format!("{}: {e}", ctx("reduce", red)))?;
+        let want = if r == root { reference(&all_inputs::<T>(n, count, salt), red) } else { data(r, count, salt) };
+        expect_eq(&ctx("reduce", red), &buf, &want)?;
+
+        // reduce_scatter: each rank gets its block of the reduction
+        let send: Vec<T> = data(r, count * n, salt);
+        let mut recv = vec![T::from_i(0); count];
+        comm.reduce_scatter(&send, &mut recv, red)
+            .map_err(|e| format!("{}: {e}", ctx("reduce_scatter", red)))?;
+        let full = reference(&all_inputs::<T>(n, count * n, salt), red);
+        expect_eq(&ctx("reduce_scatter", red), &recv, &full[r * count..(r + 1) * count])?;
+    }
+    Ok(())
+}
+
+/// The data movers, equal-count and variable-count forms.
+fn movers<T: TestElem>(comm: &Communicator, count: usize) -> Check {
+    let (n, r) = (comm.size(), comm.rank());
+    let ctx = |op: &str| format!("{op} {} x {count} on rank {r}/{n}", T::DTYPE);
+    let z = T::from_i(0);
+    let root = n / 2;
+
+    let mut buf = if r == root { data::<T>(root, count, 1) } else { vec![z; count] };
+    comm.broadcast(&mut buf, root).map_err(|e| format!("{}: {e}", ctx("broadcast")))?;
+    expect_eq(&ctx("broadcast"), &buf, &data::<T>(root, count, 1))?;
+
+    let send = if r == root { data::<T>(root, count * n, 2) } else { vec![] };
+    let mut recv = vec![z; count];
+    comm.scatter(&send, &mut recv, root).map_err(|e| format!("{}: {e}", ctx("scatter")))?;
+    expect_eq(&ctx("scatter"), &recv, &data::<T>(root, count * n, 2)[r * count..(r + 1) * count])?;
+
+    let concat: Vec<T> = (0..n).flat_map(|s| data::<T>(s, count, 3)).collect();
+    let mut recv = vec![z; if r == root { count * n } else { 0 }];
+    comm.gather(&data::<T>(r, count, 3), &mut recv, root).map_err(|e| format!("{}: {e}", ctx("gather")))?;
+    if r == root {
+        expect_eq(&ctx("gather"), &recv, &concat)?;
+    }
+
+    let mut recv = vec![z; count * n];
+    comm.all_gather(&data::<T>(r, count, 3), &mut recv).map_err(|e| format!("{}: {e}", ctx("all_gather")))?;
+    expect_eq(&ctx("all_gather"), &recv, &concat)?;
+
+    let mut recv = vec![z; count * n];
+    comm.all_to_all(&data::<T>(r, count * n, 4), &mut recv).map_err(|e| format!("{}: {e}", ctx("all_to_all")))?;
+    let want: Vec<T> = (0..n).flat_map(|s| data::<T>(s, count * n, 4)[r * count..(r + 1) * count].to_vec()).collect();
+    expect_eq(&ctx("all_to_all"), &recv, &want)?;
+
+    // Variable counts: rank s contributes count + s elements.
+    let counts: Vec<usize> = (0..n).map(|s| count + s).collect();
+    let total: usize = counts.iter().sum();
+    let concat_v: Vec<T> = (0..n).flat_map(|s| data::<T>(s, counts[s], 5)).collect();
+    let mut recv = vec![z; total];
+    comm.all_gather_v(&data::<T>(r, counts[r], 5), &mut recv, &counts)
+        .map_err(|e| format!("{}: {e}", ctx("all_gather_v")))?;
+    expect_eq(&ctx("all_gather_v"), &recv, &concat_v)?;
+
+    let mut recv = vec![z; if r == root { total } else { 0 }];
+    comm.gather_v(&data::<T>(r, counts[r], 5), &mut recv, &counts, root)
+        .map_err(|e| format!("{}: {e}", ctx("gather_v")))?;
+    if r == root {
+        expect_eq(&ctx("gather_v"), &recv, &concat_v)?;
+    }
+
+    let send = if r == root { data::<T>(root, total, 6) } else { vec![] };
+    let mut recv = vec![z; counts[r]];
+    comm.scatter_v(&send, &counts, &mut recv, root).map_err(|e| format!("{}: {e}", ctx("scatter_v")))?;
+    let off: usize = counts[..r].iter().sum();
+    expect_eq(&ctx("scatter_v"), &recv, &data::<T>(root, total, 6)[off..off + counts[r]])?;
+
+    // all_to_all_v: rank s sends count + (s + d) % 3 elements to rank d.
+    let sc = |s: usize, d: usize| count + (s + d) % 3;
+    let send_counts: Vec<usize> = (0..n).map(|d| sc(r, d)).collect();
+    let recv_counts: Vec<usize> = (0..n).map(|s| sc(s, r)).collect();
+    let send_of = |s: usize| data::<T>(s, (0..n).map(|d| sc(s, d)).sum(), 7);
+    let mut recv = vec![z; recv_counts.iter().sum()];
+    comm.all_to_all_v(&send_of(r), &send_counts, &mut recv, &recv_counts)
+        .map_err(|e| format!("{}: {e}", ctx("all_to_all_v")))?;
+    let want: Vec<T> = (0..n)
+        .flat_map(|s| {
+            let off: usize = (0..r).map(|d| sc(s, d)).sum();
+            send_of(s)[off..off + sc(s, r)].to_vec()
+        })
+        .collect();
+    expect_eq(&ctx("all_to_all_v"), &recv, &want)?;
+
+    comm.barrier().map_err(|e| format!("{}: {e}", ctx("barrier")))
+}
+
+fn every_type(comm: &Communicator, f: &dyn Fn(&Communicator, DType) -> Check) -> Check {
+    DType::ALL.into_iter().try_for_each(|d| f(comm, d))
+}
+
+fn typed(comm: &Communicator, d: DType, count: usize, which: fn(&Communicator, usize, DType) -> Check) -> Check {
+    which(comm, count, d)
+}
+
+macro_rules! dispatch {
+    ($f:ident, $comm:expr, $count:expr, $d:expr) => {
+        match $d {
+            DType::F32 => $f::<f32>($comm, $count),
+            DType::F64 => $f::<f64>($comm, $count),
+            DType::F16 => $f::<f16>($comm, $count),
+            DType::BF16 => $f::<bf16>($comm, $count),
+            DType::I32 => $f::<i32>($comm, $count),
+            DType::I64 => $f::<i64>($comm, $count),
+            DType::U8 => $f::<u8>($comm, $count),
+        }
+    };
+}
+
+fn reductions_dyn(comm: &Communicator, count: usize, d: DType) -> Check {
+    dispatch!(reductions, comm, count, d)
+}
+
+fn movers_dyn(comm: &Communicator, count: usize, d: DType) -> Check {
+    dispatch!(movers, comm, count, d)
+}
+
+fn report(results: Vec<Check>) {
+    let errors: Vec<String> = results.into_iter().filter_map(Result::err).collect();
+    assert!(errors.is_empty(), "{} rank(s) failed:\n{}", errors.len(), errors.join("\n"));
+}
+
+/// The whole matrix for one transport and world size.
+fn conformance(kind: Kind, n: usize) {
+    // Reductions under every all-reduce algorithm; every type and operator at the small counts.
+    for algo in ALGOS {
+        let mut config = Config::default();
+        config.overrides.all_reduce = Some(algo);
+        report(spawn(kind, n, config, |comm| {
+            for count in SMALL {
+                every_type(&comm, &|c, d| typed(c, d, count, reductions_dyn))
+                    .map_err(|e| format!("[{algo}] {e}"))?;
+            }
+            // The large odd count: every operator on f32 under this algorithm.
+            reductions::<f32>(&comm, LARGE).map_err(|e| format!("[{algo}] {e}"))
+        }));
+    }
+    // The large count for every type and operator with the algorithm the cost model picks, and the
+    // data movers for every type at every count.
+    report(spawn(kind, n, Config::default(), |comm| {
+        for count in SMALL {
+            every_type(&comm, &|c, d| typed(c, d, count, movers_dyn))?;
+        }
+        every_type(&comm, &|c, d| match d {
+            DType::F32 => Ok(()), // covered under every algorithm above
+            _ => typed(c, d, LARGE, reductions_dyn),
+        })?;
+        every_type(&comm, &|c, d| typed(c, d, LARGE / n.max(1), movers_dyn))
+    }));
+}
+
+macro_rules! matrix {
+    ($($name:ident: $kind:expr, $n:expr;)*) => {$(
+        #[test]
+        fn $name() {
+            conformance($kind, $n);
+        }
+    )*};
+}
+
+matrix! {
+    local_1: Kind::Local, 1;
+    local_2: Kind::Local, 2;
+    local_3: Kind::Local, 3;
+    local_4: Kind::Local, 4;
+    local_5: Kind::Local, 5;
+    tcp_1: Kind::Tcp, 1;
+    tcp_2: Kind::Tcp, 2;
+    tcp_3: Kind::Tcp, 3;
+    tcp_4: Kind::Tcp, 4;
+    tcp_5: Kind::Tcp, 5;
+}
