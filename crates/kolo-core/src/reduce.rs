@@ -239,7 +239,7 @@ mod tests {
     #[test]
     fn unaligned_source() {
         let mut a = [1.0f64, 2.0];
-        let mut src = vec![0u8; 17];
+        let mut src = [0u8; 17];
         src[1..].copy_from_slice(as_bytes(&[10.0f64, 20.0]));
         Reducer::new(DType::F64, ReduceOp::Sum).apply(as_bytes_mut(&mut a), &src[1..]);
         assert_eq!(a, [11.0, 22.0]);

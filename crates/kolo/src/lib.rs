@@ -37,10 +37,10 @@ pub use communicator::Communicator;
 pub use config::Config;
 pub use init::{init, init_with, local_communicators, run_local, InitMethod, InitOptions};
 pub use kolo_core::{Algorithm, Call, DType, Element, Error, OpKind, ReduceOp, Result, Transport};
-/// The transports kolo ships (local threads, TCP), for building communicators by hand.
-pub use kolo_transport as transport;
 /// The rendezvous stores.
 pub use kolo_store as store;
+/// The transports kolo ships (local threads, TCP), for building communicators by hand.
+pub use kolo_transport as transport;
 pub use p2p::{Completion, Request};
 pub use work::Work;
 

@@ -181,6 +181,7 @@ enum State<R> {
 }
 
 /// A pending point-to-point operation.
+#[must_use = "a request reports its error only through test/wait"]
 pub struct Request<R> {
     state: State<R>,
 }
@@ -282,9 +283,7 @@ impl<R: Completion> Request<R> {
     pub fn wait(mut self) -> Result<R> {
         if let State::Pending { comm, .. } = &self.state {
             let deadline = Instant::now() + comm.inner.config.timeout;
-            if let Err(e) = self.poll(Some(Some(deadline))) {
-                return Err(e);
-            }
+            self.poll(Some(Some(deadline)))?;
         }
         match std::mem::replace(&mut self.state, State::Taken) {
             State::Done(r) => r,

@@ -51,6 +51,7 @@ struct Slot<R> {
 /// Collectives issued asynchronously on one communicator complete in the order they were issued.
 /// Dropping a `Work` does not cancel the collective (its peers are counting on it); the result is
 /// discarded.
+#[must_use = "an asynchronous collective reports its result and errors only through wait"]
 pub struct Work<R> {
     slot: Arc<Slot<R>>,
     op: &'static str,

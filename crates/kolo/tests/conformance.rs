@@ -23,9 +23,15 @@ fn expect_eq<T: TestElem>(what: &str, got: &[T], want: &[T]) -> Check {
     if bytes(got) == bytes(want) {
         return Ok(());
     }
-    let i = got.iter().zip(want).position(|(a, b)| bytes(&[*a]) != bytes(&[*b]));
+    let i = got
+        .iter()
+        .zip(want)
+        .position(|(a, b)| bytes(&[*a]) != bytes(&[*b]));
     Err(match i {
-        Some(i) => format!("{what}: element {i} is {:?}, expected {:?}", got[i], want[i]),
+        Some(i) => format!(
+            "{what}: element {i} is {:?}, expected {:?}",
+            got[i], want[i]
+        ),
         None => format!("{what}: {} elements, expected {}", got.len(), want.len()),
     })
 }
@@ -37,27 +43,42 @@ fn all_inputs<T: TestElem>(n: usize, count: usize, salt: usize) -> Vec<Vec<T>> {
 /// The reductions (all-reduce, reduce, reduce-scatter) for every operator.
 fn reductions<T: TestElem>(comm: &Communicator, count: usize) -> Check {
     let (n, r) = (comm.size(), comm.rank());
-    let ctx = |op: &str, red: ReduceOp| format!("{op} {} x {count} {red} on rank {r}/{n}", T::DTYPE);
+    let ctx =
+        |op: &str, red: ReduceOp| format!("{op} {} x {count} {red} on rank {r}/{n}", T::DTYPE);
     for (salt, red) in ReduceOp::ALL.into_iter().enumerate() {
         // all_reduce
         let mut buf: Vec<T> = data(r, count, salt);
-        comm.all_reduce(&mut buf, red).map_err(|e| format!("{}: {e}", ctx("all_reduce", red)))?;
-        expect_eq(&ctx("all_reduce", red), &buf, &reference(&all_inputs::<T>(n, count, salt), red))?;
+        comm.all_reduce(&mut buf, red)
+            .map_err(|e| format!("{}: {e}", ctx("all_reduce", red)))?;
+        expect_eq(
+            &ctx("all_reduce", red),
+            &buf,
+            &reference(&all_inputs::<T>(n, count, salt), red),
+        )?;
 
         // reduce to the last rank (a non-zero root); other ranks keep their input
         let root = n - 1;
         let mut buf: Vec<T> = data(r, count, salt);
-        comm.reduce(&mut buf, red, root).map_err(|e| format!("{}: {e}", ctx("reduce", red)))?;
-        let want = if r == root { reference(&all_inputs::<T>(n, count, salt), red) } else { data(r, count, salt) };
+        comm.reduce(&mut buf, red, root)
+            .map_err(|e| format!("{}: {e}", ctx("reduce", red)))?;
+        let want = if r == root {
+            reference(&all_inputs::<T>(n, count, salt), red)
+        } else {
+            data(r, count, salt)
+        };
         expect_eq(&ctx("reduce", red), &buf, &want)?;
 
-        // reduce_scatter: each rank gets its block of the reduction
-        let send: Vec<T> = data(r, count * n, salt);
-        let mut recv = vec![T::from_i(0); count];
+        // reduce_scatter: each rank gets its block of the reduction (blocks of count / n elements
+        // for the large count, so every collective moves about the same amount of data)
+        let block = if count > 1000 { count / n } else { count };
+        let send: Vec<T> = data(r, block * n, salt);
+        let mut recv = vec![T::from_i(0); block];
         comm.reduce_scatter(&send, &mut recv, red)
             .map_err(|e| format!("{}: {e}", ctx("reduce_scatter", red)))?;
-        let full = reference(&all_inputs::<T>(n, count * n, salt), red);
-        expect_eq(&ctx("reduce_scatter", red), &recv, &full[r * count..(r + 1) * count])?;
+        let mine: Vec<Vec<T>> = (0..n)
+            .map(|s| data::<T>(s, block * n, salt)[r * block..(r + 1) * block].to_vec())
+            .collect();
+        expect_eq(&ctx("reduce_scatter", red), &recv, &reference(&mine, red))?;
     }
     Ok(())
 }
@@ -69,29 +90,48 @@ fn movers<T: TestElem>(comm: &Communicator, count: usize) -> Check {
     let z = T::from_i(0);
     let root = n / 2;
 
-    let mut buf = if r == root { data::<T>(root, count, 1) } else { vec![z; count] };
-    comm.broadcast(&mut buf, root).map_err(|e| format!("{}: {e}", ctx("broadcast")))?;
+    let mut buf = if r == root {
+        data::<T>(root, count, 1)
+    } else {
+        vec![z; count]
+    };
+    comm.broadcast(&mut buf, root)
+        .map_err(|e| format!("{}: {e}", ctx("broadcast")))?;
     expect_eq(&ctx("broadcast"), &buf, &data::<T>(root, count, 1))?;
 
-    let send = if r == root { data::<T>(root, count * n, 2) } else { vec![] };
+    let send = if r == root {
+        data::<T>(root, count * n, 2)
+    } else {
+        vec![]
+    };
     let mut recv = vec![z; count];
-    comm.scatter(&send, &mut recv, root).map_err(|e| format!("{}: {e}", ctx("scatter")))?;
-    expect_eq(&ctx("scatter"), &recv, &data::<T>(root, count * n, 2)[r * count..(r + 1) * count])?;
+    comm.scatter(&send, &mut recv, root)
+        .map_err(|e| format!("{}: {e}", ctx("scatter")))?;
+    expect_eq(
+        &ctx("scatter"),
+        &recv,
+        &data::<T>(root, count * n, 2)[r * count..(r + 1) * count],
+    )?;
 
     let concat: Vec<T> = (0..n).flat_map(|s| data::<T>(s, count, 3)).collect();
     let mut recv = vec![z; if r == root { count * n } else { 0 }];
-    comm.gather(&data::<T>(r, count, 3), &mut recv, root).map_err(|e| format!("{}: {e}", ctx("gather")))?;
+    comm.gather(&data::<T>(r, count, 3), &mut recv, root)
+        .map_err(|e| format!("{}: {e}", ctx("gather")))?;
     if r == root {
         expect_eq(&ctx("gather"), &recv, &concat)?;
     }
 
     let mut recv = vec![z; count * n];
-    comm.all_gather(&data::<T>(r, count, 3), &mut recv).map_err(|e| format!("{}: {e}", ctx("all_gather")))?;
+    comm.all_gather(&data::<T>(r, count, 3), &mut recv)
+        .map_err(|e| format!("{}: {e}", ctx("all_gather")))?;
     expect_eq(&ctx("all_gather"), &recv, &concat)?;
 
     let mut recv = vec![z; count * n];
-    comm.all_to_all(&data::<T>(r, count * n, 4), &mut recv).map_err(|e| format!("{}: {e}", ctx("all_to_all")))?;
-    let want: Vec<T> = (0..n).flat_map(|s| data::<T>(s, count * n, 4)[r * count..(r + 1) * count].to_vec()).collect();
+    comm.all_to_all(&data::<T>(r, count * n, 4), &mut recv)
+        .map_err(|e| format!("{}: {e}", ctx("all_to_all")))?;
+    let want: Vec<T> = (0..n)
+        .flat_map(|s| data::<T>(s, count * n, 4)[r * count..(r + 1) * count].to_vec())
+        .collect();
     expect_eq(&ctx("all_to_all"), &recv, &want)?;
 
     // Variable counts: rank s contributes count + s elements.
@@ -110,11 +150,20 @@ fn movers<T: TestElem>(comm: &Communicator, count: usize) -> Check {
         expect_eq(&ctx("gather_v"), &recv, &concat_v)?;
     }
 
-    let send = if r == root { data::<T>(root, total, 6) } else { vec![] };
+    let send = if r == root {
+        data::<T>(root, total, 6)
+    } else {
+        vec![]
+    };
     let mut recv = vec![z; counts[r]];
-    comm.scatter_v(&send, &counts, &mut recv, root).map_err(|e| format!("{}: {e}", ctx("scatter_v")))?;
+    comm.scatter_v(&send, &counts, &mut recv, root)
+        .map_err(|e| format!("{}: {e}", ctx("scatter_v")))?;
     let off: usize = counts[..r].iter().sum();
-    expect_eq(&ctx("scatter_v"), &recv, &data::<T>(root, total, 6)[off..off + counts[r]])?;
+    expect_eq(
+        &ctx("scatter_v"),
+        &recv,
+        &data::<T>(root, total, 6)[off..off + counts[r]],
+    )?;
 
     // all_to_all_v: rank s sends count + (s + d) % 3 elements to rank d.
     let sc = |s: usize, d: usize| count + (s + d) % 3;
@@ -132,14 +181,20 @@ fn movers<T: TestElem>(comm: &Communicator, count: usize) -> Check {
         .collect();
     expect_eq(&ctx("all_to_all_v"), &recv, &want)?;
 
-    comm.barrier().map_err(|e| format!("{}: {e}", ctx("barrier")))
+    comm.barrier()
+        .map_err(|e| format!("{}: {e}", ctx("barrier")))
 }
 
 fn every_type(comm: &Communicator, f: &dyn Fn(&Communicator, DType) -> Check) -> Check {
     DType::ALL.into_iter().try_for_each(|d| f(comm, d))
 }
 
-fn typed(comm: &Communicator, d: DType, count: usize, which: fn(&Communicator, usize, DType) -> Check) -> Check {
+fn typed(
+    comm: &Communicator,
+    d: DType,
+    count: usize,
+    which: fn(&Communicator, usize, DType) -> Check,
+) -> Check {
     which(comm, count, d)
 }
 
@@ -167,7 +222,12 @@ fn movers_dyn(comm: &Communicator, count: usize, d: DType) -> Check {
 
 fn report(results: Vec<Check>) {
     let errors: Vec<String> = results.into_iter().filter_map(Result::err).collect();
-    assert!(errors.is_empty(), "{} rank(s) failed:\n{}", errors.len(), errors.join("\n"));
+    assert!(
+        errors.is_empty(),
+        "{} rank(s) failed:\n{}",
+        errors.len(),
+        errors.join("\n")
+    );
 }
 
 /// The whole matrix for one transport and world size.

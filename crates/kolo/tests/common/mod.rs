@@ -28,7 +28,11 @@ pub fn world(kind: Kind, n: usize, config: Config) -> Vec<Communicator> {
         Kind::Local => kolo::local_communicators(n, config),
         Kind::Tcp => {
             let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-            let prefix = format!("test/{}/{}", std::process::id(), NEXT_JOB.fetch_add(1, Ordering::SeqCst));
+            let prefix = format!(
+                "test/{}/{}",
+                std::process::id(),
+                NEXT_JOB.fetch_add(1, Ordering::SeqCst)
+            );
             let opts = TcpOptions {
                 connect_timeout: Duration::from_secs(30),
                 ..TcpOptions::default()
@@ -46,14 +50,21 @@ pub fn world(kind: Kind, n: usize, config: Config) -> Vec<Communicator> {
             });
             transports
                 .into_iter()
-                .map(|t| Communicator::with_transport(Arc::new(t) as Arc<dyn Transport>, config.clone()))
+                .map(|t| {
+                    Communicator::with_transport(Arc::new(t) as Arc<dyn Transport>, config.clone())
+                })
                 .collect()
         }
     }
 }
 
 /// Runs `f` on every rank of a world of `n` on `kind`, returning each rank's result.
-pub fn spawn<R: Send>(kind: Kind, n: usize, config: Config, f: impl Fn(Communicator) -> R + Sync) -> Vec<R> {
+pub fn spawn<R: Send>(
+    kind: Kind,
+    n: usize,
+    config: Config,
+    f: impl Fn(Communicator) -> R + Sync,
+) -> Vec<R> {
     let comms = world(kind, n, config);
     std::thread::scope(|s| {
         let hs: Vec<_> = comms
@@ -63,7 +74,9 @@ pub fn spawn<R: Send>(kind: Kind, n: usize, config: Config, f: impl Fn(Communica
                 s.spawn(move || f(c))
             })
             .collect();
-        hs.into_iter().map(|h| h.join().expect("rank thread panicked")).collect()
+        hs.into_iter()
+            .map(|h| h.join().expect("rank thread panicked"))
+            .collect()
     })
 }
 
@@ -105,16 +118,13 @@ pub fn reference<T: TestElem>(inputs: &[Vec<T>], op: ReduceOp) -> Vec<T> {
     let count = inputs.first().map_or(0, Vec::len);
     (0..count)
         .map(|i| {
-            let vals: Vec<i64> = inputs.iter().map(|v| v[i].to_f(). round() as i64).collect();
+            let vals = inputs.iter().map(|v| v[i].to_f().round() as i64);
             let r = match op {
-                ReduceOp::Sum => vals.iter().sum(),
-                ReduceOp::Prod => vals.iter().product(),
-                ReduceOp::Min => *vals.iter().min().unwrap_or(&0),
-                ReduceOp::Max => *vals.iter().max().unwrap_or(&0),
-                ReduceOp::Avg => {
-                    let s: i64 = vals.iter().sum();
-                    return avg::<T>(s, n);
-                }
+                ReduceOp::Sum => vals.sum(),
+                ReduceOp::Prod => vals.product(),
+                ReduceOp::Min => vals.min().unwrap_or(0),
+                ReduceOp::Max => vals.max().unwrap_or(0),
+                ReduceOp::Avg => return avg::<T>(vals.sum(), n),
             };
             T::from_i(r)
         })

@@ -1,0 +1,188 @@
+#!/usr/bin/env bash
+# End-to-end checks of the `kolo run` launcher with the example programs of crates/kolo/examples.
+#
+# Usage: scripts/e2e.sh [BIN_DIR]    (default target/release)
+# Expects BIN_DIR/kolo and BIN_DIR/examples/{hello,matrix,ring_allreduce}, built with
+#   cargo build --release -p kolo-cli -p kolo --examples
+# Prints `ok - NAME` or `FAIL - NAME: why` per check, then `e2e: N passed, M failed`; exits 1 if any
+# check failed. Every job runs under `timeout 60`.
+set -euo pipefail
+
+BIN=${1:-target/release}
+KOLO=$BIN/kolo
+EX=$BIN/examples
+for f in "$KOLO" "$EX/hello" "$EX/matrix" "$EX/ring_allreduce"; do
+    if [[ ! -x $f ]]; then
+        echo "e2e: $f is missing; build with: cargo build --release -p kolo-cli -p kolo --examples" >&2
+        exit 2
+    fi
+done
+
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+
+passed=0
+failed=0
+out=""
+rc=0
+
+ok() {
+    echo "ok - $1"
+    passed=$((passed + 1))
+}
+
+# fail NAME WHY: reports the failure, with the last job's output indented below it.
+fail() {
+    echo "FAIL - $1: $2"
+    failed=$((failed + 1))
+    if [[ -n $out ]]; then
+        sed 's/^/#   /' <<<"$out" | tail -n 40
+    fi
+}
+
+# job ARGS...: runs `kolo run ARGS...` (bounded to 60 s); sets $out (stdout and stderr) and $rc.
+job() {
+    rc=0
+    out=$(timeout 60 "$KOLO" run "$@" 2>&1) || rc=$?
+}
+
+has_line() { grep -qxF -- "$1" <<<"$out"; }
+
+check_hello() {
+    local name="hello: 4 ranks greet"
+    job -n 4 -- "$EX/hello"
+    if ((rc != 0)); then fail "$name" "exit code $rc"; return; fi
+    local r
+    for r in 0 1 2 3; do
+        if ! grep -Eqx "\[rank $r\] Hello world from process $r( of 4)?" <<<"$out"; then
+            fail "$name" "no greeting from rank $r"
+            return
+        fi
+    done
+    local lines distinct
+    lines=$(grep -c "Hello world" <<<"$out" || true)
+    distinct=$(grep "Hello world" <<<"$out" | sort -u | wc -l)
+    if ((lines != 4 || distinct != 4)); then
+        fail "$name" "expected 4 distinct greetings, got $lines lines ($distinct distinct)"
+        return
+    fi
+    ok "$name"
+}
+
+check_matrix() {
+    local n=$1 name="matrix: scatter/all_reduce/all_gather with $1 ranks"
+    job -n "$n" -- "$EX/matrix"
+    if ((rc != 0)); then fail "$name" "exit code $rc"; return; fi
+    if ! has_line "[rank 0] sum: 28"; then fail "$name" "no 'sum: 28' from rank 0"; return; fi
+    if ! has_line "[rank 0] squares: 0 1 4 9 16 25 36 49"; then
+        fail "$name" "no 'squares: 0 1 4 9 16 25 36 49' from rank 0"
+        return
+    fi
+    ok "$name"
+}
+
+check_matrix_bad_size() {
+    local name="matrix: world size 3 is refused"
+    job -n 3 -- "$EX/matrix"
+    if ((rc == 0)); then fail "$name" "exit code 0"; return; fi
+    if ((rc == 124)); then fail "$name" "timed out"; return; fi
+    if ! grep -q "world size 3" <<<"$out"; then fail "$name" "no message naming world size 3"; return; fi
+    ok "$name"
+}
+
+check_ring() {
+    local name="ring_allreduce: 3 ranks match kolo all_reduce"
+    job -n 3 -- "$EX/ring_allreduce" --count 100003 --iters 3
+    if ((rc != 0)); then fail "$name" "exit code $rc"; return; fi
+    if ! grep -q "^\[rank 0\] ring_allreduce: .*results match$" <<<"$out"; then
+        fail "$name" "no 'results match' from rank 0"
+        return
+    fi
+    ok "$name"
+}
+
+# The pid of the worker of launcher $1 whose environment has RANK=$2 (empty if none).
+worker_of_rank() {
+    local p
+    for p in $(ps --ppid "$1" -o pid= 2>/dev/null); do
+        if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "RANK=$2"; then
+            echo "$p"
+            return
+        fi
+    done
+}
+
+check_killed_worker() {
+    local name="a worker SIGKILLed mid-collective stops the job"
+    local log=$TMP/killed.log
+    out=""
+    timeout 60 "$KOLO" run -n 3 -- "$EX/ring_allreduce" --count 4000000 --iters 1000 >"$log" 2>&1 &
+    local tpid=$! launcher="" workers=() i
+    # `timeout` runs the launcher as its child; wait for it and its three workers.
+    for i in $(seq 100); do
+        launcher=$(ps --ppid "$tpid" -o pid= 2>/dev/null | tr -d ' ' || true)
+        if [[ -n $launcher ]]; then
+            mapfile -t workers < <(ps --ppid "$launcher" -o pid= 2>/dev/null | tr -d ' ')
+            ((${#workers[@]} == 3)) && break
+        fi
+        sleep 0.1
+    done
+    if ((${#workers[@]} != 3)); then
+        kill "$tpid" 2>/dev/null || true
+        wait "$tpid" 2>/dev/null || true
+        out=$(cat "$log")
+        fail "$name" "the launcher did not start 3 workers"
+        return
+    fi
+    sleep 2 # let the ranks get into their collectives
+    local victim
+    victim=$(worker_of_rank "$launcher" 2)
+    if [[ -z $victim ]] || ! kill -0 "$tpid" 2>/dev/null; then
+        kill "$tpid" 2>/dev/null || true
+        wait "$tpid" 2>/dev/null || true
+        out=$(cat "$log")
+        fail "$name" "the job ended before rank 2 could be killed"
+        return
+    fi
+    kill -9 "$victim" 2>/dev/null || true
+    local waited=0
+    while kill -0 "$tpid" 2>/dev/null && ((waited < 100)); do
+        sleep 0.1
+        waited=$((waited + 1))
+    done
+    if kill -0 "$tpid" 2>/dev/null; then
+        kill "$tpid" 2>/dev/null || true
+        wait "$tpid" 2>/dev/null || true
+        out=$(cat "$log")
+        fail "$name" "the launcher was still running 10 s after rank 2 was killed"
+        return
+    fi
+    rc=0
+    wait "$tpid" || rc=$?
+    out=$(cat "$log")
+    if ((rc == 0)); then fail "$name" "the launcher exited 0"; return; fi
+    if ! grep -E "rank 2\b" <<<"$out" | grep -Eq "SIGKILL|signal 9"; then
+        fail "$name" "(launcher exit $rc) no line names rank 2 and SIGKILL"
+        return
+    fi
+    local p left=()
+    for p in "${workers[@]}"; do
+        if [[ $(cat "/proc/$p/comm" 2>/dev/null) == ring_allreduce ]]; then left+=("$p"); fi
+    done
+    if ((${#left[@]} > 0)); then
+        fail "$name" "workers left running: ${left[*]}"
+        kill -9 "${left[@]}" 2>/dev/null || true
+        return
+    fi
+    ok "$name"
+}
+
+check_hello
+check_matrix 2
+check_matrix 4
+check_matrix_bad_size
+check_ring
+check_killed_worker
+
+echo "e2e: $passed passed, $failed failed"
+((failed == 0)) || exit 1
