@@ -13,8 +13,15 @@
 //!
 //! Every worker gets the environment described in [`mod@env`]. Workers run in
 //! their own process groups and (on Linux) die with the launcher, even when
-//! it is SIGKILLed. The first worker that fails makes the launcher SIGTERM
-//! the others, wait [`LaunchConfig::grace_period`], then SIGKILL what is left.
+//! it is SIGKILLed. A worker that fails makes the launcher SIGTERM the
+//! others, wait [`LaunchConfig::grace_period`], then SIGKILL what is left.
+//! The launcher notes when each worker exits, and blames the one that failed
+//! first (the root cause, [`LaunchOutcome::first_failure`]) rather than the
+//! workers that exited in its wake after losing a peer: it waits 100 ms after
+//! the first failure before stopping the others, and within that window
+//! prefers a worker killed by a signal to one that exited non-zero. The root
+//! cause is reported on stderr once the job has stopped, followed by the
+//! other ranks that failed on their own ([`LaunchOutcome::also_failed`]).
 //! SIGINT, SIGTERM and SIGHUP sent to the launcher are forwarded to the
 //! workers as SIGTERM in the same way.
 
@@ -52,7 +59,7 @@ const OUTPUT_DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
 /// all workers exit), starts ranks `0..nproc`, forwards their output, and
 /// supervises them as described in the [crate documentation](crate).
 /// Failures of workers are reported in the returned [`LaunchOutcome`] (and
-/// one line on stderr); an `Err` means the job could not be run at all, in
+/// on stderr); an `Err` means the job could not be run at all, in
 /// which case any worker already started has been stopped.
 ///
 /// While it runs, SIGINT, SIGTERM and SIGHUP are caught by the launcher.
@@ -71,10 +78,12 @@ pub fn launch(cfg: &LaunchConfig) -> Result<LaunchOutcome, LaunchError> {
     };
 
     let (done_tx, done_rx) = mpsc::channel();
+    let (exit_tx, exit_rx) = mpsc::channel();
     let mut workers: Vec<Worker> = Vec::with_capacity(cfg.nproc);
     let mut streams = 0usize;
     for rank in 0..cfg.nproc {
         let started = spawn::spawn_worker(cfg, &job, rank).and_then(|mut worker| {
+            supervise::watch(&mut worker, &exit_tx);
             let attached = attach_output(&mut worker, cfg.prefix_output, &done_tx);
             workers.push(worker);
             attached
@@ -89,13 +98,14 @@ pub fn launch(cfg: &LaunchConfig) -> Result<LaunchOutcome, LaunchError> {
     }
     drop(done_tx);
 
-    let cause = match supervise::supervise(&mut workers, cfg.grace_period, &signals) {
-        Ok(cause) => cause,
+    let stopped = match supervise::supervise(&mut workers, cfg.grace_period, &signals, &exit_rx) {
+        Ok(stopped) => stopped,
         Err(err) => {
             supervise::stop_all(&mut workers, Duration::ZERO);
             return Err(err);
         }
     };
+    drop(exit_tx);
     supervise::kill_stragglers(&workers);
     drop(store);
 
@@ -118,7 +128,7 @@ pub fn launch(cfg: &LaunchConfig) -> Result<LaunchOutcome, LaunchError> {
             termination: w.exit.unwrap_or(Termination::Signaled(libc::SIGKILL)),
         })
         .collect();
-    let (first_failure, interrupted_by) = match cause {
+    let (first_failure, interrupted_by) = match stopped.cause {
         Some(StopCause::Failure(rank)) => (Some(rank), None),
         Some(StopCause::Signal(sig)) => (None, Some(sig)),
         None => (None, None),
@@ -126,6 +136,7 @@ pub fn launch(cfg: &LaunchConfig) -> Result<LaunchOutcome, LaunchError> {
     Ok(LaunchOutcome {
         ranks,
         first_failure,
+        also_failed: stopped.also_failed,
         interrupted_by,
     })
 }

@@ -3,7 +3,7 @@
 use std::fs::File;
 use std::io::Read;
 use std::process::{Child, Command, Stdio};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use crate::env;
 use crate::process::isolate_child;
@@ -18,6 +18,12 @@ pub(crate) struct Worker {
     pub(crate) child: Child,
     /// Set once the worker has been reaped.
     pub(crate) exit: Option<Termination>,
+    /// When the worker exited (as seen by its exit watcher, or by the poll
+    /// that reaped it); set together with `exit`.
+    pub(crate) exited_at: Option<Instant>,
+    /// Whether a thread is blocked waiting for this worker's exit (see
+    /// [`crate::supervise::watch`]); otherwise the supervisor polls it.
+    pub(crate) watched: bool,
 }
 
 /// What every worker of one launch shares.
@@ -73,6 +79,8 @@ pub(crate) fn spawn_worker(
         pid: child.id(),
         child,
         exit: None,
+        exited_at: None,
+        watched: false,
     })
 }
 

@@ -1,7 +1,15 @@
 //! Watching workers: the first failure (or a signal to the launcher) stops
 //! them all — SIGTERM, the grace period, then SIGKILL.
+//!
+//! Every worker has a watcher thread blocked in `waitid(.., WNOWAIT)` that
+//! notes the moment the worker exits and tells the supervisor, which then
+//! reaps it. These exit times name the right culprit: when one worker dies,
+//! the others typically notice the lost peer and exit with an error within
+//! milliseconds, so whichever the supervisor happens to look at first is not
+//! necessarily the one that failed first.
 
 use std::io::{self, Write};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -9,8 +17,19 @@ use crate::process::{signal_group, signal_name, SignalFlags};
 use crate::spawn::Worker;
 use crate::{LaunchError, Termination};
 
-/// How often workers are polled.
+/// How often the supervisor checks for signals to the launcher and polls
+/// workers that have no watcher thread.
 const POLL_INTERVAL: Duration = Duration::from_millis(20);
+
+/// How long after the first failure the supervisor waits for other failures
+/// before it names the root cause and stops the job. Within this window a
+/// worker killed by a signal is blamed rather than one that exited non-zero
+/// on its own: workers that lose a peer exit right after the one that died,
+/// and their exits may be noticed in either order.
+pub(crate) const FAILURE_WINDOW: Duration = Duration::from_millis(100);
+
+/// Stack size of the watcher threads, which only wait and send one message.
+const WATCHER_STACK_SIZE: usize = 64 * 1024;
 
 /// Writes `kolo run: <message>` to stderr as one line.
 pub(crate) fn report(message: std::fmt::Arguments<'_>) {
@@ -24,8 +43,72 @@ pub(crate) fn report(message: std::fmt::Arguments<'_>) {
 /// Why the launcher stopped the workers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum StopCause {
+    /// This rank failed first (the root cause).
     Failure(usize),
+    /// The launcher received this signal.
     Signal(i32),
+}
+
+/// How a supervised job ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Stopped {
+    /// Why the launcher stopped the workers; `None` if they all exited 0.
+    pub(crate) cause: Option<StopCause>,
+    /// With [`StopCause::Failure`]: the other ranks that failed on their own
+    /// (not those the launcher terminated), in rank order.
+    pub(crate) also_failed: Vec<usize>,
+}
+
+/// A worker's exit, as seen by its watcher thread.
+#[derive(Debug)]
+pub(crate) struct ExitNotice {
+    rank: usize,
+    /// When the watcher saw the worker exit.
+    at: Instant,
+    /// `false` if waiting failed; the supervisor then polls the worker.
+    waited: bool,
+}
+
+/// Starts a thread that waits for `worker` to exit without reaping it, and
+/// then sends an [`ExitNotice`] with the time. If the thread cannot be
+/// started, the supervisor polls the worker instead.
+pub(crate) fn watch(worker: &mut Worker, notices: &Sender<ExitNotice>) {
+    let rank = worker.rank;
+    let pid = worker.pid as libc::id_t;
+    let notices = notices.clone();
+    let started = thread::Builder::new()
+        .name(format!("kolo-wait-{rank}"))
+        .stack_size(WATCHER_STACK_SIZE)
+        .spawn(move || {
+            let waited = wait_for_exit(pid).is_ok();
+            // The supervisor is gone if this fails; nothing left to do.
+            let _ = notices.send(ExitNotice {
+                rank,
+                at: Instant::now(),
+                waited,
+            });
+        });
+    worker.watched = started.is_ok();
+}
+
+/// Blocks until the child `pid` has exited, leaving it a zombie (so its pid
+/// and process group id stay taken) for the supervisor to reap.
+fn wait_for_exit(pid: libc::id_t) -> io::Result<()> {
+    loop {
+        // SAFETY: siginfo_t is plain old data, for which all zeroes is valid.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `info` is a valid siginfo_t for waitid to fill in; WNOWAIT
+        // leaves the child waitable.
+        let rc =
+            unsafe { libc::waitid(libc::P_PID, pid, &mut info, libc::WEXITED | libc::WNOWAIT) };
+        if rc == 0 {
+            return Ok(());
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -39,24 +122,40 @@ enum Phase {
     Killing,
 }
 
-/// Waits for all workers, stopping them all on the first failure or on a
-/// signal to the launcher. On return every worker has been reaped.
+/// Waits for all workers, stopping them all when one fails (after
+/// [`FAILURE_WINDOW`], to name the right root cause) or when the launcher
+/// gets a signal. Reports the root cause and the other failures on stderr
+/// once all are gone. On return every worker has been reaped.
+///
+/// `notices` receives the [`ExitNotice`]s of the workers' watcher threads;
+/// the caller keeps a sender alive while this runs.
 pub(crate) fn supervise(
     workers: &mut [Worker],
     grace: Duration,
     signals: &SignalFlags,
-) -> Result<Option<StopCause>, LaunchError> {
+    notices: &Receiver<ExitNotice>,
+) -> Result<Stopped, LaunchError> {
     let mut cause = None;
     let mut phase = Phase::Running;
+    // When the launcher started stopping the workers.
+    let mut stopping_since = None;
     loop {
-        let newly_failed = poll(workers)?;
+        while let Ok(notice) = notices.try_recv() {
+            on_notice(workers, &notice)?;
+        }
+        poll_unwatched(workers)?;
 
         if let Some(sig) = signals.take() {
             match phase {
                 Phase::Running => {
                     let name = signal_name(sig).unwrap_or("a signal");
                     report(format_args!("received {name}, stopping workers"));
-                    cause = Some(StopCause::Signal(sig));
+                    // A worker that failed before the signal came stays the cause.
+                    cause = Some(match root_cause(&failures(workers)) {
+                        Some(rank) => StopCause::Failure(rank),
+                        None => StopCause::Signal(sig),
+                    });
+                    stopping_since = Some(Instant::now());
                     phase = terminate(workers, grace);
                 }
                 // A second signal while stopping: don't wait any longer.
@@ -65,17 +164,32 @@ pub(crate) fn supervise(
             }
         }
 
-        if let (Phase::Running, Some(idx)) = (phase, newly_failed) {
-            let w = &workers[idx];
-            if let Some(t) = w.exit {
-                report(format_args!("rank {} (pid {}) failed: {t}", w.rank, w.pid));
+        let mut wait = POLL_INTERVAL;
+        if let Phase::Running = phase {
+            let failed = failures(workers);
+            if let Some(first) = failed.iter().map(|f| f.at).min() {
+                let decide_at = first + FAILURE_WINDOW;
+                let now = Instant::now();
+                if now >= decide_at || all_exited(workers) {
+                    cause = root_cause(&failed).map(StopCause::Failure);
+                    stopping_since = Some(now);
+                    phase = terminate(workers, grace);
+                } else {
+                    wait = wait.min(decide_at - now);
+                }
             }
-            cause = Some(StopCause::Failure(w.rank));
-            phase = terminate(workers, grace);
         }
 
-        if workers.iter().all(|w| w.exit.is_some()) {
-            return Ok(cause);
+        if all_exited(workers) {
+            let also_failed = match cause {
+                Some(StopCause::Failure(root)) => {
+                    let also = also_failed(workers, root, stopping_since);
+                    report_failures(workers, root, &also);
+                    also
+                }
+                _ => Vec::new(),
+            };
+            return Ok(Stopped { cause, also_failed });
         }
 
         if let Phase::Terminating { deadline } = phase {
@@ -83,32 +197,138 @@ pub(crate) fn supervise(
                 phase = kill(workers, Some(grace));
             }
         }
-        thread::sleep(POLL_INTERVAL);
+        match notices.recv_timeout(wait) {
+            Ok(notice) => on_notice(workers, &notice)?,
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => thread::sleep(wait),
+        }
     }
 }
 
-/// Reaps workers that have exited; returns the index of the first one (in
-/// rank order) that failed in this round.
-fn poll(workers: &mut [Worker]) -> Result<Option<usize>, LaunchError> {
-    let mut failed = None;
-    for (idx, w) in workers.iter_mut().enumerate() {
-        if w.exit.is_some() {
-            continue;
-        }
-        let status = w.child.try_wait().map_err(|source| LaunchError::Wait {
-            rank: w.rank,
-            pid: w.pid,
-            source,
-        })?;
-        if let Some(status) = status {
-            let t = Termination::from(status);
+fn all_exited(workers: &[Worker]) -> bool {
+    workers.iter().all(|w| w.exit.is_some())
+}
+
+/// Reaps the worker a watcher saw exit, recording the watcher's exit time.
+fn on_notice(workers: &mut [Worker], notice: &ExitNotice) -> Result<(), LaunchError> {
+    let Some(w) = workers.iter_mut().find(|w| w.rank == notice.rank) else {
+        return Ok(());
+    };
+    if w.exit.is_some() {
+        return Ok(());
+    }
+    if !notice.waited {
+        w.watched = false;
+        return Ok(());
+    }
+    match reap(w)? {
+        Some(t) => {
             w.exit = Some(t);
-            if !t.success() && failed.is_none() {
-                failed = Some(idx);
-            }
+            w.exited_at = Some(notice.at);
+        }
+        // Cannot happen after a successful waitid; poll it to be safe.
+        None => w.watched = false,
+    }
+    Ok(())
+}
+
+/// Reaps workers without a watcher thread that have exited.
+fn poll_unwatched(workers: &mut [Worker]) -> Result<(), LaunchError> {
+    for w in workers
+        .iter_mut()
+        .filter(|w| !w.watched && w.exit.is_none())
+    {
+        if let Some(t) = reap(w)? {
+            w.exit = Some(t);
+            w.exited_at = Some(Instant::now());
         }
     }
-    Ok(failed)
+    Ok(())
+}
+
+/// Reaps `w` if it has exited.
+fn reap(w: &mut Worker) -> Result<Option<Termination>, LaunchError> {
+    let status = w.child.try_wait().map_err(|source| LaunchError::Wait {
+        rank: w.rank,
+        pid: w.pid,
+        source,
+    })?;
+    Ok(status.map(Termination::from))
+}
+
+/// A worker that failed, and when.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Failure {
+    rank: usize,
+    termination: Termination,
+    at: Instant,
+}
+
+/// The workers that have failed so far.
+fn failures(workers: &[Worker]) -> Vec<Failure> {
+    workers
+        .iter()
+        .filter_map(|w| match (w.exit, w.exited_at) {
+            (Some(termination), Some(at)) if !termination.success() => Some(Failure {
+                rank: w.rank,
+                termination,
+                at,
+            }),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The root cause among `failures`: the earliest, except that within
+/// [`FAILURE_WINDOW`] of the earliest one killed by a signal is preferred.
+fn root_cause(failures: &[Failure]) -> Option<usize> {
+    let first = failures.iter().map(|f| f.at).min()?;
+    failures
+        .iter()
+        .filter(|f| f.at <= first + FAILURE_WINDOW)
+        .min_by_key(|f| {
+            let signaled = matches!(f.termination, Termination::Signaled(_));
+            (!signaled, f.at, f.rank)
+        })
+        .map(|f| f.rank)
+}
+
+/// The ranks other than `root` that failed on their own, in rank order.
+/// Workers that died of SIGTERM or SIGKILL after the launcher began stopping
+/// them (at `stopping_since`) were terminated by it and did not fail.
+fn also_failed(workers: &[Worker], root: usize, stopping_since: Option<Instant>) -> Vec<usize> {
+    let mut ranks: Vec<usize> = failures(workers)
+        .into_iter()
+        .filter(|f| f.rank != root)
+        .filter(|f| {
+            let launcher_signal = matches!(
+                f.termination,
+                Termination::Signaled(libc::SIGTERM | libc::SIGKILL)
+            );
+            !(launcher_signal && stopping_since.is_some_and(|since| f.at >= since))
+        })
+        .map(|f| f.rank)
+        .collect();
+    ranks.sort_unstable();
+    ranks
+}
+
+/// Reports the root cause and then, if any, the other failed ranks.
+fn report_failures(workers: &[Worker], root: usize, also_failed: &[usize]) {
+    let find = |rank: usize| workers.iter().find(|w| w.rank == rank);
+    if let Some(w) = find(root) {
+        if let Some(t) = w.exit {
+            report(format_args!("rank {} (pid {}) failed: {t}", w.rank, w.pid));
+        }
+    }
+    let others: Vec<String> = also_failed
+        .iter()
+        .filter_map(|&rank| find(rank))
+        .filter_map(|w| w.exit.map(|t| format!("rank {} ({t})", w.rank)))
+        .collect();
+    if !others.is_empty() {
+        report(format_args!("also failed: {}", others.join(", ")));
+    }
 }
 
 /// Sends SIGTERM to every live worker's process group.

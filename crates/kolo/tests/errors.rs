@@ -1,0 +1,273 @@
+//! Errors, not hangs: mismatched calls, bad arguments, timeouts and lost peers end in the documented
+//! error on every rank, within seconds, on every transport.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{spawn, Kind, KINDS};
+use kolo::prelude::*;
+
+fn quick() -> Config {
+    Config::default().with_timeout(Duration::from_secs(5))
+}
+
+/// The errors of every rank, which must all have failed well before the timeout.
+fn all_fail(
+    kind: Kind,
+    n: usize,
+    f: impl Fn(&Communicator) -> kolo::Result<()> + Sync,
+) -> Vec<Error> {
+    let t = Instant::now();
+    let res = spawn(kind, n, quick(), |c| f(&c));
+    assert!(
+        t.elapsed() < Duration::from_secs(3),
+        "{kind:?}: took {:?}",
+        t.elapsed()
+    );
+    res.into_iter()
+        .enumerate()
+        .map(|(r, x)| match x {
+            Err(e) => e,
+            Ok(()) => panic!("{kind:?}: rank {r} succeeded but should have failed"),
+        })
+        .collect()
+}
+
+fn mentions_mismatch(e: &Error) -> bool {
+    match e.root_cause() {
+        Error::Mismatch { .. } => true,
+        Error::Aborted { reason, .. } => reason.contains("collective mismatch"),
+        _ => false,
+    }
+}
+
+#[test]
+fn different_counts_are_a_mismatch_on_every_rank() {
+    for kind in KINDS {
+        for n in [2, 3, 5] {
+            let errs = all_fail(kind, n, |c| {
+                let mut v = vec![1.0f32; if c.rank() == 1 { 12 } else { 10 }];
+                c.all_reduce(&mut v, ReduceOp::Sum)
+            });
+            for e in &errs {
+                assert!(mentions_mismatch(e), "{kind:?} n={n}: {e}");
+            }
+            // The message names both calls.
+            let text = errs
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("\n");
+            assert!(
+                text.contains("f32 x 12") && text.contains("f32 x 10"),
+                "{text}"
+            );
+        }
+    }
+}
+
+#[test]
+fn different_collectives_are_a_mismatch() {
+    for kind in KINDS {
+        // The root of a broadcast only sends, so it may finish before the other rank notices the
+        // mismatch; its next call then fails with that error.
+        let errs = all_fail(kind, 2, |c| {
+            let mut v = vec![1i64; 4];
+            if c.rank() == 0 {
+                c.broadcast(&mut v, 0)?;
+                std::thread::sleep(Duration::from_millis(100));
+                c.barrier()
+            } else {
+                c.all_reduce(&mut v, ReduceOp::Max)
+            }
+        });
+        let text = errs
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert!(
+            text.contains("broadcast(i64 x 4, root=0") && text.contains("all_reduce(i64 x 4, max"),
+            "{text}"
+        );
+    }
+}
+
+#[test]
+fn different_types_are_a_mismatch() {
+    for kind in KINDS {
+        let errs = all_fail(kind, 3, |c| {
+            if c.rank() == 2 {
+                c.all_reduce(&mut [1.0f64; 3], ReduceOp::Sum)
+            } else {
+                c.all_reduce(&mut [1.0f32; 3], ReduceOp::Sum)
+            }
+        });
+        assert!(errs.iter().all(mentions_mismatch), "{errs:?}");
+    }
+}
+
+#[test]
+fn root_out_of_range_fails_every_rank() {
+    for kind in KINDS {
+        let errs = all_fail(kind, 3, |c| {
+            let root = if c.rank() == 1 { 7 } else { 0 };
+            // The root only sends and may finish first; its next call reports the abort.
+            c.broadcast(&mut [0i32; 2], root)?;
+            std::thread::sleep(Duration::from_millis(100));
+            c.barrier()
+        });
+        assert!(
+            matches!(
+                errs[1],
+                Error::RankOutOfRange {
+                    arg: "root",
+                    value: 7,
+                    size: 3,
+                    ..
+                }
+            ),
+            "{}",
+            errs[1]
+        );
+        for e in [&errs[0], &errs[2]] {
+            assert!(e.to_string().contains("root = 7"), "{e}");
+        }
+    }
+}
+
+#[test]
+fn wrong_buffer_length_names_the_argument() {
+    for kind in KINDS {
+        let errs = all_fail(kind, 2, |c| {
+            let send = vec![0.0f32; 5];
+            let mut recv = vec![0.0f32; 3];
+            c.reduce_scatter(&send, &mut recv, ReduceOp::Sum)
+        });
+        assert!(
+            matches!(
+                errs[0],
+                Error::BufferLength {
+                    op: "reduce_scatter",
+                    arg: "send",
+                    expected: 6,
+                    actual: 5,
+                    ..
+                }
+            ),
+            "{}",
+            errs[0]
+        );
+    }
+}
+
+#[test]
+fn a_missing_rank_times_out_naming_it() {
+    for kind in KINDS {
+        let t = Instant::now();
+        let res = spawn(
+            kind,
+            3,
+            Config::default().with_timeout(Duration::from_millis(400)),
+            |c| {
+                if c.rank() == 2 {
+                    // Never joins the collective, but stays alive past the others' timeout.
+                    std::thread::sleep(Duration::from_millis(1500));
+                    return Ok(());
+                }
+                c.all_reduce(&mut [1.0f32; 8], ReduceOp::Sum)
+            },
+        );
+        assert!(t.elapsed() < Duration::from_secs(4), "{:?}", t.elapsed());
+        // Both ranks in the collective fail: the first to time out names the rank it waited for
+        // (which, depending on the schedule, may be a rank that is itself waiting for rank 2) and
+        // aborts the other.
+        let errs: Vec<&Error> = res.iter().filter_map(|r| r.as_ref().err()).collect();
+        assert_eq!(errs.len(), 2, "{res:?}");
+        assert!(
+            errs.iter().any(|e| matches!(
+                e,
+                Error::Timeout {
+                    op: "all_reduce",
+                    ..
+                }
+            )),
+            "{kind:?}: {errs:?}"
+        );
+    }
+}
+
+#[test]
+fn a_dead_thread_is_a_lost_peer_not_a_hang() {
+    let t = Instant::now();
+    let res = kolo::run_local(3, quick(), |c| {
+        let mut v = vec![1.0f32; 1 << 16];
+        c.all_reduce(&mut v, ReduceOp::Sum)?;
+        if c.rank() == 1 {
+            panic!("rank 1 fails between collectives");
+        }
+        c.all_reduce(&mut v, ReduceOp::Sum)
+    });
+    assert!(t.elapsed() < Duration::from_secs(3));
+    assert!(res[1].is_err());
+    for r in [0, 2] {
+        match &res[r] {
+            Ok(Err(e)) => assert!(
+                e.to_string().contains("rank 1") || e.to_string().contains("aborted"),
+                "rank {r}: {e}"
+            ),
+            other => panic!("rank {r}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn failure_sticks() {
+    for kind in KINDS {
+        let res = spawn(kind, 2, quick(), |c| {
+            let mut v = vec![0u8; if c.rank() == 0 { 1 } else { 2 }];
+            let first = c.all_reduce(&mut v, ReduceOp::Sum).err();
+            let later = c.barrier().err();
+            (first, later, c.failure().is_some())
+        });
+        for (first, later, failed) in res {
+            assert!(first.is_some() && failed);
+            assert!(matches!(later, Some(Error::Failed { .. })), "{later:?}");
+        }
+    }
+}
+
+#[test]
+fn abort_reaches_every_rank() {
+    for kind in KINDS {
+        let errs = all_fail(kind, 3, |c| {
+            if c.rank() == 0 {
+                c.abort("giving up");
+                return c.barrier();
+            }
+            c.barrier()
+        });
+        for e in &errs[1..] {
+            assert!(
+                e.to_string().contains("giving up") && e.to_string().contains("rank 0"),
+                "{e}"
+            );
+        }
+    }
+}
+
+#[test]
+fn bad_v_counts_are_errors() {
+    for kind in KINDS {
+        let errs = all_fail(kind, 2, |c| {
+            let mut recv = vec![0i32; 3];
+            c.all_gather_v(&[1, 2], &mut recv, &[2, 1, 0])
+        });
+        assert!(
+            matches!(errs[0], Error::InvalidArgument { arg: "counts", .. }),
+            "{}",
+            errs[0]
+        );
+    }
+}
