@@ -239,6 +239,53 @@ fn worker_killed_by_sigkill() {
 }
 
 #[test]
+fn killed_worker_is_blamed_not_the_peers_that_exit_after_it() {
+    // Rank 2 is SIGKILLed; ranks 0 and 1 exit 1 as soon as it is gone, as
+    // workers that lose a peer do. They ignore SIGTERM so that, however slow
+    // the machine, they exit on their own rather than by the launcher's hand.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let script = r#"
+        pidfile="$DIR/rank2.pid"
+        if [ "$RANK" = 2 ]; then
+            echo $$ > "$pidfile.tmp" && mv "$pidfile.tmp" "$pidfile"
+            sleep 0.3
+            kill -9 $$
+        fi
+        trap '' TERM
+        while [ ! -s "$pidfile" ]; do sleep 0.005; done
+        while kill -0 "$(cat "$pidfile")" 2>/dev/null; do sleep 0.001; done
+        exit 1
+    "#;
+    let start = Instant::now();
+    let out = kolo()
+        .args(["run", "-n", "3", "--", "sh", "-c", script])
+        .env("DIR", dir.path())
+        .stdin(Stdio::null())
+        .output()
+        .expect("the kolo binary starts");
+    let elapsed = start.elapsed();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(137), "stderr: {err}");
+    let failed: Vec<&str> = err.lines().filter(|l| l.contains(") failed: ")).collect();
+    assert_eq!(failed.len(), 1, "one root cause, stderr: {err}");
+    assert!(
+        failed[0].starts_with("kolo run: rank 2 (pid ")
+            && failed[0].ends_with("failed: killed by signal 9 (SIGKILL)"),
+        "stderr: {err}"
+    );
+    let also: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("kolo run: also failed: "))
+        .collect();
+    assert_eq!(
+        also,
+        ["kolo run: also failed: rank 0 (exit code 1), rank 1 (exit code 1)"],
+        "stderr: {err}"
+    );
+    assert!(elapsed < Duration::from_secs(4), "took {elapsed:?}");
+}
+
+#[test]
 fn worker_ignoring_sigterm_is_killed_after_grace_period() {
     let dir = tempfile::tempdir().expect("tempdir");
     let script = r#"

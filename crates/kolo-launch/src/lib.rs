@@ -244,8 +244,39 @@ mod tests {
             .all(|(i, r)| r.rank == i && r.pid > 0));
         assert_eq!(outcome.ranks[1].termination, Termination::Exited(5));
         assert_eq!(outcome.first_failure, Some(1));
+        assert!(outcome.also_failed.is_empty());
         assert_eq!(outcome.interrupted_by, None);
         assert_eq!(outcome.exit_code(), 5);
+    }
+
+    #[test]
+    fn workers_failing_in_the_wake_of_a_killed_one_are_not_blamed() {
+        // Rank 1 is SIGKILLed; ranks 0 and 2 exit 1 once it is gone (reaped).
+        let dir = std::env::temp_dir().join(format!(
+            "kolo-launch-test-{}-{}",
+            std::process::id(),
+            spawn::new_job_id()
+        ));
+        std::fs::create_dir(&dir).expect("creates a temp dir");
+        let script = r#"
+            pidfile="$DIR/pid"
+            if [ "$RANK" = 1 ]; then
+                echo $$ > "$pidfile.tmp" && mv "$pidfile.tmp" "$pidfile"
+                sleep 0.2
+                kill -9 $$
+            fi
+            trap '' TERM
+            while [ ! -s "$pidfile" ]; do sleep 0.005; done
+            while kill -0 "$(cat "$pidfile")" 2>/dev/null; do sleep 0.001; done
+            exit 1
+        "#;
+        let mut cfg = LaunchConfig::new(3, "sh", ["-c", script]);
+        cfg.extra_env.push(("DIR".into(), dir.clone().into()));
+        let outcome = launch(&cfg).expect("launches");
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(outcome.first_failure, Some(1), "{outcome:?}");
+        assert_eq!(outcome.also_failed, [0, 2], "{outcome:?}");
+        assert_eq!(outcome.exit_code(), 137);
     }
 
     #[test]

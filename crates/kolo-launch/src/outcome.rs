@@ -76,9 +76,18 @@ pub struct RankExit {
 pub struct LaunchOutcome {
     /// One entry per rank, in rank order.
     pub ranks: Vec<RankExit>,
-    /// The rank that failed first (non-zero exit or killed by a signal), which
-    /// made the launcher stop the others.
+    /// The root cause: the rank that failed first (non-zero exit or killed by
+    /// a signal), which made the launcher stop the others. "First" is by the
+    /// time each worker exited; among failures within 100 ms of the earliest,
+    /// one killed by a signal is preferred, since workers that lose a peer
+    /// exit with an error right after it.
     pub first_failure: Option<usize>,
+    /// The other ranks that failed on their own, in rank order — typically
+    /// workers that exited with an error after losing the
+    /// [`first_failure`](Self::first_failure). Ranks the launcher itself
+    /// terminated (with SIGTERM or SIGKILL while stopping the job) are not
+    /// failures and are not listed. Empty unless `first_failure` is set.
+    pub also_failed: Vec<usize>,
     /// The signal (SIGINT, SIGTERM or SIGHUP) the launcher received, which made
     /// it stop the workers.
     pub interrupted_by: Option<i32>,
@@ -86,21 +95,20 @@ pub struct LaunchOutcome {
 
 impl LaunchOutcome {
     /// `true` if every rank exited with code 0 and the launcher was not interrupted.
+    #[must_use]
     pub fn success(&self) -> bool {
         self.exit_code() == 0
     }
 
-    /// The exit code the launcher should exit with: 0 on success, the first
-    /// failed rank's exit code (128 + signal if it was killed by a signal), or
+    /// The exit code the launcher should exit with: 0 on success, the root
+    /// cause's exit code (128 + signal if it was killed by a signal), or
     /// 128 + signal if the launcher itself was interrupted.
+    #[must_use]
     pub fn exit_code(&self) -> i32 {
         if let Some(sig) = self.interrupted_by {
             return 128 + sig;
         }
-        let failed = self
-            .first_failure
-            .and_then(|rank| self.ranks.iter().find(|r| r.rank == rank));
-        match failed {
+        match self.root_cause() {
             Some(r) if !r.termination.success() => r.termination.exit_code(),
             Some(_) => 1,
             None => self
@@ -110,6 +118,21 @@ impl LaunchOutcome {
                 .find(|t| !t.success())
                 .map_or(0, Termination::exit_code),
         }
+    }
+
+    /// How the [`first_failure`](Self::first_failure) rank ended, if any.
+    #[must_use]
+    pub fn root_cause(&self) -> Option<&RankExit> {
+        self.rank(self.first_failure?)
+    }
+
+    /// How the [`also_failed`](Self::also_failed) ranks ended, in rank order.
+    pub fn other_failures(&self) -> impl Iterator<Item = &RankExit> + '_ {
+        self.also_failed.iter().filter_map(|&rank| self.rank(rank))
+    }
+
+    fn rank(&self, rank: usize) -> Option<&RankExit> {
+        self.ranks.iter().find(|r| r.rank == rank)
     }
 }
 
@@ -167,6 +190,7 @@ mod tests {
                 rank(1, Termination::Exited(0)),
             ],
             first_failure: None,
+            also_failed: Vec::new(),
             interrupted_by: None,
         };
         assert_eq!(out.exit_code(), 0);
@@ -182,10 +206,14 @@ mod tests {
                 rank(2, Termination::Exited(7)),
             ],
             first_failure: Some(1),
+            also_failed: vec![2],
             interrupted_by: None,
         };
         assert_eq!(out.exit_code(), 3);
         assert!(!out.success());
+        assert_eq!(out.root_cause(), Some(&out.ranks[1]));
+        let others: Vec<&RankExit> = out.other_failures().collect();
+        assert_eq!(others, [&out.ranks[2]]);
     }
 
     #[test]
@@ -196,6 +224,7 @@ mod tests {
                 rank(1, Termination::Signaled(libc::SIGTERM)),
             ],
             first_failure: Some(0),
+            also_failed: Vec::new(),
             interrupted_by: None,
         };
         assert_eq!(out.exit_code(), 137);
@@ -206,6 +235,7 @@ mod tests {
         let out = LaunchOutcome {
             ranks: vec![rank(0, Termination::Signaled(libc::SIGTERM))],
             first_failure: None,
+            also_failed: Vec::new(),
             interrupted_by: Some(libc::SIGINT),
         };
         assert_eq!(out.exit_code(), 130);

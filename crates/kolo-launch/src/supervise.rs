@@ -404,3 +404,54 @@ pub(crate) fn kill_stragglers(workers: &[Worker]) {
         let _ = signal_group(w.pid, libc::SIGKILL);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failure(rank: usize, termination: Termination, at: Instant) -> Failure {
+        Failure {
+            rank,
+            termination,
+            at,
+        }
+    }
+
+    #[test]
+    fn root_cause_is_the_earliest_failure() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        assert_eq!(root_cause(&[]), None);
+        let failed = [
+            failure(0, Termination::Exited(1), t0 + ms(5)),
+            failure(1, Termination::Exited(3), t0),
+            failure(2, Termination::Exited(1), t0 + ms(6)),
+        ];
+        assert_eq!(root_cause(&failed), Some(1));
+    }
+
+    #[test]
+    fn root_cause_prefers_a_signal_within_the_window() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let failed = [
+            failure(0, Termination::Exited(1), t0),
+            failure(1, Termination::Exited(1), t0 + ms(1)),
+            failure(2, Termination::Signaled(libc::SIGKILL), t0 + ms(3)),
+            failure(3, Termination::Signaled(libc::SIGSEGV), t0 + ms(50)),
+        ];
+        assert_eq!(root_cause(&failed), Some(2));
+        // A signal after the window does not take the blame.
+        let failed = [
+            failure(0, Termination::Exited(1), t0),
+            failure(1, Termination::Signaled(libc::SIGKILL), t0 + ms(150)),
+        ];
+        assert_eq!(root_cause(&failed), Some(0));
+        // Equal times: the lower rank.
+        let failed = [
+            failure(4, Termination::Exited(1), t0),
+            failure(3, Termination::Exited(2), t0),
+        ];
+        assert_eq!(root_cause(&failed), Some(3));
+    }
+}

@@ -26,7 +26,12 @@ Every worker gets these environment variables:
 
 If a worker exits with a non-zero code or is killed by a signal, the others \
 get SIGTERM, then SIGKILL after the grace period, and `kolo run` exits with \
-that worker's exit code (128 + signal if it was killed by a signal). \
+that worker's exit code (128 + signal if it was killed by a signal). The \
+worker blamed is the one that failed first, not those that exited in its wake \
+after losing a peer: `kolo run` waits 100 ms after the first failure before \
+stopping the others, and within that time prefers a worker killed by a \
+signal. Once the job has stopped it names that worker, then the other ranks \
+that failed on their own (`also failed: ...`). \
 SIGINT, SIGTERM and SIGHUP sent to `kolo run` are forwarded to the workers \
 the same way; it then exits with 128 + signal (130 for Ctrl-C). Workers never \
 outlive the launcher.";

@@ -1,0 +1,237 @@
+//! Multi-process tests over TCP: `kolo::init()` from the variables torchrun, OpenMPI and SLURM set and
+//! from explicit init methods, and a worker killed with SIGKILL in the middle of a collective.
+//!
+//! The workers are this test binary itself, re-run with `--ignored --exact worker_entry` and told what
+//! to do through `KOLO_TEST_ROLE`.
+
+use std::io::Read;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kolo::prelude::*;
+use kolo::store::TcpStoreServer;
+
+/// Entry point of the worker processes (ignored in normal runs).
+#[test]
+#[ignore = "entry point of the worker processes that the other tests start"]
+fn worker_entry() {
+    let Ok(role) = std::env::var("KOLO_TEST_ROLE") else {
+        return;
+    };
+    let code = match worker(&role) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("worker error: {e}");
+            3
+        }
+    };
+    std::process::exit(code);
+}
+
+fn worker(role: &str) -> kolo::Result<()> {
+    let comm = kolo::init()?;
+    match role {
+        "check" => {
+            let n = comm.size();
+            let mut v = vec![comm.rank() as f64 + 1.0; 100_003];
+            comm.all_reduce(&mut v, ReduceOp::Sum)?;
+            let want = (n * (n + 1) / 2) as f64;
+            if v.iter().any(|&x| x != want) {
+                return Err(Error::Unsupported { what: "wrong all_reduce result".into() });
+            }
+            println!(
+                "ok rank={} size={} local_rank={} local_size={} node_rank={}",
+                comm.rank(),
+                comm.size(),
+                comm.local_rank(),
+                comm.local_size(),
+                comm.node_rank()
+            );
+            Ok(())
+        }
+        "loop" => {
+            let mut v = vec![1.0f32; 1 << 20];
+            let t = Instant::now();
+            println!("looping");
+            while t.elapsed() < Duration::from_secs(60) {
+                comm.all_reduce(&mut v, ReduceOp::Avg)?;
+            }
+            Ok(())
+        }
+        other => Err(Error::Unsupported { what: format!("role {other}") }),
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+fn start(role: &str, env: &[(String, String)]) -> Child {
+    let exe = std::env::current_exe().expect("test binary path");
+    let mut cmd = Command::new(exe);
+    cmd.args(["--ignored", "--exact", "worker_entry", "--nocapture", "--test-threads", "1"])
+        .env("KOLO_TEST_ROLE", role)
+        .env("KOLO_TIMEOUT", "30")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for v in ["RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "KOLO_AGENT_STORE"] {
+        cmd.env_remove(v);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.spawn().expect("start worker")
+}
+
+struct Exit {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+fn finish(mut c: Child, limit: Duration) -> Exit {
+    let t = Instant::now();
+    loop {
+        if let Ok(Some(_)) = c.try_wait() {
+            break;
+        }
+        if t.elapsed() > limit {
+            let _ = c.kill();
+            let _ = c.wait();
+            panic!("worker {} did not exit within {limit:?}", c.id());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let status = c.wait().expect("wait");
+    let (mut stdout, mut stderr) = (String::new(), String::new());
+    if let Some(mut o) = c.stdout.take() {
+        let _ = o.read_to_string(&mut stdout);
+    }
+    if let Some(mut e) = c.stderr.take() {
+        let _ = e.read_to_string(&mut stderr);
+    }
+    Exit { code: status.code(), stdout, stderr }
+}
+
+fn vars(pairs: &[(&str, String)]) -> Vec<(String, String)> {
+    pairs.iter().map(|(k, v)| (k.to_string(), v.clone())).collect()
+}
+
+fn run_world(n: usize, env_of: impl Fn(usize) -> Vec<(String, String)>) {
+    let children: Vec<Child> = (0..n).map(|r| start("check", &env_of(r))).collect();
+    for (r, c) in children.into_iter().enumerate() {
+        let e = finish(c, Duration::from_secs(60));
+        assert_eq!(e.code, Some(0), "rank {r}: {}\n{}", e.stdout, e.stderr);
+        assert!(
+            e.stdout.contains(&format!("ok rank={r} size={n} local_rank={r} local_size={n} node_rank=0")),
+            "rank {r}: {}",
+            e.stdout
+        );
+    }
+}
+
+#[test]
+fn torchrun_variables_with_rank_0_hosting_the_store() {
+    let port = free_port().to_string();
+    run_world(3, |r| {
+        vars(&[
+            ("RANK", r.to_string()),
+            ("WORLD_SIZE", "3".into()),
+            ("MASTER_ADDR", "127.0.0.1".into()),
+            ("MASTER_PORT", port.clone()),
+            ("KOLO_JOB_ID", "torchrun-test".into()),
+        ])
+    });
+}
+
+#[test]
+fn openmpi_and_slurm_variables() {
+    let port = free_port().to_string();
+    run_world(2, |r| {
+        vars(&[
+            ("OMPI_COMM_WORLD_RANK", r.to_string()),
+            ("OMPI_COMM_WORLD_SIZE", "2".into()),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", r.to_string()),
+            ("MASTER_ADDR", "localhost".into()),
+            ("MASTER_PORT", port.clone()),
+        ])
+    });
+    let port = free_port().to_string();
+    run_world(2, |r| {
+        vars(&[
+            ("SLURM_PROCID", r.to_string()),
+            ("SLURM_NTASKS", "2".into()),
+            ("SLURM_LOCALID", r.to_string()),
+            ("MASTER_ADDR", "127.0.0.1".into()),
+            ("MASTER_PORT", port.clone()),
+        ])
+    });
+}
+
+#[test]
+fn explicit_tcp_and_file_init_methods() {
+    let port = free_port();
+    run_world(2, |r| {
+        vars(&[
+            ("RANK", r.to_string()),
+            ("WORLD_SIZE", "2".into()),
+            ("KOLO_INIT_METHOD", format!("tcp://127.0.0.1:{port}")),
+        ])
+    });
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("rendezvous");
+    run_world(3, |r| {
+        vars(&[
+            ("RANK", r.to_string()),
+            ("WORLD_SIZE", "3".into()),
+            ("KOLO_INIT_METHOD", format!("file://{}", path.display())),
+        ])
+    });
+}
+
+#[test]
+fn no_launcher_is_a_world_of_one() {
+    let e = finish(start("check", &[]), Duration::from_secs(30));
+    assert_eq!(e.code, Some(0), "{}", e.stderr);
+    assert!(e.stdout.contains("ok rank=0 size=1"), "{}", e.stdout);
+}
+
+#[test]
+fn killed_worker_fails_the_others_within_seconds() {
+    let server = TcpStoreServer::bind("127.0.0.1:0").expect("store server");
+    let port = server.local_addr().port().to_string();
+    let n = 3;
+    let mut children: Vec<Child> = (0..n)
+        .map(|r| {
+            start(
+                "loop",
+                &vars(&[
+                    ("RANK", r.to_string()),
+                    ("WORLD_SIZE", n.to_string()),
+                    ("MASTER_ADDR", "127.0.0.1".into()),
+                    ("MASTER_PORT", port.clone()),
+                    ("KOLO_AGENT_STORE", "1".into()),
+                    ("KOLO_JOB_ID", "kill-test".into()),
+                ]),
+            )
+        })
+        .collect();
+    // Let them get into the loop.
+    std::thread::sleep(Duration::from_millis(1500));
+    let victim = children.pop().expect("three workers");
+    let pid = victim.id() as i32;
+    // SAFETY: plain kill(2) on a child this test started.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let killed_at = Instant::now();
+    let v = finish(victim, Duration::from_secs(10));
+    assert_eq!(v.code, None, "killed by a signal");
+    for (r, c) in children.into_iter().enumerate() {
+        let e = finish(c, Duration::from_secs(10));
+        assert!(killed_at.elapsed() < Duration::from_secs(10));
+        assert_eq!(e.code, Some(3), "rank {r}: {}", e.stderr);
+        assert!(e.stderr.contains("rank 2"), "rank {r} should name the lost rank: {}", e.stderr);
+    }
+}
