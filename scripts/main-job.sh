@@ -3,5 +3,5 @@
 # `matrix` example (scatter, all-reduce, all-gather) on 4 workers started by `kolo run`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release --locked --workspace --examples
+cargo build --release --locked --workspace --bins --examples
 exec target/release/kolo run -n "${KOLO_WORKERS:-4}" -- target/release/examples/matrix

@@ -30,5 +30,5 @@ stage "doc tests"
 cargo test --workspace --doc --locked
 
 stage "end-to-end: kolo run with the examples"
-cargo build --release --workspace --examples --locked
+cargo build --release --workspace --bins --examples --locked
 scripts/e2e.sh target/release

@@ -28,7 +28,7 @@ mod collectives;
 mod communicator;
 pub mod config;
 mod group;
-pub mod init;
+mod init;
 mod object;
 mod p2p;
 mod work;

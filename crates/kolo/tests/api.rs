@@ -55,37 +55,74 @@ fn p2p_in_order_per_tag_and_typed() {
 #[test]
 fn p2p_errors() {
     for kind in KINDS {
-        let res = spawn(kind, 2, cfg().with_timeout(Duration::from_millis(300)), |c| {
-            let mut out = Vec::new();
-            if c.rank() == 0 {
-                out.push(c.send(&[1.0f32; 4], 5, 0).err());
-                c.send(&[1.0f32; 4], 1, 0).ok();
-                c.send(&[1i32; 4], 1, 1).ok();
-                // Stay alive, so that rank 1's receives time out rather than see a closed peer.
-                std::thread::sleep(Duration::from_millis(800));
-            } else {
-                let mut three = [0.0f32; 3];
-                out.push(c.recv(&mut three, 0, 0).err());
-                let mut f = [0.0f32; 4];
-                out.push(c.recv(&mut f, 0, 1).err());
-                out.push(c.recv(&mut f, 0, 99).err());
-                let mut req = c.irecv::<f32>(0, 100, None);
-                out.push((!req.wait_timeout(Duration::from_millis(50))).then_some(Error::Unsupported {
-                    what: "pending".into(),
-                }));
-            }
-            out
-        });
+        let res = spawn(
+            kind,
+            2,
+            cfg().with_timeout(Duration::from_millis(300)),
+            |c| {
+                let mut out = Vec::new();
+                if c.rank() == 0 {
+                    out.push(c.send(&[1.0f32; 4], 5, 0).err());
+                    c.send(&[1.0f32; 4], 1, 0).ok();
+                    c.send(&[1i32; 4], 1, 1).ok();
+                    // Stay alive, so that rank 1's receives time out rather than see a closed peer.
+                    std::thread::sleep(Duration::from_millis(800));
+                } else {
+                    let mut three = [0.0f32; 3];
+                    out.push(c.recv(&mut three, 0, 0).err());
+                    let mut f = [0.0f32; 4];
+                    out.push(c.recv(&mut f, 0, 1).err());
+                    out.push(c.recv(&mut f, 0, 99).err());
+                    let mut req = c.irecv::<f32>(0, 100, None);
+                    out.push((!req.wait_timeout(Duration::from_millis(50))).then_some(
+                        Error::Unsupported {
+                            what: "pending".into(),
+                        },
+                    ));
+                }
+                out
+            },
+        );
         assert!(
-            matches!(res[0][0], Some(Error::RankOutOfRange { arg: "dest", value: 5, .. })),
+            matches!(
+                res[0][0],
+                Some(Error::RankOutOfRange {
+                    arg: "dest",
+                    value: 5,
+                    ..
+                })
+            ),
             "{:?}",
             res[0]
         );
         let r1 = &res[1];
-        assert!(matches!(r1[0], Some(Error::MessageLength { expected: 12, actual: 16, .. })), "{r1:?}");
+        assert!(
+            matches!(
+                r1[0],
+                Some(Error::MessageLength {
+                    expected: 12,
+                    actual: 16,
+                    ..
+                })
+            ),
+            "{r1:?}"
+        );
         assert!(matches!(r1[1], Some(Error::Mismatch { .. })), "{r1:?}");
-        assert!(matches!(r1[2], Some(Error::Timeout { op: "recv", peer: 0, .. })), "{r1:?}");
-        assert!(r1[3].is_some(), "an unmatched irecv is still pending after wait_timeout");
+        assert!(
+            matches!(
+                r1[2],
+                Some(Error::Timeout {
+                    op: "recv",
+                    peer: 0,
+                    ..
+                })
+            ),
+            "{r1:?}"
+        );
+        assert!(
+            r1[3].is_some(),
+            "an unmatched irecv is still pending after wait_timeout"
+        );
     }
 }
 
@@ -96,7 +133,9 @@ fn async_collectives_complete_in_issue_order() {
             let res = spawn(kind, n, cfg(), |c| -> kolo::Result<()> {
                 let r = c.rank();
                 let works: Vec<Work<Vec<f32>>> = (0..8)
-                    .map(|i| c.all_reduce_async(vec![(r + i) as f32; 1000 * (i + 1)], ReduceOp::Sum))
+                    .map(|i| {
+                        c.all_reduce_async(vec![(r + i) as f32; 1000 * (i + 1)], ReduceOp::Sum)
+                    })
                     .collect();
                 let b = c.broadcast_async(vec![r as i32; 5], n - 1);
                 let g = c.all_gather_async(vec![r as u8; 3]);
@@ -114,14 +153,38 @@ fn async_collectives_complete_in_issue_order() {
                 let all = g.wait()?;
                 assert_eq!(all, (0..n).flat_map(|s| [s as u8; 3]).collect::<Vec<_>>());
                 for (w, want) in [
-                    (c.reduce_scatter_async(vec![1.0f64; 4 * n], ReduceOp::Sum), vec![n as f64; 4]),
-                    (c.all_to_all_async(vec![r as f64; 2 * n]), (0..n).flat_map(|s| [s as f64; 2]).collect()),
-                    (c.scatter_async(if r == 0 { (0..n).map(|s| s as f64).collect() } else { vec![] }, 1, 0), vec![r as f64]),
+                    (
+                        c.reduce_scatter_async(vec![1.0f64; 4 * n], ReduceOp::Sum),
+                        vec![n as f64; 4],
+                    ),
+                    (
+                        c.all_to_all_async(vec![r as f64; 2 * n]),
+                        (0..n).flat_map(|s| [s as f64; 2]).collect(),
+                    ),
+                    (
+                        c.scatter_async(
+                            if r == 0 {
+                                (0..n).map(|s| s as f64).collect()
+                            } else {
+                                vec![]
+                            },
+                            1,
+                            0,
+                        ),
+                        vec![r as f64],
+                    ),
                     (
                         c.gather_async(vec![r as f64], 0),
-                        if r == 0 { (0..n).map(|s| s as f64).collect() } else { vec![] },
+                        if r == 0 {
+                            (0..n).map(|s| s as f64).collect()
+                        } else {
+                            vec![]
+                        },
                     ),
-                    (c.reduce_async(vec![2.0f64], ReduceOp::Prod, 0), vec![if r == 0 { 2f64.powi(n as i32) } else { 2.0 }]),
+                    (
+                        c.reduce_async(vec![2.0f64], ReduceOp::Prod, 0),
+                        vec![if r == 0 { 2f64.powi(n as i32) } else { 2.0 }],
+                    ),
                 ] {
                     assert_eq!(w.wait()?, want);
                 }
@@ -156,8 +219,14 @@ fn split_and_new_group() {
             let r = c.rank();
             // Even and odd ranks, odd ones in reverse order.
             let key = if r % 2 == 1 { -(r as i64) } else { r as i64 };
-            let sub = c.split(Some((r % 2) as u32), key)?.expect("every rank has a color");
-            let members: Vec<usize> = if r % 2 == 0 { vec![0, 2, 4] } else { vec![3, 1] };
+            let sub = c
+                .split(Some((r % 2) as u32), key)?
+                .expect("every rank has a color");
+            let members: Vec<usize> = if r % 2 == 0 {
+                vec![0, 2, 4]
+            } else {
+                vec![3, 1]
+            };
             assert_eq!(sub.size(), members.len());
             assert_eq!(members[sub.rank()], r);
             let mut v = [r as i32];
@@ -198,7 +267,10 @@ fn split_and_new_group() {
 
 #[test]
 fn new_group_with_different_lists_is_an_error() {
-    let res = kolo::run_local(3, cfg(), |c| c.new_group(if c.rank() == 2 { &[0, 2] } else { &[0, 1] }).err());
+    let res = kolo::run_local(3, cfg(), |c| {
+        c.new_group(if c.rank() == 2 { &[0, 2] } else { &[0, 1] })
+            .err()
+    });
     for r in res {
         let e = r.unwrap_or_else(|p| panic!("{p}"));
         assert!(e.is_some_and(|e| e.to_string().contains("different list")));
@@ -252,7 +324,9 @@ fn broadcast_object_needs_a_value_on_the_root() {
 
 #[test]
 fn topology_of_a_local_world() {
-    let res = kolo::run_local(3, cfg(), |c| (c.local_rank(), c.local_size(), c.node_rank(), c.num_nodes()));
+    let res = kolo::run_local(3, cfg(), |c| {
+        (c.local_rank(), c.local_size(), c.node_rank(), c.num_nodes())
+    });
     for (r, t) in res.into_iter().enumerate() {
         assert_eq!(t.ok(), Some((r, 3, 0, 1)));
     }

@@ -37,7 +37,9 @@ fn worker(role: &str) -> kolo::Result<()> {
             comm.all_reduce(&mut v, ReduceOp::Sum)?;
             let want = (n * (n + 1) / 2) as f64;
             if v.iter().any(|&x| x != want) {
-                return Err(Error::Unsupported { what: "wrong all_reduce result".into() });
+                return Err(Error::Unsupported {
+                    what: "wrong all_reduce result".into(),
+                });
             }
             println!(
                 "ok rank={} size={} local_rank={} local_size={} node_rank={}",
@@ -58,7 +60,9 @@ fn worker(role: &str) -> kolo::Result<()> {
             }
             Ok(())
         }
-        other => Err(Error::Unsupported { what: format!("role {other}") }),
+        other => Err(Error::Unsupported {
+            what: format!("role {other}"),
+        }),
     }
 }
 
@@ -72,12 +76,26 @@ fn free_port() -> u16 {
 fn start(role: &str, env: &[(String, String)]) -> Child {
     let exe = std::env::current_exe().expect("test binary path");
     let mut cmd = Command::new(exe);
-    cmd.args(["--ignored", "--exact", "worker_entry", "--nocapture", "--test-threads", "1"])
-        .env("KOLO_TEST_ROLE", role)
-        .env("KOLO_TIMEOUT", "30")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    for v in ["RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "KOLO_AGENT_STORE"] {
+    cmd.args([
+        "--ignored",
+        "--exact",
+        "worker_entry",
+        "--nocapture",
+        "--test-threads",
+        "1",
+    ])
+    .env("KOLO_TEST_ROLE", role)
+    .env("KOLO_TIMEOUT", "30")
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    for v in [
+        "RANK",
+        "WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "LOCAL_RANK",
+        "KOLO_AGENT_STORE",
+    ] {
         cmd.env_remove(v);
     }
     for (k, v) in env {
@@ -113,11 +131,18 @@ fn finish(mut c: Child, limit: Duration) -> Exit {
     if let Some(mut e) = c.stderr.take() {
         let _ = e.read_to_string(&mut stderr);
     }
-    Exit { code: status.code(), stdout, stderr }
+    Exit {
+        code: status.code(),
+        stdout,
+        stderr,
+    }
 }
 
 fn vars(pairs: &[(&str, String)]) -> Vec<(String, String)> {
-    pairs.iter().map(|(k, v)| (k.to_string(), v.clone())).collect()
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect()
 }
 
 fn run_world(n: usize, env_of: impl Fn(usize) -> Vec<(String, String)>) {
@@ -126,7 +151,9 @@ fn run_world(n: usize, env_of: impl Fn(usize) -> Vec<(String, String)>) {
         let e = finish(c, Duration::from_secs(60));
         assert_eq!(e.code, Some(0), "rank {r}: {}\n{}", e.stdout, e.stderr);
         assert!(
-            e.stdout.contains(&format!("ok rank={r} size={n} local_rank={r} local_size={n} node_rank=0")),
+            e.stdout.contains(&format!(
+                "ok rank={r} size={n} local_rank={r} local_size={n} node_rank=0"
+            )),
             "rank {r}: {}",
             e.stdout
         );
@@ -232,6 +259,10 @@ fn killed_worker_fails_the_others_within_seconds() {
         let e = finish(c, Duration::from_secs(10));
         assert!(killed_at.elapsed() < Duration::from_secs(10));
         assert_eq!(e.code, Some(3), "rank {r}: {}", e.stderr);
-        assert!(e.stderr.contains("rank 2"), "rank {r} should name the lost rank: {}", e.stderr);
+        assert!(
+            e.stderr.contains("rank 2"),
+            "rank {r} should name the lost rank: {}",
+            e.stderr
+        );
     }
 }
