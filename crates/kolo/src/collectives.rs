@@ -661,4 +661,87 @@ impl Communicator {
                 .map(|_| recv)
         })
     }
+
+    /// Asynchronous [`Communicator::all_gather_v`]; the result has `counts.iter().sum()` elements.
+    pub fn all_gather_v_async<T: Element>(&self, send: Vec<T>, counts: Vec<usize>) -> Work<Vec<T>> {
+        self.spawn(OpKind::AllGatherV, move |inner, seq| {
+            let mut recv = vec![T::zeroed(); counts.iter().sum()];
+            inner
+                .all_gather(
+                    seq,
+                    as_bytes(&send),
+                    as_bytes_mut(&mut recv),
+                    T::DTYPE,
+                    Some(&counts),
+                )
+                .map(|_| recv)
+        })
+    }
+
+    /// Asynchronous [`Communicator::gather_v`]; the gathered data on `root`, empty elsewhere.
+    pub fn gather_v_async<T: Element>(
+        &self,
+        send: Vec<T>,
+        counts: Vec<usize>,
+        root: usize,
+    ) -> Work<Vec<T>> {
+        let me = self.rank();
+        self.spawn(OpKind::GatherV, move |inner, seq| {
+            let mut recv = vec![T::zeroed(); if me == root { counts.iter().sum() } else { 0 }];
+            inner
+                .gather(
+                    seq,
+                    as_bytes(&send),
+                    as_bytes_mut(&mut recv),
+                    T::DTYPE,
+                    Some(&counts),
+                    root,
+                )
+                .map(|_| recv)
+        })
+    }
+
+    /// Asynchronous [`Communicator::scatter_v`]; this rank's `counts[rank]` elements.
+    pub fn scatter_v_async<T: Element>(
+        &self,
+        send: Vec<T>,
+        counts: Vec<usize>,
+        root: usize,
+    ) -> Work<Vec<T>> {
+        let me = self.rank();
+        self.spawn(OpKind::ScatterV, move |inner, seq| {
+            let mut recv = vec![T::zeroed(); counts.get(me).copied().unwrap_or(0)];
+            inner
+                .scatter(
+                    seq,
+                    as_bytes(&send),
+                    as_bytes_mut(&mut recv),
+                    T::DTYPE,
+                    Some(&counts),
+                    root,
+                )
+                .map(|_| recv)
+        })
+    }
+
+    /// Asynchronous [`Communicator::all_to_all_v`].
+    pub fn all_to_all_v_async<T: Element>(
+        &self,
+        send: Vec<T>,
+        send_counts: Vec<usize>,
+        recv_counts: Vec<usize>,
+    ) -> Work<Vec<T>> {
+        self.spawn(OpKind::AllToAllV, move |inner, seq| {
+            let mut recv = vec![T::zeroed(); recv_counts.iter().sum()];
+            inner
+                .all_to_all(
+                    seq,
+                    as_bytes(&send),
+                    as_bytes_mut(&mut recv),
+                    T::DTYPE,
+                    Some((&send_counts, &recv_counts)),
+                )
+                .map(|_| recv)
+        })
+    }
 }

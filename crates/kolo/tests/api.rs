@@ -188,6 +188,27 @@ fn async_collectives_complete_in_issue_order() {
                 ] {
                     assert_eq!(w.wait()?, want);
                 }
+                // Variable-count forms: rank s contributes s + 1 elements.
+                let counts: Vec<usize> = (1..=n).collect();
+                let concat: Vec<i32> = (0..n).flat_map(|s| vec![s as i32; s + 1]).collect();
+                assert_eq!(
+                    c.all_gather_v_async(vec![r as i32; r + 1], counts.clone())
+                        .wait()?,
+                    concat
+                );
+                let g = c
+                    .gather_v_async(vec![r as i32; r + 1], counts.clone(), 0)
+                    .wait()?;
+                assert_eq!(g, if r == 0 { concat.clone() } else { vec![] });
+                let send = if r == 0 { concat.clone() } else { vec![] };
+                assert_eq!(
+                    c.scatter_v_async(send, counts.clone(), 0).wait()?,
+                    vec![r as i32; r + 1]
+                );
+                let a2a = c
+                    .all_to_all_v_async(vec![r as i32; n], vec![1; n], vec![1; n])
+                    .wait()?;
+                assert_eq!(a2a, (0..n as i32).collect::<Vec<_>>());
                 c.barrier_async().wait()
             });
             for r in res {
