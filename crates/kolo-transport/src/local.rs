@@ -111,11 +111,22 @@ impl Transport for LocalTransport {
 impl Drop for LocalTransport {
     fn drop(&mut self) {
         let panicking = std::thread::panicking();
+        // A rank that leaves with a failed endpoint passes the failure on (see the TCP transport).
+        let failed = self
+            .own()
+            .failure()
+            .filter(|f| !matches!(f, LinkFailure::LocalClosed { .. }))
+            .map(|f| f.into_error("shutdown", self.rank).to_string());
         for (r, mb) in self.shared.mailboxes.iter().enumerate() {
             if r == self.rank {
                 continue;
             }
-            if panicking {
+            if let Some(reason) = &failed {
+                mb.fail(LinkFailure::Aborted {
+                    by: self.rank,
+                    reason: reason.clone(),
+                });
+            } else if panicking {
                 mb.fail(LinkFailure::PeerLost {
                     peer: self.rank,
                     reason: "its thread panicked".into(),

@@ -444,10 +444,24 @@ impl Transport for TcpTransport {
 impl Drop for TcpTransport {
     fn drop(&mut self) {
         let aborted = self.aborted.load(Ordering::SeqCst);
+        // A rank that leaves with a failed endpoint passes the failure on, so that a peer still
+        // waiting for it learns why rather than only that it left.
+        let failed = self
+            .mailbox
+            .failure()
+            .map(|f| f.into_error("shutdown", self.rank).to_string());
         for link in self.links.iter().flatten() {
             let mut w = link.writer.lock().unwrap_or_else(|p| p.into_inner());
             if !aborted {
-                let _ = frame::write_frame(&mut *w, Kind::Goodbye, &control_header(), &[]);
+                let _ = match &failed {
+                    Some(reason) => frame::write_frame(
+                        &mut *w,
+                        Kind::Abort,
+                        &control_header(),
+                        reason.as_bytes(),
+                    ),
+                    None => frame::write_frame(&mut *w, Kind::Goodbye, &control_header(), &[]),
+                };
             }
             // Half-close: our reader keeps draining until the peer closes too, so no unread data
             // turns our close into a reset that could destroy what the peer has not read yet.
