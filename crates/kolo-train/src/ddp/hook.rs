@@ -1,0 +1,101 @@
+//! Overlapping communication with backward: an identity op per parameter whose backward sees that
+//! parameter's finished gradient.
+//!
+//! Candle computes gradients node by node in reverse topological order. A node that is the only user of
+//! a parameter receives, in its `bwd`, the parameter's complete gradient; [`GradHook`] hands it to the
+//! [`Synchronizer`](super::sync::Synchronizer), which starts the all-reduce of a bucket as soon as all of
+//! its gradients are in — while backward goes on with the layers below.
+//!
+//! Candle ops run eagerly, so a hooked weight is a copy made when the op is applied: the model must be
+//! built from [`HookedBackend`] for every step (building a model only wraps tensors; the copies cost one
+//! memcpy of the parameters).
+
+use std::sync::{Arc, Mutex};
+
+use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Shape, Tensor};
+use candle_nn::var_builder::SimpleBackend;
+use candle_nn::{Init, VarMap};
+
+use super::sync::Synchronizer;
+
+/// Identity on the forward pass; on the backward pass, reports parameter `index`'s gradient.
+pub(crate) struct GradHook {
+    pub index: usize,
+    pub sync: Arc<Mutex<Synchronizer>>,
+}
+
+fn copy_contiguous<T: Copy>(v: &[T], layout: &Layout) -> candle_core::Result<Vec<T>> {
+    match layout.contiguous_offsets() {
+        Some((a, b)) => Ok(v[a..b].to_vec()),
+        None => candle_core::bail!("kolo ddp: a parameter is not contiguous"),
+    }
+}
+
+impl CustomOp1 for GradHook {
+    fn name(&self) -> &'static str {
+        "kolo-ddp-grad-hook"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let out = match s {
+            CpuStorage::F32(v) => CpuStorage::F32(copy_contiguous(v, l)?),
+            CpuStorage::F64(v) => CpuStorage::F64(copy_contiguous(v, l)?),
+            _ => candle_core::bail!("kolo ddp: parameters must be f32 or f64"),
+        };
+        Ok((out, l.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        _arg: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<Option<Tensor>> {
+        let mut s = self.sync.lock().unwrap_or_else(|p| p.into_inner());
+        s.on_gradient(self.index, grad)
+            .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+        Ok(Some(grad.clone()))
+    }
+}
+
+/// A `VarBuilder` backend over the model's `VarMap` that wraps every trainable parameter in a
+/// [`GradHook`] (buffers such as BatchNorm running statistics are passed through unwrapped, so updates
+/// to them reach the `VarMap`).
+pub(crate) struct HookedBackend {
+    pub varmap: VarMap,
+    /// Parameter name → index, for the trainable parameters.
+    pub index: std::collections::HashMap<String, usize>,
+    pub sync: Arc<Mutex<Synchronizer>>,
+}
+
+impl SimpleBackend for HookedBackend {
+    fn get(
+        &self,
+        s: Shape,
+        name: &str,
+        h: Init,
+        dtype: DType,
+        dev: &Device,
+    ) -> candle_core::Result<Tensor> {
+        let t = self.varmap.get(s, name, h, dtype, dev)?;
+        match self.index.get(name) {
+            Some(&index) => t.apply_op1_arc(Arc::new(Box::new(GradHook {
+                index,
+                sync: self.sync.clone(),
+            }))),
+            None => Ok(t),
+        }
+    }
+
+    fn get_unchecked(&self, name: &str, _: DType, _: &Device) -> candle_core::Result<Tensor> {
+        candle_core::bail!("kolo ddp: parameter {name} must be created with a shape")
+    }
+
+    fn contains_tensor(&self, name: &str) -> bool {
+        self.varmap
+            .data()
+            .lock()
+            .map(|d| d.contains_key(name))
+            .unwrap_or(false)
+    }
+}

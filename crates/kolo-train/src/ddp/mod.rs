@@ -1,0 +1,367 @@
+//! Distributed data parallel: every rank holds a full replica of the model, computes gradients on its
+//! own shard of the data, and the gradients are averaged across ranks before each optimizer step.
+//!
+//! ```no_run
+//! # use candle_core::{DType, Device, Tensor};
+//! # use candle_nn::VarMap;
+//! # use kolo_train::ddp::{Ddp, DdpOptions};
+//! # fn build(vb: candle_nn::VarBuilder) -> candle_core::Result<candle_nn::Linear> { candle_nn::linear(4, 2, vb) }
+//! # fn main() -> kolo_train::Result<()> {
+//! let comm = kolo::init()?;
+//! let varmap = VarMap::new();
+//! build(candle_nn::VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu))?; // creates the parameters
+//! let ddp = Ddp::new(&comm, &varmap, DdpOptions::default())?;     // checks ranks agree, copies rank 0's values
+//! // each step: build the model from ddp.var_builder() (so gradients are sent while backward runs) ...
+//! let model = build(ddp.var_builder(DType::F32, &Device::Cpu))?;
+//! # let loss = Tensor::zeros((), DType::F32, &Device::Cpu)?;
+//! let grads = ddp.backward(&loss)?; // ... and get gradients averaged over all ranks
+//! # Ok(()) }
+//! ```
+//!
+//! - Parameters are ordered by name (never hash-map order). At construction every rank's parameter
+//!   names, shapes and types are compared with rank 0's (the first difference is an error on every
+//!   rank), then rank 0's values are broadcast.
+//! - Gradients travel in buckets (default 25 MiB) filled in reverse parameter order, each averaged by
+//!   an asynchronous all-reduce; with overlap on (the default) a bucket leaves as soon as backward has
+//!   produced all its gradients, so communication overlaps the rest of backward.
+//! - [`Ddp::set_require_sync`] / [`Ddp::no_sync`] skip communication for gradient accumulation.
+//! - A parameter without a gradient on some rank counts as zeros there; every rank sends the same
+//!   buckets in the same order.
+//! - BatchNorm running statistics (names ending in `running_mean`/`running_var`) are buffers: not
+//!   averaged, broadcast from rank 0 by [`Ddp::sync_buffers`].
+
+mod bucket;
+mod hook;
+mod sync;
+
+pub use bucket::BucketLayout;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use candle_core::backprop::GradStore;
+use candle_core::{DType, Device, Tensor, Var};
+use candle_nn::{VarBuilder, VarMap};
+use kolo::Communicator;
+
+use crate::error::{Result, TrainError};
+use hook::HookedBackend;
+use sync::Synchronizer;
+
+/// Settings of [`Ddp`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DdpOptions {
+    /// Bytes of gradients per all-reduce (default 25 MiB, PyTorch's default).
+    pub bucket_bytes: usize,
+    /// Send buckets while backward runs (needs the model built from [`Ddp::var_builder`] each step).
+    pub overlap: bool,
+}
+
+impl Default for DdpOptions {
+    fn default() -> Self {
+        DdpOptions {
+            bucket_bytes: 25 << 20,
+            overlap: true,
+        }
+    }
+}
+
+/// Whether a `VarMap` entry is a buffer (running statistics) rather than a trainable parameter.
+pub fn is_buffer(name: &str) -> bool {
+    name.ends_with("running_mean") || name.ends_with("running_var")
+}
+
+/// Sorted (name, var) pairs of a `VarMap`.
+pub fn sorted_vars(varmap: &VarMap) -> Vec<(String, Var)> {
+    let data = varmap.data().lock().unwrap_or_else(|p| p.into_inner());
+    let mut v: Vec<(String, Var)> = data.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    v.sort_by(|a, b| a.0.cmp(&b.0));
+    v
+}
+
+/// Distributed data parallel over a candle `VarMap`.
+pub struct Ddp {
+    comm: Communicator,
+    varmap: VarMap,
+    params: Vec<(String, Var)>,
+    buffers: Vec<(String, Var)>,
+    opts: DdpOptions,
+    require_sync: bool,
+    sync: Arc<Mutex<Synchronizer>>,
+    index: HashMap<String, usize>,
+}
+
+impl std::fmt::Debug for Ddp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ddp")
+            .field("rank", &self.comm.rank())
+            .field("size", &self.comm.size())
+            .field("params", &self.params.len())
+            .field("buffers", &self.buffers.len())
+            .field("opts", &self.opts)
+            .finish()
+    }
+}
+
+type Signature = Vec<(String, Vec<usize>, String)>;
+
+fn signature(vars: &[(String, Var)]) -> Signature {
+    vars.iter()
+        .map(|(n, v)| (n.clone(), v.dims().to_vec(), format!("{:?}", v.dtype())))
+        .collect()
+}
+
+/// The first difference between rank 0's and `rank`'s model.
+fn compare(rank: usize, want: &Signature, got: &Signature) -> Option<TrainError> {
+    let mismatch = |what: String, expected: String, actual: String| TrainError::ModelMismatch {
+        rank,
+        what,
+        expected,
+        actual,
+    };
+    for i in 0..want.len().max(got.len()) {
+        match (want.get(i), got.get(i)) {
+            (Some(a), Some(b)) if a.0 != b.0 => {
+                return Some(mismatch(
+                    format!("parameter #{i} has another name"),
+                    a.0.clone(),
+                    b.0.clone(),
+                ))
+            }
+            (Some(a), Some(b)) if a.1 != b.1 => {
+                return Some(mismatch(
+                    format!("parameter {} has another shape", a.0),
+                    format!("{:?}", a.1),
+                    format!("{:?}", b.1),
+                ))
+            }
+            (Some(a), Some(b)) if a.2 != b.2 => {
+                return Some(mismatch(
+                    format!("parameter {} has another type", a.0),
+                    a.2.clone(),
+                    b.2.clone(),
+                ))
+            }
+            (Some(a), None) => {
+                return Some(mismatch(
+                    format!("lacks parameter {}", a.0),
+                    a.0.clone(),
+                    "nothing".into(),
+                ))
+            }
+            (None, Some(b)) => {
+                return Some(mismatch(
+                    format!("has an extra parameter {}", b.0),
+                    "nothing".into(),
+                    b.0.clone(),
+                ))
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+impl Ddp {
+    /// Wraps the parameters of `varmap` (already created by building the model once): checks that every
+    /// rank has the same parameters and broadcasts rank 0's values to all.
+    pub fn new(comm: &Communicator, varmap: &VarMap, opts: DdpOptions) -> Result<Ddp> {
+        let all = sorted_vars(varmap);
+        let (buffers, params): (Vec<_>, Vec<_>) = all.into_iter().partition(|(n, _)| is_buffer(n));
+        let mine = signature(&params);
+        let everyone: Vec<Signature> = comm.all_gather_object(&mine)?;
+        for (rank, sig) in everyone.iter().enumerate().skip(1) {
+            if let Some(e) = compare(rank, &everyone[0], sig) {
+                return Err(e);
+            }
+        }
+        let dtype = params.first().map_or(DType::F32, |(_, v)| v.dtype());
+        if !matches!(dtype, DType::F32 | DType::F64) {
+            return Err(TrainError::Unsupported {
+                what: format!("parameters of type {dtype:?} (f32 and f64 are supported)"),
+            });
+        }
+        if let Some((n, v)) = params.iter().find(|(_, v)| v.dtype() != dtype) {
+            return Err(TrainError::Unsupported {
+                what: format!(
+                    "parameter {n} is {:?} while others are {dtype:?}",
+                    v.dtype()
+                ),
+            });
+        }
+        let numels: Vec<usize> = params.iter().map(|(_, v)| v.elem_count()).collect();
+        let layout = BucketLayout::new(&numels, dtype.size_in_bytes(), opts.bucket_bytes);
+        let names: Vec<String> = params.iter().map(|(n, _)| n.clone()).collect();
+        let index = names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.clone(), i))
+            .collect();
+        let ddp = Ddp {
+            comm: comm.clone(),
+            varmap: varmap.clone(),
+            sync: Arc::new(Mutex::new(Synchronizer::new(
+                comm.clone(),
+                layout,
+                names,
+                dtype,
+            ))),
+            params,
+            buffers,
+            opts,
+            require_sync: true,
+            index,
+        };
+        ddp.broadcast_parameters(0)?;
+        Ok(ddp)
+    }
+
+    /// The communicator.
+    pub fn comm(&self) -> &Communicator {
+        &self.comm
+    }
+
+    /// Trainable parameters, ordered by name (give these to the optimizer).
+    pub fn params(&self) -> &[(String, Var)] {
+        &self.params
+    }
+
+    /// Buffers (BatchNorm running statistics), ordered by name.
+    pub fn buffers(&self) -> &[(String, Var)] {
+        &self.buffers
+    }
+
+    /// The bucket layout of the gradients.
+    pub fn layout(&self) -> BucketLayout {
+        self.lock().layout_clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Synchronizer> {
+        self.sync.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn hooks_active(&self) -> bool {
+        self.opts.overlap && self.require_sync && self.comm.size() > 1
+    }
+
+    /// A `VarBuilder` to build this step's model from. With overlap on (and more than one rank), its
+    /// parameters report their gradients as backward produces them; build the model anew each step,
+    /// since the hooked weights are copies taken when the model is built.
+    pub fn var_builder(&self, dtype: DType, device: &Device) -> VarBuilder<'static> {
+        if !self.hooks_active() {
+            return VarBuilder::from_varmap(&self.varmap, dtype, device);
+        }
+        let backend = HookedBackend {
+            varmap: self.varmap.clone(),
+            index: self.index.clone(),
+            sync: self.sync.clone(),
+        };
+        VarBuilder::from_backend(Box::new(backend), dtype, device.clone())
+    }
+
+    /// Whether the next backward passes average gradients (true by default).
+    pub fn set_require_sync(&mut self, on: bool) {
+        self.require_sync = on;
+    }
+
+    /// Runs `f` with gradient averaging off (gradient accumulation: average only on the last pass).
+    pub fn no_sync<R>(&mut self, f: impl FnOnce(&mut Self) -> R) -> R {
+        let before = self.require_sync;
+        self.require_sync = false;
+        let r = f(self);
+        self.require_sync = before;
+        r
+    }
+
+    fn vars(&self) -> Vec<Var> {
+        self.params.iter().map(|(_, v)| v.clone()).collect()
+    }
+
+    /// `loss.backward()`, then (unless sync is off) the gradients averaged over all ranks.
+    pub fn backward(&self, loss: &Tensor) -> Result<GradStore> {
+        let hooks = self.hooks_active();
+        self.lock().begin_pass(hooks);
+        let mut grads = loss.backward()?;
+        if self.require_sync && self.comm.size() > 1 {
+            self.lock().finish(&mut grads, &self.vars())?;
+        }
+        Ok(grads)
+    }
+
+    /// Averages the gradients in `grads` over all ranks (e.g. gradients accumulated over several
+    /// passes), bucket by bucket.
+    pub fn sync_gradients(&self, grads: &mut GradStore) -> Result<()> {
+        if self.comm.size() <= 1 {
+            return Ok(());
+        }
+        let mut s = self.lock();
+        s.begin_pass(false);
+        s.finish(grads, &self.vars())
+    }
+
+    fn broadcast_vars(&self, vars: &[(String, Var)], root: usize) -> Result<()> {
+        if self.comm.size() <= 1 || vars.is_empty() {
+            return Ok(());
+        }
+        for dtype in [DType::F32, DType::F64] {
+            let group: Vec<&Var> = vars
+                .iter()
+                .map(|(_, v)| v)
+                .filter(|v| v.dtype() == dtype)
+                .collect();
+            if group.is_empty() {
+                continue;
+            }
+            let flat = Tensor::cat(
+                &group
+                    .iter()
+                    .map(|v| v.flatten_all())
+                    .collect::<candle_core::Result<Vec<_>>>()?,
+                0,
+            )?;
+            let mut at = 0;
+            let mut set = |all: &Tensor| -> Result<()> {
+                for v in &group {
+                    let n = v.elem_count();
+                    v.set(&all.narrow(0, at, n)?.reshape(v.shape())?)?;
+                    at += n;
+                }
+                Ok(())
+            };
+            match dtype {
+                DType::F64 => {
+                    let mut data = flat.to_vec1::<f64>()?;
+                    self.comm.broadcast(&mut data, root)?;
+                    set(&Tensor::from_vec(data, flat.shape(), flat.device())?)?;
+                }
+                _ => {
+                    let mut data = flat.to_vec1::<f32>()?;
+                    self.comm.broadcast(&mut data, root)?;
+                    set(&Tensor::from_vec(data, flat.shape(), flat.device())?)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies the parameters and buffers of rank `root` to every rank.
+    pub fn broadcast_parameters(&self, root: usize) -> Result<()> {
+        self.broadcast_vars(&self.params, root)?;
+        self.sync_buffers_from(root)
+    }
+
+    /// Copies the buffers (BatchNorm running statistics) of rank 0 to every rank.
+    pub fn sync_buffers(&self) -> Result<()> {
+        self.sync_buffers_from(0)
+    }
+
+    fn sync_buffers_from(&self, root: usize) -> Result<()> {
+        self.broadcast_vars(&self.buffers, root)
+    }
+}
+
+impl Synchronizer {
+    fn layout_clone(&self) -> BucketLayout {
+        self.layout_ref().clone()
+    }
+}

@@ -1,0 +1,181 @@
+//! The gradient synchronizer: fills bucket buffers from gradients, launches one asynchronous
+//! all-reduce (average) per bucket, strictly in bucket order, and writes the averaged gradients back.
+//!
+//! Buckets are launched in order on every rank, whatever order gradients arrive in: a bucket starts
+//! when all its gradients are in *and* every earlier bucket has started. A parameter that gets no
+//! gradient on a rank (unused in that step) holds its bucket back until the end of backward, when it
+//! is filled with zeros (or with the gradient candle computed, if the model was not built with hooks).
+//! So every rank issues the same all-reduces in the same order — never a hang, never mixed buckets.
+
+use candle_core::backprop::GradStore;
+use candle_core::{DType, Tensor, Var};
+use kolo::{Communicator, ReduceOp, Work};
+
+use super::bucket::BucketLayout;
+use crate::error::{Result, TrainError};
+
+/// A bucket's buffer, in the parameters' element type.
+enum Buf {
+    F32(Vec<f32>),
+    F64(Vec<f64>),
+}
+
+enum Pending {
+    F32(Work<Vec<f32>>),
+    F64(Work<Vec<f64>>),
+}
+
+pub(crate) struct Synchronizer {
+    comm: Communicator,
+    layout: BucketLayout,
+    names: Vec<String>,
+    dtype: DType,
+    /// Whether gradient hooks feed this pass.
+    active: bool,
+    bufs: Vec<Option<Buf>>,
+    have: Vec<bool>,
+    missing: Vec<usize>,
+    next: usize,
+    pending: Vec<Option<Pending>>,
+}
+
+fn zeros(dtype: DType, n: usize) -> Buf {
+    match dtype {
+        DType::F64 => Buf::F64(vec![0.0; n]),
+        _ => Buf::F32(vec![0.0; n]),
+    }
+}
+
+impl Synchronizer {
+    pub fn new(comm: Communicator, layout: BucketLayout, names: Vec<String>, dtype: DType) -> Self {
+        let n = layout.count();
+        let bufs = layout.len.iter().map(|&l| Some(zeros(dtype, l))).collect();
+        Synchronizer {
+            comm,
+            missing: layout.buckets.iter().map(Vec::len).collect(),
+            layout,
+            have: vec![false; names.len()],
+            names,
+            dtype,
+            active: false,
+            bufs,
+            next: 0,
+            pending: (0..n).map(|_| None).collect(),
+        }
+    }
+
+    pub fn layout_ref(&self) -> &BucketLayout {
+        &self.layout
+    }
+
+    /// Starts a pass; with `hooks`, gradients come from [`GradHook`](super::hook::GradHook)s.
+    pub fn begin_pass(&mut self, hooks: bool) {
+        self.active = hooks;
+        self.have.iter_mut().for_each(|h| *h = false);
+        for (b, m) in self.missing.iter_mut().enumerate() {
+            *m = self.layout.buckets[b].len();
+        }
+        self.next = 0;
+        for (b, buf) in self.bufs.iter_mut().enumerate() {
+            if buf.is_none() {
+                *buf = Some(zeros(self.dtype, self.layout.len[b]));
+            }
+        }
+        self.pending.iter_mut().for_each(|p| *p = None);
+    }
+
+    fn copy_in(&mut self, index: usize, grad: Option<&Tensor>) -> Result<()> {
+        let (b, range) = self.layout.slot[index].clone();
+        let Some(buf) = self.bufs[b].as_mut() else {
+            return Err(TrainError::LateGradient {
+                name: self.names[index].clone(),
+            });
+        };
+        match (buf, grad) {
+            (Buf::F32(v), Some(g)) => {
+                let data = g.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+                v[range].copy_from_slice(&data);
+            }
+            (Buf::F64(v), Some(g)) => {
+                let data = g.flatten_all()?.to_dtype(DType::F64)?.to_vec1::<f64>()?;
+                v[range].copy_from_slice(&data);
+            }
+            (Buf::F32(v), None) => v[range].iter_mut().for_each(|x| *x = 0.0),
+            (Buf::F64(v), None) => v[range].iter_mut().for_each(|x| *x = 0.0),
+        }
+        self.have[index] = true;
+        self.missing[b] -= 1;
+        Ok(())
+    }
+
+    fn launch(&mut self, b: usize) {
+        self.pending[b] = match self.bufs[b].take() {
+            Some(Buf::F32(v)) => Some(Pending::F32(self.comm.all_reduce_async(v, ReduceOp::Avg))),
+            Some(Buf::F64(v)) => Some(Pending::F64(self.comm.all_reduce_async(v, ReduceOp::Avg))),
+            None => None,
+        };
+    }
+
+    fn launch_ready(&mut self) {
+        while self.next < self.layout.count() && self.missing[self.next] == 0 {
+            self.launch(self.next);
+            self.next += 1;
+        }
+    }
+
+    /// Called by a hook with parameter `index`'s finished gradient.
+    pub fn on_gradient(&mut self, index: usize, grad: &Tensor) -> Result<()> {
+        if !self.active {
+            return Ok(());
+        }
+        if self.have[index] {
+            return Err(TrainError::LateGradient {
+                name: self.names[index].clone(),
+            });
+        }
+        self.copy_in(index, Some(grad))?;
+        self.launch_ready();
+        Ok(())
+    }
+
+    /// Completes the pass: fills what the hooks did not deliver from `grads` (zeros where a parameter
+    /// has no gradient), launches the remaining buckets in order, waits for all, and replaces each
+    /// parameter's gradient in `grads` with the average over ranks.
+    pub fn finish(&mut self, grads: &mut GradStore, vars: &[Var]) -> Result<()> {
+        self.active = false;
+        for b in self.next..self.layout.count() {
+            for i in 0..self.layout.buckets[b].len() {
+                let p = self.layout.buckets[b][i];
+                if !self.have[p] {
+                    let g = grads.get(vars[p].as_tensor()).cloned();
+                    self.copy_in(p, g.as_ref())?;
+                }
+            }
+            self.launch(b);
+            self.next = b + 1;
+        }
+        for b in 0..self.layout.count() {
+            let done = match self.pending[b].take() {
+                Some(Pending::F32(w)) => Buf::F32(w.wait()?),
+                Some(Pending::F64(w)) => Buf::F64(w.wait()?),
+                None => continue,
+            };
+            for &p in &self.layout.buckets[b] {
+                let range = self.layout.slot[p].1.clone();
+                let var = &vars[p];
+                let t = match &done {
+                    Buf::F32(v) => Tensor::from_slice(&v[range], var.shape(), var.device())?,
+                    Buf::F64(v) => Tensor::from_slice(&v[range], var.shape(), var.device())?,
+                };
+                let t = if t.dtype() == var.dtype() {
+                    t
+                } else {
+                    t.to_dtype(var.dtype())?
+                };
+                grads.insert(var.as_tensor(), t);
+            }
+            self.bufs[b] = Some(done);
+        }
+        Ok(())
+    }
+}

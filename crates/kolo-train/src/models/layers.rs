@@ -1,0 +1,119 @@
+//! Layer constructors with PyTorch's default initialization, and small shared helpers.
+//!
+//! candle-nn's `linear` / `conv2d` initialize weights with Kaiming-*normal* (gain √2), whose
+//! standard deviation is √6 ≈ 2.45× larger than PyTorch's default
+//! (`kaiming_uniform_(a=√5)`, i.e. `U(-1/√fan_in, 1/√fan_in)`), and `conv2d` draws its bias from
+//! `U(-1/√c_in, 1/√c_in)` instead of `U(-1/√fan_in, 1/√fan_in)`. With SGD + momentum at the
+//! learning rates used by the PyTorch reference runs, the larger initialization trains
+//! noticeably worse, so these constructors reproduce PyTorch's defaults exactly (only the
+//! initial values differ; the resulting layers are plain candle-nn layers).
+
+use candle_core::{Result, Tensor};
+use candle_nn::{Conv2d, Conv2dConfig, Init, Linear, VarBuilder};
+
+/// `U(-1/√fan_in, 1/√fan_in)`: PyTorch's default for both weights and biases of `nn.Linear`
+/// and `nn.Conv2d`.
+fn torch_default_init(fan_in: usize) -> Init {
+    let bound = 1.0 / (fan_in.max(1) as f64).sqrt();
+    Init::Uniform {
+        lo: -bound,
+        up: bound,
+    }
+}
+
+/// `nn.Linear(in_dim, out_dim)` with PyTorch's default initialization; parameters are named
+/// `weight` (`[out_dim, in_dim]`) and `bias` (`[out_dim]`) under `vb`'s prefix.
+pub(crate) fn linear(in_dim: usize, out_dim: usize, vb: VarBuilder) -> Result<Linear> {
+    let init = torch_default_init(in_dim);
+    let weight = vb.get_with_hints((out_dim, in_dim), "weight", init)?;
+    let bias = vb.get_with_hints(out_dim, "bias", init)?;
+    Ok(Linear::new(weight, Some(bias)))
+}
+
+/// `nn.Conv2d(c_in, c_out, kernel, stride, padding)` (with bias) and PyTorch's default
+/// initialization; parameters are named `weight` (`[c_out, c_in, k, k]`) and `bias`.
+pub(crate) fn conv2d(
+    c_in: usize,
+    c_out: usize,
+    kernel: usize,
+    stride: usize,
+    padding: usize,
+    vb: VarBuilder,
+) -> Result<Conv2d> {
+    let init = torch_default_init(c_in * kernel * kernel);
+    let weight = vb.get_with_hints((c_out, c_in, kernel, kernel), "weight", init)?;
+    let bias = vb.get_with_hints(c_out, "bias", init)?;
+    let cfg = Conv2dConfig {
+        padding,
+        stride,
+        ..Default::default()
+    };
+    Ok(Conv2d::new(weight, Some(bias), cfg))
+}
+
+/// Spatial output size of a convolution / pooling window, or `None` when the window does not
+/// fit (PyTorch's floor semantics).
+pub(crate) fn conv_out(size: usize, kernel: usize, stride: usize, padding: usize) -> Option<usize> {
+    let padded = size + 2 * padding;
+    if padded < kernel || stride == 0 {
+        None
+    } else {
+        Some((padded - kernel) / stride + 1)
+    }
+}
+
+/// Error for an input whose spatial size is too small for a model.
+pub(crate) fn too_small(model: &str, input_shape: [usize; 3], stage: &str) -> candle_core::Error {
+    let [c, h, w] = input_shape;
+    candle_core::Error::Msg(format!(
+        "{model}: input {c}x{h}x{w} is too small (spatial size drops to zero at {stage})"
+    ))
+}
+
+/// Checks that constructor arguments are non-degenerate.
+pub(crate) fn check_dims(model: &str, input_shape: [usize; 3], classes: usize) -> Result<()> {
+    let [c, h, w] = input_shape;
+    if c == 0 || h == 0 || w == 0 {
+        candle_core::bail!("{model}: input shape {c}x{h}x{w} has a zero dimension");
+    }
+    if classes == 0 {
+        candle_core::bail!("{model}: number of classes must be positive");
+    }
+    Ok(())
+}
+
+/// Checks that `x` is a `[B, C, H, W]` batch matching the model's input shape.
+pub(crate) fn check_input(model: &str, x: &Tensor, input_shape: [usize; 3]) -> Result<()> {
+    let dims = x.dims();
+    if dims.len() != 4 || dims[1..] != input_shape {
+        let [c, h, w] = input_shape;
+        candle_core::bail!(
+            "{model}: expected input of shape [B, {c}, {h}, {w}], got {:?}",
+            x.shape()
+        );
+    }
+    Ok(())
+}
+
+/// Pooling flavour for [`pool2x2`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Pool {
+    Avg,
+    Max,
+}
+
+/// 2×2 pooling with stride 2 and PyTorch's floor semantics: an odd trailing row / column is
+/// dropped. (Cropping before pooling keeps candle's backward pass — which upsamples the
+/// gradient back to the pooled input's size — exact for odd sizes too.)
+pub(crate) fn pool2x2(x: &Tensor, pool: Pool) -> Result<Tensor> {
+    let (_, _, h, w) = x.dims4()?;
+    let x = if h % 2 == 1 || w % 2 == 1 {
+        x.narrow(2, 0, h - h % 2)?.narrow(3, 0, w - w % 2)?
+    } else {
+        x.clone()
+    };
+    match pool {
+        Pool::Avg => x.avg_pool2d(2),
+        Pool::Max => x.max_pool2d(2),
+    }
+}

@@ -1,0 +1,244 @@
+//! Adam with decoupled weight decay, as `torch.optim.AdamW`.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use candle_core::backprop::GradStore;
+use candle_core::{Result, Tensor, Var};
+
+use super::{
+    grad_of, positional_names, take_state, DynOptimizer, OptimizerKind, OptimizerState, Params,
+};
+
+const NAME: &str = "adamw";
+
+/// Hyper-parameters of [`AdamW`] (PyTorch's defaults).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct AdamWConfig {
+    /// Learning rate (default 1e-3).
+    pub lr: f64,
+    /// Decay of the first moment (default 0.9).
+    pub beta1: f64,
+    /// Decay of the second moment (default 0.999).
+    pub beta2: f64,
+    /// Added to the denominator (default 1e-8).
+    pub eps: f64,
+    /// Decoupled weight decay (default 0.01).
+    pub weight_decay: f64,
+}
+
+impl Default for AdamWConfig {
+    fn default() -> Self {
+        Self {
+            lr: 1e-3,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.01,
+        }
+    }
+}
+
+impl AdamWConfig {
+    fn validate(&self) -> Result<()> {
+        let finite_non_negative = |v: f64| v.is_finite() && v >= 0.0;
+        if !finite_non_negative(self.lr) {
+            candle_core::bail!("{NAME}: invalid learning rate {}", self.lr);
+        }
+        if !finite_non_negative(self.eps) {
+            candle_core::bail!("{NAME}: invalid eps {}", self.eps);
+        }
+        if !(0.0..1.0).contains(&self.beta1) {
+            candle_core::bail!("{NAME}: invalid beta1 {} (must be in [0, 1))", self.beta1);
+        }
+        if !(0.0..1.0).contains(&self.beta2) {
+            candle_core::bail!("{NAME}: invalid beta2 {} (must be in [0, 1))", self.beta2);
+        }
+        if !finite_non_negative(self.weight_decay) {
+            candle_core::bail!("{NAME}: invalid weight decay {}", self.weight_decay);
+        }
+        Ok(())
+    }
+}
+
+/// AdamW with PyTorch's `torch.optim.AdamW` update rule (no AMSGrad). For each variable with
+/// gradient `g`, with `t` the number of updates of that variable including this one:
+///
+/// ```text
+/// p = p · (1 − lr · weight_decay)
+/// m = β1 · m + (1 − β1) · g
+/// v = β2 · v + (1 − β2) · g²
+/// p = p − lr / (1 − β1^t) · m / (√v / √(1 − β2^t) + eps)
+/// ```
+///
+/// State: `step.NAME`, `exp_avg.NAME` (m) and `exp_avg_sq.NAME` (v); see the
+/// [module docs](super).
+pub struct AdamW {
+    params: Params,
+    exp_avg: Vec<Tensor>,
+    exp_avg_sq: Vec<Tensor>,
+    config: AdamWConfig,
+    step_count: u64,
+}
+
+impl fmt::Debug for AdamW {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AdamW")
+            .field("config", &self.config)
+            .field("vars", &self.params.names.len())
+            .field("step_count", &self.step_count)
+            .finish()
+    }
+}
+
+impl AdamW {
+    /// Creates the optimizer over `vars` (name, variable) pairs, in the given order. Names must
+    /// be unique; variables must be floating point; the configuration must be valid (as
+    /// PyTorch checks it).
+    pub fn new(vars: Vec<(String, Var)>, config: AdamWConfig) -> Result<Self> {
+        config.validate()?;
+        let params = Params::new(NAME, vars)?;
+        let zeros = || {
+            params
+                .vars
+                .iter()
+                .map(|v| v.zeros_like())
+                .collect::<Result<Vec<_>>>()
+        };
+        let exp_avg = zeros()?;
+        let exp_avg_sq = zeros()?;
+        Ok(Self {
+            params,
+            exp_avg,
+            exp_avg_sq,
+            config,
+            step_count: 0,
+        })
+    }
+
+    /// The configuration (with the current learning rate).
+    pub fn config(&self) -> &AdamWConfig {
+        &self.config
+    }
+
+    /// The variable names, in update order.
+    pub fn names(&self) -> &[String] {
+        &self.params.names
+    }
+
+    /// Applies one update from `grads`, skipping variables without a gradient.
+    pub fn step(&mut self, grads: &GradStore) -> Result<()> {
+        let c = self.config;
+        for i in 0..self.params.vars.len() {
+            let var = self.params.vars[i].clone();
+            let Some(g) = grad_of(grads, &var) else {
+                continue;
+            };
+            let t = self.params.steps[i] + 1;
+            let mut p = var.as_detached_tensor();
+            if c.weight_decay != 0.0 {
+                p = p.affine(1.0 - c.lr * c.weight_decay, 0.0)?;
+            }
+            let m = (self.exp_avg[i].affine(c.beta1, 0.0)? + g.affine(1.0 - c.beta1, 0.0)?)?;
+            let v = (self.exp_avg_sq[i].affine(c.beta2, 0.0)?
+                + g.sqr()?.affine(1.0 - c.beta2, 0.0)?)?;
+            // Exponents beyond i32 only matter for β^t, which is 0 by then.
+            let t_exp = i32::try_from(t).unwrap_or(i32::MAX);
+            let bias_correction1 = 1.0 - c.beta1.powi(t_exp);
+            let bias_correction2_sqrt = (1.0 - c.beta2.powi(t_exp)).sqrt();
+            let step_size = c.lr / bias_correction1;
+            let denom = v.sqrt()?.affine(1.0 / bias_correction2_sqrt, c.eps)?;
+            let update = (m.div(&denom)?).affine(step_size, 0.0)?;
+            var.set(&(p - update)?)?;
+            self.exp_avg[i] = m;
+            self.exp_avg_sq[i] = v;
+            self.params.set_step(i, t)?;
+        }
+        self.step_count += 1;
+        Ok(())
+    }
+
+    /// The current learning rate.
+    pub fn learning_rate(&self) -> f64 {
+        self.config.lr
+    }
+
+    /// Sets the learning rate used by the following steps.
+    pub fn set_learning_rate(&mut self, lr: f64) {
+        self.config.lr = lr;
+    }
+}
+
+impl candle_nn::Optimizer for AdamW {
+    type Config = AdamWConfig;
+
+    /// Variables are named by position (`"0"`, `"1"`, …); prefer [`AdamW::new`] with names.
+    fn new(vars: Vec<Var>, config: AdamWConfig) -> Result<Self> {
+        AdamW::new(positional_names(vars), config)
+    }
+
+    fn step(&mut self, grads: &GradStore) -> Result<()> {
+        AdamW::step(self, grads)
+    }
+
+    fn learning_rate(&self) -> f64 {
+        AdamW::learning_rate(self)
+    }
+
+    fn set_learning_rate(&mut self, lr: f64) {
+        AdamW::set_learning_rate(self, lr)
+    }
+}
+
+impl OptimizerState for AdamW {
+    fn state(&self) -> Vec<(String, Tensor)> {
+        let mut out = Vec::with_capacity(self.params.names.len() * 3);
+        for (i, name) in self.params.names.iter().enumerate() {
+            out.push((format!("step.{name}"), self.params.step_tensor(i)));
+            out.push((format!("exp_avg.{name}"), self.exp_avg[i].clone()));
+            out.push((format!("exp_avg_sq.{name}"), self.exp_avg_sq[i].clone()));
+        }
+        out
+    }
+
+    fn load_state(&mut self, state: &HashMap<String, Tensor>) -> Result<()> {
+        let loaded = take_state(NAME, &self.params, &["exp_avg", "exp_avg_sq"], state)?;
+        for (i, (step, tensors)) in loaded.into_iter().enumerate() {
+            let [m, v]: [Tensor; 2] = match tensors.try_into() {
+                Ok(pair) => pair,
+                Err(_) => candle_core::bail!("{NAME}: internal error restoring state"),
+            };
+            self.params.set_step(i, step)?;
+            self.exp_avg[i] = m;
+            self.exp_avg_sq[i] = v;
+        }
+        Ok(())
+    }
+
+    fn step_count(&self) -> u64 {
+        self.step_count
+    }
+
+    fn set_step_count(&mut self, n: u64) {
+        self.step_count = n;
+    }
+}
+
+impl DynOptimizer for AdamW {
+    fn step(&mut self, grads: &GradStore) -> Result<()> {
+        AdamW::step(self, grads)
+    }
+
+    fn learning_rate(&self) -> f64 {
+        AdamW::learning_rate(self)
+    }
+
+    fn set_learning_rate(&mut self, lr: f64) {
+        AdamW::set_learning_rate(self, lr)
+    }
+
+    fn kind(&self) -> OptimizerKind {
+        OptimizerKind::AdamW
+    }
+}
