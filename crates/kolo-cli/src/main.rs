@@ -33,12 +33,16 @@ enum Command {
         override_usage = "kolo run [OPTIONS] -n <N> -- <PROGRAM> [ARGS]..."
     )]
     Run(cmd::run::RunArgs),
+    /// Train a model data-parallel on N workers (LeNet on Fashion-MNIST with 2 workers by default)
+    #[command(long_about = cmd::train::LONG_ABOUT)]
+    Train(Box<cmd::train::TrainArgs>),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Run(args) => cmd::run::execute(args),
+        Command::Train(args) => cmd::train::execute(*args),
     }
 }
 

@@ -16,7 +16,8 @@ pub const DATA_DIR_ENV: &str = "KOLO_DATA_DIR";
 pub const FASHION_MNIST_SYSTEM_DIR: &str = "/usr/share/datasets/fashion-mnist";
 
 /// The datasets [`load`] knows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum DatasetKind {
     /// MNIST handwritten digits, 28×28 grey, 60 000 + 10 000.
     Mnist,

@@ -34,6 +34,9 @@ pub struct LaunchConfig {
     /// Additional environment variables for every worker, applied last (they
     /// override the variables the launcher sets).
     pub extra_env: Vec<(OsString, OsString)>,
+    /// A rank whose stdout and stderr go straight to the launcher's own (not piped, not
+    /// prefixed), so that a progress bar it draws on a terminal works (`kolo train` uses rank 0).
+    pub direct_output_rank: Option<usize>,
 }
 
 impl LaunchConfig {
@@ -55,6 +58,7 @@ impl LaunchConfig {
             master_port: None,
             grace_period: DEFAULT_GRACE_PERIOD,
             prefix_output: true,
+            direct_output_rank: None,
             extra_env: Vec::new(),
         }
     }

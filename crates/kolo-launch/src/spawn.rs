@@ -65,9 +65,12 @@ pub(crate) fn spawn_worker(
     cmd.args(&cfg.args)
         .envs(worker_env(cfg, job, rank))
         .envs(cfg.extra_env.iter().map(|(k, v)| (k, v)))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+        .stdin(Stdio::null());
+    if cfg.direct_output_rank == Some(rank) {
+        cmd.stdout(Stdio::inherit()).stderr(Stdio::inherit());
+    } else {
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    }
     isolate_child(&mut cmd);
     let child = cmd.spawn().map_err(|source| LaunchError::Spawn {
         rank,

@@ -78,6 +78,10 @@ pub enum TrainError {
         source: std::io::Error,
     },
 
+    /// Writing metrics, plots or progress failed.
+    #[error(transparent)]
+    Metrics(#[from] kolo_metrics::MetricsError),
+
     /// A setting is invalid.
     #[error("invalid {arg}: {reason}")]
     InvalidArgument {

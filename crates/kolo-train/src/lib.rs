@@ -4,9 +4,12 @@
 //! checkpointable state, distributed data parallel ([`ddp`]), and the training loop behind
 //! `kolo train`.
 
+pub mod checkpoint;
 pub mod ddp;
+pub mod distributed;
 mod error;
 pub mod models;
 pub mod optim;
+pub mod trainer;
 
 pub use error::{Result, TrainError};

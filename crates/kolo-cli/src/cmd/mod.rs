@@ -1,6 +1,7 @@
 //! One module per `kolo` subcommand.
 
 pub mod run;
+pub mod train;
 
 use std::error::Error;
 use std::process::ExitCode;

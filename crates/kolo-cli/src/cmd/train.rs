@@ -1,0 +1,200 @@
+//! `kolo train`: data-parallel training of a model on a dataset, launching its own workers.
+//!
+//! Without `--worker`, this process is the launcher: it starts N copies of itself (`kolo train
+//! --worker ...` with the same options) through the same machinery as `kolo run`, rank 0 writing
+//! straight to the terminal (its progress bar) and the others prefixed. With `--worker` (set by the
+//! launcher, or when started by torchrun/`mpirun`/`srun`), it joins the job through `kolo::init()` and
+//! trains.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Args;
+use kolo_data::DatasetKind;
+use kolo_launch::{launch, LaunchConfig, DEFAULT_MASTER_ADDR};
+use kolo_train::models::ModelKind;
+use kolo_train::optim::OptimizerKind;
+use kolo_train::trainer::{self, TrainConfig};
+
+pub const LONG_ABOUT: &str = "\
+Train a model data-parallel on N workers: each worker holds a replica, reads its \
+shard of the data (DistributedSampler), and gradients are averaged by all-reduce \
+in buckets that overlap backward (DDP).
+
+With no options: LeNet on Fashion-MNIST, 2 workers, 10 epochs, batch 64 per \
+worker, SGD lr 0.05 momentum 0.9. Data comes from the standard places \
+(Fashion-MNIST: Debian's dataset-fashion-mnist; MNIST and digits: \
+scripts/fetch-data.sh; CIFAR-10: --data-dir with the binary version).
+
+Writes into the run directory (--out, default runs/MODEL-DATASET-TIME/): \
+metrics.csv, tensorboard/ events, training.png (loss and accuracy per epoch), \
+checkpoints/ (every epoch; continue with --resume --out DIR) and summary.json.";
+
+#[derive(Debug, Args)]
+pub struct TrainArgs {
+    /// Number of workers
+    #[arg(short = 'n', long = "nproc", visible_alias = "nproc-per-node", value_name = "N",
+          default_value = "2", value_parser = parse_positive)]
+    nproc: usize,
+    /// Address of the rendezvous store
+    #[arg(long, value_name = "ADDR", default_value = DEFAULT_MASTER_ADDR)]
+    master_addr: String,
+    /// Port of the rendezvous store (default: a free one)
+    #[arg(long, value_name = "PORT")]
+    master_port: Option<u16>,
+
+    /// Model: lenet, simple-cnn, mlp, resnet18
+    #[arg(long, default_value = "lenet")]
+    model: ModelKind,
+    /// Dataset: fashion-mnist, mnist, cifar10, digits, synthetic
+    #[arg(long, default_value = "fashion-mnist")]
+    dataset: DatasetKind,
+    /// Directory holding the dataset's files
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+    /// Epochs
+    #[arg(long, default_value = "10", value_parser = parse_positive)]
+    epochs: usize,
+    /// Batch size per worker
+    #[arg(long, default_value = "64", value_parser = parse_positive)]
+    batch_size: usize,
+    /// Learning rate (of one worker; see --scale-lr)
+    #[arg(long, default_value = "0.05")]
+    lr: f64,
+    /// Optimizer: sgd, adamw
+    #[arg(long, default_value = "sgd")]
+    optimizer: OptimizerKind,
+    /// SGD momentum
+    #[arg(long, default_value = "0.9")]
+    momentum: f64,
+    /// Weight decay
+    #[arg(long, default_value = "0")]
+    weight_decay: f64,
+    /// Seed of the initialization and the data order
+    #[arg(long, default_value = "0")]
+    seed: u64,
+    /// Gradient bucket size in MiB
+    #[arg(long, default_value = "25")]
+    bucket_mb: f64,
+    /// Average gradients after backward instead of overlapping with it
+    #[arg(long)]
+    no_overlap: bool,
+    /// Backward passes per optimizer step (gradient accumulation)
+    #[arg(long, default_value = "1", value_parser = parse_positive)]
+    backward_passes_per_step: usize,
+    /// Multiply the learning rate by the number of workers (linear scaling rule)
+    #[arg(long)]
+    scale_lr: bool,
+    /// Epochs of linear learning-rate warm-up with --scale-lr
+    #[arg(long, default_value = "0")]
+    warmup_epochs: f64,
+    /// Run directory (default: a new directory under runs/)
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+    /// Continue from the newest checkpoint in --out DIR
+    #[arg(long, requires = "out")]
+    resume: bool,
+    /// Train on the first N samples only
+    #[arg(long, value_name = "N")]
+    train_limit: Option<usize>,
+    /// Evaluate on the first N test samples only
+    #[arg(long, value_name = "N")]
+    test_limit: Option<usize>,
+    /// Stop after epoch K (the job can be continued with --resume)
+    #[arg(long, value_name = "K")]
+    stop_after: Option<usize>,
+    /// No progress bar
+    #[arg(long)]
+    no_progress: bool,
+    /// Run as a worker of a job (set by the launcher)
+    #[arg(long, hide = true)]
+    worker: bool,
+}
+
+fn parse_positive(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".to_owned()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+impl TrainArgs {
+    fn config(&self) -> TrainConfig {
+        TrainConfig {
+            model: self.model,
+            dataset: self.dataset,
+            data_dir: self.data_dir.clone(),
+            epochs: self.epochs,
+            batch_size: self.batch_size,
+            lr: self.lr,
+            optimizer: self.optimizer,
+            momentum: self.momentum,
+            weight_decay: self.weight_decay,
+            seed: self.seed,
+            bucket_bytes: (self.bucket_mb * 1024.0 * 1024.0).max(1.0) as usize,
+            overlap: !self.no_overlap,
+            backward_passes_per_step: self.backward_passes_per_step,
+            scale_lr: self.scale_lr,
+            warmup_epochs: self.warmup_epochs,
+            out: self.out.clone(),
+            resume: self.resume,
+            train_limit: self.train_limit,
+            test_limit: self.test_limit,
+            stop_after: self.stop_after,
+            progress: !self.no_progress,
+        }
+    }
+}
+
+fn worker(args: &TrainArgs) -> ExitCode {
+    let comm = match kolo::init() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("kolo train: worker could not join the job: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match trainer::run(&comm, &args.config()) {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("kolo train: rank {}: {e}", comm.rank());
+            ExitCode::FAILURE
+        }
+    }
+}
+
+pub fn execute(args: TrainArgs) -> ExitCode {
+    if args.worker {
+        return worker(&args);
+    }
+    let exe = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("kolo train: cannot find the kolo executable to start workers: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // The workers run this same command with --worker added after `train`.
+    let mut worker_args: Vec<OsString> = vec!["train".into(), "--worker".into()];
+    worker_args.extend(std::env::args_os().skip_while(|a| a != "train").skip(1));
+    let mut cfg = LaunchConfig::new(args.nproc, exe, worker_args);
+    cfg.master_addr = args.master_addr.clone();
+    cfg.master_port = args.master_port;
+    cfg.direct_output_rank = Some(0);
+    // One compute thread per core share, unless the user chose (like torch.set_num_threads).
+    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let per = (cores / args.nproc).max(1);
+        cfg.extra_env
+            .push(("RAYON_NUM_THREADS".into(), per.to_string().into()));
+    }
+    match launch(&cfg) {
+        Ok(outcome) => super::exit_code(outcome.exit_code()),
+        Err(err) => {
+            super::report_error("train", &err);
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,252 @@
+//! Horovod's shape of data parallelism: a [`DistributedOptimizer`] wrapping any optimizer, plus
+//! [`reduce_value`] for metrics, the linear learning-rate scaling rule with warm-up ([`LrSchedule`]),
+//! and [`check_loss`], which stops every rank together when any rank's loss is not finite.
+
+use candle_core::backprop::GradStore;
+use candle_core::Tensor;
+use kolo::{Communicator, ReduceOp};
+
+use crate::ddp::Ddp;
+use crate::error::{Result, TrainError};
+use crate::optim::DynOptimizer;
+
+/// What [`DistributedOptimizer`] needs of an optimizer: a step from gradients and a learning rate.
+/// Implemented for every `candle_nn::Optimizer` and for kolo's boxed optimizers.
+pub trait StepOptimizer {
+    /// Applies one update.
+    fn step(&mut self, grads: &GradStore) -> candle_core::Result<()>;
+    /// The learning rate.
+    fn learning_rate(&self) -> f64;
+    /// Sets the learning rate.
+    fn set_learning_rate(&mut self, lr: f64);
+}
+
+impl<O: candle_nn::Optimizer> StepOptimizer for O {
+    fn step(&mut self, grads: &GradStore) -> candle_core::Result<()> {
+        candle_nn::Optimizer::step(self, grads)
+    }
+    fn learning_rate(&self) -> f64 {
+        candle_nn::Optimizer::learning_rate(self)
+    }
+    fn set_learning_rate(&mut self, lr: f64) {
+        candle_nn::Optimizer::set_learning_rate(self, lr)
+    }
+}
+
+impl StepOptimizer for Box<dyn DynOptimizer> {
+    fn step(&mut self, grads: &GradStore) -> candle_core::Result<()> {
+        DynOptimizer::step(self.as_mut(), grads)
+    }
+    fn learning_rate(&self) -> f64 {
+        DynOptimizer::learning_rate(self.as_ref())
+    }
+    fn set_learning_rate(&mut self, lr: f64) {
+        DynOptimizer::set_learning_rate(self.as_mut(), lr)
+    }
+}
+
+/// The linear scaling rule (Goyal et al.): with `scale` = the number of workers, the learning rate
+/// grows from `base_lr` to `base_lr · scale` over `warmup_steps`, then stays there.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LrSchedule {
+    /// Learning rate of one worker.
+    pub base_lr: f64,
+    /// Factor reached after warm-up (1 disables scaling).
+    pub scale: f64,
+    /// Steps of linear warm-up (0: scaled from the first step).
+    pub warmup_steps: u64,
+}
+
+impl LrSchedule {
+    /// The learning rate at optimizer step `step` (0-based).
+    pub fn lr(&self, step: u64) -> f64 {
+        let progress = if self.warmup_steps == 0 {
+            1.0
+        } else {
+            (step as f64 / self.warmup_steps as f64).min(1.0)
+        };
+        self.base_lr * (1.0 + (self.scale - 1.0) * progress)
+    }
+}
+
+/// Reduces one number over all ranks (e.g. a loss or an accuracy) and returns the result on every rank.
+pub fn reduce_value(comm: &Communicator, value: f64, op: ReduceOp) -> Result<f64> {
+    let mut v = [value];
+    comm.all_reduce(&mut v, op)?;
+    Ok(v[0])
+}
+
+/// Gathers every rank's loss; if any is NaN or infinite every rank returns
+/// [`TrainError::NonFiniteLoss`] naming the ranks, otherwise the mean loss.
+pub fn check_loss(comm: &Communicator, step: u64, loss: f64) -> Result<f64> {
+    let mut all = vec![0.0f64; comm.size()];
+    comm.all_gather(&[loss], &mut all)?;
+    if all.iter().any(|l| !l.is_finite()) {
+        return Err(TrainError::NonFiniteLoss { step, losses: all });
+    }
+    Ok(all.iter().sum::<f64>() / all.len() as f64)
+}
+
+/// An optimizer whose steps use gradients averaged over all ranks.
+///
+/// With `backward_passes_per_step = k`, gradients of k consecutive backward passes are summed locally
+/// (no communication) and averaged across ranks on the k-th, which then steps the optimizer — Horovod's
+/// `backward_passes_per_step`. Scale the loss by 1/k for the mean over the passes.
+pub struct DistributedOptimizer<O> {
+    ddp: Ddp,
+    opt: O,
+    passes_per_step: usize,
+    pass: usize,
+    acc: Option<GradStore>,
+    schedule: Option<LrSchedule>,
+    steps: u64,
+}
+
+impl<O> std::fmt::Debug for DistributedOptimizer<O> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DistributedOptimizer")
+            .field("ddp", &self.ddp)
+            .field("passes_per_step", &self.passes_per_step)
+            .field("steps", &self.steps)
+            .finish()
+    }
+}
+
+impl<O: StepOptimizer> DistributedOptimizer<O> {
+    /// Wraps `opt` (built over `ddp.params()`).
+    pub fn new(ddp: Ddp, opt: O, backward_passes_per_step: usize) -> Result<Self> {
+        if backward_passes_per_step == 0 {
+            return Err(TrainError::InvalidArgument {
+                arg: "backward_passes_per_step",
+                reason: "must be at least 1".into(),
+            });
+        }
+        Ok(DistributedOptimizer {
+            ddp,
+            opt,
+            passes_per_step: backward_passes_per_step,
+            pass: 0,
+            acc: None,
+            schedule: None,
+            steps: 0,
+        })
+    }
+
+    /// Sets the learning rate from `schedule` before every step.
+    pub fn with_schedule(mut self, schedule: LrSchedule) -> Self {
+        self.schedule = Some(schedule);
+        self
+    }
+
+    /// The data-parallel wrapper.
+    pub fn ddp(&self) -> &Ddp {
+        &self.ddp
+    }
+
+    /// The wrapped optimizer.
+    pub fn inner(&self) -> &O {
+        &self.opt
+    }
+
+    /// The wrapped optimizer, mutably (e.g. to restore its state).
+    pub fn inner_mut(&mut self) -> &mut O {
+        &mut self.opt
+    }
+
+    /// Optimizer steps taken.
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// Sets the number of steps taken (when resuming).
+    pub fn set_steps(&mut self, steps: u64) {
+        self.steps = steps;
+    }
+
+    /// Backward pass for `loss`; on the last pass of a step, averages gradients over ranks and steps
+    /// the optimizer. Returns whether it stepped.
+    pub fn backward_step(&mut self, loss: &Tensor) -> Result<bool> {
+        self.pass += 1;
+        let grads = if self.passes_per_step == 1 {
+            self.ddp.backward(loss)?
+        } else {
+            let g = self.ddp.no_sync(|d| d.backward(loss))?;
+            let acc = match self.acc.take() {
+                None => g,
+                Some(mut acc) => {
+                    for (_, v) in self.ddp.params() {
+                        let t = v.as_tensor();
+                        let sum = match (acc.get(t), g.get(t)) {
+                            (Some(a), Some(b)) => Some((a + b)?),
+                            (None, Some(b)) => Some(b.clone()),
+                            _ => None,
+                        };
+                        if let Some(s) = sum {
+                            acc.insert(t, s);
+                        }
+                    }
+                    acc
+                }
+            };
+            if self.pass < self.passes_per_step {
+                self.acc = Some(acc);
+                return Ok(false);
+            }
+            let mut acc = acc;
+            self.ddp.sync_gradients(&mut acc)?;
+            acc
+        };
+        if let Some(s) = self.schedule {
+            self.opt.set_learning_rate(s.lr(self.steps));
+        }
+        self.opt.step(&grads)?;
+        self.steps += 1;
+        self.pass = 0;
+        Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn warmup_reaches_the_scaled_rate() {
+        let s = LrSchedule {
+            base_lr: 0.1,
+            scale: 4.0,
+            warmup_steps: 10,
+        };
+        assert!((s.lr(0) - 0.1).abs() < 1e-12);
+        assert!((s.lr(5) - 0.25).abs() < 1e-12);
+        assert!((s.lr(10) - 0.4).abs() < 1e-12);
+        assert!((s.lr(1000) - 0.4).abs() < 1e-12);
+        let none = LrSchedule {
+            base_lr: 0.1,
+            scale: 1.0,
+            warmup_steps: 0,
+        };
+        assert!((none.lr(7) - 0.1).abs() < 1e-12);
+    }
+
+    #[test]
+    fn non_finite_loss_stops_every_rank() {
+        let res = kolo::run_local(3, kolo::Config::default(), |c| {
+            check_loss(&c, 7, if c.rank() == 1 { f64::NAN } else { 1.0 })
+        });
+        for r in res {
+            match r {
+                Ok(Err(TrainError::NonFiniteLoss { step: 7, losses })) => {
+                    assert!(losses[1].is_nan());
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        let ok = kolo::run_local(2, kolo::Config::default(), |c| {
+            check_loss(&c, 0, c.rank() as f64)
+        });
+        for r in ok {
+            assert!(matches!(r, Ok(Ok(m)) if (m - 0.5).abs() < 1e-12));
+        }
+    }
+}
