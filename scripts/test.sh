@@ -14,6 +14,9 @@ fi
 cargo --version
 cargo nextest --version | head -1
 
+stage "data (for the real-data tests)"
+scripts/fetch-data.sh
+
 stage "format"
 cargo fmt --all -- --check
 

@@ -9,7 +9,9 @@
 //! initial values differ; the resulting layers are plain candle-nn layers).
 
 use candle_core::{Result, Tensor};
-use candle_nn::{Conv2d, Conv2dConfig, Init, Linear, VarBuilder};
+use candle_nn::{Init, Linear, VarBuilder};
+
+use super::conv::Conv2d;
 
 /// `U(-1/√fan_in, 1/√fan_in)`: PyTorch's default for both weights and biases of `nn.Linear`
 /// and `nn.Conv2d`.
@@ -31,7 +33,8 @@ pub(crate) fn linear(in_dim: usize, out_dim: usize, vb: VarBuilder) -> Result<Li
 }
 
 /// `nn.Conv2d(c_in, c_out, kernel, stride, padding)` (with bias) and PyTorch's default
-/// initialization; parameters are named `weight` (`[c_out, c_in, k, k]`) and `bias`.
+/// initialization; parameters are named `weight` (`[c_out, c_in, k, k]`) and `bias`. The layer
+/// computes with [`super::conv2d`] (im2col + GEMM) rather than candle's slower CPU `conv2d`.
 pub(crate) fn conv2d(
     c_in: usize,
     c_out: usize,
@@ -43,12 +46,7 @@ pub(crate) fn conv2d(
     let init = torch_default_init(c_in * kernel * kernel);
     let weight = vb.get_with_hints((c_out, c_in, kernel, kernel), "weight", init)?;
     let bias = vb.get_with_hints(c_out, "bias", init)?;
-    let cfg = Conv2dConfig {
-        padding,
-        stride,
-        ..Default::default()
-    };
-    Ok(Conv2d::new(weight, Some(bias), cfg))
+    Ok(Conv2d::new(weight, bias, stride, padding))
 }
 
 /// Spatial output size of a convolution / pooling window, or `None` when the window does not

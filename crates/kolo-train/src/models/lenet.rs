@@ -1,7 +1,9 @@
 //! LeNet-5 as defined by d2l (and the PyTorch reference).
 
 use candle_core::{Module, Result, Tensor};
-use candle_nn::{Conv2d, Linear, VarBuilder};
+use candle_nn::{Linear, VarBuilder};
+
+use super::conv::Conv2d;
 
 use super::layers::{self, Pool};
 use super::Model;

@@ -20,12 +20,14 @@ use std::str::FromStr;
 use candle_core::{Tensor, Var};
 use candle_nn::{VarBuilder, VarMap};
 
+mod conv;
 mod layers;
 mod lenet;
 mod mlp;
 mod resnet;
 mod simple_cnn;
 
+pub use conv::conv2d;
 pub use lenet::Lenet;
 pub use mlp::{Mlp, DEFAULT_MLP_HIDDEN};
 pub use resnet::Resnet18;

@@ -1,7 +1,9 @@
 //! ResNet-18, the d2l variant for small images.
 
 use candle_core::{Module, ModuleT, Result, Tensor};
-use candle_nn::{BatchNorm, BatchNormConfig, Conv2d, Linear, VarBuilder};
+use candle_nn::{BatchNorm, BatchNormConfig, Linear, VarBuilder};
+
+use super::conv::Conv2d;
 
 use super::layers;
 use super::Model;

@@ -1,7 +1,9 @@
 //! A small two-convolution CNN.
 
 use candle_core::{Module, Result, Tensor};
-use candle_nn::{Conv2d, Linear, VarBuilder};
+use candle_nn::{Linear, VarBuilder};
+
+use super::conv::Conv2d;
 
 use super::layers::{self, Pool};
 use super::Model;

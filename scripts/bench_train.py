@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""Training throughput benchmark: kolo against a plain candle loop and PyTorch DDP (Gloo), side by side.
+
+Runs, alternating, ROUNDS times each (default 3) and reports medians:
+  plain    the plain candle loop (crates/kolo-train/examples/plain_loop.rs), one process, no kolo
+  kolo-1   `kolo train -n 1`   (Ddp, loss check, sampler: the cost of kolo's layer with one worker)
+  kolo-2   `kolo train -n 2`
+  torch-1  ../shared/peers/torch_ddp_lenet.py 1   (PyTorch DDP, Gloo, one thread per worker)
+  torch-2  ../shared/peers/torch_ddp_lenet.py 2
+All use LeNet on Fashion-MNIST, SGD lr 0.05 momentum 0.9, one compute thread per worker, the same
+per-worker batch, one epoch; samples/s counts training only (no evaluation), all workers together.
+
+Usage: scripts/bench_train.py [--rounds 3] [--batch 64] [--epochs 1] [--no-torch]
+Needs release builds (cargo build --release -p kolo-cli -p kolo-train --example plain_loop) and the data
+(scripts/fetch-data.sh); PyTorch (pip install torch) for the torch rows.
+"""
+import argparse, json, os, re, shutil, statistics, subprocess, sys, tempfile, time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PEER = os.path.join(ROOT, "..", "shared", "peers", "torch_ddp_lenet.py")
+
+
+def run(cmd, env=None):
+    e = dict(os.environ, RAYON_NUM_THREADS="1", **(env or {}))
+    p = subprocess.run(cmd, cwd=ROOT, env=e, capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit(f"bench_train: {' '.join(cmd)} failed ({p.returncode}):\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
+    return p.stdout
+
+
+def plain(a):
+    out = run(["target/release/examples/plain_loop", "--batch-size", str(a.batch), "--epochs", str(a.epochs)])
+    return json.loads(out.strip().splitlines()[-1])["samples_per_s"]
+
+
+def kolo(a, n):
+    d = tempfile.mkdtemp(prefix="kolo-bench-")
+    try:
+        run(["target/release/kolo", "train", "-n", str(n), "--epochs", str(a.epochs), "--batch-size", str(a.batch),
+             "--no-progress", "--out", d])
+        with open(os.path.join(d, "summary.json")) as f:
+            return json.load(f)["samples_per_second"]
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def torch(a, n):
+    out = run([sys.executable, PEER, str(n), str(a.epochs), str(a.batch), "0.05"], env={"MOMENTUM": "0.9"})
+    rates = [float(m) for m in re.findall(r"samples_s (\d+)", out)]
+    if not rates:
+        sys.exit(f"bench_train: no samples/s in the torch peer's output:\n{out}")
+    return statistics.median(rates)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--no-torch", action="store_true")
+    a = ap.parse_args()
+    have_torch = not a.no_torch and subprocess.run([sys.executable, "-c", "import torch"], capture_output=True).returncode == 0
+    if not a.no_torch and not have_torch:
+        print("bench_train: PyTorch is not installed; skipping the torch rows (pip install torch)", file=sys.stderr)
+    cases = [("plain", lambda: plain(a)), ("kolo-1", lambda: kolo(a, 1)), ("kolo-2", lambda: kolo(a, 2))]
+    if have_torch:
+        cases += [("torch-1", lambda: torch(a, 1)), ("torch-2", lambda: torch(a, 2))]
+    res = {name: [] for name, _ in cases}
+    for r in range(a.rounds):
+        for name, f in cases:
+            t = time.time()
+            res[name].append(f())
+            print(f"round {r + 1} {name:8s} {res[name][-1]:9.0f} samples/s  ({time.time() - t:.0f} s)", file=sys.stderr)
+    med = {k: statistics.median(v) for k, v in res.items()}
+    print(f"\nLeNet / Fashion-MNIST, batch {a.batch} per worker, {a.epochs} epoch(s), medians of {a.rounds} rounds (samples/s):")
+    for k, v in med.items():
+        print(f"  {k:8s} {v:9.0f}   (runs: {', '.join(f'{x:.0f}' for x in res[k])})")
+    print(f"  Ddp overhead, 1 worker vs plain candle loop: {100 * (med['plain'] / med['kolo-1'] - 1):+.1f} %")
+    print(f"  scaling efficiency, 2 workers: {100 * med['kolo-2'] / (2 * med['kolo-1']):.0f} %")
+    if have_torch:
+        print(f"  kolo / PyTorch DDP: 1 worker {med['kolo-1'] / med['torch-1']:.2f}x, 2 workers {med['kolo-2'] / med['torch-2']:.2f}x")
+        print(f"  PyTorch scaling efficiency, 2 workers: {100 * med['torch-2'] / (2 * med['torch-1']):.0f} %")
+    print(json.dumps({"medians": med, "runs": res, "batch": a.batch, "epochs": a.epochs}))
+
+
+if __name__ == "__main__":
+    main()
