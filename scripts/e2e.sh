@@ -177,7 +177,29 @@ check_killed_worker() {
     ok "$name"
 }
 
+check_train() {
+    local name="kolo train: 2 workers learn digits and write their outputs"
+    local dir="$TMP/train"
+    rc=0
+    out=$(timeout 300 "$KOLO" train -n 2 --model mlp --dataset digits --epochs 4 --batch-size 32 \
+        --lr 0.05 --no-progress --out "$dir" 2>&1) || rc=$?
+    if ((rc != 0)); then fail "$name" "exit code $rc"; return; fi
+    local acc
+    acc=$(sed -n 's/.*final test accuracy \([0-9.]*\)%.*/\1/p' <<<"$out")
+    if [[ -z $acc ]] || ! awk -v a="$acc" 'BEGIN { exit !(a >= 85) }'; then
+        fail "$name" "final accuracy '${acc}' below 85%"
+        return
+    fi
+    local f
+    for f in metrics.csv training.png summary.json checkpoints/latest; do
+        if [[ ! -e $dir/$f ]]; then fail "$name" "$f was not written"; return; fi
+    done
+    if (($(wc -l <"$dir/metrics.csv") != 5)); then fail "$name" "metrics.csv should have 4 rows"; return; fi
+    ok "$name"
+}
+
 check_hello
+check_train
 check_matrix 2
 check_matrix 4
 check_matrix_bad_size

@@ -351,6 +351,9 @@ fn gemm_conv2d_matches_candle_conv2d_forward_and_backward() -> Result<()> {
         (2, 6, 14, 14, 16, 5, 1, 0),
         (2, 4, 7, 7, 8, 1, 2, 0),
         (1, 2, 5, 5, 3, 1, 1, 0),
+        (1, 2, 4, 5, 3, 3, 1, 2),
+        (2, 2, 6, 7, 3, 3, 3, 1),
+        (2, 2, 8, 8, 3, 2, 2, 0),
     ];
     for dtype in [DType::F64, DType::F32] {
         let tol = if dtype == DType::F64 { 1e-10 } else { 1e-4 };
@@ -362,18 +365,29 @@ fn gemm_conv2d_matches_candle_conv2d_forward_and_backward() -> Result<()> {
             let wt = candle_core::Var::from_tensor(
                 &Tensor::randn(0f64, 1., (c_out, c, k, k), &Device::Cpu)?.to_dtype(dtype)?,
             )?;
-            let ours = models::conv2d(&x, &wt, stride, padding)?;
-            let reference = x.conv2d(&wt, padding, stride, 1, 1)?;
+            let bias = candle_core::Var::from_tensor(
+                &Tensor::randn(0f64, 1., c_out, &Device::Cpu)?.to_dtype(dtype)?,
+            )?;
+            let ours = models::conv2d(&x, &wt, Some(&bias), stride, padding)?;
+            let reference = x
+                .conv2d(&wt, padding, stride, 1, 1)?
+                .broadcast_add(&bias.reshape((1, c_out, 1, 1))?)?;
             assert_eq!(ours.dims(), reference.dims(), "{case}");
             assert!(max_abs_diff(&ours, &reference)? < tol, "{case}: forward");
             // Inference path (nothing tracked) gives the same result.
-            let detached = models::conv2d(&x.as_detached_tensor(), &wt.as_detached_tensor(), stride, padding)?;
+            let detached = models::conv2d(
+                &x.as_detached_tensor(),
+                &wt.as_detached_tensor(),
+                Some(&bias.as_detached_tensor()),
+                stride,
+                padding,
+            )?;
             assert!(max_abs_diff(&detached, &reference)? < tol, "{case}: inference forward");
 
             // A non-trivial upstream gradient r: the gradients of <conv(x, w), r>.
             let r = Tensor::randn(0f64, 1., reference.shape(), &Device::Cpu)?.to_dtype(dtype)?;
             let g_ours = (&ours * &r)?.sum_all()?.backward()?;
-            let (Some(gx), Some(gw)) = (g_ours.get(&x), g_ours.get(&wt)) else {
+            let (Some(gx), Some(gw), Some(gb)) = (g_ours.get(&x), g_ours.get(&wt), g_ours.get(&bias)) else {
                 panic!("{case}: missing gradient");
             };
             // <conv(x, w), r> is linear in x and in w, so for any direction d:
@@ -389,12 +403,15 @@ fn gemm_conv2d_matches_candle_conv2d_forward_and_backward() -> Result<()> {
             let lhs_w = dot(gw, &dw)?;
             let rhs_w = dot(&x.conv2d(&dw, padding, stride, 1, 1)?, &r)?;
             assert!((lhs_w - rhs_w).abs() < tol * 100.0 * (1.0 + rhs_w.abs()), "{case}: kernel gradient {lhs_w} vs {rhs_w}");
+            // The bias gradient is r summed over batch and pixels.
+            let expected_gb = r.sum((0, 2, 3))?;
+            assert!(max_abs_diff(gb, &expected_gb)? < tol * 10.0, "{case}: bias gradient");
             // And against candle's own backward pass where that one works (candle 0.11 derives
             // the transposed-convolution output padding from the height only, so it fails for
             // strided convolutions of non-square inputs such as 9x8).
             if h == w {
                 let g_ref = (reference * &r)?.sum_all()?.backward()?;
-                for (name, var) in [("input", &x), ("kernel", &wt)] {
+                for (name, var) in [("input", &x), ("kernel", &wt), ("bias", &bias)] {
                     let (Some(a), Some(e)) = (g_ours.get(var), g_ref.get(var)) else {
                         panic!("{case}: missing {name} gradient");
                     };
@@ -413,7 +430,7 @@ fn gemm_conv2d_handles_strided_inputs_and_constant_inputs() -> Result<()> {
     let x = base.transpose(2, 3)?; // [5, 2, 6, 4], strided
     assert!(!x.is_contiguous());
     let wt = candle_core::Var::from_tensor(&Tensor::randn(0f32, 1., (3, 2, 3, 3), &Device::Cpu)?)?;
-    let ours = models::conv2d(&x, &wt, 1, 1)?;
+    let ours = models::conv2d(&x, &wt, None, 1, 1)?;
     let reference = x.contiguous()?.conv2d(&wt, 1, 1, 1, 1)?;
     assert!(max_abs_diff(&ours, &reference)? < 1e-4);
     let grads = ours.sum_all()?.backward()?;
@@ -423,20 +440,23 @@ fn gemm_conv2d_handles_strided_inputs_and_constant_inputs() -> Result<()> {
     };
     assert!(max_abs_diff(a, &e)? < 1e-3);
     // Shape errors are reported, not panics.
-    assert!(models::conv2d(&x, &wt.as_detached_tensor().narrow(1, 0, 1)?, 1, 1).is_err());
-    assert!(models::conv2d(&x, &Tensor::zeros((3, 2, 9, 9), DType::F32, &Device::Cpu)?, 1, 1).is_err());
+    assert!(models::conv2d(&x, &wt.as_detached_tensor().narrow(1, 0, 1)?, None, 1, 1).is_err());
+    let bad_bias = Tensor::zeros(4, DType::F32, &Device::Cpu)?;
+    assert!(models::conv2d(&x, &wt, Some(&bad_bias), 1, 1).is_err());
+    assert!(models::conv2d(&x, &Tensor::zeros((3, 2, 9, 9), DType::F32, &Device::Cpu)?, None, 1, 1).is_err());
     Ok(())
 }
 
 // ---------------------------------------------------------------------------------------------
 // Learning sanity checks.
 
-/// Class-dependent templates plus noise: a synthetic 10-class task LeNet must learn quickly.
+/// Class-dependent templates plus noise, pixel values roughly in [0, 1] like real images: a
+/// synthetic 10-class task LeNet must learn quickly.
 fn synthetic(n: usize, templates: &Tensor) -> Result<(Tensor, Tensor)> {
     let labels: Vec<u32> = (0..n as u32).map(|i| (i * 7 + i / 3) % 10).collect();
     let labels = Tensor::new(labels.as_slice(), &Device::Cpu)?;
     let x = templates.index_select(&labels, 0)?;
-    let noise = Tensor::randn(0f32, 1f32, x.shape(), &Device::Cpu)?;
+    let noise = Tensor::randn(0f32, 0.3f32, x.shape(), &Device::Cpu)?;
     Ok(((x + noise)?, labels))
 }
 
@@ -485,13 +505,16 @@ fn mean(v: &[f32]) -> f32 {
 
 #[test]
 fn lenet_sgd_learns_a_synthetic_task() -> Result<()> {
-    let templates = Tensor::randn(0f32, 1f32, (10, 1, 28, 28), &Device::Cpu)?;
+    // Random binary images.
+    let templates = Tensor::rand(0f32, 1f32, (10, 1, 28, 28), &Device::Cpu)?
+        .ge(0.5)?
+        .to_dtype(DType::F32)?;
     let (x, y) = synthetic(2048, &templates)?;
     let (x_test, y_test) = synthetic(512, &templates)?;
     let varmap = VarMap::new();
     let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
     let model = Lenet::new(vb, MNIST, 10)?;
-    let losses = train_lenet(&model, &varmap, &x, &y, 60)?;
+    let losses = train_lenet(&model, &varmap, &x, &y, 120)?;
     let (first, last) = (mean(&losses[..5]), mean(&losses[losses.len() - 5..]));
     assert!(
         last < 0.3 * first,

@@ -13,7 +13,7 @@
 //! Non-CPU tensors and dtypes other than f32 / f64 fall back to candle's `conv2d`.
 
 use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Module, Result, Shape, Tensor, WithDType};
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Module, Result, Shape, Tensor, WithDType};
 
 /// Geometry of one convolution (square kernel, symmetric padding, no dilation or groups).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,11 +45,22 @@ impl Geom {
         self.b * self.pixels()
     }
 
-    /// Input row `iy` (or `None` in the padding) for output row `oy` and kernel row `ky`.
-    fn src(&self, o: usize, kk: usize, size: usize) -> Option<usize> {
-        (o * self.stride + kk)
-            .checked_sub(self.padding)
-            .filter(|&i| i < size)
+    /// For kernel offset `kk` along an axis of input size `size` and output size `out`: the
+    /// range `lo..hi` of output positions whose input position `o·stride + kk − padding` lies
+    /// inside the input (the others read padding), and the input position of `lo`.
+    fn valid(&self, kk: usize, size: usize, out: usize) -> (usize, usize, usize) {
+        let lo = if kk >= self.padding {
+            0
+        } else {
+            (self.padding - kk).div_ceil(self.stride)
+        };
+        let hi = if size + self.padding <= kk {
+            0
+        } else {
+            out.min((size + self.padding - kk - 1) / self.stride + 1)
+        };
+        let first = (lo * self.stride + kk).saturating_sub(self.padding);
+        (lo, hi.max(lo), first)
     }
 }
 
@@ -88,19 +99,26 @@ fn im2col<T: WithDType>(src: &[T], layout: &Layout, g: &Geom) -> Result<Vec<T>> 
     };
     let n = g.cols();
     let mut dst = vec![T::zero(); g.rows() * n];
+    let (stride, pixels) = (g.stride, g.pixels());
     par_chunks_mut(&mut dst, n, |r, row| {
         let (ci, ky, kx) = (r / (g.k * g.k), (r / g.k) % g.k, r % g.k);
+        let (y_lo, y_hi, iy_lo) = g.valid(ky, g.h, g.oh);
+        let (x_lo, x_hi, ix_lo) = g.valid(kx, g.w, g.ow);
+        let len = x_hi - x_lo;
+        if len == 0 {
+            return;
+        }
         for bi in 0..g.b {
-            let out = &mut row[bi * g.pixels()..(bi + 1) * g.pixels()];
-            let base = bi * s0 + ci * s1;
-            for oy in 0..g.oh {
-                let Some(iy) = g.src(oy, ky, g.h) else {
-                    continue;
-                };
-                let line = &mut out[oy * g.ow..(oy + 1) * g.ow];
-                for (ox, v) in line.iter_mut().enumerate() {
-                    if let Some(ix) = g.src(ox, kx, g.w) {
-                        *v = src[base + iy * s2 + ix * s3];
+            let base = bi * s0 + ci * s1 + ix_lo * s3;
+            let out = &mut row[bi * pixels..(bi + 1) * pixels];
+            for (j, oy) in (y_lo..y_hi).enumerate() {
+                let start = base + (iy_lo + j * stride) * s2;
+                let line = &mut out[oy * g.ow + x_lo..oy * g.ow + x_hi];
+                if stride == 1 && s3 == 1 {
+                    line.copy_from_slice(&src[start..start + len]);
+                } else {
+                    for (i, v) in line.iter_mut().enumerate() {
+                        *v = src[start + i * stride * s3];
                     }
                 }
             }
@@ -114,19 +132,29 @@ fn im2col<T: WithDType>(src: &[T], layout: &Layout, g: &Geom) -> Result<Vec<T>> 
 fn col2im<T: WithDType>(cols: &[T], g: &Geom) -> Vec<T> {
     let n = g.cols();
     let mut dst = vec![T::zero(); g.b * g.c * g.h * g.w];
+    let (stride, pixels) = (g.stride, g.pixels());
     par_chunks_mut(&mut dst, g.h * g.w, |plane_idx, plane| {
         let (bi, ci) = (plane_idx / g.c, plane_idx % g.c);
         for ky in 0..g.k {
+            let (y_lo, y_hi, iy_lo) = g.valid(ky, g.h, g.oh);
             for kx in 0..g.k {
+                let (x_lo, x_hi, ix_lo) = g.valid(kx, g.w, g.ow);
+                let len = x_hi - x_lo;
+                if len == 0 {
+                    continue;
+                }
                 let r = (ci * g.k + ky) * g.k + kx;
-                let row = &cols[r * n + bi * g.pixels()..r * n + (bi + 1) * g.pixels()];
-                for oy in 0..g.oh {
-                    let Some(iy) = g.src(oy, ky, g.h) else {
-                        continue;
-                    };
-                    for ox in 0..g.ow {
-                        if let Some(ix) = g.src(ox, kx, g.w) {
-                            plane[iy * g.w + ix] += row[oy * g.ow + ox];
+                let row = &cols[r * n + bi * pixels..r * n + (bi + 1) * pixels];
+                for (j, oy) in (y_lo..y_hi).enumerate() {
+                    let src = &row[oy * g.ow + x_lo..oy * g.ow + x_hi];
+                    let start = (iy_lo + j * stride) * g.w + ix_lo;
+                    if stride == 1 {
+                        for (p, v) in plane[start..start + len].iter_mut().zip(src) {
+                            *p += *v;
+                        }
+                    } else {
+                        for (i, v) in src.iter().enumerate() {
+                            plane[start + i * stride] += *v;
                         }
                     }
                 }
@@ -177,101 +205,87 @@ impl CustomOp1 for Col2Im {
     }
 }
 
-/// The convolution `(x, weight) -> y` as a custom op with its own backward pass.
-struct ConvGemm(Geom);
-
-impl ConvGemm {
-    /// `y = weight[c_out, C·k·k] @ im2col(x)`, rearranged to `[B, c_out, H', W']`.
-    fn forward_tensors(&self, x: &Tensor, weight: &Tensor) -> Result<Tensor> {
-        let g = &self.0;
-        let c_out = weight.dim(0)?;
-        let cols = x.apply_op1_no_bwd(&Im2Col(*g))?;
-        weight
-            .reshape((c_out, g.rows()))?
-            .matmul(&cols)?
-            .reshape((c_out, g.b, g.oh, g.ow))?
-            .transpose(0, 1)?
-            .contiguous()
-    }
-}
-
-/// The elements of a rank-4 strided view, in row-major order.
-fn gather4<T: WithDType>(src: &[T], layout: &Layout) -> Result<Vec<T>> {
+/// The elements of a strided view of rank 1 or 4, in row-major order.
+fn gather<T: WithDType>(src: &[T], layout: &Layout) -> Result<Vec<T>> {
     if let Some((start, end)) = layout.contiguous_offsets() {
         return Ok(src[start..end].to_vec());
     }
-    let (Ok([d0, d1, d2, d3]), Ok([s0, s1, s2, s3])) = (
-        <[usize; 4]>::try_from(layout.dims()),
-        <[usize; 4]>::try_from(layout.stride()),
-    ) else {
-        candle_core::bail!("kolo-conv2d: expected a rank-4 kernel");
-    };
     let src = &src[layout.start_offset()..];
-    let mut out = Vec::with_capacity(d0 * d1 * d2 * d3);
-    for i0 in 0..d0 {
-        for i1 in 0..d1 {
-            for i2 in 0..d2 {
-                for i3 in 0..d3 {
-                    out.push(src[i0 * s0 + i1 * s1 + i2 * s2 + i3 * s3]);
+    match (layout.dims(), layout.stride()) {
+        (&[d0], &[s0]) => Ok((0..d0).map(|i| src[i * s0]).collect()),
+        (&[d0, d1, d2, d3], &[s0, s1, s2, s3]) => {
+            let mut out = Vec::with_capacity(d0 * d1 * d2 * d3);
+            for i0 in 0..d0 {
+                for i1 in 0..d1 {
+                    for i2 in 0..d2 {
+                        for i3 in 0..d3 {
+                            out.push(src[i0 * s0 + i1 * s1 + i2 * s2 + i3 * s3]);
+                        }
+                    }
                 }
             }
+            Ok(out)
         }
+        (dims, _) => candle_core::bail!("kolo-conv2d: unexpected operand shape {dims:?}"),
     }
-    Ok(out)
 }
 
-/// `weight[c_out, rows] @ cols[rows, B·H'·W']`, rearranged to `[B, c_out, H', W']` order.
-fn gemm_nchw<T: WithDType>(weight: Vec<T>, cols: Vec<T>, c_out: usize, g: &Geom) -> Result<Vec<T>> {
-    let dev = candle_core::Device::Cpu;
-    let weight = Tensor::from_vec(weight, (c_out, g.rows()), &dev)?;
-    let cols = Tensor::from_vec(cols, (g.rows(), g.cols()), &dev)?;
-    weight
-        .matmul(&cols)?
-        .reshape((c_out, g.b, g.pixels()))?
-        .transpose(0, 1)?
-        .flatten_all()?
-        .to_vec1()
-}
+/// The convolution `(x, weight[, bias]) -> y` with its own backward pass: a [`CustomOp2`]
+/// without bias, a [`CustomOp3`] with bias.
+struct ConvGemm(Geom);
 
-impl CustomOp2 for ConvGemm {
-    fn name(&self) -> &'static str {
-        "kolo-conv2d"
-    }
-
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
+impl ConvGemm {
+    /// `y = weight[c_out, C·k·k] @ cols (+ bias)`, rearranged to a contiguous
+    /// `[B, c_out, H', W']`.
+    fn gemm(&self, cols: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
         let g = &self.0;
-        let c_out = l2.dims().first().copied().unwrap_or(0);
-        let shape = Shape::from((g.b, c_out, g.oh, g.ow));
-        Ok(match (s1, s2) {
-            (CpuStorage::F32(x), CpuStorage::F32(w)) => {
-                let y = gemm_nchw(gather4(w, l2)?, im2col(x, l1, g)?, c_out, g)?;
-                (CpuStorage::F32(y), shape)
-            }
-            (CpuStorage::F64(x), CpuStorage::F64(w)) => {
-                let y = gemm_nchw(gather4(w, l2)?, im2col(x, l1, g)?, c_out, g)?;
-                (CpuStorage::F64(y), shape)
-            }
-            (x, w) => candle_core::bail!(
-                "kolo-conv2d: unsupported dtypes {:?} / {:?}",
-                x.dtype(),
-                w.dtype()
-            ),
-        })
+        let c_out = weight.dim(0)?;
+        let y = weight.reshape((c_out, g.rows()))?.matmul(cols)?;
+        let y = match bias {
+            Some(b) => y.broadcast_add(&b.reshape((c_out, 1))?)?,
+            None => y,
+        };
+        y.reshape((c_out, g.b, g.oh, g.ow))?.transpose(0, 1)?.contiguous()
     }
 
-    fn bwd(
+    /// Forward pass on detached tensors (no custom op, nothing recorded).
+    fn forward_tensors(&self, x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+        let cols = x.apply_op1_no_bwd(&Im2Col(self.0))?;
+        self.gemm(&cols, weight, bias)
+    }
+
+    /// Forward pass on raw storage (inside the custom op).
+    fn cpu_forward<T: WithDType>(
+        &self,
+        x: (&[T], &Layout),
+        weight: (&[T], &Layout),
+        bias: Option<(&[T], &Layout)>,
+    ) -> Result<Vec<T>> {
+        let g = &self.0;
+        let dev = candle_core::Device::Cpu;
+        let cols = Tensor::from_vec(im2col(x.0, x.1, g)?, (g.rows(), g.cols()), &dev)?;
+        let w = Tensor::from_vec(gather(weight.0, weight.1)?, weight.1.shape(), &dev)?;
+        let b = match bias {
+            Some((b, l)) => Some(Tensor::from_vec(gather(b, l)?, l.shape(), &dev)?),
+            None => None,
+        };
+        self.gemm(&cols, &w, b.as_ref())?.flatten_all()?.to_vec1()
+    }
+
+    fn out_shape(&self, weight: &Layout) -> Shape {
+        let g = &self.0;
+        let c_out = weight.dims().first().copied().unwrap_or(0);
+        Shape::from((g.b, c_out, g.oh, g.ow))
+    }
+
+    /// Gradients of `x`, `weight` and `bias` (each only if it is tracked).
+    fn backward(
         &self,
         x: &Tensor,
         weight: &Tensor,
-        _res: &Tensor,
+        bias: Option<&Tensor>,
         grad: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let g = &self.0;
         let c_out = weight.dim(0)?;
         // [B, c_out, H', W'] -> [c_out, B·H'·W'].
@@ -281,6 +295,10 @@ impl CustomOp2 for ConvGemm {
             .transpose(0, 1)?
             .contiguous()?
             .reshape((c_out, g.cols()))?;
+        let grad_bias = match bias {
+            Some(b) if b.track_op() => Some(grad.sum(1)?.reshape(b.shape())?),
+            _ => None,
+        };
         let grad_weight = if weight.track_op() {
             let cols = x.detach().apply_op1_no_bwd(&Im2Col(*g))?;
             Some(grad.matmul(&cols.t()?)?.reshape(weight.shape())?)
@@ -298,25 +316,121 @@ impl CustomOp2 for ConvGemm {
         } else {
             None
         };
-        Ok((grad_x, grad_weight))
+        Ok((grad_x, grad_weight, grad_bias))
     }
 }
 
-/// `conv2d(x, weight)` (no bias) with stride and symmetric zero padding, differentiable: im2col
-/// + GEMM on CPU for f32 / f64 (see the notes at the top of this module), candle's `conv2d`
-/// otherwise. `x` is `[B, C, H, W]`, `weight` `[c_out, C, k, k]` (square kernels, no dilation or
-/// groups); the result is `[B, c_out, H', W']`.
+fn unsupported(storages: &[&CpuStorage]) -> candle_core::Error {
+    let dtypes: Vec<DType> = storages.iter().map(|s| s.dtype()).collect();
+    candle_core::Error::Msg(format!("kolo-conv2d: unsupported dtypes {dtypes:?}"))
+}
+
+impl CustomOp2 for ConvGemm {
+    fn name(&self) -> &'static str {
+        "kolo-conv2d"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let shape = self.out_shape(l2);
+        let y = match (s1, s2) {
+            (CpuStorage::F32(x), CpuStorage::F32(w)) => {
+                CpuStorage::F32(self.cpu_forward((x, l1), (w, l2), None)?)
+            }
+            (CpuStorage::F64(x), CpuStorage::F64(w)) => {
+                CpuStorage::F64(self.cpu_forward((x, l1), (w, l2), None)?)
+            }
+            (x, w) => return Err(unsupported(&[x, w])),
+        };
+        Ok((y, shape))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        weight: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let (gx, gw, _) = self.backward(x, weight, None, grad)?;
+        Ok((gx, gw))
+    }
+}
+
+impl CustomOp3 for ConvGemm {
+    fn name(&self) -> &'static str {
+        "kolo-conv2d-bias"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let shape = self.out_shape(l2);
+        let y = match (s1, s2, s3) {
+            (CpuStorage::F32(x), CpuStorage::F32(w), CpuStorage::F32(b)) => {
+                CpuStorage::F32(self.cpu_forward((x, l1), (w, l2), Some((b, l3)))?)
+            }
+            (CpuStorage::F64(x), CpuStorage::F64(w), CpuStorage::F64(b)) => {
+                CpuStorage::F64(self.cpu_forward((x, l1), (w, l2), Some((b, l3)))?)
+            }
+            (x, w, b) => return Err(unsupported(&[x, w, b])),
+        };
+        Ok((y, shape))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        weight: &Tensor,
+        bias: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        self.backward(x, weight, Some(bias), grad)
+    }
+}
+
+/// `conv2d(x, weight) + bias`, with stride and symmetric zero padding, differentiable:
+/// im2col + GEMM on CPU for f32 / f64 (see the notes at the top of this module), candle's
+/// `conv2d` otherwise. `x` is `[B, C, H, W]`, `weight` `[c_out, C, k, k]` (square kernels, no
+/// dilation or groups), `bias` (optional) `[c_out]`; the result is `[B, c_out, H', W']`.
 ///
 /// Errors if the shapes do not match or the input is smaller than the (padded) kernel.
-pub fn conv2d(x: &Tensor, weight: &Tensor, stride: usize, padding: usize) -> Result<Tensor> {
+pub fn conv2d(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    stride: usize,
+    padding: usize,
+) -> Result<Tensor> {
     let (b, c, h, w) = x.dims4()?;
-    let (_c_out, c_w, k, k2) = weight.dims4()?;
+    let (c_out, c_w, k, k2) = weight.dims4()?;
     if c != c_w || k != k2 {
         candle_core::bail!(
             "conv2d: input {:?} does not match kernel {:?}",
             x.shape(),
             weight.shape()
         );
+    }
+    if let Some(bias) = bias {
+        if bias.dims() != [c_out] {
+            candle_core::bail!(
+                "conv2d: bias {:?} does not match kernel {:?}",
+                bias.shape(),
+                weight.shape()
+            );
+        }
     }
     let out = |size: usize| super::layers::conv_out(size, k, stride, padding).filter(|&o| o > 0);
     let (Some(oh), Some(ow)) = (out(h), out(w)) else {
@@ -325,14 +439,21 @@ pub fn conv2d(x: &Tensor, weight: &Tensor, stride: usize, padding: usize) -> Res
             x.shape()
         );
     };
+    let dtype = x.dtype();
     let fast = x.device().is_cpu()
         && weight.device().is_cpu()
-        && x.dtype() == weight.dtype()
-        && matches!(x.dtype(), DType::F32 | DType::F64);
-    if !fast || b == 0 {
-        return x.conv2d(weight, padding, stride, 1, 1);
+        && weight.dtype() == dtype
+        && bias.is_none_or(|b| b.device().is_cpu() && b.dtype() == dtype)
+        && matches!(dtype, DType::F32 | DType::F64)
+        && b > 0;
+    if !fast {
+        let y = x.conv2d(weight, padding, stride, 1, 1)?;
+        return match bias {
+            Some(bias) => y.broadcast_add(&bias.reshape((1, c_out, 1, 1))?),
+            None => Ok(y),
+        };
     }
-    let g = Geom {
+    let op = ConvGemm(Geom {
         b,
         c,
         h,
@@ -342,12 +463,13 @@ pub fn conv2d(x: &Tensor, weight: &Tensor, stride: usize, padding: usize) -> Res
         padding,
         oh,
         ow,
-    };
-    if x.track_op() || weight.track_op() {
-        x.apply_op2(weight, ConvGemm(g))
-    } else {
+    });
+    let tracked = x.track_op() || weight.track_op() || bias.is_some_and(Tensor::track_op);
+    match (tracked, bias) {
         // Inference: no graph to record.
-        ConvGemm(g).forward_tensors(x, weight)
+        (false, _) => op.forward_tensors(x, weight, bias),
+        (true, Some(bias)) => x.apply_op3(weight, bias, op),
+        (true, None) => x.apply_op2(weight, op),
     }
 }
 
@@ -373,8 +495,6 @@ impl Conv2d {
 
 impl Module for Conv2d {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = conv2d(x, &self.weight, self.stride, self.padding)?;
-        let c_out = self.bias.dim(0)?;
-        y.broadcast_add(&self.bias.reshape((1, c_out, 1, 1))?)
+        conv2d(x, &self.weight, Some(&self.bias), self.stride, self.padding)
     }
 }
