@@ -85,6 +85,48 @@ impl Check<'_> {
     }
 }
 
+/// A buffer argument of a rooted collective: its name and length in elements.
+#[derive(Clone, Copy)]
+struct Piece {
+    arg: &'static str,
+    len: usize,
+}
+
+impl Check<'_> {
+    /// Gather/scatter arguments: this rank's `piece` and, on the root, the `whole` buffer of all
+    /// pieces; returns the fingerprint and the block layout of the whole buffer.
+    fn rooted(
+        &self,
+        dtype: DType,
+        counts: Option<&[usize]>,
+        root: usize,
+        piece: Piece,
+        whole: Piece,
+    ) -> Result<(Call, Vec<std::ops::Range<usize>>)> {
+        let (e, n, me) = (dtype.size(), self.inner.size(), self.inner.rank);
+        let root32 = self.root(root)?;
+        let (call, blocks, total) = match counts {
+            None => (
+                self.call(dtype, piece.len, None, Some(root32)),
+                even_blocks(piece.len * n, n, e),
+                piece.len * n,
+            ),
+            Some(counts) => {
+                let total = self.counts("counts", counts)?;
+                self.len(piece.arg, piece.len, counts[me])?;
+                let call = self
+                    .call(dtype, 0, None, Some(root32))
+                    .with_count(counts_hash(counts));
+                (call, blocks_from_counts(counts, e), total)
+            }
+        };
+        if me == root {
+            self.len(whole.arg, whole.len, total)?;
+        }
+        Ok((call, blocks))
+    }
+}
+
 impl Inner {
     fn check_args<R>(&self, op: OpKind, f: impl FnOnce(&Check) -> Result<R>) -> Result<R> {
         self.check()?;
@@ -224,35 +266,22 @@ impl Inner {
         counts: Option<&[usize]>,
         root: usize,
     ) -> Result<()> {
-        let (e, n) = (dtype.size(), self.size());
         let op = if counts.is_some() {
             OpKind::GatherV
         } else {
             OpKind::Gather
         };
-        let (call, blocks) = self.check_args(op, |c| {
-            let root32 = c.root(root)?;
-            let mine = send.len() / e;
-            let (call, blocks, total) = match counts {
-                None => (
-                    c.call(dtype, mine, None, Some(root32)),
-                    even_blocks(mine * n, n, e),
-                    mine * n,
-                ),
-                Some(counts) => {
-                    let total = c.counts("counts", counts)?;
-                    c.len("send", mine, counts[self.rank])?;
-                    let call = c
-                        .call(dtype, 0, None, Some(root32))
-                        .with_count(counts_hash(counts));
-                    (call, blocks_from_counts(counts, e), total)
-                }
-            };
-            if self.rank == root {
-                c.len("recv", recv.len() / e, total)?;
-            }
-            Ok((call, blocks))
-        })?;
+        let e = dtype.size();
+        let piece = Piece {
+            arg: "send",
+            len: send.len() / e,
+        };
+        let whole = Piece {
+            arg: "recv",
+            len: recv.len() / e,
+        };
+        let (call, blocks) =
+            self.check_args(op, |c| c.rooted(dtype, counts, root, piece, whole))?;
         self.run(seq, call, |ctx| {
             linear::gather(ctx, send, recv, &blocks, e, root)
         })
@@ -268,35 +297,22 @@ impl Inner {
         counts: Option<&[usize]>,
         root: usize,
     ) -> Result<()> {
-        let (e, n) = (dtype.size(), self.size());
         let op = if counts.is_some() {
             OpKind::ScatterV
         } else {
             OpKind::Scatter
         };
-        let (call, blocks) = self.check_args(op, |c| {
-            let root32 = c.root(root)?;
-            let mine = recv.len() / e;
-            let (call, blocks, total) = match counts {
-                None => (
-                    c.call(dtype, mine, None, Some(root32)),
-                    even_blocks(mine * n, n, e),
-                    mine * n,
-                ),
-                Some(counts) => {
-                    let total = c.counts("counts", counts)?;
-                    c.len("recv", mine, counts[self.rank])?;
-                    let call = c
-                        .call(dtype, 0, None, Some(root32))
-                        .with_count(counts_hash(counts));
-                    (call, blocks_from_counts(counts, e), total)
-                }
-            };
-            if self.rank == root {
-                c.len("send", send.len() / e, total)?;
-            }
-            Ok((call, blocks))
-        })?;
+        let e = dtype.size();
+        let piece = Piece {
+            arg: "recv",
+            len: recv.len() / e,
+        };
+        let whole = Piece {
+            arg: "send",
+            len: send.len() / e,
+        };
+        let (call, blocks) =
+            self.check_args(op, |c| c.rooted(dtype, counts, root, piece, whole))?;
         self.run(seq, call, |ctx| {
             linear::scatter(ctx, send, recv, &blocks, e, root)
         })
