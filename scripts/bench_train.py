@@ -21,7 +21,9 @@ PEER = os.path.join(ROOT, "..", "shared", "peers", "torch_ddp_lenet.py")
 
 
 def run(cmd, env=None):
-    e = dict(os.environ, RAYON_NUM_THREADS="1", **(env or {}))
+    # kolo train sets this malloc tuning for its workers; give the plain loop and torch the same.
+    tun = "glibc.malloc.mmap_threshold=4294967295:glibc.malloc.trim_threshold=4294967295"
+    e = dict(os.environ, RAYON_NUM_THREADS="1", GLIBC_TUNABLES=tun, **(env or {}))
     p = subprocess.run(cmd, cwd=ROOT, env=e, capture_output=True, text=True)
     if p.returncode != 0:
         sys.exit(f"bench_train: {' '.join(cmd)} failed ({p.returncode}):\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")

@@ -43,7 +43,9 @@ fn parse() -> Result<Args, String> {
             "--dataset" => a.dataset = v.parse().map_err(|e| format!("{e}"))?,
             "--batch-size" => a.batch = v.parse().map_err(|e| format!("--batch-size: {e}"))?,
             "--epochs" => a.epochs = v.parse().map_err(|e| format!("--epochs: {e}"))?,
-            "--train-limit" => a.limit = Some(v.parse().map_err(|e| format!("--train-limit: {e}"))?),
+            "--train-limit" => {
+                a.limit = Some(v.parse().map_err(|e| format!("--train-limit: {e}"))?)
+            }
             other => return Err(format!("unknown option {other}")),
         }
     }
@@ -68,9 +70,17 @@ fn train(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
     }
     let shape = data.shape;
     let varmap = VarMap::new();
-    let model = models::build(a.model, VarBuilder::from_varmap(&varmap, DType::F32, &device), shape, data.num_classes)?;
+    let model = models::build(
+        a.model,
+        VarBuilder::from_varmap(&varmap, DType::F32, &device),
+        shape,
+        data.num_classes,
+    )?;
     seeded_init(&varmap, 0)?;
-    let params: Vec<_> = sorted_vars(&varmap).into_iter().filter(|(n, _)| !kolo_train::ddp::is_buffer(n)).collect();
+    let params: Vec<_> = sorted_vars(&varmap)
+        .into_iter()
+        .filter(|(n, _)| !kolo_train::ddp::is_buffer(n))
+        .collect();
     let mut opt = optim::build(
         params,
         OptimizerConfig::Sgd(SgdConfig {

@@ -183,6 +183,14 @@ pub fn execute(args: TrainArgs) -> ExitCode {
     cfg.master_addr = args.master_addr.clone();
     cfg.master_port = args.master_port;
     cfg.direct_output_rank = Some(0);
+    // glibc hands large tensor buffers back to the OS after every step and page-faults them in
+    // again (a third of LeNet's step time); keep them, unless the user tuned malloc already.
+    if std::env::var_os("GLIBC_TUNABLES").is_none() {
+        cfg.extra_env.push((
+            "GLIBC_TUNABLES".into(),
+            "glibc.malloc.mmap_threshold=4294967295:glibc.malloc.trim_threshold=4294967295".into(),
+        ));
+    }
     // One compute thread per core share, unless the user chose (like torch.set_num_threads).
     if std::env::var_os("RAYON_NUM_THREADS").is_none() {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());

@@ -13,7 +13,10 @@
 //! Non-CPU tensors and dtypes other than f32 / f64 fall back to candle's `conv2d`.
 
 use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Module, Result, Shape, Tensor, WithDType};
+use candle_core::{
+    CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Module, Result, Shape, Tensor,
+    WithDType,
+};
 
 /// Geometry of one convolution (square kernel, symmetric padding, no dilation or groups).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -245,11 +248,18 @@ impl ConvGemm {
             Some(b) => y.broadcast_add(&b.reshape((c_out, 1))?)?,
             None => y,
         };
-        y.reshape((c_out, g.b, g.oh, g.ow))?.transpose(0, 1)?.contiguous()
+        y.reshape((c_out, g.b, g.oh, g.ow))?
+            .transpose(0, 1)?
+            .contiguous()
     }
 
     /// Forward pass on detached tensors (no custom op, nothing recorded).
-    fn forward_tensors(&self, x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+    fn forward_tensors(
+        &self,
+        x: &Tensor,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+    ) -> Result<Tensor> {
         let cols = x.apply_op1_no_bwd(&Im2Col(self.0))?;
         self.gemm(&cols, weight, bias)
     }

@@ -92,26 +92,3 @@ pub(crate) fn check_input(model: &str, x: &Tensor, input_shape: [usize; 3]) -> R
     }
     Ok(())
 }
-
-/// Pooling flavour for [`pool2x2`].
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Pool {
-    Avg,
-    Max,
-}
-
-/// 2×2 pooling with stride 2 and PyTorch's floor semantics: an odd trailing row / column is
-/// dropped. (Cropping before pooling keeps candle's backward pass — which upsamples the
-/// gradient back to the pooled input's size — exact for odd sizes too.)
-pub(crate) fn pool2x2(x: &Tensor, pool: Pool) -> Result<Tensor> {
-    let (_, _, h, w) = x.dims4()?;
-    let x = if h % 2 == 1 || w % 2 == 1 {
-        x.narrow(2, 0, h - h % 2)?.narrow(3, 0, w - w % 2)?
-    } else {
-        x.clone()
-    };
-    match pool {
-        Pool::Avg => x.avg_pool2d(2),
-        Pool::Max => x.max_pool2d(2),
-    }
-}

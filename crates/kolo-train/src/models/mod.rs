@@ -24,12 +24,14 @@ mod conv;
 mod layers;
 mod lenet;
 mod mlp;
+mod pool;
 mod resnet;
 mod simple_cnn;
 
 pub use conv::conv2d;
 pub use lenet::Lenet;
 pub use mlp::{Mlp, DEFAULT_MLP_HIDDEN};
+pub use pool::{avg_pool2x2, max_pool2x2};
 pub use resnet::Resnet18;
 pub use simple_cnn::SimpleCnn;
 

@@ -5,7 +5,8 @@ use candle_nn::{Linear, VarBuilder};
 
 use super::conv::Conv2d;
 
-use super::layers::{self, Pool};
+use super::layers;
+use super::pool::{pool2x2, Pool};
 use super::Model;
 
 const NAME: &str = "simple-cnn";
@@ -48,8 +49,8 @@ impl SimpleCnn {
 impl Model for SimpleCnn {
     fn forward(&self, x: &Tensor, _train: bool) -> Result<Tensor> {
         layers::check_input(NAME, x, self.input_shape)?;
-        let x = layers::pool2x2(&self.conv1.forward(x)?.relu()?, Pool::Max)?;
-        let x = layers::pool2x2(&self.conv2.forward(&x)?.relu()?, Pool::Max)?;
+        let x = pool2x2(&self.conv1.forward(x)?.relu()?, Pool::Max)?;
+        let x = pool2x2(&self.conv2.forward(&x)?.relu()?, Pool::Max)?;
         let x = x.flatten_from(1)?;
         let x = self.fc1.forward(&x)?.relu()?;
         self.fc2.forward(&x)
