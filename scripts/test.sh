@@ -32,6 +32,7 @@ cargo nextest run --workspace --locked --profile ci
 stage "doc tests"
 cargo test --workspace --doc --locked
 
-stage "end-to-end: kolo run with the examples"
-cargo build --release --workspace --bins --examples --locked
-scripts/e2e.sh target/release
+stage "end-to-end: kolo run and kolo train with the examples"
+# The test build already holds these (same profile settings), so this adds little.
+cargo build --workspace --bins --examples --locked
+scripts/e2e.sh target/debug
