@@ -27,7 +27,9 @@ stage "docs"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 
 stage "tests (unit, integration, property, multi-process)"
-cargo nextest run --workspace --locked --profile ci
+# `--cargo-profile dev`: the same build as the doc tests and the end-to-end binaries (the test profile
+# would compile every dependency a second time).
+cargo nextest run --workspace --locked --profile ci --cargo-profile dev
 
 stage "doc tests"
 cargo test --workspace --doc --locked
