@@ -36,6 +36,9 @@ enum Command {
     /// Train a model data-parallel on N workers (LeNet on Fashion-MNIST with 2 workers by default)
     #[command(long_about = cmd::train::LONG_ABOUT)]
     Train(Box<cmd::train::TrainArgs>),
+    /// Time a collective on N workers like nccl-tests (allreduce, allgather, reduce_scatter, ...)
+    #[command(long_about = cmd::bench::LONG_ABOUT)]
+    Bench(Box<cmd::bench::BenchArgs>),
 }
 
 fn main() -> ExitCode {
@@ -43,6 +46,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Run(args) => cmd::run::execute(args),
         Command::Train(args) => cmd::train::execute(*args),
+        Command::Bench(args) => cmd::bench::execute(*args),
     }
 }
 

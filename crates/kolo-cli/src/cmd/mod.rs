@@ -1,5 +1,6 @@
 //! One module per `kolo` subcommand.
 
+pub mod bench;
 pub mod run;
 pub mod train;
 

@@ -1,0 +1,182 @@
+//! `kolo bench`: every operation on tiny sizes over real worker processes, the table, bad input.
+
+use std::process::{Command, Output};
+
+fn kolo_bench(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kolo"))
+        .arg("bench")
+        .args(args)
+        .env("KOLO_TIMEOUT", "60")
+        .output()
+        .expect("run kolo bench")
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// The JSON lines of `kolo bench OP -n N --sizes SIZES --iters 3 --warmup 1 --json`.
+fn json_lines(op: &str, n: &str, sizes: &str) -> Vec<serde_json::Value> {
+    let out = kolo_bench(&[
+        op, "-n", n, "--sizes", sizes, "--iters", "3", "--warmup", "1", "--json", "--check",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<serde_json::Value> = stdout
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}\n{}", text(&out))))
+        .collect();
+    assert_eq!(lines.len(), sizes.split(',').count(), "{}", text(&out));
+    for v in &lines {
+        let obj = v.as_object().expect("a JSON object");
+        let mut keys: Vec<&str> = obj.keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        assert_eq!(
+            keys,
+            [
+                "algbw_gbps",
+                "busbw_gbps",
+                "bytes",
+                "impl",
+                "n",
+                "op",
+                "time_us",
+                "wrong"
+            ],
+            "{v}"
+        );
+        assert_eq!(v["op"], op, "{v}");
+        assert_eq!(v["n"], n.parse::<u64>().expect("a number"), "{v}");
+        assert_eq!(v["wrong"], 0, "{v}");
+        assert!(
+            v["impl"].as_str().expect("a string").starts_with("kolo-"),
+            "{v}"
+        );
+        assert!(v["time_us"].as_f64().expect("a number") >= 0.0, "{v}");
+        assert!(v["busbw_gbps"].as_f64().expect("a number") >= 0.0, "{v}");
+        assert!(v["bytes"].as_u64().expect("a count") > 0, "{v}");
+    }
+    lines
+}
+
+#[test]
+fn allreduce_json_lines() {
+    let lines = json_lines("allreduce", "2", "4,64K");
+    assert_eq!(lines[0]["bytes"], 4);
+    assert_eq!(lines[1]["bytes"], 65536);
+    assert_eq!(lines[0]["impl"], "kolo-tcp");
+}
+
+#[test]
+fn allgather_json_lines() {
+    let lines = json_lines("allgather", "3", "4,1K,1000");
+    // Whole blocks per rank, at least one element each.
+    assert_eq!(lines[0]["bytes"], 12);
+    assert_eq!(lines[1]["bytes"], 1020);
+}
+
+#[test]
+fn reduce_scatter_json_lines() {
+    json_lines("reduce_scatter", "2", "4,1K");
+}
+
+#[test]
+fn broadcast_json_lines() {
+    json_lines("broadcast", "3", "4,1K");
+}
+
+#[test]
+fn alltoall_json_lines() {
+    json_lines("alltoall", "3", "4,1K");
+}
+
+#[test]
+fn p2p_json_lines() {
+    json_lines("p2p", "2", "4,1K");
+}
+
+#[test]
+fn other_dtypes_check_out() {
+    for dtype in ["f64", "bf16", "i32"] {
+        let out = kolo_bench(&[
+            "allreduce",
+            "-n",
+            "2",
+            "--sizes",
+            "1K",
+            "--iters",
+            "2",
+            "--warmup",
+            "1",
+            "--dtype",
+            dtype,
+        ]);
+        assert!(out.status.success(), "{dtype}: {}", text(&out));
+    }
+}
+
+#[test]
+fn table_has_a_header_and_a_row_per_size() {
+    let out = kolo_bench(&[
+        "allreduce",
+        "-n",
+        "2",
+        "--sizes",
+        "4,1K",
+        "--iters",
+        "3",
+        "--warmup",
+        "1",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let header = stdout
+        .lines()
+        .find(|l| l.contains("busbw(GB/s)"))
+        .unwrap_or_else(|| panic!("no header\n{}", text(&out)));
+    for col in ["size", "count", "type", "time(us)", "algbw(GB/s)", "wrong"] {
+        assert!(header.contains(col), "{header}");
+    }
+    let rows: Vec<&str> = stdout
+        .lines()
+        .filter(|l| !l.trim_start().starts_with('#') && l.contains("f32"))
+        .collect();
+    assert_eq!(rows.len(), 2, "{}", text(&out));
+    assert!(
+        rows[1].split_whitespace().next() == Some("1024"),
+        "{}",
+        rows[1]
+    );
+    assert!(rows
+        .iter()
+        .all(|r| r.split_whitespace().last() == Some("0")));
+}
+
+#[test]
+fn bad_input_is_an_error_before_launching() {
+    for args in [
+        &["allreduce", "--sizes", "12Q"][..],
+        &["allreduce", "--sizes", "4,,8"],
+        &["allreduce", "-n", "0"],
+        &["allshuffle"],
+        &["p2p", "-n", "1"],
+    ] {
+        let out = kolo_bench(args);
+        assert!(!out.status.success(), "{args:?}: {}", text(&out));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.is_empty(), "{args:?}: no message");
+        assert!(out.stdout.is_empty(), "{args:?}: {}", text(&out));
+    }
+    let out = kolo_bench(&["allreduce", "--sizes", "12Q"]);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("12Q"),
+        "{}",
+        text(&out)
+    );
+}
