@@ -125,6 +125,28 @@ impl Mailbox {
         self.lock().failure.clone()
     }
 
+    /// Waits up to `timeout` for a failure to be recorded and returns it. A transport whose send to a
+    /// peer fails uses this to give the peer's reader a moment to deliver the reason (an abort frame
+    /// that says why the peer went away) before falling back to a bare "connection lost".
+    pub fn wait_failure(&self, timeout: std::time::Duration) -> Option<LinkFailure> {
+        let deadline = Instant::now() + timeout;
+        let mut s = self.lock();
+        loop {
+            if let Some(f) = &s.failure {
+                return Some(f.clone());
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return None;
+            }
+            s = self
+                .cond
+                .wait_timeout(s, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
     fn take(s: &mut MailboxState, src: usize, tag: &Tag) -> Result<Option<Message>, LinkFailure> {
         if let Some(f) = &s.failure {
             return Err(f.clone());

@@ -403,10 +403,15 @@ impl Transport for TcpTransport {
             );
             return Ok(());
         }
-        self.write(peer, Kind::Data, header, payload)
-            .inspect_err(|f| {
-                self.mailbox.fail(f.clone());
-            })
+        self.write(peer, Kind::Data, header, payload).map_err(|f| {
+            // The peer is gone; if it said why (an abort frame still being read), report that.
+            let f = self
+                .mailbox
+                .wait_failure(std::time::Duration::from_millis(200))
+                .unwrap_or(f);
+            self.mailbox.fail(f.clone());
+            f
+        })
     }
 
     fn recv(
