@@ -6,13 +6,12 @@
 //! torchrun/`mpirun`/`srun`), it joins the job through `kolo::init()` and times the operation for
 //! every size, printing one row (or one JSON line) per size on rank 0.
 
-use std::ffi::OsString;
 use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::{Args, ValueEnum};
 use kolo::{bf16, f16, Communicator, Element, ReduceOp};
-use kolo_launch::{launch, LaunchConfig, DEFAULT_MASTER_ADDR};
+use kolo_launch::DEFAULT_MASTER_ADDR;
 
 pub const LONG_ABOUT: &str = "\
 Time one of kolo's collectives (or point-to-point ping-pong) on N workers, like nccl-tests, \
@@ -511,30 +510,14 @@ pub fn execute(args: BenchArgs) -> ExitCode {
         eprintln!("kolo bench: p2p needs at least 2 workers (-n 2 or more)");
         return ExitCode::from(2);
     }
-    let exe = match std::env::current_exe() {
-        Ok(p) => p,
-        Err(e) => {
-            eprintln!("kolo bench: cannot find the kolo executable to start workers: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    // The workers run this same command with --worker added after `bench`.
-    let mut worker_args: Vec<OsString> = vec!["bench".into(), "--worker".into()];
-    worker_args.extend(std::env::args_os().skip_while(|a| a != "bench").skip(1));
-    let mut cfg = LaunchConfig::new(args.nproc, exe, worker_args);
-    cfg.master_addr = args.master_addr.clone();
-    cfg.master_port = args.master_port;
-    cfg.direct_output_rank = Some(0);
-    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
-        cfg.extra_env.push(("RAYON_NUM_THREADS".into(), "1".into()));
-    }
-    match launch(&cfg) {
-        Ok(outcome) => super::exit_code(outcome.exit_code()),
-        Err(err) => {
-            super::report_error("bench", &err);
-            ExitCode::FAILURE
-        }
-    }
+    let defaults = [("RAYON_NUM_THREADS", "1".to_string())];
+    super::launch_workers(
+        "bench",
+        args.nproc,
+        &args.master_addr,
+        args.master_port,
+        &defaults,
+    )
 }
 
 #[cfg(test)]

@@ -30,3 +30,41 @@ pub fn exit_code(code: i32) -> ExitCode {
         Err(_) => ExitCode::FAILURE,
     }
 }
+
+/// Starts `nproc` copies of this executable as `kolo COMMAND --worker ARGS...` (the arguments this
+/// process got after COMMAND) through the `kolo run` machinery, rank 0 writing straight to the
+/// terminal, and returns the job's exit code. `defaults` are environment variables given to the
+/// workers unless this process has them set already.
+pub fn launch_workers(
+    command: &str,
+    nproc: usize,
+    master_addr: &str,
+    master_port: Option<u16>,
+    defaults: &[(&str, String)],
+) -> ExitCode {
+    let exe = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("kolo {command}: cannot find the kolo executable to start workers: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut worker_args: Vec<std::ffi::OsString> = vec![command.into(), "--worker".into()];
+    worker_args.extend(std::env::args_os().skip_while(|a| a != command).skip(1));
+    let mut cfg = kolo_launch::LaunchConfig::new(nproc, exe, worker_args);
+    cfg.master_addr = master_addr.to_string();
+    cfg.master_port = master_port;
+    cfg.direct_output_rank = Some(0);
+    for (k, v) in defaults {
+        if std::env::var_os(k).is_none() {
+            cfg.extra_env.push(((*k).into(), v.into()));
+        }
+    }
+    match kolo_launch::launch(&cfg) {
+        Ok(outcome) => exit_code(outcome.exit_code()),
+        Err(err) => {
+            report_error(command, &err);
+            ExitCode::FAILURE
+        }
+    }
+}

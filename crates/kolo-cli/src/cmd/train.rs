@@ -6,13 +6,12 @@
 //! launcher, or when started by torchrun/`mpirun`/`srun`), it joins the job through `kolo::init()` and
 //! trains.
 
-use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
 use kolo_data::DatasetKind;
-use kolo_launch::{launch, LaunchConfig, DEFAULT_MASTER_ADDR};
+use kolo_launch::DEFAULT_MASTER_ADDR;
 use kolo_train::models::ModelKind;
 use kolo_train::optim::OptimizerKind;
 use kolo_train::trainer::{self, TrainConfig};
@@ -169,40 +168,23 @@ pub fn execute(args: TrainArgs) -> ExitCode {
     if args.worker {
         return worker(&args);
     }
-    let exe = match std::env::current_exe() {
-        Ok(p) => p,
-        Err(e) => {
-            eprintln!("kolo train: cannot find the kolo executable to start workers: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    // The workers run this same command with --worker added after `train`.
-    let mut worker_args: Vec<OsString> = vec!["train".into(), "--worker".into()];
-    worker_args.extend(std::env::args_os().skip_while(|a| a != "train").skip(1));
-    let mut cfg = LaunchConfig::new(args.nproc, exe, worker_args);
-    cfg.master_addr = args.master_addr.clone();
-    cfg.master_port = args.master_port;
-    cfg.direct_output_rank = Some(0);
-    // glibc hands large tensor buffers back to the OS after every step and page-faults them in
-    // again (a third of LeNet's step time); keep them, unless the user tuned malloc already.
-    if std::env::var_os("GLIBC_TUNABLES").is_none() {
-        cfg.extra_env.push((
-            "GLIBC_TUNABLES".into(),
-            "glibc.malloc.mmap_threshold=4294967295:glibc.malloc.trim_threshold=4294967295".into(),
-        ));
-    }
-    // One compute thread per core share, unless the user chose (like torch.set_num_threads).
-    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let per = (cores / args.nproc).max(1);
-        cfg.extra_env
-            .push(("RAYON_NUM_THREADS".into(), per.to_string().into()));
-    }
-    match launch(&cfg) {
-        Ok(outcome) => super::exit_code(outcome.exit_code()),
-        Err(err) => {
-            super::report_error("train", &err);
-            ExitCode::FAILURE
-        }
-    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let defaults = [
+        // glibc hands large tensor buffers back to the OS after every step and page-faults them in
+        // again (a third of LeNet's step time); keep them.
+        (
+            "GLIBC_TUNABLES",
+            "glibc.malloc.mmap_threshold=4294967295:glibc.malloc.trim_threshold=4294967295"
+                .to_string(),
+        ),
+        // One compute thread per core share (like torch.set_num_threads).
+        ("RAYON_NUM_THREADS", (cores / args.nproc).max(1).to_string()),
+    ];
+    super::launch_workers(
+        "train",
+        args.nproc,
+        &args.master_addr,
+        args.master_port,
+        &defaults,
+    )
 }
