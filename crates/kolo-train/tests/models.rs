@@ -560,11 +560,16 @@ fn pooling_matches_candle_and_pytorch_semantics() -> Result<()> {
 
 /// Class templates plus Gaussian noise (σ 1): a synthetic 10-class task LeNet must learn
 /// quickly.
-fn synthetic(n: usize, templates: &Tensor) -> Result<(Tensor, Tensor)> {
+/// `n` noisy copies of `templates` (unit Gaussian noise from `seed`, so every run sees the same data).
+fn synthetic(n: usize, templates: &Tensor, seed: u64) -> Result<(Tensor, Tensor)> {
     let labels: Vec<u32> = (0..n as u32).map(|i| (i * 7 + i / 3) % 10).collect();
     let labels = Tensor::new(labels.as_slice(), &Device::Cpu)?;
     let x = templates.index_select(&labels, 0)?;
-    let noise = Tensor::randn(0f32, 1f32, x.shape(), &Device::Cpu)?;
+    let mut rng = kolo_data::rng::SplitMix64::new(seed);
+    let noise: Vec<f32> = (0..x.elem_count())
+        .map(|_| rng.next_gaussian() as f32)
+        .collect();
+    let noise = Tensor::from_vec(noise, x.shape(), &Device::Cpu)?;
     Ok(((x + noise)?, labels))
 }
 
@@ -624,12 +629,15 @@ fn lenet_sgd_learns_a_synthetic_task() -> Result<()> {
         }
     }
     let templates = Tensor::from_vec(pixels, (10, 1, 28, 28), &Device::Cpu)?;
-    let (x, y) = synthetic(2048, &templates)?;
-    let (x_test, y_test) = synthetic(512, &templates)?;
+    let (x, y) = synthetic(2048, &templates, 1)?;
+    let (x_test, y_test) = synthetic(512, &templates, 2)?;
     let varmap = VarMap::new();
     let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
     let model = Lenet::new(vb, MNIST, 10)?;
-    let losses = train_lenet(&model, &varmap, (&x, &y), 0.05, 100)?;
+    // Seeded data and weights: the run is the same every time. lr 0.03 learned the task from each of
+    // eight initial seeds (final loss at most 7 % of the first); 0.05 sometimes spikes mid-run.
+    kolo_train::trainer::seeded_init(&varmap, 1).map_err(candle_core::Error::wrap)?;
+    let losses = train_lenet(&model, &varmap, (&x, &y), 0.03, 100)?;
     let (first, last) = (mean(&losses[..5]), mean(&losses[losses.len() - 5..]));
     assert!(
         last < 0.3 * first,
