@@ -4,7 +4,7 @@
 use std::ops::Range;
 use std::time::Instant;
 
-use kolo_core::{Error, Header, Message, RecvError, Reducer, Result, Transport};
+use kolo_core::{Arena, Error, Header, Message, RecvError, Reducer, Result, Transport};
 
 /// One collective call on one rank, as seen by an algorithm.
 ///
@@ -26,6 +26,9 @@ pub struct Ctx<'a> {
     pub started: Instant,
     /// When waiting for a peer becomes an error (`None`: never).
     pub deadline: Option<Instant>,
+    /// Memory shared by the whole group, when it has one (then every collective starts with
+    /// [`crate::algorithms::allreduce_shm::confirm`]).
+    pub arena: Option<&'a dyn Arena>,
 }
 
 /// Largest message a pipelined algorithm sends at once; longer chunks go as several segments so the
@@ -50,19 +53,24 @@ impl Ctx<'_> {
             .map_err(|f| f.into_error(self.op(), self.rank))
     }
 
+    /// The error for a failed wait on group rank `peer`.
+    pub fn recv_error(&self, peer: usize, e: RecvError) -> Error {
+        match e {
+            RecvError::Timeout => Error::Timeout {
+                op: self.op(),
+                rank: self.rank,
+                peer,
+                waited: self.started.elapsed(),
+            },
+            RecvError::Link(f) => f.into_error(self.op(), self.rank),
+        }
+    }
+
     fn recv_msg(&self, from: usize, expected: usize) -> Result<Message> {
         let msg = self
             .transport
             .recv(self.members[from], &self.header.tag, self.deadline)
-            .map_err(|e| match e {
-                RecvError::Timeout => Error::Timeout {
-                    op: self.op(),
-                    rank: self.rank,
-                    peer: from,
-                    waited: self.started.elapsed(),
-                },
-                RecvError::Link(f) => f.into_error(self.op(), self.rank),
-            })?;
+            .map_err(|e| self.recv_error(from, e))?;
         if msg.header.call != self.header.call {
             return Err(Error::Mismatch {
                 rank: self.rank,

@@ -13,7 +13,9 @@ pub use ctx::Ctx;
 
 use kolo_core::{Algorithm, Error, Reducer, Result};
 
-use algorithms::{allreduce_halving_doubling, allreduce_recursive_doubling, allreduce_tree, ring};
+use algorithms::{
+    allreduce_halving_doubling, allreduce_recursive_doubling, allreduce_shm, allreduce_tree, ring,
+};
 
 /// Runs the all-reduce algorithm named in `ctx.header.call.algo` on `buf` in place.
 pub fn all_reduce(ctx: &Ctx, buf: &mut [u8], elem: usize, red: &Reducer) -> Result<()> {
@@ -23,6 +25,12 @@ pub fn all_reduce(ctx: &Ctx, buf: &mut [u8], elem: usize, red: &Reducer) -> Resu
         Algorithm::RecursiveDoubling => allreduce_recursive_doubling::all_reduce(ctx, buf, red),
         Algorithm::HalvingDoubling => allreduce_halving_doubling::all_reduce(ctx, buf, elem, red),
         Algorithm::BinomialTree => allreduce_tree::all_reduce(ctx, buf, elem, red),
+        Algorithm::Shm => match ctx.arena {
+            Some(arena) => allreduce_shm::all_reduce(ctx, arena, buf, elem, red),
+            None => Err(Error::Unsupported {
+                what: "all_reduce through shared memory on a group without an arena".into(),
+            }),
+        },
         other => Err(Error::Unsupported {
             what: format!("all_reduce with algorithm {other}"),
         }),

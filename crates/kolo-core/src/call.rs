@@ -98,10 +98,12 @@ pub enum Algorithm {
     Linear = 5,
     Pairwise = 6,
     Dissemination = 7,
+    /// Through memory every rank of the group maps (see [`crate::Arena`]).
+    Shm = 8,
 }
 
 impl Algorithm {
-    const ALL: [Algorithm; 8] = [
+    const ALL: [Algorithm; 9] = [
         Algorithm::Direct,
         Algorithm::Ring,
         Algorithm::RecursiveDoubling,
@@ -110,6 +112,7 @@ impl Algorithm {
         Algorithm::Linear,
         Algorithm::Pairwise,
         Algorithm::Dissemination,
+        Algorithm::Shm,
     ];
 
     /// Name as accepted by the `KOLO_ALGO_*` variables.
@@ -123,6 +126,7 @@ impl Algorithm {
             Algorithm::Linear => "linear",
             Algorithm::Pairwise => "pairwise",
             Algorithm::Dissemination => "dissemination",
+            Algorithm::Shm => "shm",
         }
     }
 

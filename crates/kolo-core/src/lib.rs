@@ -6,12 +6,14 @@
 //!
 //! Most users depend on the `kolo` crate, which re-exports what they need.
 
+pub mod arena;
 pub mod call;
 pub mod dtype;
 pub mod error;
 pub mod reduce;
 pub mod transport;
 
+pub use arena::Arena;
 pub use call::{Algorithm, Call, Header, OpKind, Tag, TagSpace, HEADER_LEN};
 pub use dtype::{DType, Element};
 pub use error::{Error, LinkFailure, RecvError, Result};

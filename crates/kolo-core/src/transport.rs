@@ -51,6 +51,11 @@ pub trait Transport: Send + Sync + fmt::Debug {
     fn abort(&self, reason: &str);
     /// The failure that broke this endpoint, if any.
     fn failure(&self) -> Option<LinkFailure>;
+    /// Memory shared by every rank of this transport's world, when they all run on one host and the
+    /// transport maps one (the shared-memory transport does).
+    fn arena(&self) -> Option<&dyn crate::Arena> {
+        None
+    }
 }
 
 #[derive(Debug, Default)]

@@ -165,6 +165,9 @@ impl Inner {
             Ok(c.call(dtype, count, Some(op), None))
         })?;
         call.algo = select::all_reduce(count, dtype.size(), self.size(), &self.config.overrides);
+        if self.uses_arena() && self.config.overrides.all_reduce.is_none() && self.size() > 1 {
+            call.algo = Algorithm::Shm;
+        }
         let red = Reducer::new(dtype, op);
         self.run(seq, call, |ctx| {
             kolo_collectives::all_reduce(ctx, buf, dtype.size(), &red)

@@ -47,6 +47,9 @@ impl Topology {
     }
 }
 
+/// The group that owns a transport's arena: the world communicator.
+pub(crate) const ARENA_GROUP: u64 = 1;
+
 pub(crate) struct Inner {
     pub transport: Arc<dyn Transport>,
     /// Group rank → transport rank.
@@ -63,8 +66,30 @@ pub(crate) struct Inner {
     issue: Mutex<()>,
     pending: Arc<(Mutex<usize>, Condvar)>,
     queue: Mutex<Option<WorkQueue>>,
+    /// Whether this group owns the transport's arena (the world communicator of a shared-memory
+    /// world does): then every collective starts with a fingerprint step in shared memory.
+    uses_arena: bool,
+    /// With an arena: the sequence number whose turn it is (arena steps must follow issue order even
+    /// when several threads call blocking collectives).
+    turn: (Mutex<u64>, Condvar),
     /// The rendezvous server, when this rank hosts it (kept alive with the world communicator).
     _store_server: Option<TcpStoreServer>,
+}
+
+/// Passes the arena turn to the next sequence number when a collective ends (however it ends).
+struct TurnGuard<'a> {
+    inner: &'a Inner,
+    seq: u64,
+}
+
+impl Drop for TurnGuard<'_> {
+    fn drop(&mut self) {
+        let (m, c) = &self.inner.turn;
+        let mut t = m.lock().unwrap_or_else(|p| p.into_inner());
+        *t = (*t).max(self.seq + 1);
+        drop(t);
+        c.notify_all();
+    }
 }
 
 /// A group of ranks that communicate: point-to-point messages and collectives.
@@ -100,8 +125,13 @@ impl Communicator {
         config: Config,
         store_server: Option<TcpStoreServer>,
     ) -> Communicator {
+        let uses_arena = group == ARENA_GROUP
+            && transport.arena().is_some()
+            && members.iter().copied().eq(0..transport.size());
         Communicator {
             inner: Arc::new(Inner {
+                uses_arena,
+                turn: (Mutex::new(0), Condvar::new()),
                 transport,
                 members,
                 rank,
@@ -285,8 +315,42 @@ impl Inner {
             },
             started,
             deadline: Some(started + self.config.timeout),
+            arena: None,
         };
-        f(&ctx).map_err(|e| self.poison(e))
+        if !self.uses_arena {
+            return f(&ctx).map_err(|e| self.poison(e));
+        }
+        let _turn = self.take_turn(seq)?;
+        let ctx = Ctx {
+            arena: self.transport.arena(),
+            ..ctx
+        };
+        let r = match (ctx.arena, call.algo) {
+            (Some(_), kolo_core::Algorithm::Shm) => f(&ctx),
+            (Some(arena), _) => kolo_collectives::algorithms::allreduce_shm::confirm(&ctx, arena)
+                .and_then(|()| f(&ctx)),
+            (None, _) => f(&ctx),
+        };
+        r.map_err(|e| self.poison(e))
+    }
+
+    /// Whether collectives use the transport's arena.
+    pub fn uses_arena(&self) -> bool {
+        self.uses_arena
+    }
+
+    /// Waits until collective `seq` may use the arena; the returned guard passes the turn on.
+    fn take_turn(&self, seq: u64) -> Result<TurnGuard<'_>> {
+        let (m, c) = &self.turn;
+        let mut t = m.lock().unwrap_or_else(|p| p.into_inner());
+        while *t < seq {
+            self.check()?;
+            t = c
+                .wait_timeout(t, std::time::Duration::from_millis(10))
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        Ok(TurnGuard { inner: self, seq })
     }
 
     /// Queues `job` on this communicator's worker thread as collective number `seq`.

@@ -21,15 +21,15 @@ use std::sync::Arc;
 
 use kolo_core::{Error, Result, Transport};
 use kolo_store::{FileStore, Store, TcpStore, TcpStoreServer};
-use kolo_transport::{local_world, TcpOptions, TcpTransport};
+use kolo_transport::{
+    local_world, shm_world, HybridTransport, ShmOptions, ShmTransport, TcpOptions, TcpTransport,
+};
 
 use crate::communicator::{Communicator, Topology};
 use crate::config::Config;
 
 /// Group id of every world communicator (sub-groups derive theirs from it).
-const WORLD_GROUP: u64 = 1;
-/// Group id of the short-lived communicator used during start-up.
-const BOOTSTRAP_GROUP: u64 = 0;
+const WORLD_GROUP: u64 = crate::communicator::ARENA_GROUP;
 
 /// How ranks find each other.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -101,8 +101,39 @@ pub struct InitOptions {
     pub listen: Option<IpAddr>,
     /// Address peers use to reach this rank; `None` chooses the one that routes to the store.
     pub advertise: Option<IpAddr>,
+    /// Which transports connect the ranks.
+    pub transport: TransportChoice,
+    /// Shared-memory settings.
+    pub shm: ShmOptions,
     /// Communicator settings.
     pub config: Config,
+}
+
+/// Which transports connect the ranks (`KOLO_TRANSPORT`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TransportChoice {
+    /// Shared memory between the ranks of a host, TCP between hosts (the default).
+    Auto,
+    /// TCP between every pair, even on one host.
+    Tcp,
+    /// Shared memory only: every rank must be on this host.
+    Shm,
+}
+
+impl TransportChoice {
+    /// Parses `auto`, `tcp` or `shm`.
+    pub fn parse(value: &str) -> Result<TransportChoice> {
+        match value.trim() {
+            "" | "auto" => Ok(TransportChoice::Auto),
+            "tcp" => Ok(TransportChoice::Tcp),
+            "shm" => Ok(TransportChoice::Shm),
+            _ => Err(Error::Config {
+                var: "KOLO_TRANSPORT".into(),
+                value: value.into(),
+                reason: "expected auto, tcp or shm".into(),
+            }),
+        }
+    }
 }
 
 impl InitOptions {
@@ -117,6 +148,8 @@ impl InitOptions {
             node_id: host_name(),
             listen: None,
             advertise: None,
+            transport: TransportChoice::Auto,
+            shm: ShmOptions::default(),
             config: Config::default(),
         }
     }
@@ -246,6 +279,8 @@ impl InitOptions {
             node_id,
             listen: parse_ip("KOLO_LISTEN_ADDR")?,
             advertise: parse_ip("KOLO_ADVERTISE_ADDR")?,
+            transport: TransportChoice::parse(&get("KOLO_TRANSPORT").unwrap_or_default())?,
+            shm: ShmOptions::from_env()?,
             config,
         })
     }
@@ -342,39 +377,118 @@ pub fn init_with(opts: InitOptions) -> Result<Communicator> {
         }
         InitMethod::File(path) => (Arc::new(FileStore::open(path)?), None, loopback, loopback),
     };
-    let tcp = TcpOptions {
-        listen: opts.listen.unwrap_or(listen),
-        advertise: opts.advertise.unwrap_or(advertise),
-        connect_timeout: timeout,
-        ..TcpOptions::default()
-    };
     let prefix = format!("kolo/{}", opts.job_id);
-    let transport: Arc<dyn Transport> = Arc::new(TcpTransport::connect(
-        &*store, &prefix, opts.rank, opts.size, &tcp,
-    )?);
     let members: Vec<usize> = (0..opts.size).collect();
 
-    // Learn which ranks share a node.
-    let boot = Communicator::from_parts(
-        transport.clone(),
-        members.clone(),
-        opts.rank,
-        BOOTSTRAP_GROUP,
-        Arc::new(Topology::single_node(opts.size)),
-        opts.config.clone(),
-        None,
-    );
-    let ids: Vec<String> = boot.all_gather_object(&opts.node_id)?;
-    drop(boot);
+    // Learn which ranks share a node (through the store, before any connection exists).
+    store.set(
+        &format!("{prefix}/node/{}", opts.rank),
+        opts.node_id.as_bytes(),
+    )?;
+    let ids = (0..opts.size)
+        .map(|r| {
+            store
+                .get(&format!("{prefix}/node/{r}"), timeout)
+                .map(|b| String::from_utf8_lossy(&b).into_owned())
+        })
+        .collect::<std::result::Result<Vec<String>, _>>()?;
+    let topology = Arc::new(Topology::from_ids(&ids));
+    let node = topology.node_of[opts.rank];
+    let local: Vec<usize> = (0..opts.size)
+        .filter(|&r| topology.node_of[r] == node)
+        .collect();
+    let one_host = local.len() == opts.size;
+    if opts.transport == TransportChoice::Shm && !one_host {
+        return Err(Error::Config {
+            var: "KOLO_TRANSPORT".into(),
+            value: "shm".into(),
+            reason: format!(
+                "shared memory needs every rank on one host, but the ranks are on {} nodes",
+                topology.node_of.iter().max().map_or(1, |m| m + 1)
+            ),
+        });
+    }
+    let use_shm = opts.transport != TransportChoice::Tcp && local.len() > 1;
+    let connect_shm = || -> Result<ShmTransport> {
+        let mut shm_opts = opts.shm.clone();
+        shm_opts.connect_timeout = timeout;
+        let local_rank = local.iter().position(|&r| r == opts.rank).unwrap_or(0);
+        ShmTransport::connect(
+            &*store,
+            &format!("{prefix}/node{node}"),
+            &shm_name_prefix(&opts.job_id),
+            local_rank,
+            local.len(),
+            &shm_opts,
+        )
+    };
+    let transport: Arc<dyn Transport> = if use_shm && one_host {
+        Arc::new(connect_shm()?)
+    } else {
+        let tcp = TcpOptions {
+            listen: opts.listen.unwrap_or(listen),
+            advertise: opts.advertise.unwrap_or(advertise),
+            connect_timeout: timeout,
+            ..TcpOptions::default()
+        };
+        let tcp = TcpTransport::connect(&*store, &prefix, opts.rank, opts.size, &tcp)?;
+        if use_shm {
+            Arc::new(HybridTransport::new(
+                connect_shm()?,
+                local.clone(),
+                Box::new(tcp),
+            ))
+        } else {
+            Arc::new(tcp)
+        }
+    };
     Ok(Communicator::from_parts(
         transport,
         members,
         opts.rank,
         WORLD_GROUP,
-        Arc::new(Topology::from_ids(&ids)),
+        topology,
         opts.config,
         server,
     ))
+}
+
+/// Start of the names of a job's shared-memory segments: `kolo-<job id>-` with the job id reduced to
+/// characters safe in a file name (the launcher removes leftovers by this prefix).
+pub fn shm_name_prefix(job_id: &str) -> String {
+    let job = job_id.split('/').next().unwrap_or("kolo");
+    let safe: String = job
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("kolo-{safe}-")
+}
+
+/// A world of `size` ranks that are threads of this process, connected through shared memory (as
+/// processes of one host are); give one communicator to each thread.
+pub fn shm_communicators(size: usize, config: Config) -> Result<Vec<Communicator>> {
+    let topo = Arc::new(Topology::single_node(size));
+    Ok(shm_world(size, &ShmOptions::from_env()?)?
+        .into_iter()
+        .enumerate()
+        .map(|(rank, t)| {
+            Communicator::from_parts(
+                Arc::new(t),
+                (0..size).collect(),
+                rank,
+                WORLD_GROUP,
+                topo.clone(),
+                config.clone(),
+                None,
+            )
+        })
+        .collect())
 }
 
 /// A world of `size` ranks that are threads of this process (the local transport); give one

@@ -35,7 +35,10 @@ mod work;
 
 pub use communicator::Communicator;
 pub use config::Config;
-pub use init::{init, init_with, local_communicators, run_local, InitMethod, InitOptions};
+pub use init::{
+    init, init_with, local_communicators, run_local, shm_communicators, shm_name_prefix,
+    InitMethod, InitOptions, TransportChoice,
+};
 pub use kolo_core::{Algorithm, Call, DType, Element, Error, OpKind, ReduceOp, Result, Transport};
 /// The rendezvous stores.
 pub use kolo_store as store;

@@ -245,6 +245,16 @@ fn conformance(kind: Kind, n: usize) {
             reductions::<f32>(&comm, LARGE).map_err(|e| format!("[{algo}] {e}"))
         }));
     }
+    // On shared memory the default all-reduce reads the peers' buffers in place (Algorithm::Shm):
+    // every type and operator at the small counts, every operator on f32 at the large one.
+    if kind == Kind::Shm {
+        report(spawn(kind, n, Config::default(), |comm| {
+            for count in SMALL {
+                every_type(&comm, &|c, d| typed(c, d, count, reductions_dyn))?;
+            }
+            reductions::<f32>(&comm, LARGE)
+        }));
+    }
     // The large count for every type and operator with the algorithm the cost model picks, and the
     // data movers for every type at every count.
     report(spawn(kind, n, Config::default(), |comm| {
@@ -274,6 +284,11 @@ matrix! {
     local_3: Kind::Local, 3;
     local_4: Kind::Local, 4;
     local_5: Kind::Local, 5;
+    shm_1: Kind::Shm, 1;
+    shm_2: Kind::Shm, 2;
+    shm_3: Kind::Shm, 3;
+    shm_4: Kind::Shm, 4;
+    shm_5: Kind::Shm, 5;
     tcp_1: Kind::Tcp, 1;
     tcp_2: Kind::Tcp, 2;
     tcp_3: Kind::Tcp, 3;

@@ -14,6 +14,7 @@
 
 pub mod allreduce_halving_doubling;
 pub mod allreduce_recursive_doubling;
+pub mod allreduce_shm;
 pub mod allreduce_tree;
 pub mod alltoall_pairwise;
 pub mod barrier_dissemination;

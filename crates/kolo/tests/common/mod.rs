@@ -15,10 +15,11 @@ use kolo::Transport;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
     Local,
+    Shm,
     Tcp,
 }
 
-pub const KINDS: [Kind; 2] = [Kind::Local, Kind::Tcp];
+pub const KINDS: [Kind; 3] = [Kind::Local, Kind::Shm, Kind::Tcp];
 
 static NEXT_JOB: AtomicU64 = AtomicU64::new(0);
 
@@ -26,6 +27,7 @@ static NEXT_JOB: AtomicU64 = AtomicU64::new(0);
 pub fn world(kind: Kind, n: usize, config: Config) -> Vec<Communicator> {
     match kind {
         Kind::Local => kolo::local_communicators(n, config),
+        Kind::Shm => kolo::shm_communicators(n, config).expect("shared-memory world"),
         Kind::Tcp => {
             let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
             let prefix = format!(

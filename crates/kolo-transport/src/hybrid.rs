@@ -1,0 +1,126 @@
+//! Per-peer transport choice (NCCL's rule): shared memory to the ranks of this host, TCP to the
+//! others.
+
+use std::time::Instant;
+
+use kolo_core::{Header, LinkFailure, Message, RecvError, Tag, Transport};
+
+use crate::shm::ShmTransport;
+
+/// A world whose ranks on this host talk through shared memory and the rest through TCP.
+#[derive(Debug)]
+pub struct HybridTransport {
+    rank: usize,
+    size: usize,
+    shm: ShmTransport,
+    /// Shared-memory rank → world rank.
+    local_ranks: Vec<usize>,
+    /// World rank → shared-memory rank, for ranks of this host.
+    local_of: Vec<Option<usize>>,
+    remote: Box<dyn Transport>,
+}
+
+impl HybridTransport {
+    /// Combines `shm` (a world of the ranks `local_ranks`, in order, this rank among them) and
+    /// `remote` (a world of every rank, used for the others).
+    pub fn new(shm: ShmTransport, local_ranks: Vec<usize>, remote: Box<dyn Transport>) -> Self {
+        let size = remote.size();
+        let mut local_of = vec![None; size];
+        for (l, &g) in local_ranks.iter().enumerate() {
+            if g < size {
+                local_of[g] = Some(l);
+            }
+        }
+        HybridTransport {
+            rank: remote.rank(),
+            size,
+            shm,
+            local_ranks,
+            local_of,
+            remote,
+        }
+    }
+
+    /// Which transport reaches `peer`: `shm` or the remote transport's kind.
+    pub fn route(&self, peer: usize) -> &'static str {
+        match self.local_of.get(peer).copied().flatten() {
+            Some(_) => "shm",
+            None => self.remote.kind(),
+        }
+    }
+
+    /// A failure seen by the shared-memory side, with its ranks translated to world ranks.
+    fn global(&self, f: LinkFailure) -> LinkFailure {
+        let g = |l: usize| self.local_ranks.get(l).copied().unwrap_or(l);
+        match f {
+            LinkFailure::PeerLost { peer, reason } => LinkFailure::PeerLost {
+                peer: g(peer),
+                reason,
+            },
+            LinkFailure::PeerClosed { peer } => LinkFailure::PeerClosed { peer: g(peer) },
+            LinkFailure::Aborted { by, reason } => LinkFailure::Aborted { by: g(by), reason },
+            LinkFailure::Protocol { peer, reason } => LinkFailure::Protocol {
+                peer: g(peer),
+                reason,
+            },
+            f @ LinkFailure::LocalClosed { .. } => f,
+        }
+    }
+}
+
+impl Transport for HybridTransport {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn kind(&self) -> &'static str {
+        "shm+tcp"
+    }
+
+    fn send(&self, peer: usize, header: &Header, payload: &[u8]) -> Result<(), LinkFailure> {
+        match self.local_of.get(peer).copied().flatten() {
+            Some(l) => self
+                .shm
+                .send(l, header, payload)
+                .map_err(|f| self.global(f)),
+            None => self.remote.send(peer, header, payload),
+        }
+    }
+
+    fn recv(
+        &self,
+        peer: usize,
+        tag: &Tag,
+        deadline: Option<Instant>,
+    ) -> Result<Message, RecvError> {
+        match self.local_of.get(peer).copied().flatten() {
+            Some(l) => self.shm.recv(l, tag, deadline).map_err(|e| match e {
+                RecvError::Link(f) => RecvError::Link(self.global(f)),
+                e => e,
+            }),
+            None => self.remote.recv(peer, tag, deadline),
+        }
+    }
+
+    fn try_recv(&self, peer: usize, tag: &Tag) -> Result<Option<Message>, LinkFailure> {
+        match self.local_of.get(peer).copied().flatten() {
+            Some(l) => self.shm.try_recv(l, tag).map_err(|f| self.global(f)),
+            None => self.remote.try_recv(peer, tag),
+        }
+    }
+
+    fn abort(&self, reason: &str) {
+        self.shm.abort(reason);
+        self.remote.abort(reason);
+    }
+
+    fn failure(&self) -> Option<LinkFailure> {
+        self.remote
+            .failure()
+            .or_else(|| self.shm.failure().map(|f| self.global(f)))
+    }
+}
