@@ -113,10 +113,14 @@ worker_of_rank() {
 }
 
 check_killed_worker() {
-    local name="a worker SIGKILLed mid-collective stops the job"
-    local log=$TMP/killed.log
+    local transport=$1
+    local name="a worker SIGKILLed mid-collective stops the job ($transport)"
+    local log=$TMP/killed-$transport.log
     out=""
-    timeout 60 "$KOLO" run -n 3 -- "$EX/ring_allreduce" --count 4000000 --iters 1000 >"$log" 2>&1 &
+    local shm_before
+    shm_before=$(ls /dev/shm | grep '^kolo-' | sort || true)
+    KOLO_TRANSPORT=$transport timeout 60 "$KOLO" run -n 3 -- "$EX/ring_allreduce" \
+        --count 4000000 --iters 1000 >"$log" 2>&1 &
     local tpid=$! launcher="" workers=() i
     # `timeout` runs the launcher as its child; wait for it and its three workers.
     for i in $(seq 100); do
@@ -174,6 +178,12 @@ check_killed_worker() {
         kill -9 "${left[@]}" 2>/dev/null || true
         return
     fi
+    local shm_after
+    shm_after=$(ls /dev/shm | grep '^kolo-' | sort || true)
+    if [[ $shm_after != "$shm_before" ]]; then
+        fail "$name" "shared-memory segments left behind: $(comm -13 <(echo "$shm_before") <(echo "$shm_after") | tr '\n' ' ')"
+        return
+    fi
     ok "$name"
 }
 
@@ -204,7 +214,8 @@ check_matrix 2
 check_matrix 4
 check_matrix_bad_size
 check_ring
-check_killed_worker
+check_killed_worker shm
+check_killed_worker tcp
 
 echo "e2e: $passed passed, $failed failed"
 ((failed == 0)) || exit 1

@@ -108,6 +108,11 @@ pub fn launch(cfg: &LaunchConfig) -> Result<LaunchOutcome, LaunchError> {
     drop(exit_tx);
     supervise::kill_stragglers(&workers);
     drop(store);
+    // Workers remove their shared-memory segment's name once all have mapped it; one that died before
+    // that leaves the name behind. Every worker is gone now, so anything left of this job is garbage.
+    kolo_transport::shm::segment::remove_with_prefix(&kolo_transport::shm::name_prefix(
+        &job.job_id,
+    ));
 
     // Let the output threads finish; a stream still held open by a process
     // that escaped the workers' process groups must not hang the launcher.

@@ -453,21 +453,9 @@ pub fn init_with(opts: InitOptions) -> Result<Communicator> {
     ))
 }
 
-/// Start of the names of a job's shared-memory segments: `kolo-<job id>-` with the job id reduced to
-/// characters safe in a file name (the launcher removes leftovers by this prefix).
+/// Start of the names of a job's shared-memory segments (see [`kolo_transport::shm::name_prefix`]).
 pub fn shm_name_prefix(job_id: &str) -> String {
-    let job = job_id.split('/').next().unwrap_or("kolo");
-    let safe: String = job
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    format!("kolo-{safe}-")
+    kolo_transport::shm::name_prefix(job_id)
 }
 
 /// A world of `size` ranks that are threads of this process, connected through shared memory (as

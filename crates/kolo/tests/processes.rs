@@ -227,7 +227,17 @@ fn no_launcher_is_a_world_of_one() {
 }
 
 #[test]
-fn killed_worker_fails_the_others_within_seconds() {
+fn killed_worker_fails_the_others_within_seconds_over_shm() {
+    killed_worker("shm");
+}
+
+#[test]
+fn killed_worker_fails_the_others_within_seconds_over_tcp() {
+    killed_worker("tcp");
+}
+
+fn killed_worker(transport: &str) {
+    let job = format!("kill-test-{transport}-{}", std::process::id());
     let server = TcpStoreServer::bind("127.0.0.1:0").expect("store server");
     let port = server.local_addr().port().to_string();
     let n = 3;
@@ -241,7 +251,8 @@ fn killed_worker_fails_the_others_within_seconds() {
                     ("MASTER_ADDR", "127.0.0.1".into()),
                     ("MASTER_PORT", port.clone()),
                     ("KOLO_AGENT_STORE", "1".into()),
-                    ("KOLO_JOB_ID", "kill-test".into()),
+                    ("KOLO_JOB_ID", job.clone()),
+                    ("KOLO_TRANSPORT", transport.into()),
                 ]),
             )
         })
@@ -265,4 +276,16 @@ fn killed_worker_fails_the_others_within_seconds() {
             e.stderr
         );
     }
+    // The segment's name was removed as soon as all three had mapped it: nothing is left behind,
+    // even without a launcher to clean up.
+    let prefix = kolo::shm_name_prefix(&job);
+    let left: Vec<String> = std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(&prefix))
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(left.is_empty(), "leftover segments: {left:?}");
 }

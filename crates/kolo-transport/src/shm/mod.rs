@@ -62,6 +62,23 @@ const STATE_CLOSED: u32 = 1;
 const STATE_ABORTED: u32 = 2;
 const STATE_LOST: u32 = 3;
 
+/// Start of the names of a job's segments: `kolo-<job id>-`, the job id (up to its first `/`) reduced
+/// to characters safe in a file name. The launcher removes leftovers by this prefix.
+pub fn name_prefix(job_id: &str) -> String {
+    let job = job_id.split('/').next().unwrap_or("kolo");
+    let safe: String = job
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("kolo-{safe}-")
+}
+
 /// Settings of the shared-memory transport.
 #[derive(Clone, Debug)]
 pub struct ShmOptions {
