@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""Runs kolo's all-reduce benchmark and the peers' (OpenMPI, Gloo) side by side and prints ratios.
+
+    python3 scripts/compare_peers.py [--n 2] [--rounds 3] [--kolo target/release/kolo]
+
+Each round runs, in turn: OpenMPI (../shared/peers/run-openmpi.sh), kolo over shared memory, Gloo
+(../shared/peers/gloo_allreduce.py), kolo over TCP. Every implementation prints one JSON line per size;
+the table shows the median over the rounds and the ratios the targets are stated in:
+
+- kolo-shm busbw >= OpenMPI's from 1 KiB to 64 MiB, >= 1.5x at 16 and 64 MiB;
+- kolo-shm 4-byte latency <= 2x OpenMPI's;
+- kolo-shm busbw >= 3x Gloo's; kolo-tcp busbw >= Gloo's.
+
+A peer that cannot run (OpenMPI or torch not installed) is reported and left out.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+PEERS = os.environ.get("KOLO_PEERS_DIR", os.path.join(ROOT, "..", "shared", "peers"))
+SIZES = [4, 1024, 65536, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
+
+
+def run(cmd, env=None):
+    e = dict(os.environ)
+    e.update(env or {})
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, env=e, timeout=900)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return None, str(err)
+    if p.returncode != 0:
+        return None, (p.stderr or p.stdout).strip()[-400:]
+    rows = {}
+    for line in p.stdout.splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            r = json.loads(line)
+            rows[int(r["bytes"])] = r
+    return rows, None
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--kolo", default=os.path.join(ROOT, "target", "release", "kolo"))
+    ap.add_argument("--skip", default="", help="comma-separated implementations to leave out")
+    args = ap.parse_args()
+    n = str(args.n)
+    sizes = [str(s) for s in SIZES]
+    kolo = lambda t: ([args.kolo, "bench", "allreduce", "-n", n, "--json", "--sizes", ",".join(sizes)],
+                      {"KOLO_TRANSPORT": t})
+    impls = {
+        "openmpi": (["bash", os.path.join(PEERS, "run-openmpi.sh"), n] + sizes, None),
+        "kolo-shm": kolo("shm"),
+        "gloo": ([sys.executable, os.path.join(PEERS, "gloo_allreduce.py"), n] + sizes, None),
+        "kolo-tcp": kolo("tcp"),
+    }
+    skip = set(filter(None, args.skip.split(",")))
+    results = {k: {} for k in impls}
+    broken = {}
+    for rnd in range(args.rounds):
+        for name, (cmd, env) in impls.items():
+            if name in skip or name in broken:
+                continue
+            rows, err = run(cmd, env)
+            if rows is None:
+                broken[name] = err
+                print(f"# {name} did not run: {err}", file=sys.stderr)
+                continue
+            for b, r in rows.items():
+                results[name].setdefault(b, []).append(r)
+            print(f"# round {rnd + 1}: {name} done", file=sys.stderr)
+
+    def med(name, b, field):
+        rs = results[name].get(b)
+        return statistics.median(r[field] for r in rs) if rs else None
+
+    def ratio(a, b):
+        return f"{a / b:6.2f}x" if a and b else "     -"
+
+    print(f"all-reduce f32 sum, n = {args.n}, medians of {args.rounds} rounds (busbw in GB/s, time in us)")
+    hdr = f"{'bytes':>10} {'openmpi':>9} {'gloo':>9} {'kolo-shm':>9} {'kolo-tcp':>9}   {'shm/ompi':>8} {'shm/gloo':>8} {'tcp/gloo':>8}"
+    print(hdr)
+    misses = []
+    for b in SIZES:
+        o, g, s, t = (med(k, b, "busbw_gbps") for k in ("openmpi", "gloo", "kolo-shm", "kolo-tcp"))
+        f = lambda v: f"{v:9.3f}" if v is not None else f"{'-':>9}"
+        print(f"{b:>10} {f(o)} {f(g)} {f(s)} {f(t)}   {ratio(s, o):>8} {ratio(s, g):>8} {ratio(t, g):>8}")
+        if b >= 1024 and s and o and s < o:
+            misses.append(f"{b} B: kolo-shm busbw {s:.3f} < OpenMPI {o:.3f}")
+        if b >= 16 << 20 and s and o and s < 1.5 * o:
+            misses.append(f"{b} B: kolo-shm busbw {s:.3f} < 1.5 x OpenMPI {o:.3f}")
+        if s and g and s < 3 * g:
+            misses.append(f"{b} B: kolo-shm busbw {s:.3f} < 3 x Gloo {g:.3f}")
+        if t and g and t < g:
+            misses.append(f"{b} B: kolo-tcp busbw {t:.3f} < Gloo {g:.3f}")
+    lo, ls = med("openmpi", 4, "time_us"), med("kolo-shm", 4, "time_us")
+    lg, lt = med("gloo", 4, "time_us"), med("kolo-tcp", 4, "time_us")
+    print(f"4-byte latency (us): openmpi {lo}, kolo-shm {ls} ({ratio(ls, lo).strip()} of OpenMPI), "
+          f"gloo {lg}, kolo-tcp {lt}")
+    if lo and ls and ls > 2 * lo:
+        misses.append(f"4 B: kolo-shm {ls:.3f} us > 2 x OpenMPI {lo:.3f} us")
+    for name, err in broken.items():
+        print(f"not measured: {name}: {err}")
+    print("targets: all met" if not misses else "targets missed:\n  " + "\n  ".join(misses))
+
+
+if __name__ == "__main__":
+    main()
