@@ -100,10 +100,12 @@ pub enum Algorithm {
     Dissemination = 7,
     /// Through memory every rank of the group maps (see [`crate::Arena`]).
     Shm = 8,
+    /// Reduce-scatter inside each host, all-reduce across hosts, all-gather inside each host.
+    Hierarchical = 9,
 }
 
 impl Algorithm {
-    const ALL: [Algorithm; 9] = [
+    const ALL: [Algorithm; 10] = [
         Algorithm::Direct,
         Algorithm::Ring,
         Algorithm::RecursiveDoubling,
@@ -113,6 +115,7 @@ impl Algorithm {
         Algorithm::Pairwise,
         Algorithm::Dissemination,
         Algorithm::Shm,
+        Algorithm::Hierarchical,
     ];
 
     /// Name as accepted by the `KOLO_ALGO_*` variables.
@@ -127,6 +130,7 @@ impl Algorithm {
             Algorithm::Pairwise => "pairwise",
             Algorithm::Dissemination => "dissemination",
             Algorithm::Shm => "shm",
+            Algorithm::Hierarchical => "hierarchical",
         }
     }
 

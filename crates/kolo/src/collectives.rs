@@ -16,6 +16,34 @@ use kolo_core::{Algorithm, Call, DType, Element, Error, OpKind, ReduceOp, Reduce
 use crate::communicator::{Communicator, Inner};
 use crate::work::Work;
 
+/// From this size, all-reduce on a world spread over several hosts goes hierarchical.
+pub const HIERARCHICAL_MIN_BYTES: usize = 64 * 1024;
+
+/// All-reduce in three steps: reduce-scatter among the ranks of each host (shared memory), all-reduce
+/// of each shard across hosts (TCP, one rank per host and shard), all-gather inside each host. The
+/// buffer is padded to a multiple of the ranks per host; `Avg` divides at both levels, which for
+/// integers truncates the same as dividing once.
+fn hierarchical_all_reduce(
+    h: &crate::communicator::Hierarchy,
+    buf: &mut [u8],
+    dtype: DType,
+    op: ReduceOp,
+) -> Result<()> {
+    let e = dtype.size();
+    let l = h.local.size();
+    let per = (buf.len() / e).div_ceil(l);
+    let mut padded = vec![0u8; per * l * e];
+    padded[..buf.len()].copy_from_slice(buf);
+    let mut shard = vec![0u8; per * e];
+    let local = &h.local.inner;
+    let cross = &h.cross.inner;
+    local.reduce_scatter(local.issue_blocking()?, &padded, &mut shard, dtype, op)?;
+    cross.all_reduce(cross.issue_blocking()?, &mut shard, dtype, op)?;
+    local.all_gather(local.issue_blocking()?, &shard, &mut padded, dtype, None)?;
+    buf.copy_from_slice(&padded[..buf.len()]);
+    Ok(())
+}
+
 /// The arguments of one typed collective, checked against the group.
 struct Check<'a> {
     inner: &'a Inner,
@@ -165,12 +193,22 @@ impl Inner {
             Ok(c.call(dtype, count, Some(op), None))
         })?;
         call.algo = select::all_reduce(count, dtype.size(), self.size(), &self.config.overrides);
-        if self.uses_arena() && self.config.overrides.all_reduce.is_none() && self.size() > 1 {
+        let auto = self.config.overrides.all_reduce.is_none() && self.size() > 1;
+        if auto && self.uses_arena() {
             call.algo = Algorithm::Shm;
         }
+        let hierarchy = if auto && buf.len() >= HIERARCHICAL_MIN_BYTES {
+            self.hierarchy()
+        } else {
+            None
+        };
+        if hierarchy.is_some() {
+            call.algo = Algorithm::Hierarchical;
+        }
         let red = Reducer::new(dtype, op);
-        self.run(seq, call, |ctx| {
-            kolo_collectives::all_reduce(ctx, buf, dtype.size(), &red)
+        self.run(seq, call, |ctx| match hierarchy {
+            Some(h) => hierarchical_all_reduce(h, buf, dtype, op),
+            None => kolo_collectives::all_reduce(ctx, buf, dtype.size(), &red),
         })
     }
 

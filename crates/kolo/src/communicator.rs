@@ -72,8 +72,59 @@ pub(crate) struct Inner {
     /// With an arena: the sequence number whose turn it is (arena steps must follow issue order even
     /// when several threads call blocking collectives).
     turn: (Mutex<u64>, Condvar),
+    /// Sub-communicators for hierarchical all-reduce, made on first use.
+    hierarchy: std::sync::OnceLock<Option<Hierarchy>>,
     /// The rendezvous server, when this rank hosts it (kept alive with the world communicator).
     _store_server: Option<TcpStoreServer>,
+}
+
+/// A world's two levels: this rank's host, and its peers of the same local index on other hosts.
+pub(crate) struct Hierarchy {
+    pub local: Communicator,
+    pub cross: Communicator,
+}
+
+impl Hierarchy {
+    fn new(inner: &Inner) -> Option<Hierarchy> {
+        let n = inner.members.len();
+        if inner.group != ARENA_GROUP || !inner.members.iter().copied().eq(0..n) {
+            return None;
+        }
+        let node_of = &inner.topology.node_of;
+        let nodes = node_of.iter().max().map_or(1, |m| m + 1);
+        let per_node: Vec<Vec<usize>> = (0..nodes)
+            .map(|k| (0..n).filter(|&r| node_of[r] == k).collect())
+            .collect();
+        let l = per_node[0].len();
+        if nodes < 2 || l < 2 || per_node.iter().any(|p| p.len() != l) {
+            return None;
+        }
+        let me = inner.rank;
+        let node = node_of[me];
+        let local_index = per_node[node].iter().position(|&r| r == me)?;
+        let local: Vec<usize> = per_node[node].clone();
+        let cross: Vec<usize> = per_node.iter().map(|p| p[local_index]).collect();
+        let child = |members: Vec<usize>, rank: usize, what: &[u8], which: usize| {
+            let id = kolo_core::call::fnv1a(&[
+                &inner.group.to_le_bytes(),
+                what,
+                &(which as u64).to_le_bytes(),
+            ]);
+            Communicator::from_parts(
+                inner.transport.clone(),
+                members,
+                rank,
+                id,
+                inner.topology.clone(),
+                inner.config.clone(),
+                None,
+            )
+        };
+        Some(Hierarchy {
+            local: child(local, local_index, b"hier-local", node),
+            cross: child(cross, node, b"hier-cross", local_index),
+        })
+    }
 }
 
 /// Passes the arena turn to the next sequence number when a collective ends (however it ends).
@@ -131,6 +182,7 @@ impl Communicator {
         Communicator {
             inner: Arc::new(Inner {
                 uses_arena,
+                hierarchy: std::sync::OnceLock::new(),
                 turn: (Mutex::new(0), Condvar::new()),
                 transport,
                 members,
@@ -332,6 +384,13 @@ impl Inner {
             (None, _) => f(&ctx),
         };
         r.map_err(|e| self.poison(e))
+    }
+
+    /// The ranks of this rank's host and the ranks of the same local index on the other hosts, for a
+    /// world on several hosts with the same number of ranks on each; `None` otherwise. Built without
+    /// communication: every rank derives the same groups from the topology.
+    pub fn hierarchy(&self) -> Option<&Hierarchy> {
+        self.hierarchy.get_or_init(|| Hierarchy::new(self)).as_ref()
     }
 
     /// Whether collectives use the transport's arena.

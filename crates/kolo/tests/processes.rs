@@ -51,6 +51,35 @@ fn worker(role: &str) -> kolo::Result<()> {
             );
             Ok(())
         }
+        "hosts" => {
+            // Ranks on several (pretend) hosts: shm inside a host, TCP across, hierarchical
+            // all-reduce for large buffers when every host has the same number of ranks.
+            let (n, r) = (comm.size() as i64, comm.rank() as i64);
+            let want = n * (n + 1) / 2;
+            for count in [10usize, 100_003] {
+                let mut v = vec![(r + 1) as f64; count];
+                comm.all_reduce(&mut v, ReduceOp::Sum)?;
+                let mut w: Vec<i32> = (0..count)
+                    .map(|i| (r * 1000 + i as i64 % 7) as i32)
+                    .collect();
+                comm.all_reduce(&mut w, ReduceOp::Avg)?;
+                let avg =
+                    |i: usize| ((0..n).map(|k| k * 1000 + i as i64 % 7).sum::<i64>() / n) as i32;
+                if v.iter().any(|&x| x != want as f64) || (0..count).any(|i| w[i] != avg(i)) {
+                    return Err(Error::Unsupported {
+                        what: format!("wrong all_reduce result at count {count}"),
+                    });
+                }
+            }
+            println!(
+                "ok rank={} transport={} local_size={} nodes={}",
+                comm.rank(),
+                comm.transport_kind(),
+                comm.local_size(),
+                comm.num_nodes()
+            );
+            Ok(())
+        }
         "loop" => {
             let mut v = vec![1.0f32; 1 << 20];
             let t = Instant::now();
@@ -158,6 +187,49 @@ fn run_world(n: usize, env_of: impl Fn(usize) -> Vec<(String, String)>) {
             e.stdout
         );
     }
+}
+
+/// `n` ranks; rank r on pretend host `node_of(r)`.
+fn run_hosts(n: usize, node_of: impl Fn(usize) -> usize, nodes: usize) {
+    let port = free_port().to_string();
+    let children: Vec<Child> = (0..n)
+        .map(|r| {
+            start(
+                "hosts",
+                &vars(&[
+                    ("RANK", r.to_string()),
+                    ("WORLD_SIZE", n.to_string()),
+                    ("MASTER_ADDR", "127.0.0.1".into()),
+                    ("MASTER_PORT", port.clone()),
+                    ("KOLO_JOB_ID", format!("hosts-{}-{n}", std::process::id())),
+                    ("KOLO_NODE_ID", format!("host-{}", node_of(r))),
+                ]),
+            )
+        })
+        .collect();
+    for (r, c) in children.into_iter().enumerate() {
+        let e = finish(c, Duration::from_secs(60));
+        assert_eq!(e.code, Some(0), "rank {r}: {}\n{}", e.stdout, e.stderr);
+        let local = (0..n).filter(|&k| node_of(k) == node_of(r)).count();
+        let kind = if local == 1 { "tcp" } else { "shm+tcp" };
+        assert!(
+            e.stdout.contains(&format!(
+                "ok rank={r} transport={kind} local_size={local} nodes={nodes}"
+            )),
+            "rank {r}: {}",
+            e.stdout
+        );
+    }
+}
+
+#[test]
+fn two_hosts_of_two_ranks_use_shm_inside_and_hierarchical_all_reduce() {
+    run_hosts(4, |r| r / 2, 2);
+}
+
+#[test]
+fn uneven_hosts_mix_shm_and_tcp() {
+    run_hosts(3, |r| usize::from(r == 2), 2);
 }
 
 #[test]
