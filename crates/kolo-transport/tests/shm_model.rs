@@ -45,9 +45,9 @@ impl Futex {
 
     /// `futex_wait(word, v)`: sleeps while the word is `v`.
     fn futex_wait(&self, v: u32) {
-        let mut g = self.lock.lock().unwrap();
+        let mut g = self.lock.lock().expect("model lock");
         while self.word.load(Ordering::SeqCst) == v {
-            g = self.cond.wait(g).unwrap();
+            g = self.cond.wait(g).expect("model wait");
         }
     }
 
@@ -55,7 +55,7 @@ impl Futex {
     fn ring(&self) {
         fence(Ordering::SeqCst);
         if self.sleepers.load(Ordering::Relaxed) > 0 {
-            let _g = self.lock.lock().unwrap();
+            let _g = self.lock.lock().expect("model lock");
             self.word.fetch_add(1, Ordering::SeqCst);
             self.cond.notify_all();
         }
@@ -128,7 +128,7 @@ fn ring_with_doorbells_delivers_in_order_without_races_or_lost_wakeups() {
             ring.head.store(head, Ordering::Release);
             ring.producer_bell.ring();
         }
-        producer.join().unwrap();
+        producer.join().expect("producer");
         assert_eq!(got, [1, 2, 3]);
     });
 }
@@ -169,7 +169,7 @@ fn arena_rounds_reuse_buffers_safely() {
         let r = ranks.clone();
         let h = thread::spawn(move || run(1, r));
         let a = run(0, ranks);
-        let b = h.join().unwrap();
+        let b = h.join().expect("rank 1");
         assert_eq!(a, b);
         assert_eq!(a, [11 + 21, 12 + 22, 13 + 23]);
     });

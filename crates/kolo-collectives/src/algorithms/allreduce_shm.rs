@@ -51,13 +51,13 @@ fn wait_all(ctx: &Ctx, arena: &dyn Arena, step: u64) -> Result<()> {
 ///
 /// # Safety
 /// The arena protocol must give this rank read access to that range now (see `kolo_core::arena`).
-unsafe fn peer_bytes<'a>(
-    arena: &'a dyn Arena,
+unsafe fn peer_bytes(
+    arena: &dyn Arena,
     rank: usize,
     parity: usize,
     at: usize,
     len: usize,
-) -> &'a [u8] {
+) -> &[u8] {
     debug_assert!(at + len <= arena.buffer_len());
     // SAFETY: in bounds (above); nobody writes the range while the protocol grants the read.
     unsafe { std::slice::from_raw_parts(arena.buffer(rank, parity).add(at), len) }
