@@ -3,12 +3,17 @@
 use std::process::{Command, Output};
 
 fn kolo_bench(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kolo"))
-        .arg("bench")
-        .args(args)
-        .env("KOLO_TIMEOUT", "60")
-        .output()
-        .expect("run kolo bench")
+    kolo_bench_on(None, args)
+}
+
+/// `kolo bench ARGS` with `KOLO_TRANSPORT` set to `transport` (default: unset, i.e. auto).
+fn kolo_bench_on(transport: Option<&str>, args: &[&str]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_kolo"));
+    cmd.arg("bench").args(args).env("KOLO_TIMEOUT", "60");
+    if let Some(t) = transport {
+        cmd.env("KOLO_TRANSPORT", t);
+    }
+    cmd.output().expect("run kolo bench")
 }
 
 fn text(out: &Output) -> String {
@@ -22,9 +27,21 @@ fn text(out: &Output) -> String {
 
 /// The JSON lines of `kolo bench OP -n N --sizes SIZES --iters 3 --warmup 1 --json`.
 fn json_lines(op: &str, n: &str, sizes: &str) -> Vec<serde_json::Value> {
-    let out = kolo_bench(&[
-        op, "-n", n, "--sizes", sizes, "--iters", "3", "--warmup", "1", "--json", "--check",
-    ]);
+    json_lines_on(None, op, n, sizes)
+}
+
+fn json_lines_on(
+    transport: Option<&str>,
+    op: &str,
+    n: &str,
+    sizes: &str,
+) -> Vec<serde_json::Value> {
+    let out = kolo_bench_on(
+        transport,
+        &[
+            op, "-n", n, "--sizes", sizes, "--iters", "3", "--warmup", "1", "--json", "--check",
+        ],
+    );
     assert!(out.status.success(), "{}", text(&out));
     let stdout = String::from_utf8_lossy(&out.stdout);
     let lines: Vec<serde_json::Value> = stdout
@@ -67,10 +84,13 @@ fn json_lines(op: &str, n: &str, sizes: &str) -> Vec<serde_json::Value> {
 
 #[test]
 fn allreduce_json_lines() {
-    let lines = json_lines("allreduce", "2", "4,64K");
-    assert_eq!(lines[0]["bytes"], 4);
-    assert_eq!(lines[1]["bytes"], 65536);
-    assert_eq!(lines[0]["impl"], "kolo-tcp");
+    // Workers of one host talk through shared memory unless told otherwise.
+    for (transport, name) in [(None, "kolo-shm"), (Some("tcp"), "kolo-tcp")] {
+        let lines = json_lines_on(transport, "allreduce", "2", "4,64K,3M");
+        assert_eq!(lines[0]["bytes"], 4);
+        assert_eq!(lines[1]["bytes"], 65536);
+        assert_eq!(lines[0]["impl"], name);
+    }
 }
 
 #[test]
