@@ -461,29 +461,23 @@ pub fn shm_name_prefix(job_id: &str) -> String {
 /// A world of `size` ranks that are threads of this process, connected through shared memory (as
 /// processes of one host are); give one communicator to each thread.
 pub fn shm_communicators(size: usize, config: Config) -> Result<Vec<Communicator>> {
-    let topo = Arc::new(Topology::single_node(size));
-    Ok(shm_world(size, &ShmOptions::from_env()?)?
-        .into_iter()
-        .enumerate()
-        .map(|(rank, t)| {
-            Communicator::from_parts(
-                Arc::new(t),
-                (0..size).collect(),
-                rank,
-                WORLD_GROUP,
-                topo.clone(),
-                config.clone(),
-                None,
-            )
-        })
-        .collect())
+    Ok(thread_world(
+        shm_world(size, &ShmOptions::from_env()?)?,
+        config,
+    ))
 }
 
 /// A world of `size` ranks that are threads of this process (the local transport); give one
 /// communicator to each thread.
 pub fn local_communicators(size: usize, config: Config) -> Vec<Communicator> {
+    thread_world(local_world(size), config)
+}
+
+/// World communicators over `transports`, the endpoints of one world in rank order, all on one node.
+fn thread_world<T: Transport + 'static>(transports: Vec<T>, config: Config) -> Vec<Communicator> {
+    let size = transports.len();
     let topo = Arc::new(Topology::single_node(size));
-    local_world(size)
+    transports
         .into_iter()
         .enumerate()
         .map(|(rank, t)| {

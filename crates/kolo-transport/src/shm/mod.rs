@@ -729,26 +729,6 @@ impl ShmTransport {
         }
         Ok(())
     }
-
-    fn recv_inner(
-        &self,
-        peer: usize,
-        tag: &Tag,
-        deadline: Option<Instant>,
-    ) -> Result<Message, RecvError> {
-        if let Some(m) = self.mailbox.try_recv(peer, tag).map_err(RecvError::Link)? {
-            return Ok(m);
-        }
-        self.wait_for(deadline, || {
-            self.progress();
-            match self.mailbox.try_recv(peer, tag) {
-                Ok(Some(m)) => Some(Ok(m)),
-                Ok(None) => None,
-                Err(f) => Some(Err(f)),
-            }
-        })?
-        .map_err(RecvError::Link)
-    }
 }
 
 impl Transport for ShmTransport {
@@ -794,7 +774,18 @@ impl Transport for ShmTransport {
         tag: &Tag,
         deadline: Option<Instant>,
     ) -> Result<Message, RecvError> {
-        self.recv_inner(peer, tag, deadline)
+        if let Some(m) = self.mailbox.try_recv(peer, tag).map_err(RecvError::Link)? {
+            return Ok(m);
+        }
+        self.wait_for(deadline, || {
+            self.progress();
+            match self.mailbox.try_recv(peer, tag) {
+                Ok(Some(m)) => Some(Ok(m)),
+                Ok(None) => None,
+                Err(f) => Some(Err(f)),
+            }
+        })?
+        .map_err(RecvError::Link)
     }
 
     fn try_recv(&self, peer: usize, tag: &Tag) -> Result<Option<Message>, LinkFailure> {
