@@ -3,7 +3,7 @@
 use std::ffi::OsString;
 use std::time::Duration;
 
-use crate::LaunchError;
+use crate::{CpuBind, LaunchError};
 
 /// Default address the rendezvous store binds to and workers connect to.
 pub const DEFAULT_MASTER_ADDR: &str = "127.0.0.1";
@@ -37,6 +37,8 @@ pub struct LaunchConfig {
     /// A rank whose stdout and stderr go straight to the launcher's own (not piped, not
     /// prefixed), so that a progress bar it draws on a terminal works (`kolo train` uses rank 0).
     pub direct_output_rank: Option<usize>,
+    /// How workers are bound to CPUs (default: each its own block of cores, see [`CpuBind`]).
+    pub cpu_bind: CpuBind,
 }
 
 impl LaunchConfig {
@@ -60,6 +62,7 @@ impl LaunchConfig {
             prefix_output: true,
             direct_output_rank: None,
             extra_env: Vec::new(),
+            cpu_bind: CpuBind::default(),
         }
     }
 

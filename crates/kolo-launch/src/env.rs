@@ -24,3 +24,5 @@ pub const MASTER_PORT: &str = "MASTER_PORT";
 pub const KOLO_AGENT_STORE: &str = "KOLO_AGENT_STORE";
 /// A random hexadecimal id, the same for all workers of one launch.
 pub const KOLO_JOB_ID: &str = "KOLO_JOB_ID";
+/// The CPUs the worker is bound to (`0-3` style), set only when the launcher binds workers.
+pub const KOLO_CPUS: &str = "KOLO_CPUS";

@@ -28,6 +28,7 @@
 #[cfg(not(unix))]
 compile_error!("kolo-launch supports Unix only");
 
+pub mod bind;
 mod config;
 pub mod env;
 mod error;
@@ -40,6 +41,7 @@ mod supervise;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+pub use bind::CpuBind;
 pub use config::{LaunchConfig, DEFAULT_GRACE_PERIOD, DEFAULT_MASTER_ADDR};
 pub use error::LaunchError;
 pub use outcome::{LaunchOutcome, RankExit, Termination};
@@ -75,6 +77,7 @@ pub fn launch(cfg: &LaunchConfig) -> Result<LaunchOutcome, LaunchError> {
     let job = JobEnv {
         master_port: store.local_addr().port(),
         job_id: spawn::new_job_id(),
+        cpus: bind::plan(cfg.cpu_bind, cfg.nproc, &bind::allowed_cpus()),
     };
 
     let (done_tx, done_rx) = mpsc::channel();

@@ -2,11 +2,12 @@
 
 use std::fs::File;
 use std::io::Read;
+use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use crate::env;
 use crate::process::isolate_child;
+use crate::{bind, env};
 use crate::{LaunchConfig, LaunchError, Termination};
 
 /// A started worker.
@@ -31,6 +32,8 @@ pub(crate) struct Worker {
 pub(crate) struct JobEnv {
     pub(crate) master_port: u16,
     pub(crate) job_id: String,
+    /// The CPUs of each rank, when workers are bound.
+    pub(crate) cpus: Option<Vec<Vec<usize>>>,
 }
 
 /// The environment variables the launcher sets for `rank`, before `extra_env`.
@@ -72,6 +75,14 @@ pub(crate) fn spawn_worker(
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     }
     isolate_child(&mut cmd);
+    if let Some(cpus) = job.cpus.as_ref().and_then(|c| c.get(rank)) {
+        cmd.env(env::KOLO_CPUS, bind::cpu_list(cpus));
+        let set = bind::CpuSet::new(cpus);
+        // SAFETY: the hook makes one async-signal-safe system call and does not allocate.
+        unsafe {
+            cmd.pre_exec(move || set.apply());
+        }
+    }
     let child = cmd.spawn().map_err(|source| LaunchError::Spawn {
         rank,
         program: cfg.program.clone(),
@@ -123,6 +134,7 @@ mod tests {
         let job = JobEnv {
             master_port: 29500,
             job_id: "abc".to_owned(),
+            cpus: None,
         };
         let env = worker_env(&cfg, &job, 2);
         let get = |k: &str| env.iter().find(|(n, _)| *n == k).map(|(_, v)| v.as_str());

@@ -4,7 +4,7 @@
 //! The operations themselves live in `collectives.rs`, `p2p.rs`, `object.rs` and `group.rs`.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -62,16 +62,18 @@ pub(crate) struct Inner {
     pub config: Config,
     seq: AtomicU64,
     failed: Mutex<Option<Arc<Error>>>,
+    /// Set (after `failed`) once this communicator has failed: lets calls skip the lock.
+    has_failed: AtomicBool,
     /// Serializes issuing (sequence numbers) and waits for queued async work.
     issue: Mutex<()>,
-    pending: Arc<(Mutex<usize>, Condvar)>,
+    pending: Arc<Pending>,
     queue: Mutex<Option<WorkQueue>>,
     /// Whether this group owns the transport's arena (the world communicator of a shared-memory
     /// world does): then every collective starts with a fingerprint step in shared memory.
     uses_arena: bool,
     /// With an arena: the sequence number whose turn it is (arena steps must follow issue order even
     /// when several threads call blocking collectives).
-    turn: (Mutex<u64>, Condvar),
+    turn: Turn,
     /// Sub-communicators for hierarchical all-reduce, made on first use.
     hierarchy: std::sync::OnceLock<Option<Hierarchy>>,
     /// The rendezvous server, when this rank hosts it (kept alive with the world communicator).
@@ -127,19 +129,69 @@ impl Hierarchy {
     }
 }
 
+/// Queued async collectives not yet finished. The count is atomic so that a blocking call with
+/// nothing queued takes no lock; waiters register before sleeping and finishers notify only when
+/// someone waits (a `Condvar` notify is a system call).
+#[derive(Default)]
+struct Pending {
+    count: AtomicUsize,
+    waiters: AtomicUsize,
+    lock: Mutex<()>,
+    cv: Condvar,
+}
+
+impl Pending {
+    fn add(&self) {
+        self.count.fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn done(&self) {
+        self.count.fetch_sub(1, Ordering::SeqCst);
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            drop(self.lock.lock().unwrap_or_else(|p| p.into_inner()));
+            self.cv.notify_all();
+        }
+    }
+
+    fn wait_zero(&self) {
+        if self.count.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        self.waiters.fetch_add(1, Ordering::SeqCst);
+        let mut g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        while self.count.load(Ordering::SeqCst) > 0 {
+            g = self.cv.wait(g).unwrap_or_else(|p| p.into_inner());
+        }
+        drop(g);
+        self.waiters.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The arena turn: the sequence number allowed to use the arena next. Same pattern as [`Pending`]:
+/// the common case (one thread calling collectives in order) is two atomic operations.
+#[derive(Default)]
+struct Turn {
+    next: AtomicU64,
+    waiters: AtomicUsize,
+    lock: Mutex<()>,
+    cv: Condvar,
+}
+
 /// Passes the arena turn to the next sequence number when a collective ends (however it ends).
 struct TurnGuard<'a> {
-    inner: &'a Inner,
+    turn: &'a Turn,
     seq: u64,
 }
 
 impl Drop for TurnGuard<'_> {
     fn drop(&mut self) {
-        let (m, c) = &self.inner.turn;
-        let mut t = m.lock().unwrap_or_else(|p| p.into_inner());
-        *t = (*t).max(self.seq + 1);
-        drop(t);
-        c.notify_all();
+        let t = self.turn;
+        t.next.fetch_max(self.seq + 1, Ordering::SeqCst);
+        if t.waiters.load(Ordering::SeqCst) > 0 {
+            // Taking the lock orders this notify after a waiter's check-then-wait.
+            drop(t.lock.lock().unwrap_or_else(|p| p.into_inner()));
+            t.cv.notify_all();
+        }
     }
 }
 
@@ -183,7 +235,7 @@ impl Communicator {
             inner: Arc::new(Inner {
                 uses_arena,
                 hierarchy: std::sync::OnceLock::new(),
-                turn: (Mutex::new(0), Condvar::new()),
+                turn: Turn::default(),
                 transport,
                 members,
                 rank,
@@ -192,8 +244,9 @@ impl Communicator {
                 config,
                 seq: AtomicU64::new(0),
                 failed: Mutex::new(None),
+                has_failed: AtomicBool::new(false),
                 issue: Mutex::new(()),
-                pending: Arc::new((Mutex::new(0), Condvar::new())),
+                pending: Arc::new(Pending::default()),
                 queue: Mutex::new(None),
                 _store_server: store_server,
             }),
@@ -306,7 +359,11 @@ impl Inner {
     }
 
     /// Returns the sticky failure, if any, as an error.
+    #[inline]
     pub fn check(&self) -> Result<()> {
+        if !self.has_failed.load(Ordering::Acquire) {
+            return Ok(());
+        }
         match self.failure() {
             Some(first) => Err(Error::Failed {
                 rank: self.rank,
@@ -324,6 +381,7 @@ impl Inner {
             return e;
         }
         *f = Some(Arc::new(e.duplicate()));
+        self.has_failed.store(true, Ordering::Release);
         drop(f);
         // A peer's abort already reached everyone; echoing it would only add noise.
         if !matches!(e, Error::Aborted { by, .. } if by != self.rank) {
@@ -337,16 +395,8 @@ impl Inner {
     pub fn issue_blocking(&self) -> Result<u64> {
         self.check()?;
         let _g = self.issue.lock().unwrap_or_else(|p| p.into_inner());
-        self.wait_pending();
+        self.pending.wait_zero();
         Ok(self.seq.fetch_add(1, Ordering::SeqCst))
-    }
-
-    fn wait_pending(&self) {
-        let (m, c) = &*self.pending;
-        let mut n = m.lock().unwrap_or_else(|p| p.into_inner());
-        while *n > 0 {
-            n = c.wait(n).unwrap_or_else(|p| p.into_inner());
-        }
     }
 
     /// Runs `f` as collective number `seq` with fingerprint `call`; an error poisons the communicator.
@@ -400,16 +450,35 @@ impl Inner {
 
     /// Waits until collective `seq` may use the arena; the returned guard passes the turn on.
     fn take_turn(&self, seq: u64) -> Result<TurnGuard<'_>> {
-        let (m, c) = &self.turn;
-        let mut t = m.lock().unwrap_or_else(|p| p.into_inner());
-        while *t < seq {
-            self.check()?;
-            t = c
-                .wait_timeout(t, std::time::Duration::from_millis(10))
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+        let t = &self.turn;
+        let guard = TurnGuard { turn: t, seq };
+        if t.next.load(Ordering::SeqCst) >= seq {
+            return Ok(guard);
         }
-        Ok(TurnGuard { inner: self, seq })
+        t.waiters.fetch_add(1, Ordering::SeqCst);
+        let mut g = t.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let r = loop {
+            if t.next.load(Ordering::SeqCst) >= seq {
+                break Ok(());
+            }
+            if let Err(e) = self.check() {
+                break Err(e);
+            }
+            g =
+                t.cv.wait_timeout(g, std::time::Duration::from_millis(10))
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
+        };
+        drop(g);
+        t.waiters.fetch_sub(1, Ordering::SeqCst);
+        match r {
+            Ok(()) => Ok(guard),
+            Err(e) => {
+                // Not our turn yet: pass nothing on.
+                std::mem::forget(guard);
+                Err(e)
+            }
+        }
     }
 
     /// Queues `job` on this communicator's worker thread as collective number `seq`.
@@ -420,18 +489,13 @@ impl Inner {
         self.check()?;
         let _g = self.issue.lock().unwrap_or_else(|p| p.into_inner());
         let seq = self.seq.fetch_add(1, Ordering::SeqCst);
-        {
-            let (m, _) = &*self.pending;
-            *m.lock().unwrap_or_else(|p| p.into_inner()) += 1;
-        }
+        self.pending.add();
         let me = self.clone();
         let pending = self.pending.clone();
         let task = Box::new(move || {
             job(&me, seq);
             drop(me);
-            let (m, c) = &*pending;
-            *m.lock().unwrap_or_else(|p| p.into_inner()) -= 1;
-            c.notify_all();
+            pending.done();
         });
         let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
         if q.is_none() {

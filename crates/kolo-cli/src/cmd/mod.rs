@@ -31,6 +31,26 @@ pub fn exit_code(code: i32) -> ExitCode {
     }
 }
 
+/// Applies `KOLO_BIND` (`cores` or `none`) to `cfg` unless `--bind-to` already set it.
+pub fn bind_from_env(command: &str, cfg: &mut kolo_launch::LaunchConfig) -> Result<(), ExitCode> {
+    let Ok(v) = std::env::var("KOLO_BIND") else {
+        return Ok(());
+    };
+    if std::env::args().any(|a| a == "--bind-to" || a.starts_with("--bind-to=")) {
+        return Ok(());
+    }
+    match v.parse() {
+        Ok(bind) => {
+            cfg.cpu_bind = bind;
+            Ok(())
+        }
+        Err(e) => {
+            eprintln!("kolo {command}: KOLO_BIND: {e}");
+            Err(ExitCode::FAILURE)
+        }
+    }
+}
+
 /// Starts `nproc` copies of this executable as `kolo COMMAND --worker ARGS...` (the arguments this
 /// process got after COMMAND) through the `kolo run` machinery, rank 0 writing straight to the
 /// terminal, and returns the job's exit code. `defaults` are environment variables given to the
@@ -55,6 +75,9 @@ pub fn launch_workers(
     cfg.master_addr = master_addr.to_string();
     cfg.master_port = master_port;
     cfg.direct_output_rank = Some(0);
+    if let Err(code) = bind_from_env(command, &mut cfg) {
+        return code;
+    }
     for (k, v) in defaults {
         if std::env::var_os(k).is_none() {
             cfg.extra_env.push(((*k).into(), v.into()));

@@ -65,6 +65,13 @@ pub struct RunArgs {
     #[arg(long)]
     no_prefix: bool,
 
+    /// CPU binding: `cores` gives each worker its own block of the CPUs kolo run may use (when
+    /// there are 2 or more workers and no more workers than CPUs; like mpirun's default), `none`
+    /// leaves placement to the scheduler. The worker's CPUs are in KOLO_CPUS [default: KOLO_BIND,
+    /// else cores]
+    #[arg(long, value_name = "POLICY")]
+    bind_to: Option<kolo_launch::CpuBind>,
+
     /// The program every worker runs, and its arguments (put them after `--`)
     #[arg(
         value_name = "PROGRAM",
@@ -100,6 +107,9 @@ impl RunArgs {
         cfg.master_port = self.master_port;
         cfg.grace_period = self.grace_period;
         cfg.prefix_output = !self.no_prefix;
+        if let Some(bind) = self.bind_to {
+            cfg.cpu_bind = bind;
+        }
         cfg
     }
 }
@@ -107,7 +117,10 @@ impl RunArgs {
 /// Runs `kolo run` and returns the exit code: the job's, or 1 if it could not
 /// be launched.
 pub fn execute(args: RunArgs) -> ExitCode {
-    let cfg = args.into_config();
+    let mut cfg = args.into_config();
+    if let Err(code) = super::bind_from_env("run", &mut cfg) {
+        return code;
+    }
     match launch(&cfg) {
         Ok(outcome) => super::exit_code(outcome.exit_code()),
         Err(err) => {

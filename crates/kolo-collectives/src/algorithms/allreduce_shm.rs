@@ -1,5 +1,8 @@
 //! All-reduce through an [`Arena`]: every rank reads its peers' buffers in place.
 //!
+//! - Up to the arena's inline length (16 bytes on shared memory: a scalar loss, a few counters): the
+//!   data rides in the step's slot next to the fingerprint, so a peer's contribution arrives in the
+//!   one cache line that also tells it has arrived.
 //! - Up to [`ONE_PHASE_BYTES`]: each rank copies its input into its buffer and posts; once every peer
 //!   has posted, each rank reduces all buffers itself (one synchronization, no second copy).
 //! - Larger: chunks of the buffer length. For each, every rank copies its chunk in and posts; then
@@ -22,8 +25,22 @@ pub const ONE_PHASE_BYTES: usize = 32 * 1024;
 /// Posts this call's fingerprint and checks every peer's: the first step of every collective on a
 /// group with an arena, so that ranks calling different collectives fail fast instead of waiting.
 pub fn confirm(ctx: &Ctx, arena: &dyn Arena) -> Result<()> {
-    let step = arena.post(&ctx.header);
+    let step = arena.post(&ctx.header, &[]);
     wait_all(ctx, arena, step)
+}
+
+/// Checks a peer's fingerprint against this call's.
+fn check_peer(ctx: &Ctx, peer: usize, remote: &kolo_core::Header) -> Result<()> {
+    if *remote != ctx.header {
+        return Err(Error::Mismatch {
+            rank: ctx.rank,
+            peer,
+            local: ctx.header.call,
+            remote: remote.call,
+            tag: ctx.header.tag,
+        });
+    }
+    Ok(())
 }
 
 fn wait_all(ctx: &Ctx, arena: &dyn Arena, step: u64) -> Result<()> {
@@ -32,17 +49,9 @@ fn wait_all(ctx: &Ctx, arena: &dyn Arena, step: u64) -> Result<()> {
             continue;
         }
         let remote = arena
-            .wait(peer, step, ctx.deadline)
+            .wait(peer, step, ctx.deadline, &mut [])
             .map_err(|e| ctx.recv_error(peer, e))?;
-        if remote != ctx.header {
-            return Err(Error::Mismatch {
-                rank: ctx.rank,
-                peer,
-                local: ctx.header.call,
-                remote: remote.call,
-                tag: ctx.header.tag,
-            });
-        }
+        check_peer(ctx, peer, &remote)?;
     }
     Ok(())
 }
@@ -92,10 +101,13 @@ pub fn all_reduce(
         return Ok(());
     }
     let chunk = (arena.buffer_len() / elem).max(1) * elem;
+    if buf.len() <= arena.inline_len() {
+        return all_reduce_inline(ctx, arena, buf, red);
+    }
     if buf.len() <= ONE_PHASE_BYTES.min(chunk) {
         let parity = arena.next_round();
         write_own(arena, parity, 0, buf);
-        let step = arena.post(&ctx.header);
+        let step = arena.post(&ctx.header, &[]);
         wait_all(ctx, arena, step)?;
         let len = buf.len();
         if ctx.rank != 0 {
@@ -112,7 +124,7 @@ pub fn all_reduce(
     for piece in buf.chunks_mut(chunk) {
         let parity = arena.next_round();
         write_own(arena, parity, 0, piece);
-        let step = arena.post(&ctx.header);
+        let step = arena.post(&ctx.header, &[]);
         wait_all(ctx, arena, step)?;
         let blocks = even_blocks(piece.len() / elem, n, elem);
         let mine = blocks[ctx.rank].clone();
@@ -129,7 +141,7 @@ pub fn all_reduce(
             red.finish(out, n);
             write_own(arena, parity, mine.start, out);
         }
-        let step = arena.post(&ctx.header);
+        let step = arena.post(&ctx.header, &[]);
         wait_all(ctx, arena, step)?;
         for (r, b) in blocks.iter().enumerate() {
             if r != ctx.rank && !b.is_empty() {
@@ -140,5 +152,35 @@ pub fn all_reduce(
             }
         }
     }
+    Ok(())
+}
+
+/// All-reduce of a message that fits in a step's inline data: one post, then every peer's data read
+/// from its slot and combined in rank order.
+fn all_reduce_inline(ctx: &Ctx, arena: &dyn Arena, buf: &mut [u8], red: &Reducer) -> Result<()> {
+    const MAX: usize = 64;
+    let len = buf.len();
+    let mut mine = [0u8; MAX];
+    let mut theirs = [0u8; MAX];
+    assert!(len <= MAX, "arena inline length above {MAX}");
+    mine[..len].copy_from_slice(buf);
+    let step = arena.post(&ctx.header, buf);
+    for r in 0..ctx.size() {
+        let data: &[u8] = if r == ctx.rank {
+            &mine[..len]
+        } else {
+            let remote = arena
+                .wait(r, step, ctx.deadline, &mut theirs[..len])
+                .map_err(|e| ctx.recv_error(r, e))?;
+            check_peer(ctx, r, &remote)?;
+            &theirs[..len]
+        };
+        if r == 0 {
+            buf.copy_from_slice(data);
+        } else {
+            red.apply(buf, data);
+        }
+    }
+    red.finish(buf, ctx.size());
     Ok(())
 }

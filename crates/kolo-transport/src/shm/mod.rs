@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! header    magic, world size, ring and buffer sizes, attach count           (128 B)
-//! control   per rank: doorbell + sleepers | state, pid, abort reason | step + 2 fingerprints
+//! control   per rank: doorbell + sleepers | state, pid, abort reason | step + 2 slots (fingerprint, inline data)
 //! rings     per ordered pair (src → dst, src ≠ dst): tail | head | `ring_bytes` of data
 //! buffers   per rank: two arena buffers of `buffer_bytes` (see `kolo_core::Arena`)
 //! ```
@@ -53,7 +53,12 @@ const LINE: usize = 128;
 const HEADER_BYTES: usize = 128;
 const CTRL_BYTES: usize = 4 * LINE;
 const REASON_MAX: usize = 2 * LINE - 16;
-const FP_SLOT: usize = 40;
+/// A step's slot: the fingerprint (`HEADER_LEN` bytes), then inline data from `INLINE_AT`. The step
+/// word and both slots share one 128-byte line.
+const FP_SLOT: usize = 56;
+const INLINE_AT: usize = 40;
+const INLINE_BYTES: usize = FP_SLOT - INLINE_AT;
+const _: () = assert!(HEADER_LEN <= INLINE_AT && 8 + 2 * FP_SLOT <= LINE);
 const RING_CTRL: usize = 2 * LINE;
 const PREFIX: usize = 8 + HEADER_LEN;
 
@@ -101,7 +106,7 @@ impl Default for ShmOptions {
         ShmOptions {
             ring_bytes: 256 << 10,
             buffer_bytes: 1 << 20,
-            spin: Duration::from_micros(50),
+            spin: Duration::from_micros(1000),
             poll: Duration::from_millis(20),
             max_message: 1 << 40,
             connect_timeout: Duration::from_secs(300),
@@ -634,15 +639,24 @@ impl ShmTransport {
         deadline: Option<Instant>,
         mut ready: impl FnMut() -> Option<R>,
     ) -> Result<R, RecvError> {
-        let spin_until = Instant::now() + self.opts.spin;
+        // Most waits end within a few hundred spins: read the clock only after that. Past that, yield
+        // the CPU every 64 spins: when the peer waits for a CPU (more ranks than free cores, or both
+        // placed on one core) it runs at once, and the scheduler sees two runnable tasks and spreads
+        // them — a pure spin-then-sleep would keep two ranks on one core, each waiting a full spin.
+        let mut spin_until = None;
         let mut i = 0u32;
         loop {
             if let Some(r) = ready() {
                 return Ok(r);
             }
             i = i.wrapping_add(1);
-            if i % 64 == 0 && Instant::now() >= spin_until {
-                break;
+            if i % 16 == 0 && i >= 256 {
+                let now = Instant::now();
+                match spin_until {
+                    None => spin_until = Some(now + self.opts.spin),
+                    Some(t) if now >= t => break,
+                    Some(_) => std::thread::yield_now(),
+                }
             }
             std::hint::spin_loop();
         }
@@ -832,16 +846,20 @@ impl Arena for ShmTransport {
         (self.next_round.fetch_add(1, Ordering::Relaxed) % 2) as usize
     }
 
-    fn post(&self, header: &Header) -> u64 {
+    fn inline_len(&self) -> usize {
+        INLINE_BYTES
+    }
+
+    fn post(&self, header: &Header, inline: &[u8]) -> u64 {
+        assert!(inline.len() <= INLINE_BYTES, "inline data too long");
         let step = self.next_step.fetch_add(1, Ordering::Relaxed);
         let fp = header.encode();
-        // SAFETY: the fingerprint slot of this step's parity is ours to write (see kolo_core::arena).
+        let slot = self.fingerprint(self.rank, step);
+        // SAFETY: the slot of this step's parity is ours to write (see kolo_core::arena); header and
+        // inline data fit in it (asserted above).
         unsafe {
-            std::ptr::copy_nonoverlapping(
-                fp.as_ptr(),
-                self.fingerprint(self.rank, step),
-                HEADER_LEN,
-            )
+            std::ptr::copy_nonoverlapping(fp.as_ptr(), slot, HEADER_LEN);
+            std::ptr::copy_nonoverlapping(inline.as_ptr(), slot.add(INLINE_AT), inline.len());
         };
         self.step_word(self.rank).store(step, Ordering::Release);
         for peer in 0..self.layout.n {
@@ -852,7 +870,14 @@ impl Arena for ShmTransport {
         step
     }
 
-    fn wait(&self, peer: usize, step: u64, deadline: Option<Instant>) -> Result<Header, RecvError> {
+    fn wait(
+        &self,
+        peer: usize,
+        step: u64,
+        deadline: Option<Instant>,
+        inline: &mut [u8],
+    ) -> Result<Header, RecvError> {
+        assert!(inline.len() <= INLINE_BYTES, "inline data too long");
         let word = self.step_word(peer);
         if word.load(Ordering::Acquire) < step {
             self.wait_for(deadline, || {
@@ -867,10 +892,12 @@ impl Arena for ShmTransport {
             .map_err(RecvError::Link)?;
         }
         let mut fp = [0u8; HEADER_LEN];
+        let slot = self.fingerprint(peer, step);
         // SAFETY: the peer wrote this slot before posting `step` (acquired above) and will not
         // rewrite it before we post our next step.
         unsafe {
-            std::ptr::copy_nonoverlapping(self.fingerprint(peer, step), fp.as_mut_ptr(), HEADER_LEN)
+            std::ptr::copy_nonoverlapping(slot, fp.as_mut_ptr(), HEADER_LEN);
+            std::ptr::copy_nonoverlapping(slot.add(INLINE_AT), inline.as_mut_ptr(), inline.len());
         };
         Header::decode(&fp).map_err(|e| {
             RecvError::Link(LinkFailure::Protocol {

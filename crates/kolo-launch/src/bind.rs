@@ -1,0 +1,159 @@
+//! CPU binding of workers: each local worker gets its own block of the CPUs the launcher may use,
+//! as `mpirun` binds ranks to cores by default.
+//!
+//! Why it matters: ranks that wait for each other by spinning (the shared-memory transport does, for
+//! a few microseconds before it sleeps) must not share a core. Left to itself the scheduler can start
+//! two such ranks on one core and keep them there, since at any moment only one of them is runnable;
+//! a bound rank also keeps its caches and its compute threads (which size themselves by the CPUs
+//! they may use) to itself.
+
+use std::fmt;
+use std::str::FromStr;
+
+/// How workers are bound to CPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CpuBind {
+    /// Each of the `nproc` workers gets `cpus / nproc` of the launcher's CPUs (a contiguous block, in
+    /// CPU order), when there are at least two workers and no more workers than CPUs; otherwise no
+    /// binding.
+    #[default]
+    Cores,
+    /// No binding: workers may run on every CPU the launcher may use.
+    None,
+}
+
+impl FromStr for CpuBind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "cores" | "core" => Ok(CpuBind::Cores),
+            "none" => Ok(CpuBind::None),
+            other => Err(format!("expected `cores` or `none`, got `{other}`")),
+        }
+    }
+}
+
+impl fmt::Display for CpuBind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            CpuBind::Cores => "cores",
+            CpuBind::None => "none",
+        })
+    }
+}
+
+/// The CPUs this process may run on, in increasing order (empty where that cannot be read).
+pub fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: an all-zero cpu_set_t is a valid empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: pid 0 is this thread; the size is that of `set`.
+    let r = unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    if r != 0 {
+        return Vec::new();
+    }
+    (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: the index is below CPU_SETSIZE.
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .collect()
+}
+
+/// The CPUs of each of `nproc` workers under `bind`, given the launcher's `cpus`; `None` when the
+/// workers are not bound.
+pub fn plan(bind: CpuBind, nproc: usize, cpus: &[usize]) -> Option<Vec<Vec<usize>>> {
+    if bind == CpuBind::None || nproc < 2 || nproc > cpus.len() {
+        return None;
+    }
+    let per = cpus.len() / nproc;
+    Some(
+        (0..nproc)
+            .map(|r| cpus[r * per..(r + 1) * per].to_vec())
+            .collect(),
+    )
+}
+
+/// A CPU set ready to apply in a forked child (no allocation there).
+#[derive(Clone, Copy)]
+pub(crate) struct CpuSet(libc::cpu_set_t);
+
+impl CpuSet {
+    pub(crate) fn new(cpus: &[usize]) -> CpuSet {
+        // SAFETY: an all-zero cpu_set_t is a valid empty set.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        for &c in cpus.iter().filter(|&&c| c < libc::CPU_SETSIZE as usize) {
+            // SAFETY: the index is below CPU_SETSIZE.
+            unsafe { libc::CPU_SET(c, &mut set) };
+        }
+        CpuSet(set)
+    }
+
+    /// Binds the calling process (async-signal-safe: one system call).
+    pub(crate) fn apply(&self) -> std::io::Result<()> {
+        // SAFETY: pid 0 is the calling process; the set is valid and its size is passed.
+        let r =
+            unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &self.0) };
+        if r != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
+/// `0-3,8` style list of `cpus` (sorted).
+pub fn cpu_list(cpus: &[usize]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < cpus.len() {
+        let mut j = i;
+        while j + 1 < cpus.len() && cpus[j + 1] == cpus[j] + 1 {
+            j += 1;
+        }
+        out.push(if i == j {
+            cpus[i].to_string()
+        } else {
+            format!("{}-{}", cpus[i], cpus[j])
+        });
+        i = j + 1;
+    }
+    out.join(",")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_split_the_cpus_evenly() {
+        let cpus: Vec<usize> = (0..8).collect();
+        let p = plan(CpuBind::Cores, 2, &cpus).expect("bound");
+        assert_eq!(p, vec![vec![0, 1, 2, 3], vec![4, 5, 6, 7]]);
+        let p = plan(CpuBind::Cores, 3, &cpus).expect("bound");
+        assert_eq!(p, vec![vec![0, 1], vec![2, 3], vec![4, 5]]);
+        let odd = [1, 3, 5];
+        assert_eq!(
+            plan(CpuBind::Cores, 3, &odd),
+            Some(vec![vec![1], vec![3], vec![5]])
+        );
+    }
+
+    #[test]
+    fn no_binding_when_it_cannot_help() {
+        let cpus: Vec<usize> = (0..2).collect();
+        assert_eq!(plan(CpuBind::Cores, 1, &cpus), None);
+        assert_eq!(plan(CpuBind::Cores, 3, &cpus), None);
+        assert_eq!(plan(CpuBind::None, 2, &cpus), None);
+    }
+
+    #[test]
+    fn lists_and_parsing() {
+        assert_eq!(cpu_list(&[0, 1, 2, 5, 7, 8]), "0-2,5,7-8");
+        assert_eq!(cpu_list(&[]), "");
+        assert_eq!("none".parse::<CpuBind>(), Ok(CpuBind::None));
+        assert_eq!("cores".parse::<CpuBind>(), Ok(CpuBind::Cores));
+        assert!("socket".parse::<CpuBind>().is_err());
+    }
+
+    #[test]
+    fn this_process_has_cpus() {
+        assert!(!allowed_cpus().is_empty());
+    }
+}
