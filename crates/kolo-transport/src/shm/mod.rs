@@ -20,7 +20,8 @@
 //!
 //! # Waiting
 //!
-//! A waiting thread spins for `spin` (default 50 µs), then sleeps on its rank's futex doorbell, which
+//! A waiting thread spins for a few hundred polls, then polls while yielding its core until `spin`
+//! (default 1 ms) has passed, then sleeps on its rank's futex doorbell, which
 //! peers ring after publishing (see [`sync`]). While asleep it wakes every `poll` (20 ms) to check
 //! that its peers' processes are alive (a `pidfd` each), so a peer killed with `kill -9` is noticed
 //! within that time; a peer that aborts sets its state and rings every doorbell.
@@ -640,9 +641,10 @@ impl ShmTransport {
         mut ready: impl FnMut() -> Option<R>,
     ) -> Result<R, RecvError> {
         // Most waits end within a few hundred spins: read the clock only after that. Past that, yield
-        // the CPU every 64 spins: when the peer waits for a CPU (more ranks than free cores, or both
-        // placed on one core) it runs at once, and the scheduler sees two runnable tasks and spreads
-        // them — a pure spin-then-sleep would keep two ranks on one core, each waiting a full spin.
+        // the core every 16 spins: a thread or rank waiting for it (more ranks than free cores, or
+        // both placed on one core) runs at once. Sleep only after `spin`: once a rank sleeps its peers
+        // pay a wake-up per step, which on a virtual machine can outlast a short spin and keep every
+        // rank sleeping on every step.
         let mut spin_until = None;
         let mut i = 0u32;
         loop {
