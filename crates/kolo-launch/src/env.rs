@@ -24,5 +24,8 @@ pub const MASTER_PORT: &str = "MASTER_PORT";
 pub const KOLO_AGENT_STORE: &str = "KOLO_AGENT_STORE";
 /// A random hexadecimal id, the same for all workers of one launch.
 pub const KOLO_JOB_ID: &str = "KOLO_JOB_ID";
+/// The job secret every connection of the job proves (see `kolo_store::auth`); generated per job
+/// unless the launcher's own environment sets it.
+pub const KOLO_JOB_SECRET: &str = "KOLO_JOB_SECRET";
 /// The CPUs the worker is bound to (`0-3` style), set only when the launcher binds workers.
 pub const KOLO_CPUS: &str = "KOLO_CPUS";

@@ -61,6 +61,14 @@ pub enum LaunchError {
         source: io::Error,
     },
 
+    /// No random job secret could be generated.
+    #[error("cannot generate the job secret (reading /dev/urandom)")]
+    Secret {
+        /// The underlying error.
+        #[source]
+        source: io::Error,
+    },
+
     /// The launcher's SIGINT/SIGTERM/SIGHUP handlers could not be installed.
     #[error("cannot install the launcher's signal handlers")]
     Signals {

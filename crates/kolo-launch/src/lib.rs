@@ -73,8 +73,15 @@ const OUTPUT_DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
 pub fn launch(cfg: &LaunchConfig) -> Result<LaunchOutcome, LaunchError> {
     cfg.validate()?;
     let signals = SignalFlags::register().map_err(|source| LaunchError::Signals { source })?;
-    let store = host_store(cfg)?;
+    // The job secret: the caller's (every node of a job must share it), else a fresh one.
+    let secret = match std::env::var(kolo_store::auth::SECRET_ENV) {
+        Ok(s) if !s.is_empty() => s,
+        _ => kolo_store::JobSecret::generate_hex()
+            .map_err(|source| LaunchError::Secret { source })?,
+    };
+    let store = host_store(cfg, &secret)?;
     let job = JobEnv {
+        secret,
         master_port: store.local_addr().port(),
         job_id: spawn::new_job_id(),
         cpus: bind::plan(cfg.cpu_bind, cfg.nproc, &bind::allowed_cpus()),
@@ -150,14 +157,15 @@ pub fn launch(cfg: &LaunchConfig) -> Result<LaunchOutcome, LaunchError> {
 }
 
 /// Binds the rendezvous store the workers will connect to.
-fn host_store(cfg: &LaunchConfig) -> Result<kolo_store::TcpStoreServer, LaunchError> {
+fn host_store(cfg: &LaunchConfig, secret: &str) -> Result<kolo_store::TcpStoreServer, LaunchError> {
     let port = cfg.master_port.unwrap_or(0);
-    kolo_store::TcpStoreServer::bind((cfg.master_addr.as_str(), port)).map_err(|source| {
-        LaunchError::Store {
+    let secret = kolo_store::JobSecret::new(secret.as_bytes());
+    kolo_store::TcpStoreServer::bind_with_secret((cfg.master_addr.as_str(), port), secret).map_err(
+        |source| LaunchError::Store {
             addr: cfg.endpoint(port),
             source,
-        }
-    })
+        },
+    )
 }
 
 /// Starts the threads forwarding `worker`'s stdout and stderr; returns how

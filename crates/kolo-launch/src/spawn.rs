@@ -34,6 +34,8 @@ pub(crate) struct JobEnv {
     pub(crate) job_id: String,
     /// The CPUs of each rank, when workers are bound.
     pub(crate) cpus: Option<Vec<Vec<usize>>>,
+    /// The job secret (`KOLO_JOB_SECRET`).
+    pub(crate) secret: String,
 }
 
 /// The environment variables the launcher sets for `rank`, before `extra_env`.
@@ -53,6 +55,7 @@ pub(crate) fn worker_env(
         (env::MASTER_PORT, job.master_port.to_string()),
         (env::KOLO_AGENT_STORE, "1".to_owned()),
         (env::KOLO_JOB_ID, job.job_id.clone()),
+        (env::KOLO_JOB_SECRET, job.secret.clone()),
     ]
 }
 
@@ -135,6 +138,7 @@ mod tests {
             master_port: 29500,
             job_id: "abc".to_owned(),
             cpus: None,
+            secret: "s".to_owned(),
         };
         let env = worker_env(&cfg, &job, 2);
         let get = |k: &str| env.iter().find(|(n, _)| *n == k).map(|(_, v)| v.as_str());

@@ -57,6 +57,7 @@
 #[cfg(not(unix))]
 compile_error!("kolo-store needs a unix platform (it uses flock and poll)");
 
+pub mod auth;
 mod deadline;
 mod error;
 mod ext;
@@ -71,6 +72,7 @@ mod wire;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use auth::JobSecret;
 pub use error::StoreError;
 pub use ext::StoreExt;
 pub use file::FileStore;

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
+use crate::auth::{self, JobSecret};
 use crate::deadline::{Backoff, Deadline};
 use crate::kv::{Kv, WaitOutcome};
 use crate::sys::poll_readable;
@@ -75,6 +76,8 @@ struct ServerShared {
     stopping: AtomicBool,
     /// Clones of every open client socket, so shutdown can close them.
     conns: Mutex<HashMap<u64, TcpStream>>,
+    /// What clients must prove they know.
+    secret: JobSecret,
 }
 
 /// A TCP store server running on background threads.
@@ -111,7 +114,19 @@ impl TcpStoreServer {
     ///
     /// A port already in use (or any other bind failure) is
     /// [`StoreError::Bind`].
+    ///
+    /// Clients must prove they know the job secret in `KOLO_JOB_SECRET` (none when unset; see
+    /// [`crate::auth`]); [`TcpStoreServer::bind_with_secret`] takes it explicitly.
     pub fn bind(addr: impl ToSocketAddrs) -> Result<TcpStoreServer, StoreError> {
+        TcpStoreServer::bind_with_secret(addr, JobSecret::from_env())
+    }
+
+    /// [`TcpStoreServer::bind`] with an explicit job secret. A connection that fails the secret
+    /// exchange is dropped and logged; it never reaches the data.
+    pub fn bind_with_secret(
+        addr: impl ToSocketAddrs,
+        secret: JobSecret,
+    ) -> Result<TcpStoreServer, StoreError> {
         let addrs: Vec<SocketAddr> = addr
             .to_socket_addrs()
             .map_err(|source| StoreError::Bind {
@@ -144,6 +159,7 @@ impl TcpStoreServer {
             kv: Kv::default(),
             stopping: AtomicBool::new(false),
             conns: Mutex::new(HashMap::new()),
+            secret,
         });
         let acceptor = {
             let shared = Arc::clone(&shared);
@@ -287,6 +303,12 @@ fn serve(shared: &ServerShared, mut stream: TcpStream) -> Result<(), WireError> 
     stream.set_write_timeout(Some(SERVER_WRITE_TIMEOUT))?;
     stream.set_read_timeout(Some(SERVER_HANDSHAKE_TIMEOUT))?;
     wire::server_handshake(&mut stream)?;
+    auth::server(&mut stream, &shared.secret).map_err(|e| match e {
+        auth::AuthError::Io(e) => WireError::Invalid(format!(
+            "the client did not complete the job-secret exchange ({e})"
+        )),
+        other => WireError::Invalid(other.to_string()),
+    })?;
     // Between requests a client may stay idle for the whole job.
     stream.set_read_timeout(None)?;
     let mut reader = BufReader::new(stream.try_clone()?);
@@ -417,6 +439,7 @@ enum AttemptError {
 /// a hang. A connection that saw an I/O or protocol error is discarded.
 #[derive(Debug)]
 pub struct TcpStore {
+    secret: JobSecret,
     addr: String,
     io_timeout: Duration,
     idle: Mutex<Vec<BufReader<TcpStream>>>,
@@ -428,13 +451,26 @@ impl TcpStore {
     /// for up to `timeout`. Then fails with [`StoreError::Connect`] carrying
     /// the last error. A peer that is not a compatible store server is
     /// [`StoreError::Protocol`] at once.
+    ///
+    /// Proves the job secret in `KOLO_JOB_SECRET` (none when unset) to the server, and checks the
+    /// server's proof; a mismatch is [`StoreError::Protocol`] at once.
     pub fn connect(addr: &str, timeout: Duration) -> Result<TcpStore, StoreError> {
+        TcpStore::connect_with_secret(addr, timeout, JobSecret::from_env())
+    }
+
+    /// [`TcpStore::connect`] with an explicit job secret.
+    pub fn connect_with_secret(
+        addr: &str,
+        timeout: Duration,
+        secret: JobSecret,
+    ) -> Result<TcpStore, StoreError> {
         let deadline = Deadline::after(timeout);
         let mut backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(200));
         loop {
-            let last = match open_connection(addr, &deadline, DEFAULT_IO_TIMEOUT) {
+            let last = match open_connection(addr, &deadline, DEFAULT_IO_TIMEOUT, &secret) {
                 Ok(conn) => {
                     return Ok(TcpStore {
+                        secret,
                         addr: addr.to_owned(),
                         io_timeout: DEFAULT_IO_TIMEOUT,
                         idle: Mutex::new(vec![conn]),
@@ -478,7 +514,7 @@ impl TcpStore {
             return Ok(conn);
         }
         let deadline = Deadline::after(self.io_timeout);
-        open_connection(&self.addr, &deadline, self.io_timeout).map_err(|e| match e {
+        open_connection(&self.addr, &deadline, self.io_timeout, &self.secret).map_err(|e| match e {
             AttemptError::Fatal(e) => e,
             AttemptError::Retry(source) => StoreError::Connect {
                 addr: self.addr.clone(),
@@ -612,6 +648,7 @@ fn open_connection(
     addr: &str,
     deadline: &Deadline,
     io_timeout: Duration,
+    secret: &JobSecret,
 ) -> Result<BufReader<TcpStream>, AttemptError> {
     let min = Duration::from_millis(50);
     let targets: Vec<SocketAddr> = addr
@@ -641,7 +678,13 @@ fn open_connection(
             last = e;
             continue;
         }
-        match wire::client_handshake(&mut stream) {
+        let shaken = wire::client_handshake(&mut stream).and_then(|()| {
+            auth::client(&mut stream, secret).map_err(|e| match e {
+                auth::AuthError::Io(e) => WireError::Io(e),
+                other => WireError::Invalid(other.to_string()),
+            })
+        });
+        match shaken {
             Ok(()) => return Ok(BufReader::new(stream)),
             Err(WireError::Io(e)) => last = e,
             Err(WireError::Invalid(reason)) => {
@@ -779,6 +822,7 @@ mod tests {
     #[test]
     fn remote_errors_map_to_typed_errors() {
         let store = TcpStore {
+            secret: JobSecret::default(),
             addr: "x:1".into(),
             io_timeout: DEFAULT_IO_TIMEOUT,
             idle: Mutex::new(Vec::new()),

@@ -41,7 +41,7 @@ use crate::{MAX_KEY_LEN, MAX_VALUE_LEN, MAX_WAIT_KEYS};
 /// as a big-endian number, sent as a little-endian `u32`.
 pub const MAGIC: u32 = 0x4B4F_4C53;
 /// Version of the wire protocol spoken by this crate.
-pub const PROTOCOL_VERSION: u16 = 1;
+pub const PROTOCOL_VERSION: u16 = 2;
 
 /// Longest free-text string (error message) in a response.
 const MAX_MESSAGE_LEN: usize = 4 * 1024;
@@ -193,8 +193,7 @@ pub(crate) enum Response {
 /// Client side of the handshake: sends `MAGIC` and `PROTOCOL_VERSION`,
 /// expects the same back.
 ///
-/// This is the single place to extend when connections get authenticated
-/// (e.g. an HMAC challenge with a per-job secret).
+/// The job-secret exchange ([`crate::auth`]) follows it.
 pub(crate) fn client_handshake<S: Read + Write>(stream: &mut S) -> Result<(), WireError> {
     stream.write_all(&hello())?;
     stream.flush()?;
@@ -216,8 +215,7 @@ pub(crate) fn client_handshake<S: Read + Write>(stream: &mut S) -> Result<(), Wi
 /// Server side of the handshake: expects `MAGIC` and `PROTOCOL_VERSION`
 /// and answers with its own. On a version mismatch it still answers (so
 /// the client can report the versions) and then fails.
-///
-/// This is the single place to extend when connections get authenticated.
+/// The job-secret exchange ([`crate::auth`]) follows it.
 pub(crate) fn server_handshake<S: Read + Write>(stream: &mut S) -> Result<(), WireError> {
     let (magic, version) = read_hello(stream)?;
     if magic != MAGIC {

@@ -8,7 +8,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use kolo_store::{
-    Store, StoreError, TcpStore, TcpStoreServer, MAGIC, MAX_VALUE_LEN, PROTOCOL_VERSION,
+    JobSecret, Store, StoreError, TcpStore, TcpStoreServer, MAGIC, MAX_VALUE_LEN, PROTOCOL_VERSION,
 };
 
 const TIMEOUT: Duration = Duration::from_secs(5);
@@ -55,6 +55,7 @@ fn handshake(stream: &mut TcpStream) {
     let mut reply = [0u8; 6];
     stream.read_exact(&mut reply).unwrap();
     assert_eq!(reply.to_vec(), hello);
+    kolo_store::auth::client(stream, &JobSecret::default()).unwrap();
 }
 
 #[test]
@@ -290,6 +291,7 @@ fn silent_server_is_an_error_not_a_hang() {
         let mut hello = [0u8; 6];
         s.read_exact(&mut hello).unwrap();
         s.write_all(&hello).unwrap();
+        kolo_store::auth::server(&mut s, &JobSecret::default()).unwrap();
         let mut sink = [0u8; 1024];
         s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
         while matches!(s.read(&mut sink), Ok(n) if n > 0) {}
@@ -343,4 +345,64 @@ fn many_clients_in_parallel() {
     let store = TcpStore::connect(&addr, TIMEOUT).unwrap();
     assert_eq!(store.get("sum", TIMEOUT).unwrap(), b"120");
     assert_eq!(store.num_keys().unwrap(), 17);
+}
+
+#[test]
+fn a_client_with_a_wrong_or_missing_secret_is_refused_and_the_job_goes_on() {
+    let secret = JobSecret::new("the job's secret");
+    let server = TcpStoreServer::bind_with_secret("127.0.0.1:0", secret.clone()).unwrap();
+    let addr = server.local_addr().to_string();
+    let good = TcpStore::connect_with_secret(&addr, TIMEOUT, secret.clone()).unwrap();
+    good.set("k", b"v").unwrap();
+    for wrong in [JobSecret::new("a guess"), JobSecret::default()] {
+        let start = Instant::now();
+        let err = TcpStore::connect_with_secret(&addr, TIMEOUT, wrong).unwrap_err();
+        match &err {
+            StoreError::Protocol { reason, .. } => {
+                assert!(reason.contains("KOLO_JOB_SECRET"), "{reason}")
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "retried a refusal"
+        );
+    }
+    // A client that knows the protocol but not the secret, speaking the exchange by hand.
+    let mut raw = TcpStream::connect(server.local_addr()).unwrap();
+    let mut hello = MAGIC.to_le_bytes().to_vec();
+    hello.extend_from_slice(&PROTOCOL_VERSION.to_le_bytes());
+    raw.write_all(&hello).unwrap();
+    let mut reply = [0u8; 6];
+    raw.read_exact(&mut reply).unwrap();
+    raw.write_all(&[0u8; 16]).unwrap();
+    let mut challenge = [0u8; 48];
+    raw.read_exact(&mut challenge).unwrap();
+    raw.write_all(&[0u8; 32]).unwrap(); // not the proof
+    raw.write_all(&[3u8, 1, 0, 0, 0, b'k']).unwrap(); // a get, which must never be served
+    assert!(closed_by_server(&mut raw));
+    // Random bytes after the hello.
+    let mut noise = TcpStream::connect(server.local_addr()).unwrap();
+    noise.write_all(&hello).unwrap();
+    noise.write_all(&[0x5a; 200]).unwrap();
+    assert!(closed_by_server(&mut noise));
+    // The job's own client never noticed.
+    assert_eq!(good.get("k", TIMEOUT).unwrap(), b"v");
+    good.set("k2", b"w").unwrap();
+    assert_eq!(good.try_get("k2").unwrap(), Some(b"w".to_vec()));
+}
+
+#[test]
+fn a_server_without_the_secret_is_not_trusted() {
+    let server = TcpStoreServer::bind_with_secret("127.0.0.1:0", JobSecret::new("other")).unwrap();
+    let err = TcpStore::connect_with_secret(
+        &server.local_addr().to_string(),
+        TIMEOUT,
+        JobSecret::new("mine"),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&err, StoreError::Protocol { reason, .. } if reason.contains("did not prove")),
+        "{err:?}"
+    );
 }

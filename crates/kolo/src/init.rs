@@ -429,6 +429,7 @@ pub fn init_with(opts: InitOptions) -> Result<Communicator> {
             listen: opts.listen.unwrap_or(listen),
             advertise: opts.advertise.unwrap_or(advertise),
             connect_timeout: timeout,
+            secret: kolo_store::JobSecret::from_env(),
             ..TcpOptions::default()
         };
         let tcp = TcpTransport::connect(&*store, &prefix, opts.rank, opts.size, &tcp)?;

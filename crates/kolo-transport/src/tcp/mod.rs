@@ -2,9 +2,11 @@
 //!
 //! Set-up (gloo's full mesh): every rank listens on an ephemeral port and publishes `ip:port` in the
 //! store under `{prefix}/tcp/{rank}`; each rank connects to every lower rank and accepts a connection from
-//! every higher one. The connecting side introduces itself with a [`frame::Hello`] naming its rank, the
-//! world size and the world id (a hash of the prefix); the acceptor refuses anything else and keeps
-//! waiting, so a stray or stale connection cannot take a rank's place.
+//! every higher one. Both sides first prove they know the job secret ([`kolo_store::auth`], on a thread
+//! per incoming connection, so a stalled one holds nothing up); then the connecting side introduces
+//! itself with a [`frame::Hello`] naming its rank, the world size and the world id (a hash of the
+//! prefix); the acceptor refuses anything else, logs it and keeps waiting, so a stray, stale or
+//! hostile connection cannot take a rank's place.
 //!
 //! Data path: `send` writes a frame on the peer's connection under a per-connection lock; a reader
 //! thread per connection drains incoming frames into the rank's [`Mailbox`]. Because readers always
@@ -25,7 +27,8 @@ use kolo_core::{
     call::fnv1a, Algorithm, Call, Error, Header, LinkFailure, Mailbox, Message, OpKind, RecvError,
     Tag, TagSpace, Transport,
 };
-use kolo_store::Store;
+use kolo_store::auth::AuthError;
+use kolo_store::{JobSecret, Store};
 
 use frame::{Frame, Hello, Kind, ReadError, HELLO_LEN};
 
@@ -41,6 +44,8 @@ pub struct TcpOptions {
     pub connect_timeout: Duration,
     /// Largest payload accepted from a peer, in bytes.
     pub max_message: u64,
+    /// The job secret every connection must prove (see `kolo_store::auth`).
+    pub secret: JobSecret,
 }
 
 impl Default for TcpOptions {
@@ -50,6 +55,7 @@ impl Default for TcpOptions {
             advertise: IpAddr::V4(Ipv4Addr::LOCALHOST),
             connect_timeout: Duration::from_secs(300),
             max_message: 1 << 40,
+            secret: JobSecret::default(),
         }
     }
 }
@@ -108,13 +114,25 @@ impl TcpTransport {
         let expect_higher = size - rank - 1;
         let acceptor = thread::Builder::new()
             .name(format!("kolo-accept-{rank}"))
-            .spawn(move || accept_higher(listener, rank, size, world, expect_higher, deadline))
+            .spawn({
+                let secret = opts.secret.clone();
+                move || accept_higher(listener, rank, size, world, expect_higher, deadline, secret)
+            })
             .map_err(io_err(format!("rank {rank}: spawn accept thread")))?;
 
         let mut streams: Vec<Option<TcpStream>> = (0..size).map(|_| None).collect();
         let mut first_err = None;
         for (peer, slot) in streams.iter_mut().enumerate().take(rank) {
-            match connect_lower(store, prefix, rank, size, world, peer, deadline) {
+            match connect_lower(
+                store,
+                prefix,
+                rank,
+                size,
+                world,
+                peer,
+                deadline,
+                &opts.secret,
+            ) {
                 Ok(s) => *slot = Some(s),
                 Err(e) => {
                     first_err = Some(e);
@@ -200,6 +218,27 @@ fn control_header() -> Header {
     }
 }
 
+/// How long a connecting peer gets to finish the secret exchange and its hello.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The accepting side's checks on one connection: the job secret, then the hello. Runs on a thread of
+/// its own, so a connection that stalls cannot hold up the others.
+fn greet(mut s: TcpStream, secret: &JobSecret) -> Result<(Hello, TcpStream), String> {
+    s.set_nonblocking(false).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(HANDSHAKE_TIMEOUT))
+        .map_err(|e| e.to_string())?;
+    s.set_write_timeout(Some(HANDSHAKE_TIMEOUT))
+        .map_err(|e| e.to_string())?;
+    kolo_store::auth::server(&mut s, secret).map_err(|e| match e {
+        AuthError::Io(e) => format!("did not complete the job-secret exchange ({e})"),
+        other => other.to_string(),
+    })?;
+    let mut b = [0u8; HELLO_LEN];
+    s.read_exact(&mut b).map_err(|e| e.to_string())?;
+    let hello = Hello::decode(&b).map_err(str::to_string)?;
+    Ok((hello, s))
+}
+
 fn accept_higher(
     listener: TcpListener,
     rank: usize,
@@ -207,66 +246,79 @@ fn accept_higher(
     world: u64,
     expect: usize,
     deadline: Instant,
+    secret: JobSecret,
 ) -> Result<Vec<(usize, TcpStream)>, Error> {
     let mut got: Vec<(usize, TcpStream)> = Vec::with_capacity(expect);
     listener
         .set_nonblocking(true)
         .map_err(io_err(format!("rank {rank}: listener")))?;
+    let secret = Arc::new(secret);
+    let (tx, rx) = std::sync::mpsc::channel();
     while got.len() < expect {
+        let mut idle = true;
         match listener.accept() {
-            Ok((mut s, from)) => {
-                let _ = s.set_nonblocking(false);
-                let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
-                let mut b = [0u8; HELLO_LEN];
-                let hello = s
-                    .read_exact(&mut b)
-                    .map_err(|e| e.to_string())
-                    .and_then(|_| Hello::decode(&b).map_err(str::to_string));
-                let verdict = match hello {
-                    Err(e) => Err(e),
-                    Ok(h) if h.world != world || h.size as usize != size => {
-                        Err("belongs to another job or world".to_string())
-                    }
-                    Ok(h) if (h.rank as usize) <= rank || h.rank as usize >= size => {
-                        Err(format!("claims rank {}, not a higher rank", h.rank))
-                    }
-                    Ok(h) if got.iter().any(|(p, _)| *p == h.rank as usize) => {
-                        Err(format!("duplicate connection from rank {}", h.rank))
-                    }
-                    Ok(h) => Ok(h.rank as usize),
-                };
-                match verdict {
-                    Ok(peer) => {
-                        s.write_all(&[1u8])
-                            .map_err(io_err(format!("rank {rank}: handshake with rank {peer}")))?;
-                        let _ = s.set_read_timeout(None);
-                        got.push((peer, s));
-                    }
-                    Err(why) => {
-                        eprintln!("kolo: rank {rank}: refused connection from {from}: {why}");
-                    }
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                if Instant::now() >= deadline {
-                    let missing: Vec<usize> = (rank + 1..size)
-                        .filter(|p| !got.iter().any(|(g, _)| g == p))
-                        .collect();
-                    return Err(Error::Timeout {
-                        op: SETUP_OP,
-                        rank,
-                        peer: missing.first().copied().unwrap_or(rank),
-                        waited: Duration::ZERO.max(deadline.elapsed()),
+            Ok((s, from)) => {
+                idle = false;
+                let (tx, secret) = (tx.clone(), secret.clone());
+                let spawned = thread::Builder::new()
+                    .name(format!("kolo-greet-{rank}"))
+                    .spawn(move || {
+                        let _ = tx.send((from, greet(s, &secret)));
                     });
+                if let Err(e) = spawned {
+                    eprintln!("kolo: rank {rank}: refused connection from {from}: {e}");
                 }
-                thread::sleep(Duration::from_millis(2));
             }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
             Err(e) => return Err(io_err(format!("rank {rank}: accept"))(e)),
+        }
+        while let Ok((from, greeted)) = rx.try_recv() {
+            idle = false;
+            let verdict = match greeted {
+                Err(e) => Err(e),
+                Ok((h, _)) if h.world != world || h.size as usize != size => {
+                    Err("belongs to another job or world".to_string())
+                }
+                Ok((h, _)) if (h.rank as usize) <= rank || h.rank as usize >= size => {
+                    Err(format!("claims rank {}, not a higher rank", h.rank))
+                }
+                Ok((h, _)) if got.iter().any(|(p, _)| *p == h.rank as usize) => {
+                    Err(format!("duplicate connection from rank {}", h.rank))
+                }
+                Ok((h, s)) => Ok((h.rank as usize, s)),
+            };
+            match verdict {
+                Ok((peer, mut s)) => {
+                    s.write_all(&[1u8])
+                        .map_err(io_err(format!("rank {rank}: handshake with rank {peer}")))?;
+                    let _ = s.set_read_timeout(None);
+                    let _ = s.set_write_timeout(None);
+                    got.push((peer, s));
+                }
+                Err(why) => {
+                    eprintln!("kolo: rank {rank}: refused connection from {from}: {why}");
+                }
+            }
+        }
+        if idle {
+            if Instant::now() >= deadline {
+                let missing: Vec<usize> = (rank + 1..size)
+                    .filter(|p| !got.iter().any(|(g, _)| g == p))
+                    .collect();
+                return Err(Error::Timeout {
+                    op: SETUP_OP,
+                    rank,
+                    peer: missing.first().copied().unwrap_or(rank),
+                    waited: Duration::ZERO.max(deadline.elapsed()),
+                });
+            }
+            thread::sleep(Duration::from_millis(2));
         }
     }
     Ok(got)
 }
 
+#[allow(clippy::too_many_arguments)]
 fn connect_lower(
     store: &dyn Store,
     prefix: &str,
@@ -275,6 +327,7 @@ fn connect_lower(
     world: u64,
     peer: usize,
     deadline: Instant,
+    secret: &JobSecret,
 ) -> Result<TcpStream, Error> {
     let remaining = deadline.saturating_duration_since(Instant::now());
     let raw = store.get(&format!("{prefix}/tcp/{peer}"), remaining)?;
@@ -288,7 +341,10 @@ fn connect_lower(
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         let attempt = TcpStream::connect_timeout(&addr, left.max(Duration::from_millis(10)))
+            .map_err(AuthError::Io)
             .and_then(|mut s| {
+                s.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
+                kolo_store::auth::client(&mut s, secret)?;
                 s.write_all(
                     &Hello {
                         rank: rank as u32,
@@ -297,7 +353,6 @@ fn connect_lower(
                     }
                     .encode(),
                 )?;
-                s.set_read_timeout(Some(Duration::from_secs(10)))?;
                 let mut ack = [0u8; 1];
                 s.read_exact(&mut ack)?;
                 s.set_read_timeout(None)?;
@@ -305,8 +360,15 @@ fn connect_lower(
             });
         match attempt {
             Ok(s) => return Ok(s),
-            Err(e) if Instant::now() + backoff < deadline => {
-                let _ = e;
+            Err(e @ (AuthError::Unproven | AuthError::Rejected)) => {
+                return Err(Error::PeerLost {
+                    op: SETUP_OP,
+                    rank,
+                    peer,
+                    reason: format!("connecting to {addr}: {e}"),
+                })
+            }
+            Err(AuthError::Io(_)) if Instant::now() + backoff < deadline => {
                 thread::sleep(backoff);
                 backoff = (backoff * 2).min(Duration::from_millis(200));
             }
