@@ -208,8 +208,59 @@ check_train() {
     ok "$name"
 }
 
+# kolo train --max-restarts 2 with a worker SIGKILLed mid-epoch resumes from the last checkpoint and
+# ends within 1 point of the same run undisturbed.
+check_elastic_train() {
+    local name="kolo train --max-restarts: a worker killed mid-epoch, the job restarts and finishes"
+    local args=(train -n 2 --model mlp --dataset mnist --train-limit 20000 --test-limit 2000
+        --epochs 3 --batch-size 32 --lr 0.05 --no-progress)
+    rc=0
+    out=$(timeout 300 "$KOLO" "${args[@]}" --out "$TMP/calm" 2>&1) || rc=$?
+    if ((rc != 0)); then fail "$name" "the undisturbed run failed (exit $rc)"; return; fi
+    local calm
+    calm=$(sed -n 's/.*final test accuracy \([0-9.]*\)%.*/\1/p' <<<"$out")
+    local log=$TMP/elastic.log dir=$TMP/elastic
+    timeout 300 "$KOLO" "${args[@]}" --out "$dir" --max-restarts 2 >"$log" 2>&1 &
+    local tpid=$! launcher="" i
+    for i in $(seq 600); do
+        [[ -e $dir/checkpoints/latest ]] && break
+        sleep 0.05
+    done
+    sleep 0.3 # into the second epoch
+    launcher=$(ps --ppid "$tpid" -o pid= 2>/dev/null | tr -d ' ' || true)
+    local victim=""
+    [[ -n $launcher ]] && victim=$(worker_of_rank "$launcher" 1)
+    if [[ -z $victim ]]; then
+        wait "$tpid" || true
+        out=$(cat "$log")
+        fail "$name" "no rank 1 to kill after the first checkpoint"
+        return
+    fi
+    kill -9 "$victim"
+    rc=0
+    wait "$tpid" || rc=$?
+    out=$(cat "$log")
+    if ((rc != 0)); then fail "$name" "exit code $rc"; return; fi
+    if ! grep -q "restarting all 2 workers (restart 1 of 2)" <<<"$out"; then
+        fail "$name" "no restart was reported"
+        return
+    fi
+    if ! grep -Eq "rank 1 .*(SIGKILL|signal 9)" <<<"$out"; then
+        fail "$name" "the killed rank was not named"
+        return
+    fi
+    local acc
+    acc=$(sed -n 's/.*final test accuracy \([0-9.]*\)%.*/\1/p' <<<"$out" | tail -1)
+    if [[ -z $acc || -z $calm ]] || ! awk -v a="$acc" -v b="$calm" 'BEGIN { d = a - b; exit !(d <= 1 && d >= -1) }'; then
+        fail "$name" "final accuracy ${acc}% vs ${calm}% undisturbed"
+        return
+    fi
+    ok "$name (accuracy ${acc}% vs ${calm}% undisturbed)"
+}
+
 check_hello
 check_train
+check_elastic_train
 check_matrix 2
 check_matrix 4
 check_matrix_bad_size

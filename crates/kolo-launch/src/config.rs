@@ -39,6 +39,9 @@ pub struct LaunchConfig {
     pub direct_output_rank: Option<usize>,
     /// How workers are bound to CPUs (default: each its own block of cores, see [`CpuBind`]).
     pub cpu_bind: CpuBind,
+    /// How many times the whole worker group is restarted after a worker fails (torchrun's
+    /// `--max-restarts`; default 0). Not after the launcher is interrupted by a signal.
+    pub max_restarts: usize,
 }
 
 impl LaunchConfig {
@@ -63,6 +66,7 @@ impl LaunchConfig {
             direct_output_rank: None,
             extra_env: Vec::new(),
             cpu_bind: CpuBind::default(),
+            max_restarts: 0,
         }
     }
 

@@ -27,5 +27,8 @@ pub const KOLO_JOB_ID: &str = "KOLO_JOB_ID";
 /// The job secret every connection of the job proves (see `kolo_store::auth`); generated per job
 /// unless the launcher's own environment sets it.
 pub const KOLO_JOB_SECRET: &str = "KOLO_JOB_SECRET";
+/// How many times `kolo run` has restarted the worker group after a failure (0 on the first run);
+/// a program resumes from its checkpoint when it is above 0.
+pub const KOLO_RESTART_COUNT: &str = "KOLO_RESTART_COUNT";
 /// The CPUs the worker is bound to (`0-3` style), set only when the launcher binds workers.
 pub const KOLO_CPUS: &str = "KOLO_CPUS";

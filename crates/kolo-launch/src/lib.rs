@@ -80,19 +80,43 @@ pub fn launch(cfg: &LaunchConfig) -> Result<LaunchOutcome, LaunchError> {
             .map_err(|source| LaunchError::Secret { source })?,
     };
     let store = host_store(cfg, &secret)?;
-    let job = JobEnv {
+    let base_id = spawn::new_job_id();
+    let mut job = JobEnv {
         secret,
         master_port: store.local_addr().port(),
-        job_id: spawn::new_job_id(),
+        job_id: base_id.clone(),
         cpus: bind::plan(cfg.cpu_bind, cfg.nproc, &bind::allowed_cpus()),
+        restart: 0,
     };
+    loop {
+        let mut outcome = run_group(cfg, &job, &signals)?;
+        outcome.restarts = job.restart;
+        let failed = outcome.first_failure.is_some() && outcome.interrupted_by.is_none();
+        if !failed || job.restart >= cfg.max_restarts {
+            return Ok(outcome);
+        }
+        job.restart += 1;
+        // A fresh rendezvous namespace (and shared-memory names) for the new group.
+        job.job_id = format!("{base_id}-{}", job.restart);
+        supervise::report(format_args!(
+            "restarting all {} workers (restart {} of {})",
+            cfg.nproc, job.restart, cfg.max_restarts
+        ));
+    }
+}
 
+/// Starts one group of workers and supervises it until every worker is gone.
+fn run_group(
+    cfg: &LaunchConfig,
+    job: &JobEnv,
+    signals: &SignalFlags,
+) -> Result<LaunchOutcome, LaunchError> {
     let (done_tx, done_rx) = mpsc::channel();
     let (exit_tx, exit_rx) = mpsc::channel();
     let mut workers: Vec<Worker> = Vec::with_capacity(cfg.nproc);
     let mut streams = 0usize;
     for rank in 0..cfg.nproc {
-        let started = spawn::spawn_worker(cfg, &job, rank).and_then(|mut worker| {
+        let started = spawn::spawn_worker(cfg, job, rank).and_then(|mut worker| {
             supervise::watch(&mut worker, &exit_tx);
             let attached = attach_output(&mut worker, cfg.prefix_output, &done_tx);
             workers.push(worker);
@@ -108,7 +132,7 @@ pub fn launch(cfg: &LaunchConfig) -> Result<LaunchOutcome, LaunchError> {
     }
     drop(done_tx);
 
-    let stopped = match supervise::supervise(&mut workers, cfg.grace_period, &signals, &exit_rx) {
+    let stopped = match supervise::supervise(&mut workers, cfg.grace_period, signals, &exit_rx) {
         Ok(stopped) => stopped,
         Err(err) => {
             supervise::stop_all(&mut workers, Duration::ZERO);
@@ -117,7 +141,6 @@ pub fn launch(cfg: &LaunchConfig) -> Result<LaunchOutcome, LaunchError> {
     };
     drop(exit_tx);
     supervise::kill_stragglers(&workers);
-    drop(store);
     // Workers remove their shared-memory segment's name once all have mapped it; one that died before
     // that leaves the name behind. Every worker is gone now, so anything left of this job is garbage.
     kolo_transport::shm::segment::remove_with_prefix(&kolo_transport::shm::name_prefix(
@@ -153,6 +176,7 @@ pub fn launch(cfg: &LaunchConfig) -> Result<LaunchOutcome, LaunchError> {
         first_failure,
         also_failed: stopped.also_failed,
         interrupted_by,
+        restarts: 0,
     })
 }
 
@@ -246,6 +270,40 @@ mod tests {
             }
             other => panic!("expected a store error, got {other:?}"),
         }
+    }
+
+    /// Rank 1 fails until the group has been restarted `$1` times; every worker prints its job id
+    /// and restart count.
+    fn flaky(needed: usize) -> LaunchConfig {
+        let script = format!(
+            "echo \"$KOLO_JOB_ID $KOLO_RESTART_COUNT\"; \
+             if [ \"$RANK\" = 1 ] && [ \"$KOLO_RESTART_COUNT\" -lt {needed} ]; then exit 3; fi"
+        );
+        let mut cfg = LaunchConfig::new(2, "sh", ["-c", script.as_str()]);
+        cfg.prefix_output = false;
+        cfg
+    }
+
+    #[test]
+    fn max_restarts_restarts_the_group_until_it_succeeds() {
+        let mut cfg = flaky(2);
+        cfg.max_restarts = 2;
+        let outcome = launch(&cfg).expect("launch");
+        assert!(outcome.success(), "{outcome:?}");
+        assert_eq!(outcome.restarts, 2);
+    }
+
+    #[test]
+    fn restarts_run_out() {
+        let mut cfg = flaky(5);
+        cfg.max_restarts = 1;
+        let outcome = launch(&cfg).expect("launch");
+        assert_eq!(outcome.exit_code(), 3);
+        assert_eq!(outcome.first_failure, Some(1));
+        assert_eq!(outcome.restarts, 1);
+        // No restarts by default.
+        let outcome = launch(&flaky(1)).expect("launch");
+        assert_eq!((outcome.exit_code(), outcome.restarts), (3, 0));
     }
 
     #[test]

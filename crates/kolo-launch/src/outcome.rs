@@ -91,6 +91,9 @@ pub struct LaunchOutcome {
     /// The signal (SIGINT, SIGTERM or SIGHUP) the launcher received, which made
     /// it stop the workers.
     pub interrupted_by: Option<i32>,
+    /// How many times the worker group was restarted after a failure before this, its last run
+    /// (see [`LaunchConfig::max_restarts`](crate::LaunchConfig::max_restarts)).
+    pub restarts: usize,
 }
 
 impl LaunchOutcome {
@@ -192,6 +195,7 @@ mod tests {
             first_failure: None,
             also_failed: Vec::new(),
             interrupted_by: None,
+            restarts: 0,
         };
         assert_eq!(out.exit_code(), 0);
         assert!(out.success());
@@ -208,6 +212,7 @@ mod tests {
             first_failure: Some(1),
             also_failed: vec![2],
             interrupted_by: None,
+            restarts: 0,
         };
         assert_eq!(out.exit_code(), 3);
         assert!(!out.success());
@@ -226,6 +231,7 @@ mod tests {
             first_failure: Some(0),
             also_failed: Vec::new(),
             interrupted_by: None,
+            restarts: 0,
         };
         assert_eq!(out.exit_code(), 137);
     }
@@ -237,6 +243,7 @@ mod tests {
             first_failure: None,
             also_failed: Vec::new(),
             interrupted_by: Some(libc::SIGINT),
+            restarts: 0,
         };
         assert_eq!(out.exit_code(), 130);
         let out = LaunchOutcome {

@@ -36,6 +36,8 @@ pub(crate) struct JobEnv {
     pub(crate) cpus: Option<Vec<Vec<usize>>>,
     /// The job secret (`KOLO_JOB_SECRET`).
     pub(crate) secret: String,
+    /// How many times the worker group has been restarted (`KOLO_RESTART_COUNT`).
+    pub(crate) restart: usize,
 }
 
 /// The environment variables the launcher sets for `rank`, before `extra_env`.
@@ -56,6 +58,7 @@ pub(crate) fn worker_env(
         (env::KOLO_AGENT_STORE, "1".to_owned()),
         (env::KOLO_JOB_ID, job.job_id.clone()),
         (env::KOLO_JOB_SECRET, job.secret.clone()),
+        (env::KOLO_RESTART_COUNT, job.restart.to_string()),
     ]
 }
 
@@ -139,6 +142,7 @@ mod tests {
             job_id: "abc".to_owned(),
             cpus: None,
             secret: "s".to_owned(),
+            restart: 0,
         };
         let env = worker_env(&cfg, &job, 2);
         let get = |k: &str| env.iter().find(|(n, _)| *n == k).map(|(_, v)| v.as_str());

@@ -11,7 +11,6 @@ use std::time::Instant;
 
 use clap::{Args, ValueEnum};
 use kolo::{bf16, f16, Communicator, Element, ReduceOp};
-use kolo_launch::DEFAULT_MASTER_ADDR;
 
 pub const LONG_ABOUT: &str = "\
 Time one of kolo's collectives (or point-to-point ping-pong) on N workers, like nccl-tests, \
@@ -129,12 +128,8 @@ pub struct BenchArgs {
     /// Element type: f32, f64, f16, bf16, i32, i64
     #[arg(long, default_value = "f32")]
     dtype: Dtype,
-    /// Address of the rendezvous store
-    #[arg(long, value_name = "ADDR", default_value = DEFAULT_MASTER_ADDR)]
-    master_addr: String,
-    /// Port of the rendezvous store (default: a free one)
-    #[arg(long, value_name = "PORT")]
-    master_port: Option<u16>,
+    #[command(flatten)]
+    launch: super::launch_args::LaunchArgs,
     /// Run as a worker of a job (set by the launcher)
     #[arg(long, hide = true)]
     worker: bool,
@@ -511,13 +506,7 @@ pub fn execute(args: BenchArgs) -> ExitCode {
         return ExitCode::from(2);
     }
     let defaults = [("RAYON_NUM_THREADS", "1".to_string())];
-    super::launch_workers(
-        "bench",
-        args.nproc,
-        &args.master_addr,
-        args.master_port,
-        &defaults,
-    )
+    super::launch_workers("bench", args.nproc, &args.launch, &defaults)
 }
 
 #[cfg(test)]

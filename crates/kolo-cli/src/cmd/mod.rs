@@ -1,6 +1,7 @@
 //! One module per `kolo` subcommand.
 
 pub mod bench;
+pub mod launch_args;
 pub mod run;
 pub mod train;
 
@@ -31,35 +32,10 @@ pub fn exit_code(code: i32) -> ExitCode {
     }
 }
 
-/// Applies `KOLO_BIND` (`cores` or `none`) to `cfg` unless `--bind-to` already set it.
-pub fn bind_from_env(command: &str, cfg: &mut kolo_launch::LaunchConfig) -> Result<(), ExitCode> {
-    let Ok(v) = std::env::var("KOLO_BIND") else {
-        return Ok(());
-    };
-    if std::env::args().any(|a| a == "--bind-to" || a.starts_with("--bind-to=")) {
-        return Ok(());
-    }
-    match v.parse() {
-        Ok(bind) => {
-            cfg.cpu_bind = bind;
-            Ok(())
-        }
-        Err(e) => {
-            eprintln!("kolo {command}: KOLO_BIND: {e}");
-            Err(ExitCode::FAILURE)
-        }
-    }
-}
-
-/// Starts `nproc` copies of this executable as `kolo COMMAND --worker ARGS...` (the arguments this
-/// process got after COMMAND) through the `kolo run` machinery, rank 0 writing straight to the
-/// terminal, and returns the job's exit code. `defaults` are environment variables given to the
-/// workers unless this process has them set already.
 pub fn launch_workers(
     command: &str,
     nproc: usize,
-    master_addr: &str,
-    master_port: Option<u16>,
+    launch: &launch_args::LaunchArgs,
     defaults: &[(&str, String)],
 ) -> ExitCode {
     let exe = match std::env::current_exe() {
@@ -72,10 +48,8 @@ pub fn launch_workers(
     let mut worker_args: Vec<std::ffi::OsString> = vec![command.into(), "--worker".into()];
     worker_args.extend(std::env::args_os().skip_while(|a| a != command).skip(1));
     let mut cfg = kolo_launch::LaunchConfig::new(nproc, exe, worker_args);
-    cfg.master_addr = master_addr.to_string();
-    cfg.master_port = master_port;
     cfg.direct_output_rank = Some(0);
-    if let Err(code) = bind_from_env(command, &mut cfg) {
+    if let Err(code) = launch.apply(command, &mut cfg) {
         return code;
     }
     for (k, v) in defaults {

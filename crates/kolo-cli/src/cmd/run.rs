@@ -2,10 +2,11 @@
 
 use std::ffi::OsString;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use clap::Args;
-use kolo_launch::{launch, LaunchConfig, DEFAULT_MASTER_ADDR};
+use kolo_launch::{launch, LaunchConfig};
+
+use super::launch_args::LaunchArgs;
 
 /// Long help for `kolo run --help`.
 pub const LONG_ABOUT: &str = "\
@@ -49,28 +50,12 @@ pub struct RunArgs {
     )]
     nproc: usize,
 
-    /// Address the rendezvous store binds to, passed to workers as MASTER_ADDR
-    #[arg(long, value_name = "ADDR", default_value = DEFAULT_MASTER_ADDR)]
-    master_addr: String,
-
-    /// Port of the rendezvous store, passed to workers as MASTER_PORT [default: a free port]
-    #[arg(long, value_name = "PORT")]
-    master_port: Option<u16>,
-
-    /// Seconds workers get between SIGTERM and SIGKILL when the job is stopped
-    #[arg(long, value_name = "SECS", default_value = "5", value_parser = parse_seconds)]
-    grace_period: Duration,
+    #[command(flatten)]
+    launch: LaunchArgs,
 
     /// Forward worker output as is, without the `[rank R] ` prefix
     #[arg(long)]
     no_prefix: bool,
-
-    /// CPU binding: `cores` gives each worker its own block of the CPUs kolo run may use (when
-    /// there are 2 or more workers and no more workers than CPUs; like mpirun's default), `none`
-    /// leaves placement to the scheduler. The worker's CPUs are in KOLO_CPUS [default: KOLO_BIND,
-    /// else cores]
-    #[arg(long, value_name = "POLICY")]
-    bind_to: Option<kolo_launch::CpuBind>,
 
     /// The program every worker runs, and its arguments (put them after `--`)
     #[arg(
@@ -91,25 +76,13 @@ fn parse_nproc(s: &str) -> Result<usize, String> {
     }
 }
 
-fn parse_seconds(s: &str) -> Result<Duration, String> {
-    let secs: f64 = s.parse().map_err(|err| format!("{err}"))?;
-    Duration::try_from_secs_f64(secs)
-        .map_err(|_| "must be a non-negative number of seconds".to_owned())
-}
-
 impl RunArgs {
     fn into_config(self) -> LaunchConfig {
         let mut command = self.command.into_iter();
         // clap guarantees at least one value (`required = true`).
         let program = command.next().unwrap_or_default();
         let mut cfg = LaunchConfig::new(self.nproc, program, command);
-        cfg.master_addr = self.master_addr;
-        cfg.master_port = self.master_port;
-        cfg.grace_period = self.grace_period;
         cfg.prefix_output = !self.no_prefix;
-        if let Some(bind) = self.bind_to {
-            cfg.cpu_bind = bind;
-        }
         cfg
     }
 }
@@ -117,8 +90,9 @@ impl RunArgs {
 /// Runs `kolo run` and returns the exit code: the job's, or 1 if it could not
 /// be launched.
 pub fn execute(args: RunArgs) -> ExitCode {
+    let launch_args = args.launch.clone();
     let mut cfg = args.into_config();
-    if let Err(code) = super::bind_from_env("run", &mut cfg) {
+    if let Err(code) = launch_args.apply("run", &mut cfg) {
         return code;
     }
     match launch(&cfg) {
@@ -133,15 +107,6 @@ pub fn execute(args: RunArgs) -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn seconds() {
-        assert_eq!(parse_seconds("1"), Ok(Duration::from_secs(1)));
-        assert_eq!(parse_seconds("0.5"), Ok(Duration::from_millis(500)));
-        assert!(parse_seconds("-1").is_err());
-        assert!(parse_seconds("nan").is_err());
-        assert!(parse_seconds("x").is_err());
-    }
 
     #[test]
     fn nproc() {

@@ -11,7 +11,6 @@ use std::process::ExitCode;
 
 use clap::Args;
 use kolo_data::DatasetKind;
-use kolo_launch::DEFAULT_MASTER_ADDR;
 use kolo_train::models::ModelKind;
 use kolo_train::optim::OptimizerKind;
 use kolo_train::trainer::{self, TrainConfig};
@@ -36,12 +35,8 @@ pub struct TrainArgs {
     #[arg(short = 'n', long = "nproc", visible_alias = "nproc-per-node", value_name = "N",
           default_value = "2", value_parser = parse_positive)]
     nproc: usize,
-    /// Address of the rendezvous store
-    #[arg(long, value_name = "ADDR", default_value = DEFAULT_MASTER_ADDR)]
-    master_addr: String,
-    /// Port of the rendezvous store (default: a free one)
-    #[arg(long, value_name = "PORT")]
-    master_port: Option<u16>,
+    #[command(flatten)]
+    launch: super::launch_args::LaunchArgs,
 
     /// Model: lenet, simple-cnn, mlp, resnet18
     #[arg(long, default_value = "lenet")]
@@ -137,8 +132,13 @@ impl TrainArgs {
             backward_passes_per_step: self.backward_passes_per_step,
             scale_lr: self.scale_lr,
             warmup_epochs: self.warmup_epochs,
-            out: self.out.clone(),
-            resume: self.resume,
+            // The launcher names the run directory (so that a restarted group finds its checkpoints),
+            // and a restarted group resumes from the newest one.
+            out: self
+                .out
+                .clone()
+                .or_else(|| std::env::var_os(RUN_DIR_ENV).map(PathBuf::from)),
+            resume: self.resume || restart_count() > 0,
             train_limit: self.train_limit,
             test_limit: self.test_limit,
             stop_after: self.stop_after,
@@ -164,10 +164,33 @@ fn worker(args: &TrainArgs) -> ExitCode {
     }
 }
 
+/// Environment variable by which the launching `kolo train` hands its workers the run directory.
+const RUN_DIR_ENV: &str = "KOLO_TRAIN_RUN_DIR";
+
+fn restart_count() -> usize {
+    std::env::var("KOLO_RESTART_COUNT")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
 pub fn execute(args: TrainArgs) -> ExitCode {
     if args.worker {
         return worker(&args);
     }
+    let run_dir = match &args.out {
+        Some(dir) => dir.clone(),
+        None => {
+            let name = format!("{}-{}", args.model, args.dataset);
+            match kolo_metrics::RunDir::create(None, std::path::Path::new("runs"), &name) {
+                Ok(d) => d.path().to_path_buf(),
+                Err(e) => {
+                    eprintln!("kolo train: cannot create the run directory: {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+    };
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let defaults = [
         // glibc hands large tensor buffers back to the OS after every step and page-faults them in
@@ -179,12 +202,7 @@ pub fn execute(args: TrainArgs) -> ExitCode {
         ),
         // One compute thread per core share (like torch.set_num_threads).
         ("RAYON_NUM_THREADS", (cores / args.nproc).max(1).to_string()),
+        (RUN_DIR_ENV, run_dir.to_string_lossy().into_owned()),
     ];
-    super::launch_workers(
-        "train",
-        args.nproc,
-        &args.master_addr,
-        args.master_port,
-        &defaults,
-    )
+    super::launch_workers("train", args.nproc, &args.launch, &defaults)
 }
