@@ -42,6 +42,16 @@ pub struct LaunchConfig {
     /// How many times the whole worker group is restarted after a worker fails (torchrun's
     /// `--max-restarts`; default 0). Not after the launcher is interrupted by a signal.
     pub max_restarts: usize,
+    /// Minimum and maximum number of nodes (launchers) of the job; `(1, 1)` for one host. With more,
+    /// the launcher given `node_rank` 0 hosts the store on `master_addr:master_port` and every
+    /// launcher joins through it; `min < max` makes the job elastic (see [`crate::rendezvous`]).
+    pub nnodes: (usize, usize),
+    /// This node's rank (required with a fixed number of nodes above 1; a hint when elastic).
+    pub node_rank: Option<usize>,
+    /// Network interface whose address workers listen on and advertise (`--iface`).
+    pub iface: Option<String>,
+    /// How long the launchers wait for each other when a job starts.
+    pub rdzv_timeout: Duration,
 }
 
 impl LaunchConfig {
@@ -67,6 +77,10 @@ impl LaunchConfig {
             extra_env: Vec::new(),
             cpu_bind: CpuBind::default(),
             max_restarts: 0,
+            nnodes: (1, 1),
+            node_rank: None,
+            iface: None,
+            rdzv_timeout: Duration::from_secs(300),
         }
     }
 
@@ -74,6 +88,27 @@ impl LaunchConfig {
     pub(crate) fn validate(&self) -> Result<(), LaunchError> {
         if self.nproc == 0 {
             return Err(LaunchError::NoWorkers);
+        }
+        let (min, max) = self.nnodes;
+        let bad = |reason: String| Err(LaunchError::Config { reason });
+        if min == 0 || min > max {
+            return bad(format!("--nnodes {min}:{max}: need 1 <= MIN <= MAX"));
+        }
+        if max > 1 {
+            if self.master_port.is_none() {
+                return bad(
+                    "a job on several nodes needs --master-port (the same on every node)".into(),
+                );
+            }
+            match self.node_rank {
+                Some(r) if min == max && r >= max => {
+                    return bad(format!("--node-rank {r} with --nnodes {max}: must be below {max}"))
+                }
+                None if min == max => {
+                    return bad(format!("--nnodes {max} needs --node-rank (0 on the node whose address is --master-addr)"))
+                }
+                _ => {}
+            }
         }
         Ok(())
     }

@@ -61,6 +61,20 @@ pub enum LaunchError {
         source: io::Error,
     },
 
+    /// The launch options contradict each other.
+    #[error("{reason}")]
+    Config {
+        /// What is wrong.
+        reason: String,
+    },
+
+    /// The launchers of a multi-node job could not agree (or lost their store).
+    #[error("multi-node rendezvous: {reason}")]
+    Rendezvous {
+        /// What went wrong.
+        reason: String,
+    },
+
     /// No random job secret could be generated.
     #[error("cannot generate the job secret (reading /dev/urandom)")]
     Secret {

@@ -32,9 +32,11 @@ pub mod bind;
 mod config;
 pub mod env;
 mod error;
+pub mod net;
 mod outcome;
 mod output;
 mod process;
+pub mod rendezvous;
 mod spawn;
 mod supervise;
 
@@ -73,6 +75,10 @@ const OUTPUT_DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
 pub fn launch(cfg: &LaunchConfig) -> Result<LaunchOutcome, LaunchError> {
     cfg.validate()?;
     let signals = SignalFlags::register().map_err(|source| LaunchError::Signals { source })?;
+    let addr = iface(cfg)?;
+    if cfg.nnodes.1 > 1 {
+        return launch_nodes(cfg, &signals, addr);
+    }
     // The job secret: the caller's (every node of a job must share it), else a fresh one.
     let secret = match std::env::var(kolo_store::auth::SECRET_ENV) {
         Ok(s) if !s.is_empty() => s,
@@ -87,9 +93,12 @@ pub fn launch(cfg: &LaunchConfig) -> Result<LaunchOutcome, LaunchError> {
         job_id: base_id.clone(),
         cpus: bind::plan(cfg.cpu_bind, cfg.nproc, &bind::allowed_cpus()),
         restart: 0,
+        node_rank: 0,
+        nnodes: 1,
+        addr,
     };
     loop {
-        let mut outcome = run_group(cfg, &job, &signals)?;
+        let mut outcome = run_group(cfg, &job, &signals, &mut || None)?;
         outcome.restarts = job.restart;
         let failed = outcome.first_failure.is_some() && outcome.interrupted_by.is_none();
         if !failed || job.restart >= cfg.max_restarts {
@@ -105,11 +114,164 @@ pub fn launch(cfg: &LaunchConfig) -> Result<LaunchOutcome, LaunchError> {
     }
 }
 
-/// Starts one group of workers and supervises it until every worker is gone.
+/// The address of `--iface`, reported once.
+fn iface(cfg: &LaunchConfig) -> Result<Option<std::net::IpAddr>, LaunchError> {
+    let Some(name) = &cfg.iface else {
+        return Ok(None);
+    };
+    let ip = net::iface_addr(name).map_err(|reason| LaunchError::Config { reason })?;
+    supervise::report(format_args!("workers use interface {name} ({ip})"));
+    Ok(Some(ip))
+}
+
+/// One node of a job on several: joins the other launchers through the store (hosted by node 0),
+/// runs this node's workers in each round, and restarts with the nodes that are left after a
+/// failure while restarts remain.
+fn launch_nodes(
+    cfg: &LaunchConfig,
+    signals: &SignalFlags,
+    addr: Option<std::net::IpAddr>,
+) -> Result<LaunchOutcome, LaunchError> {
+    let secret = match std::env::var(kolo_store::auth::SECRET_ENV) {
+        Ok(s) if !s.is_empty() => s,
+        _ => {
+            supervise::report(format_args!(
+                "KOLO_JOB_SECRET is not set: this job's connections prove an empty secret, so \
+                 anyone who can reach its ports can join; set the same secret on every node"
+            ));
+            String::new()
+        }
+    };
+    let port = cfg.master_port.unwrap_or(0);
+    let hosting = cfg.node_rank == Some(0);
+    let _server = if hosting {
+        Some(host_store(cfg, &secret)?)
+    } else {
+        None
+    };
+    let endpoint = cfg.endpoint(port);
+    let store: std::sync::Arc<dyn kolo_store::Store> = std::sync::Arc::new(
+        kolo_store::TcpStore::connect_with_secret(
+            &endpoint,
+            cfg.rdzv_timeout,
+            kolo_store::JobSecret::new(secret.as_bytes()),
+        )
+        .map_err(|source| LaunchError::Rendezvous {
+            reason: format!("cannot reach the store at {endpoint}: {source}"),
+        })?,
+    );
+    let job_id = rendezvous::job_id(&*store, &spawn::new_job_id())?;
+    let host = net::hostname();
+    let cpus = bind::plan(cfg.cpu_bind, cfg.nproc, &bind::allowed_cpus());
+    let mut restart = 0;
+    loop {
+        let joining = rendezvous::Joining {
+            hint: cfg.node_rank,
+            nproc: cfg.nproc,
+            nnodes: cfg.nnodes,
+            // After a failure the nodes that are left come back at once.
+            timeout: if restart == 0 {
+                cfg.rdzv_timeout
+            } else {
+                cfg.rdzv_timeout.min(Duration::from_secs(60))
+            },
+            host: &host,
+        };
+        let round = rendezvous::join(&*store, restart, &job_id, &joining)?;
+        let first = round.node_rank * cfg.nproc;
+        supervise::report(format_args!(
+            "node {} of {} ({host}): ranks {}..{} of {}{}",
+            round.node_rank,
+            round.nnodes,
+            first,
+            first + cfg.nproc - 1,
+            round.nnodes * cfg.nproc,
+            if restart > 0 {
+                format!(", restart {restart}")
+            } else {
+                String::new()
+            }
+        ));
+        let job = JobEnv {
+            secret: secret.clone(),
+            master_port: port,
+            job_id: if restart == 0 {
+                job_id.clone()
+            } else {
+                format!("{job_id}-{restart}")
+            },
+            cpus: cpus.clone(),
+            restart,
+            node_rank: round.node_rank,
+            nnodes: round.nnodes,
+            addr,
+        };
+        let watch = rendezvous::Watch::start(store.clone(), &round);
+        let mut outcome = run_group(cfg, &job, signals, &mut || watch.reason())?;
+        drop(watch);
+        outcome.restarts = restart;
+        let local = outcome.root_cause().map(|r| {
+            format!(
+                "node {} ({host}): rank {} (pid {}) failed: {}",
+                round.node_rank, r.rank, r.pid, r.termination
+            )
+        });
+        let local = local.or_else(|| {
+            outcome.interrupted_by.map(|sig| {
+                format!(
+                    "node {} ({host}): the launcher got signal {sig}",
+                    round.node_rank
+                )
+            })
+        });
+        // Workers that exit with an error usually do so because a peer died (maybe on another
+        // node): give a node whose worker was killed the chance to record the root cause first.
+        if outcome
+            .root_cause()
+            .is_some_and(|r| matches!(r.termination, Termination::Exited(_)))
+        {
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        let first_failure = match &local {
+            Some(what) => rendezvous::fail(&*store, restart, what),
+            None => store
+                .try_get(&format!("kolo-launch/r{restart}/failed"))
+                .ok()
+                .flatten()
+                .map(|v| String::from_utf8_lossy(&v).into_owned()),
+        };
+        match first_failure {
+            None => {
+                let _ = rendezvous::done(&*store, restart, round.node_rank);
+                if hosting {
+                    // Keep the store up until every node's workers are done with it.
+                    rendezvous::wait_all_done(&*store, restart, round.nnodes, cfg.rdzv_timeout);
+                }
+                return Ok(outcome);
+            }
+            Some(first) => {
+                supervise::report(format_args!("the job failed first at {first}"));
+                outcome.remote_failure = Some(first);
+                if outcome.interrupted_by.is_some() || restart >= cfg.max_restarts {
+                    return Ok(outcome);
+                }
+                restart += 1;
+                supervise::report(format_args!(
+                    "restarting the workers of this node (restart {restart} of {})",
+                    cfg.max_restarts
+                ));
+            }
+        }
+    }
+}
+
+/// Starts one group of workers and supervises it until every worker is gone; `external` is polled
+/// for a reason to stop them that comes from elsewhere (another node).
 fn run_group(
     cfg: &LaunchConfig,
     job: &JobEnv,
     signals: &SignalFlags,
+    external: &mut dyn FnMut() -> Option<String>,
 ) -> Result<LaunchOutcome, LaunchError> {
     let (done_tx, done_rx) = mpsc::channel();
     let (exit_tx, exit_rx) = mpsc::channel();
@@ -132,13 +294,14 @@ fn run_group(
     }
     drop(done_tx);
 
-    let stopped = match supervise::supervise(&mut workers, cfg.grace_period, signals, &exit_rx) {
-        Ok(stopped) => stopped,
-        Err(err) => {
-            supervise::stop_all(&mut workers, Duration::ZERO);
-            return Err(err);
-        }
-    };
+    let stopped =
+        match supervise::supervise(&mut workers, cfg.grace_period, signals, &exit_rx, external) {
+            Ok(stopped) => stopped,
+            Err(err) => {
+                supervise::stop_all(&mut workers, Duration::ZERO);
+                return Err(err);
+            }
+        };
     drop(exit_tx);
     supervise::kill_stragglers(&workers);
     // Workers remove their shared-memory segment's name once all have mapped it; one that died before
@@ -166,10 +329,11 @@ fn run_group(
             termination: w.exit.unwrap_or(Termination::Signaled(libc::SIGKILL)),
         })
         .collect();
-    let (first_failure, interrupted_by) = match stopped.cause {
-        Some(StopCause::Failure(rank)) => (Some(rank), None),
-        Some(StopCause::Signal(sig)) => (None, Some(sig)),
-        None => (None, None),
+    let (first_failure, interrupted_by, remote_failure) = match stopped.cause {
+        Some(StopCause::Failure(rank)) => (Some(rank), None, None),
+        Some(StopCause::Signal(sig)) => (None, Some(sig), None),
+        Some(StopCause::Remote(why)) => (None, None, Some(why)),
+        None => (None, None, None),
     };
     Ok(LaunchOutcome {
         ranks,
@@ -177,6 +341,7 @@ fn run_group(
         also_failed: stopped.also_failed,
         interrupted_by,
         restarts: 0,
+        remote_failure,
     })
 }
 

@@ -94,6 +94,9 @@ pub struct LaunchOutcome {
     /// How many times the worker group was restarted after a failure before this, its last run
     /// (see [`LaunchConfig::max_restarts`](crate::LaunchConfig::max_restarts)).
     pub restarts: usize,
+    /// In a job on several nodes: the job's first failure, wherever it was (`node N (host): rank R
+    /// ... failed: ...`), when this node's workers were stopped because of it.
+    pub remote_failure: Option<String>,
 }
 
 impl LaunchOutcome {
@@ -114,6 +117,7 @@ impl LaunchOutcome {
         match self.root_cause() {
             Some(r) if !r.termination.success() => r.termination.exit_code(),
             Some(_) => 1,
+            None if self.remote_failure.is_some() => 1,
             None => self
                 .ranks
                 .iter()
@@ -196,6 +200,7 @@ mod tests {
             also_failed: Vec::new(),
             interrupted_by: None,
             restarts: 0,
+            remote_failure: None,
         };
         assert_eq!(out.exit_code(), 0);
         assert!(out.success());
@@ -213,6 +218,7 @@ mod tests {
             also_failed: vec![2],
             interrupted_by: None,
             restarts: 0,
+            remote_failure: None,
         };
         assert_eq!(out.exit_code(), 3);
         assert!(!out.success());
@@ -232,6 +238,7 @@ mod tests {
             also_failed: Vec::new(),
             interrupted_by: None,
             restarts: 0,
+            remote_failure: None,
         };
         assert_eq!(out.exit_code(), 137);
     }
@@ -244,6 +251,7 @@ mod tests {
             also_failed: Vec::new(),
             interrupted_by: Some(libc::SIGINT),
             restarts: 0,
+            remote_failure: None,
         };
         assert_eq!(out.exit_code(), 130);
         let out = LaunchOutcome {

@@ -38,28 +38,45 @@ pub(crate) struct JobEnv {
     pub(crate) secret: String,
     /// How many times the worker group has been restarted (`KOLO_RESTART_COUNT`).
     pub(crate) restart: usize,
+    /// This node's rank and the number of nodes.
+    pub(crate) node_rank: usize,
+    pub(crate) nnodes: usize,
+    /// The address workers listen on and advertise (`--iface`), if chosen.
+    pub(crate) addr: Option<std::net::IpAddr>,
 }
 
-/// The environment variables the launcher sets for `rank`, before `extra_env`.
+impl JobEnv {
+    /// The global rank of local worker `local`.
+    pub(crate) fn rank(&self, cfg: &LaunchConfig, local: usize) -> usize {
+        self.node_rank * cfg.nproc + local
+    }
+}
+
+/// The environment variables the launcher sets for local worker `local`, before `extra_env`.
 pub(crate) fn worker_env(
     cfg: &LaunchConfig,
     job: &JobEnv,
-    rank: usize,
+    local: usize,
 ) -> Vec<(&'static str, String)> {
-    vec![
-        (env::RANK, rank.to_string()),
-        (env::WORLD_SIZE, cfg.nproc.to_string()),
-        (env::LOCAL_RANK, rank.to_string()),
+    let mut vars = vec![
+        (env::RANK, job.rank(cfg, local).to_string()),
+        (env::WORLD_SIZE, (job.nnodes * cfg.nproc).to_string()),
+        (env::LOCAL_RANK, local.to_string()),
         (env::LOCAL_WORLD_SIZE, cfg.nproc.to_string()),
-        (env::GROUP_RANK, "0".to_owned()),
-        (env::NODE_RANK, "0".to_owned()),
+        (env::GROUP_RANK, job.node_rank.to_string()),
+        (env::NODE_RANK, job.node_rank.to_string()),
         (env::MASTER_ADDR, cfg.master_addr.clone()),
         (env::MASTER_PORT, job.master_port.to_string()),
         (env::KOLO_AGENT_STORE, "1".to_owned()),
         (env::KOLO_JOB_ID, job.job_id.clone()),
         (env::KOLO_JOB_SECRET, job.secret.clone()),
         (env::KOLO_RESTART_COUNT, job.restart.to_string()),
-    ]
+    ];
+    if let Some(addr) = job.addr {
+        vars.push(("KOLO_LISTEN_ADDR", addr.to_string()));
+        vars.push(("KOLO_ADVERTISE_ADDR", addr.to_string()));
+    }
+    vars
 }
 
 /// Starts `rank` in its own process group, stdin from /dev/null (a worker in
@@ -68,11 +85,12 @@ pub(crate) fn worker_env(
 pub(crate) fn spawn_worker(
     cfg: &LaunchConfig,
     job: &JobEnv,
-    rank: usize,
+    local: usize,
 ) -> Result<Worker, LaunchError> {
+    let rank = job.rank(cfg, local);
     let mut cmd = Command::new(&cfg.program);
     cmd.args(&cfg.args)
-        .envs(worker_env(cfg, job, rank))
+        .envs(worker_env(cfg, job, local))
         .envs(cfg.extra_env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null());
     if cfg.direct_output_rank == Some(rank) {
@@ -81,7 +99,7 @@ pub(crate) fn spawn_worker(
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     }
     isolate_child(&mut cmd);
-    if let Some(cpus) = job.cpus.as_ref().and_then(|c| c.get(rank)) {
+    if let Some(cpus) = job.cpus.as_ref().and_then(|c| c.get(local)) {
         cmd.env(env::KOLO_CPUS, bind::cpu_list(cpus));
         let set = bind::CpuSet::new(cpus);
         // SAFETY: the hook makes one async-signal-safe system call and does not allocate.
@@ -143,6 +161,9 @@ mod tests {
             cpus: None,
             secret: "s".to_owned(),
             restart: 0,
+            node_rank: 0,
+            nnodes: 1,
+            addr: None,
         };
         let env = worker_env(&cfg, &job, 2);
         let get = |k: &str| env.iter().find(|(n, _)| *n == k).map(|(_, v)| v.as_str());

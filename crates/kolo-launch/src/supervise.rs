@@ -41,12 +41,14 @@ pub(crate) fn report(message: std::fmt::Arguments<'_>) {
 }
 
 /// Why the launcher stopped the workers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum StopCause {
     /// This rank failed first (the root cause).
     Failure(usize),
     /// The launcher received this signal.
     Signal(i32),
+    /// Another node's launcher stopped the job (its reason).
+    Remote(String),
 }
 
 /// How a supervised job ended.
@@ -134,6 +136,7 @@ pub(crate) fn supervise(
     grace: Duration,
     signals: &SignalFlags,
     notices: &Receiver<ExitNotice>,
+    external: &mut dyn FnMut() -> Option<String>,
 ) -> Result<Stopped, LaunchError> {
     let mut cause = None;
     let mut phase = Phase::Running;
@@ -161,6 +164,17 @@ pub(crate) fn supervise(
                 // A second signal while stopping: don't wait any longer.
                 Phase::Terminating { .. } => phase = kill(workers, None),
                 Phase::Killing => {}
+            }
+        }
+
+        if let Phase::Running = phase {
+            if failures(workers).is_empty() {
+                if let Some(reason) = external() {
+                    report(format_args!("stopping workers: {reason}"));
+                    cause = Some(StopCause::Remote(reason));
+                    stopping_since = Some(Instant::now());
+                    phase = terminate(workers, grace);
+                }
             }
         }
 

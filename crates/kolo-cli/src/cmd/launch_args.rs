@@ -32,6 +32,51 @@ pub struct LaunchArgs {
     /// Seconds workers get between SIGTERM and SIGKILL when the job is stopped
     #[arg(long, value_name = "SECS", default_value = "5", value_parser = parse_seconds)]
     pub grace_period: Duration,
+
+    /// Number of nodes: N, or MIN:MAX for an elastic job that goes on with at least MIN nodes after
+    /// losing some (run `kolo run` on every node; the one with --node-rank 0 hosts the store on
+    /// --master-addr:--master-port)
+    #[arg(long, value_name = "N|MIN:MAX", default_value = "1", value_parser = parse_nnodes)]
+    pub nnodes: (usize, usize),
+
+    /// This node's rank, 0..N (ranks of its workers: NODE_RANK * nproc-per-node + LOCAL_RANK)
+    #[arg(long, value_name = "R")]
+    pub node_rank: Option<usize>,
+
+    /// Network interface whose address workers listen on and tell their peers (e.g. eth1)
+    #[arg(long, value_name = "NAME")]
+    pub iface: Option<String>,
+
+    /// Seconds the nodes of a job wait for each other at start
+    #[arg(long, value_name = "SECS", default_value = "300", value_parser = parse_seconds)]
+    pub rdzv_timeout: Duration,
+}
+
+/// Parses `N` or `MIN:MAX`.
+pub fn parse_nnodes(s: &str) -> Result<(usize, usize), String> {
+    let num = |t: &str| {
+        t.trim()
+            .parse::<usize>()
+            .map_err(|e| format!("{t:?}: {e}"))
+            .and_then(|n| {
+                if n == 0 {
+                    Err("must be at least 1".to_owned())
+                } else {
+                    Ok(n)
+                }
+            })
+    };
+    let (min, max) = match s.split_once(':') {
+        Some((a, b)) => (num(a)?, num(b)?),
+        None => {
+            let n = num(s)?;
+            (n, n)
+        }
+    };
+    if min > max {
+        return Err(format!("MIN {min} is above MAX {max}"));
+    }
+    Ok((min, max))
 }
 
 /// Parses a non-negative number of seconds.
@@ -49,6 +94,10 @@ impl LaunchArgs {
         cfg.master_port = self.master_port;
         cfg.max_restarts = self.max_restarts;
         cfg.grace_period = self.grace_period;
+        cfg.nnodes = self.nnodes;
+        cfg.node_rank = self.node_rank;
+        cfg.iface = self.iface.clone();
+        cfg.rdzv_timeout = self.rdzv_timeout;
         match (self.bind_to, std::env::var("KOLO_BIND")) {
             (Some(bind), _) => cfg.cpu_bind = bind,
             (None, Ok(v)) => match v.parse() {
@@ -67,6 +116,15 @@ impl LaunchArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nnodes() {
+        assert_eq!(parse_nnodes("2"), Ok((2, 2)));
+        assert_eq!(parse_nnodes("1:3"), Ok((1, 3)));
+        assert!(parse_nnodes("0").is_err());
+        assert!(parse_nnodes("3:2").is_err());
+        assert!(parse_nnodes("a:2").is_err());
+    }
 
     #[test]
     fn seconds() {
