@@ -258,7 +258,35 @@ check_elastic_train() {
     ok "$name (accuracy ${acc}% vs ${calm}% undisturbed)"
 }
 
+# Two hosts simulated with network namespaces and a veth pair: `kolo run --nnodes 2` on each.
+check_two_hosts() {
+    local name="two hosts (network namespaces): kolo run --nnodes 2 runs matrix and an all-reduce check"
+    local here
+    here=$(cd "$(dirname "$0")" && pwd)
+    rc=0
+    out=$("$here/netns-two-hosts.sh" "$KOLO" 2 -- "$EX/matrix" 2>&1) || rc=$?
+    if ((rc == 77)); then
+        echo "skip - $name: $(tail -1 <<<"$out")"
+        return
+    fi
+    if ((rc != 0)); then fail "$name" "matrix: exit code $rc"; return; fi
+    if ! grep -q "\[node 0\] \[rank 0\] sum: 28$" <<<"$out" ||
+        ! grep -q "\[rank 0\] squares: 0 1 4 9 16 25 36 49$" <<<"$out" ||
+        ! grep -q "\[node 1\] \[rank 3\] part: 6 7$" <<<"$out"; then
+        fail "$name" "matrix printed the wrong result"
+        return
+    fi
+    out=$("$here/netns-two-hosts.sh" "$KOLO" 2 -- "$EX/ring_allreduce" --count 100003 --iters 5 2>&1) || rc=$?
+    if ((rc != 0)); then fail "$name" "ring_allreduce: exit code $rc"; return; fi
+    if ! grep -q "ranks 4: .*results match" <<<"$out"; then
+        fail "$name" "the all-reduce check did not report matching results"
+        return
+    fi
+    ok "$name"
+}
+
 check_hello
+check_two_hosts
 check_train
 check_elastic_train
 check_matrix 2

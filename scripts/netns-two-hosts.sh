@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Two hosts on one machine: network namespaces kolo-h0 (10.77.0.1) and kolo-h1 (10.77.0.2) joined by
+# a veth pair, no other interface but their own loopback. Runs `kolo run --nnodes 2` in each with
+# the given program and prints both launchers' output; exits with the first non-zero exit code.
+#
+# Usage: scripts/netns-two-hosts.sh KOLO NPROC_PER_NODE -- PROGRAM [ARGS...]
+# Needs root (CAP_NET_ADMIN) and iproute2; exits 77 when namespaces cannot be made here.
+set -euo pipefail
+KOLO=$1 NPROC=$2
+shift 3
+tag="kolo$$"
+ns0="$tag-h0" ns1="$tag-h1"
+cleanup() {
+    ip netns del "$ns0" 2>/dev/null || true
+    ip netns del "$ns1" 2>/dev/null || true
+}
+trap cleanup EXIT
+if ! ip netns add "$ns0" 2>/dev/null || ! ip netns add "$ns1" 2>/dev/null; then
+    echo "netns: cannot create network namespaces here (needs root and iproute2)" >&2
+    exit 77
+fi
+ip link add "$tag-a" type veth peer name "$tag-b"
+ip link set "$tag-a" netns "$ns0"
+ip link set "$tag-b" netns "$ns1"
+ip -n "$ns0" addr add 10.77.0.1/24 dev "$tag-a"
+ip -n "$ns1" addr add 10.77.0.2/24 dev "$tag-b"
+for ns in "$ns0" "$ns1"; do
+    ip -n "$ns" link set lo up
+done
+ip -n "$ns0" link set "$tag-a" up
+ip -n "$ns1" link set "$tag-b" up
+
+out=$(mktemp -d)
+export KOLO_JOB_SECRET=${KOLO_JOB_SECRET:-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')}
+port=$((29000 + $$ % 1000))
+for r in 0 1; do
+    ns=$([[ $r == 0 ]] && echo "$ns0" || echo "$ns1")
+    iface=$([[ $r == 0 ]] && echo "$tag-a" || echo "$tag-b")
+    ip netns exec "$ns" timeout 120 "$KOLO" run -n "$NPROC" --nnodes 2 --node-rank "$r" \
+        --master-addr 10.77.0.1 --master-port "$port" --iface "$iface" -- "$@" \
+        >"$out/node$r.log" 2>&1 &
+    eval "pid$r=$!"
+done
+rc0=0 rc1=0
+wait "$pid0" || rc0=$?
+wait "$pid1" || rc1=$?
+for r in 0 1; do
+    sed "s/^/[node $r] /" "$out/node$r.log"
+done
+rm -rf "$out"
+if ((rc0 != 0)); then exit "$rc0"; fi
+exit "$rc1"
