@@ -105,6 +105,9 @@ pub struct InitOptions {
     pub transport: TransportChoice,
     /// Shared-memory settings.
     pub shm: ShmOptions,
+    /// A peer process silent this long (no data, no heartbeat) is lost: stopped, hung or its host
+    /// unreachable (`KOLO_HEARTBEAT_TIMEOUT` seconds, default 6; 0 turns heartbeats off).
+    pub heartbeat_timeout: Option<std::time::Duration>,
     /// Communicator settings.
     pub config: Config,
 }
@@ -150,6 +153,7 @@ impl InitOptions {
             advertise: None,
             transport: TransportChoice::Auto,
             shm: ShmOptions::default(),
+            heartbeat_timeout: Some(std::time::Duration::from_secs(6)),
             config: Config::default(),
         }
     }
@@ -281,6 +285,23 @@ impl InitOptions {
             advertise: parse_ip("KOLO_ADVERTISE_ADDR")?,
             transport: TransportChoice::parse(&get("KOLO_TRANSPORT").unwrap_or_default())?,
             shm: ShmOptions::from_env()?,
+            heartbeat_timeout: match get("KOLO_HEARTBEAT_TIMEOUT") {
+                None => Some(std::time::Duration::from_secs(6)),
+                Some(v) => {
+                    let secs: f64 = v
+                        .trim()
+                        .parse()
+                        .ok()
+                        .filter(|s: &f64| s.is_finite() && *s >= 0.0)
+                        .ok_or_else(|| Error::Config {
+                            var: "KOLO_HEARTBEAT_TIMEOUT".into(),
+                            value: v.clone(),
+                            reason: "expected a non-negative number of seconds (0: no heartbeats)"
+                                .into(),
+                        })?;
+                    (secs > 0.0).then(|| std::time::Duration::from_secs_f64(secs))
+                }
+            },
             config,
         })
     }
@@ -412,6 +433,7 @@ pub fn init_with(opts: InitOptions) -> Result<Communicator> {
     let connect_shm = || -> Result<ShmTransport> {
         let mut shm_opts = opts.shm.clone();
         shm_opts.connect_timeout = timeout;
+        shm_opts.heartbeat_timeout = opts.heartbeat_timeout;
         let local_rank = local.iter().position(|&r| r == opts.rank).unwrap_or(0);
         ShmTransport::connect(
             &*store,
@@ -430,6 +452,7 @@ pub fn init_with(opts: InitOptions) -> Result<Communicator> {
             advertise: opts.advertise.unwrap_or(advertise),
             connect_timeout: timeout,
             secret: kolo_store::JobSecret::from_env(),
+            heartbeat_timeout: opts.heartbeat_timeout,
             ..TcpOptions::default()
         };
         let tcp = TcpTransport::connect(&*store, &prefix, opts.rank, opts.size, &tcp)?;

@@ -308,6 +308,64 @@ fn killed_worker_fails_the_others_within_seconds_over_tcp() {
     killed_worker("tcp");
 }
 
+#[test]
+fn stopped_worker_fails_the_others_within_seconds_over_tcp() {
+    stopped_worker("tcp");
+}
+
+#[test]
+fn stopped_worker_fails_the_others_within_seconds_over_shm() {
+    stopped_worker("shm");
+}
+
+/// A worker that stops responding (SIGSTOP: alive, connections open, but silent) is found by the
+/// heartbeats: the others fail naming it within 10 s.
+fn stopped_worker(transport: &str) {
+    let job = format!("stop-test-{transport}-{}", std::process::id());
+    let server = TcpStoreServer::bind("127.0.0.1:0").expect("store server");
+    let port = server.local_addr().port().to_string();
+    let n = 3;
+    let mut children: Vec<Child> = (0..n)
+        .map(|r| {
+            start(
+                "loop",
+                &vars(&[
+                    ("RANK", r.to_string()),
+                    ("WORLD_SIZE", n.to_string()),
+                    ("MASTER_ADDR", "127.0.0.1".into()),
+                    ("MASTER_PORT", port.clone()),
+                    ("KOLO_AGENT_STORE", "1".into()),
+                    ("KOLO_JOB_ID", job.clone()),
+                    ("KOLO_TRANSPORT", transport.into()),
+                ]),
+            )
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    let victim = children.pop().expect("three workers");
+    let pid = victim.id() as i32;
+    // SAFETY: plain kill(2) on a child this test started.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let stopped_at = Instant::now();
+    for (r, c) in children.into_iter().enumerate() {
+        let e = finish(c, Duration::from_secs(15));
+        assert!(
+            stopped_at.elapsed() < Duration::from_secs(10),
+            "took {:?}",
+            stopped_at.elapsed()
+        );
+        assert_eq!(e.code, Some(3), "rank {r}: {}", e.stderr);
+        assert!(
+            e.stderr.contains("rank 2") && e.stderr.contains("heartbeat"),
+            "rank {r} should name the silent rank: {}",
+            e.stderr
+        );
+    }
+    // SAFETY: as above; the stopped worker is killed so it does not linger.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let _ = finish(victim, Duration::from_secs(10));
+}
+
 fn killed_worker(transport: &str) {
     let job = format!("kill-test-{transport}-{}", std::process::id());
     let server = TcpStoreServer::bind("127.0.0.1:0").expect("store server");

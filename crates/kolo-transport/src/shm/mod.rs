@@ -36,7 +36,7 @@ pub mod segment;
 pub mod sync;
 
 use std::io;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
 
@@ -100,6 +100,9 @@ pub struct ShmOptions {
     pub max_message: u64,
     /// How long connecting waits for the other ranks.
     pub connect_timeout: Duration,
+    /// A peer process whose heartbeat (bumped twice a second) stands still this long is lost: it
+    /// is stopped or hung. `None`: no heartbeats.
+    pub heartbeat_timeout: Option<Duration>,
 }
 
 impl Default for ShmOptions {
@@ -111,6 +114,7 @@ impl Default for ShmOptions {
             poll: Duration::from_millis(20),
             max_message: 1 << 40,
             connect_timeout: Duration::from_secs(300),
+            heartbeat_timeout: Some(Duration::from_secs(6)),
         }
     }
 }
@@ -208,6 +212,9 @@ pub struct ShmTransport {
     watches: Vec<Option<ProcessWatch>>,
     next_step: AtomicU64,
     next_round: AtomicU64,
+    /// Each peer's last heartbeat value and when it was first seen.
+    beats: Mutex<Vec<(u32, Instant)>>,
+    beat_stop: Arc<AtomicBool>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -275,6 +282,8 @@ impl ShmTransport {
             watches: (0..n).map(|_| None).collect(),
             next_step: AtomicU64::new(1),
             next_round: AtomicU64::new(0),
+            beats: Mutex::new(vec![(u32::MAX, Instant::now()); n]),
+            beat_stop: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -355,6 +364,9 @@ impl ShmTransport {
                 t.watches[peer] = Some(ProcessWatch::new(pid as i32));
             }
         }
+        if opts.heartbeat_timeout.is_some() {
+            t.start_heartbeat()?;
+        }
         Ok(t)
     }
 
@@ -391,7 +403,7 @@ impl ShmTransport {
         }
     }
 
-    /// Word `i` of rank `r`'s state line: 0 state, 1 pid, 2 reason length.
+    /// Word `i` of rank `r`'s state line: 0 state, 1 pid, 2 reason length, 3 heartbeat.
     fn state_word(&self, r: usize, i: usize) -> &AtomicU32 {
         self.u32_at(self.layout.ctrl(r) + LINE + 4 * i)
     }
@@ -472,9 +484,62 @@ impl ShmTransport {
                     }
                     false
                 }
-                _ => false,
+                Some(_) => self.check_heartbeat(peer),
+                None => false,
             },
         }
+    }
+
+    /// Fails the mailbox when `peer`'s heartbeat (bumped twice a second by a thread of its process)
+    /// has not moved for the heartbeat timeout: the process is stopped or hung.
+    fn check_heartbeat(&self, peer: usize) -> bool {
+        let Some(timeout) = self.opts.heartbeat_timeout else {
+            return false;
+        };
+        let beat = self.state_word(peer, 3).load(Ordering::Relaxed);
+        let mut seen = lock(&self.beats);
+        let (last, since) = &mut seen[peer];
+        if *last != beat {
+            *last = beat;
+            *since = Instant::now();
+            return false;
+        }
+        if since.elapsed() < timeout {
+            return false;
+        }
+        drop(seen);
+        self.mailbox.fail(LinkFailure::PeerLost {
+            peer,
+            reason: format!(
+                "no heartbeat from its process (pid {}) for {:.0} s: it is stopped or hung",
+                self.state_word(peer, 1).load(Ordering::Relaxed),
+                timeout.as_secs_f64()
+            ),
+        });
+        true
+    }
+
+    /// Bumps this rank's heartbeat word twice a second until the transport is dropped.
+    fn start_heartbeat(&self) -> Result<(), Error> {
+        let seg = self.seg.clone();
+        let off = self.layout.ctrl(self.rank) + LINE + 12;
+        let stop = self.beat_stop.clone();
+        std::thread::Builder::new()
+            .name(format!("kolo-shm-beat-{}", self.rank))
+            .spawn(move || {
+                while !stop.load(Ordering::SeqCst) {
+                    // SAFETY: a 4-aligned word of the rank's own state line, inside the mapping that
+                    // `seg` keeps alive; only accessed atomically.
+                    let word = unsafe { &*(seg.ptr().add(off) as *const AtomicU32) };
+                    word.fetch_add(1, Ordering::Relaxed);
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+            })
+            .map(|_| ())
+            .map_err(io_err(format!(
+                "rank {}: spawn heartbeat thread",
+                self.rank
+            )))
     }
 
     fn reason(&self, peer: usize) -> String {
@@ -916,6 +981,7 @@ impl Arena for ShmTransport {
 
 impl Drop for ShmTransport {
     fn drop(&mut self) {
+        self.beat_stop.store(true, Ordering::SeqCst);
         // Pass a failure on (as the TCP transport does with its abort frame); otherwise close cleanly.
         match self.mailbox.failure() {
             Some(LinkFailure::LocalClosed { reason }) => self.set_state(STATE_ABORTED, &reason),

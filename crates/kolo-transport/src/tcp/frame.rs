@@ -39,6 +39,8 @@ pub enum Kind {
     Abort = 2,
     /// The sender closed cleanly.
     Goodbye = 3,
+    /// Nothing but a sign of life (sent every second while the link is idle).
+    Heartbeat = 4,
 }
 
 /// The connecting side's introduction.
@@ -157,6 +159,7 @@ pub fn read_frame(r: &mut impl Read, max_len: u64) -> Result<Frame, ReadError> {
         1 => Kind::Data,
         2 => Kind::Abort,
         3 => Kind::Goodbye,
+        4 => Kind::Heartbeat,
         k => return Err(ReadError::Invalid(format!("unknown frame kind {k}"))),
     };
     let mut hb = [0u8; HEADER_LEN];

@@ -18,7 +18,7 @@ pub mod frame;
 
 use std::io::{BufReader, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -46,6 +46,9 @@ pub struct TcpOptions {
     pub max_message: u64,
     /// The job secret every connection must prove (see `kolo_store::auth`).
     pub secret: JobSecret,
+    /// A peer from which nothing (data or heartbeat, sent every second) arrives for this long is
+    /// lost: its process is stopped or hung, or its host unreachable. `None` turns heartbeats off.
+    pub heartbeat_timeout: Option<Duration>,
 }
 
 impl Default for TcpOptions {
@@ -56,6 +59,7 @@ impl Default for TcpOptions {
             connect_timeout: Duration::from_secs(300),
             max_message: 1 << 40,
             secret: JobSecret::default(),
+            heartbeat_timeout: Some(Duration::from_secs(6)),
         }
     }
 }
@@ -63,7 +67,49 @@ impl Default for TcpOptions {
 #[derive(Debug)]
 struct Link {
     writer: Mutex<TcpStream>,
+    /// A handle to shut the connection down without the writer's lock.
+    ctl: TcpStream,
 }
+
+/// When each peer was last heard from, shared by the reader threads and the heartbeat threads.
+#[derive(Debug)]
+struct Liveness {
+    epoch: Instant,
+    /// Milliseconds since `epoch` when bytes last came from each peer.
+    last_seen: Vec<AtomicU64>,
+    /// Peers that closed cleanly (or were declared lost): no heartbeat expected.
+    quiet: Vec<AtomicBool>,
+    stop: AtomicBool,
+}
+
+impl Liveness {
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+    fn touch(&self, peer: usize) {
+        self.last_seen[peer].store(self.now_ms(), Ordering::Relaxed);
+    }
+}
+
+/// A reader that notes every arrival of bytes (so a long frame keeps its sender alive, too).
+struct Touch {
+    inner: TcpStream,
+    live: Arc<Liveness>,
+    peer: usize,
+}
+
+impl Read for Touch {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        if n > 0 {
+            self.live.touch(self.peer);
+        }
+        Ok(n)
+    }
+}
+
+/// How often an idle link carries a heartbeat frame.
+const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
 
 /// One rank's endpoint of a TCP world. Build it with [`TcpTransport::connect`].
 #[derive(Debug)]
@@ -71,8 +117,9 @@ pub struct TcpTransport {
     rank: usize,
     size: usize,
     mailbox: Arc<Mailbox>,
-    links: Vec<Option<Link>>,
+    links: Arc<Vec<Option<Link>>>,
     aborted: AtomicBool,
+    live: Arc<Liveness>,
 }
 
 const SETUP_OP: &str = "tcp connect";
@@ -154,6 +201,12 @@ impl TcpTransport {
         }
 
         let mailbox = Arc::new(Mailbox::new(size));
+        let live = Arc::new(Liveness {
+            epoch: Instant::now(),
+            last_seen: (0..size).map(|_| AtomicU64::new(0)).collect(),
+            quiet: (0..size).map(|p| AtomicBool::new(p == rank)).collect(),
+            stop: AtomicBool::new(false),
+        });
         let mut links = Vec::with_capacity(size);
         for (peer, s) in streams.into_iter().enumerate() {
             let Some(s) = s else {
@@ -165,15 +218,29 @@ impl TcpTransport {
             let reader = s
                 .try_clone()
                 .map_err(io_err(format!("rank {rank}: clone socket to rank {peer}")))?;
+            let ctl = s
+                .try_clone()
+                .map_err(io_err(format!("rank {rank}: clone socket to rank {peer}")))?;
             let mb = mailbox.clone();
             let max = opts.max_message;
+            let reader = Touch {
+                inner: reader,
+                live: live.clone(),
+                peer,
+            };
+            let lv = live.clone();
             thread::Builder::new()
                 .name(format!("kolo-recv-{rank}-{peer}"))
-                .spawn(move || read_loop(reader, peer, mb, max))
+                .spawn(move || read_loop(reader, peer, mb, max, lv))
                 .map_err(io_err(format!("rank {rank}: spawn reader thread")))?;
             links.push(Some(Link {
                 writer: Mutex::new(s),
+                ctl,
             }));
+        }
+        let links = Arc::new(links);
+        if let Some(timeout) = opts.heartbeat_timeout {
+            start_heartbeats(rank, &links, &live, &mailbox, timeout)?;
         }
         Ok(TcpTransport {
             rank,
@@ -181,6 +248,7 @@ impl TcpTransport {
             mailbox,
             links,
             aborted: AtomicBool::new(false),
+            live,
         })
     }
 
@@ -384,7 +452,80 @@ fn connect_lower(
     }
 }
 
-fn read_loop(stream: TcpStream, peer: usize, mailbox: Arc<Mailbox>, max_message: u64) {
+/// Starts the two heartbeat threads of a transport: one sends a heartbeat on every idle link each
+/// second, the other fails the mailbox (naming the peer) when a peer has been silent for `timeout`.
+/// Two threads, so that a heartbeat stuck behind a full socket cannot stop the check.
+fn start_heartbeats(
+    rank: usize,
+    links: &Arc<Vec<Option<Link>>>,
+    live: &Arc<Liveness>,
+    mailbox: &Arc<Mailbox>,
+    timeout: Duration,
+) -> Result<(), Error> {
+    let (l, lv) = (links.clone(), live.clone());
+    thread::Builder::new()
+        .name(format!("kolo-beat-{rank}"))
+        .spawn(move || {
+            while !lv.stop.load(Ordering::SeqCst) {
+                for link in l.iter().flatten() {
+                    // A link busy with a send needs no heartbeat.
+                    if let Ok(mut w) = link.writer.try_lock() {
+                        let _ =
+                            frame::write_frame(&mut *w, Kind::Heartbeat, &control_header(), &[]);
+                    }
+                }
+                let mut slept = Duration::ZERO;
+                while slept < HEARTBEAT_EVERY && !lv.stop.load(Ordering::SeqCst) {
+                    thread::sleep(Duration::from_millis(100));
+                    slept += Duration::from_millis(100);
+                }
+            }
+        })
+        .map_err(io_err(format!("rank {rank}: spawn heartbeat thread")))?;
+    let (l, lv, mb) = (links.clone(), live.clone(), mailbox.clone());
+    thread::Builder::new()
+        .name(format!("kolo-watch-{rank}"))
+        .spawn(move || {
+            // Everyone counts as heard from at the start.
+            for p in 0..l.len() {
+                lv.touch(p);
+            }
+            let limit = timeout.as_millis() as u64;
+            while !lv.stop.load(Ordering::SeqCst) {
+                thread::sleep(Duration::from_millis(200));
+                let now = lv.now_ms();
+                for (peer, link) in l.iter().enumerate() {
+                    let Some(link) = link else { continue };
+                    if lv.quiet[peer].load(Ordering::SeqCst) {
+                        continue;
+                    }
+                    let seen = lv.last_seen[peer].load(Ordering::Relaxed);
+                    if now.saturating_sub(seen) > limit {
+                        lv.quiet[peer].store(true, Ordering::SeqCst);
+                        mb.fail(LinkFailure::PeerLost {
+                            peer,
+                            reason: format!(
+                                "nothing (not even a heartbeat) from it for {:.0} s: its process \
+                                 is stopped or hung, or its host is unreachable",
+                                timeout.as_secs_f64()
+                            ),
+                        });
+                        let _ = link.ctl.shutdown(Shutdown::Both);
+                    }
+                }
+            }
+        })
+        .map_err(io_err(format!("rank {rank}: spawn heartbeat thread")))?;
+    Ok(())
+}
+
+fn read_loop(
+    stream: Touch,
+    peer: usize,
+    mailbox: Arc<Mailbox>,
+    max_message: u64,
+    live: Arc<Liveness>,
+) {
     let mut r = BufReader::with_capacity(256 * 1024, stream);
     let mut closed_cleanly = false;
     loop {
@@ -394,6 +535,10 @@ fn read_loop(stream: TcpStream, peer: usize, mailbox: Arc<Mailbox>, max_message:
                 header,
                 payload,
             }) => mailbox.deliver(peer, Message { header, payload }),
+            Ok(Frame {
+                kind: Kind::Heartbeat,
+                ..
+            }) => {}
             Ok(Frame {
                 kind: Kind::Abort,
                 payload,
@@ -407,6 +552,7 @@ fn read_loop(stream: TcpStream, peer: usize, mailbox: Arc<Mailbox>, max_message:
                 ..
             }) => {
                 closed_cleanly = true;
+                live.quiet[peer].store(true, Ordering::SeqCst);
                 mailbox.close_peer(peer);
             }
             Err(ReadError::Eof) => {
@@ -431,7 +577,7 @@ fn read_loop(stream: TcpStream, peer: usize, mailbox: Arc<Mailbox>, max_message:
             }
             Err(ReadError::Invalid(reason)) => {
                 mailbox.fail(LinkFailure::Protocol { peer, reason });
-                let _ = r.get_ref().shutdown(Shutdown::Both);
+                let _ = r.get_ref().inner.shutdown(Shutdown::Both);
                 return;
             }
         }
@@ -510,6 +656,7 @@ impl Transport for TcpTransport {
 
 impl Drop for TcpTransport {
     fn drop(&mut self) {
+        self.live.stop.store(true, Ordering::SeqCst);
         let aborted = self.aborted.load(Ordering::SeqCst);
         // A rank that leaves with a failed endpoint passes the failure on, so that a peer still
         // waiting for it learns why rather than only that it left.
