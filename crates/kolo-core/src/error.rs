@@ -110,6 +110,20 @@ pub enum Error {
         waited: Duration,
     },
 
+    /// `monitored_barrier`: some ranks did not arrive in time.
+    #[error(
+        "monitored_barrier on rank {rank}: rank(s) {} did not arrive within {waited:.1?}",
+        missing.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(", ")
+    )]
+    BarrierTimeout {
+        /// Rank reporting.
+        rank: usize,
+        /// Ranks that did not arrive, in order.
+        missing: Vec<usize>,
+        /// The barrier's timeout.
+        waited: Duration,
+    },
+
     /// The connection to a peer broke (the peer died or the network failed).
     #[error("{op} on rank {rank}: lost connection to rank {peer}: {reason}")]
     PeerLost {
@@ -297,6 +311,15 @@ impl Error {
                 op,
                 rank: *rank,
                 peer: *peer,
+                waited: *waited,
+            },
+            BarrierTimeout {
+                rank,
+                missing,
+                waited,
+            } => BarrierTimeout {
+                rank: *rank,
+                missing: missing.clone(),
                 waited: *waited,
             },
             PeerLost {

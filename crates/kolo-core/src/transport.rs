@@ -152,10 +152,9 @@ impl Mailbox {
         }
     }
 
+    /// A message that arrived before a failure is still delivered (messages and failures keep the
+    /// order the peer sent them in); after that, the failure.
     fn take(s: &mut MailboxState, src: usize, tag: &Tag) -> Result<Option<Message>, LinkFailure> {
-        if let Some(f) = &s.failure {
-            return Err(f.clone());
-        }
         let key = (src, *tag);
         if let Some(q) = s.queues.get_mut(&key) {
             if let Some(m) = q.pop_front() {
@@ -164,6 +163,9 @@ impl Mailbox {
                 }
                 return Ok(Some(m));
             }
+        }
+        if let Some(f) = &s.failure {
+            return Err(f.clone());
         }
         if s.closed.get(src).copied().unwrap_or(false) {
             return Err(LinkFailure::PeerClosed { peer: src });

@@ -5,7 +5,8 @@
 //! like communication errors, so that the other ranks of the collective fail too instead of waiting.
 
 use kolo_collectives::algorithms::{
-    alltoall_pairwise, barrier_dissemination, broadcast_binomial, linear, reduce_binomial, ring,
+    alltoall_pairwise, barrier_dissemination, barrier_monitored, broadcast_binomial, linear,
+    reduce_binomial, ring,
 };
 use kolo_collectives::ctx::{blocks_from_counts, even_blocks};
 use kolo_collectives::select;
@@ -164,6 +165,11 @@ impl Inner {
     pub(crate) fn barrier(&self, seq: u64) -> Result<()> {
         let call = Call::new(OpKind::Barrier, select::fixed(OpKind::Barrier, self.size()));
         self.run(seq, call, barrier_dissemination::barrier)
+    }
+
+    pub(crate) fn monitored_barrier(&self, seq: u64, timeout: std::time::Duration) -> Result<()> {
+        let call = Call::new(OpKind::Barrier, kolo_core::Algorithm::Direct);
+        self.run_timed(seq, call, timeout, false, barrier_monitored::barrier)
     }
 
     pub(crate) fn broadcast(
@@ -425,6 +431,23 @@ impl Communicator {
     pub fn barrier(&self) -> Result<()> {
         let seq = self.inner.issue_blocking()?;
         self.inner.barrier(seq)
+    }
+
+    /// A barrier that names the ranks that do not arrive within `timeout` instead of waiting for
+    /// them (torch.distributed's `monitored_barrier`): rank 0 collects every rank's arrival, and on
+    /// timeout rank 0 and every rank that arrived fail with [`Error::BarrierTimeout`] listing the
+    /// missing ranks. Like any failed collective it poisons the communicator.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// kolo::run_local(3, kolo::Config::default(), |comm| {
+    ///     comm.monitored_barrier(Duration::from_secs(10))
+    /// })?;
+    /// # Ok::<(), kolo::Error>(())
+    /// ```
+    pub fn monitored_barrier(&self, timeout: std::time::Duration) -> Result<()> {
+        let seq = self.inner.issue_blocking()?;
+        self.inner.monitored_barrier(seq, timeout)
     }
 
     /// Copies `buf` of rank `root` into `buf` of every rank. Every rank passes the same length.

@@ -401,6 +401,19 @@ impl Inner {
 
     /// Runs `f` as collective number `seq` with fingerprint `call`; an error poisons the communicator.
     pub fn run<R>(&self, seq: u64, call: Call, f: impl FnOnce(&Ctx) -> Result<R>) -> Result<R> {
+        self.run_timed(seq, call, self.config.timeout, true, f)
+    }
+
+    /// [`Inner::run`] with its own timeout; `confirm: false` skips the arena's fingerprint step (for
+    /// a collective that checks the fingerprints of its own messages and must honour its timeout).
+    pub fn run_timed<R>(
+        &self,
+        seq: u64,
+        call: Call,
+        timeout: std::time::Duration,
+        confirm: bool,
+        f: impl FnOnce(&Ctx) -> Result<R>,
+    ) -> Result<R> {
         self.check()?;
         let started = Instant::now();
         let ctx = Ctx {
@@ -416,7 +429,7 @@ impl Inner {
                 call,
             },
             started,
-            deadline: Some(started + self.config.timeout),
+            deadline: Some(started + timeout),
             arena: None,
         };
         if !self.uses_arena {
@@ -429,6 +442,7 @@ impl Inner {
         };
         let r = match (ctx.arena, call.algo) {
             (Some(_), kolo_core::Algorithm::Shm) => f(&ctx),
+            (Some(_), _) if !confirm => f(&ctx),
             (Some(arena), _) => kolo_collectives::algorithms::allreduce_shm::confirm(&ctx, arena)
                 .and_then(|()| f(&ctx)),
             (None, _) => f(&ctx),

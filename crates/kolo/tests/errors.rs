@@ -271,3 +271,35 @@ fn bad_v_counts_are_errors() {
         );
     }
 }
+
+#[test]
+fn monitored_barrier_names_the_ranks_that_do_not_arrive() {
+    for kind in KINDS {
+        let t = Instant::now();
+        let res = spawn(kind, 4, quick(), |c| {
+            if c.rank() == 2 || c.rank() == 3 {
+                // Busy elsewhere past the barrier's timeout.
+                std::thread::sleep(Duration::from_millis(1500));
+            }
+            c.monitored_barrier(Duration::from_millis(500))
+        });
+        assert!(t.elapsed() < Duration::from_secs(4), "{kind:?}: {:?}", t.elapsed());
+        for (r, x) in res.iter().enumerate().take(2) {
+            match x {
+                Err(Error::BarrierTimeout { rank, missing, .. }) => {
+                    assert_eq!((*rank, missing.clone()), (r, vec![2, 3]), "{kind:?}");
+                    let text = x.as_ref().expect_err("failed").to_string();
+                    assert!(text.contains("rank(s) 2, 3 did not arrive"), "{text}");
+                }
+                other => panic!("{kind:?}: rank {r} got {other:?}"),
+            }
+        }
+        // The late ranks learn that the job failed rather than waiting.
+        for x in &res[2..] {
+            assert!(x.is_err(), "{kind:?}: a late rank succeeded");
+        }
+        // And when everyone comes, it is a barrier.
+        let ok = spawn(kind, 3, quick(), |c| c.monitored_barrier(Duration::from_secs(5)));
+        assert!(ok.iter().all(|r| r.is_ok()), "{kind:?}: {ok:?}");
+    }
+}

@@ -18,6 +18,7 @@ pub mod allreduce_shm;
 pub mod allreduce_tree;
 pub mod alltoall_pairwise;
 pub mod barrier_dissemination;
+pub mod barrier_monitored;
 pub mod broadcast_binomial;
 pub mod linear;
 pub mod reduce_binomial;
