@@ -442,7 +442,7 @@ impl Inner {
         };
         let r = match (ctx.arena, call.algo) {
             (Some(_), kolo_core::Algorithm::Shm) => f(&ctx),
-            (Some(_), _) if !confirm => f(&ctx),
+            (Some(_), _) if !confirm || !self.config.confirm_calls => f(&ctx),
             (Some(arena), _) => kolo_collectives::algorithms::allreduce_shm::confirm(&ctx, arena)
                 .and_then(|()| f(&ctx)),
             (None, _) => f(&ctx),

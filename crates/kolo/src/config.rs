@@ -16,6 +16,11 @@ pub struct Config {
     pub timeout: Duration,
     /// Forced algorithms (`KOLO_ALGO_ALLREDUCE=ring|recursive_doubling|halving_doubling|tree`).
     pub overrides: Overrides,
+    /// The fingerprint step that every collective on shared memory starts with (so that ranks in
+    /// different collectives fail even where no message would flow). On by default; turning it off
+    /// (`KOLO_CONFIRM_CALLS=0`) is only for measuring what it costs: mismatches are then still caught
+    /// where messages flow, but e.g. a broadcast's root can finish before its peers notice.
+    pub confirm_calls: bool,
 }
 
 impl Default for Config {
@@ -23,6 +28,7 @@ impl Default for Config {
         Config {
             timeout: DEFAULT_TIMEOUT,
             overrides: Overrides::default(),
+            confirm_calls: true,
         }
     }
 }
@@ -48,6 +54,19 @@ impl Config {
                     reason: "expected a positive number of seconds".into(),
                 })?;
             c.timeout = Duration::from_secs_f64(secs);
+        }
+        if let Some(v) = get("KOLO_CONFIRM_CALLS") {
+            c.confirm_calls = match v.trim() {
+                "1" | "on" | "true" => true,
+                "0" | "off" | "false" => false,
+                _ => {
+                    return Err(Error::Config {
+                        var: "KOLO_CONFIRM_CALLS".into(),
+                        value: v.clone(),
+                        reason: "expected 1 or 0".into(),
+                    })
+                }
+            };
         }
         if let Some(v) = get("KOLO_ALGO_ALLREDUCE") {
             c.overrides.all_reduce = Some(Overrides::parse_all_reduce(
