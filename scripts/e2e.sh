@@ -260,7 +260,7 @@ check_elastic_train() {
 
 # Two hosts simulated with network namespaces and a veth pair: `kolo run --nnodes 2` on each.
 check_two_hosts() {
-    local name="two hosts (network namespaces): kolo run --nnodes 2 runs matrix and an all-reduce check"
+    local name="two hosts (network namespaces): kolo run --nnodes 2 and --hosts run matrix and an all-reduce check"
     local here
     here=$(cd "$(dirname "$0")" && pwd)
     rc=0
@@ -280,6 +280,13 @@ check_two_hosts() {
     if ((rc != 0)); then fail "$name" "ring_allreduce: exit code $rc"; return; fi
     if ! grep -q "ranks 4: .*results match" <<<"$out"; then
         fail "$name" "the all-reduce check did not report matching results"
+        return
+    fi
+    # horovodrun's shape: one command, the launchers started over (a stand-in for) ssh.
+    out=$("$here/netns-two-hosts.sh" --hosts "$KOLO" 2 -- "$EX/matrix" 2>&1) || rc=$?
+    if ((rc != 0)); then fail "$name" "kolo run --hosts: exit code $rc"; return; fi
+    if ! grep -q "^\[rank 0\] sum: 28$" <<<"$out"; then
+        fail "$name" "kolo run --hosts: matrix printed the wrong result"
         return
     fi
     ok "$name"

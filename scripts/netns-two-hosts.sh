@@ -3,11 +3,16 @@
 # a veth pair, no other interface but their own loopback. Runs `kolo run --nnodes 2` in each with
 # the given program and prints both launchers' output; exits with the first non-zero exit code.
 #
-# Usage: scripts/netns-two-hosts.sh KOLO NPROC_PER_NODE -- PROGRAM [ARGS...]
+# Usage: scripts/netns-two-hosts.sh [--hosts] KOLO NPROC_PER_NODE -- PROGRAM [ARGS...]
+# With --hosts, one `kolo run --hosts NS0:N,NS1:N` from outside starts both launchers through
+# scripts/netns-ssh (standing in for ssh) instead.
 # Needs root (CAP_NET_ADMIN) and iproute2; exits 77 when namespaces cannot be made here.
 set -euo pipefail
+mode=nodes
+if [[ ${1:-} == --hosts ]]; then mode=hosts; shift; fi
 KOLO=$1 NPROC=$2
 shift 3
+here=$(cd "$(dirname "$0")" && pwd)
 tag="kolo$$"
 ns0="$tag-h0" ns1="$tag-h1"
 cleanup() {
@@ -31,6 +36,14 @@ ip -n "$ns0" link set "$tag-a" up
 ip -n "$ns1" link set "$tag-b" up
 
 out=$(mktemp -d)
+if [[ $mode == hosts ]]; then
+    rc=0
+    KOLO_SSH="$here/netns-ssh" timeout 120 "$KOLO" run -n $((2 * NPROC)) \
+        --hosts "$ns0:$NPROC,$ns1:$NPROC" --master-addr 10.77.0.1 \
+        --master-port $((29000 + $$ % 1000)) -- "$@" || rc=$?
+    rm -rf "$out"
+    exit "$rc"
+fi
 export KOLO_JOB_SECRET=${KOLO_JOB_SECRET:-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')}
 port=$((29000 + $$ % 1000))
 for r in 0 1; do

@@ -32,7 +32,7 @@ enum Command {
         long_about = cmd::run::LONG_ABOUT,
         override_usage = "kolo run [OPTIONS] -n <N> -- <PROGRAM> [ARGS]..."
     )]
-    Run(cmd::run::RunArgs),
+    Run(Box<cmd::run::RunArgs>),
     /// Train a model data-parallel on N workers (LeNet on Fashion-MNIST with 2 workers by default)
     #[command(long_about = cmd::train::LONG_ABOUT)]
     Train(Box<cmd::train::TrainArgs>),
@@ -44,7 +44,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Run(args) => cmd::run::execute(args),
+        Command::Run(args) => cmd::run::execute(*args),
         Command::Train(args) => cmd::train::execute(*args),
         Command::Bench(args) => cmd::bench::execute(*args),
     }

@@ -52,6 +52,9 @@ pub struct LaunchConfig {
     pub iface: Option<String>,
     /// How long the launchers wait for each other when a job starts.
     pub rdzv_timeout: Duration,
+    /// Stop the workers (as on SIGTERM) when standard input ends: set on the launchers that
+    /// `kolo run --hosts` starts over ssh.
+    pub stop_on_stdin_eof: bool,
 }
 
 impl LaunchConfig {
@@ -81,6 +84,7 @@ impl LaunchConfig {
             node_rank: None,
             iface: None,
             rdzv_timeout: Duration::from_secs(300),
+            stop_on_stdin_eof: false,
         }
     }
 

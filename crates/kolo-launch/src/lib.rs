@@ -36,6 +36,7 @@ pub mod net;
 mod outcome;
 mod output;
 mod process;
+pub mod remote;
 pub mod rendezvous;
 mod spawn;
 mod supervise;
@@ -76,6 +77,9 @@ pub fn launch(cfg: &LaunchConfig) -> Result<LaunchOutcome, LaunchError> {
     cfg.validate()?;
     let signals = SignalFlags::register().map_err(|source| LaunchError::Signals { source })?;
     let addr = iface(cfg)?;
+    if cfg.stop_on_stdin_eof {
+        watch_stdin();
+    }
     if cfg.nnodes.1 > 1 {
         return launch_nodes(cfg, &signals, addr);
     }
@@ -112,6 +116,20 @@ pub fn launch(cfg: &LaunchConfig) -> Result<LaunchOutcome, LaunchError> {
             cfg.nproc, job.restart, cfg.max_restarts
         ));
     }
+}
+
+/// Treats the end of standard input as SIGTERM (a launcher started over ssh by `kolo run --hosts`:
+/// when the starting side goes away, this node stops its workers).
+fn watch_stdin() {
+    let _ = std::thread::Builder::new()
+        .name("kolo-stdin".into())
+        .spawn(|| {
+            let mut sink = [0u8; 256];
+            let mut stdin = std::io::stdin();
+            while matches!(std::io::Read::read(&mut stdin, &mut sink), Ok(n) if n > 0) {}
+            // SAFETY: sending a signal to this process.
+            unsafe { libc::kill(libc::getpid(), libc::SIGTERM) };
+        });
 }
 
 /// The address of `--iface`, reported once.

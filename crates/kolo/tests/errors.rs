@@ -283,7 +283,11 @@ fn monitored_barrier_names_the_ranks_that_do_not_arrive() {
             }
             c.monitored_barrier(Duration::from_millis(500))
         });
-        assert!(t.elapsed() < Duration::from_secs(4), "{kind:?}: {:?}", t.elapsed());
+        assert!(
+            t.elapsed() < Duration::from_secs(4),
+            "{kind:?}: {:?}",
+            t.elapsed()
+        );
         for (r, x) in res.iter().enumerate().take(2) {
             match x {
                 Err(Error::BarrierTimeout { rank, missing, .. }) => {
@@ -299,7 +303,9 @@ fn monitored_barrier_names_the_ranks_that_do_not_arrive() {
             assert!(x.is_err(), "{kind:?}: a late rank succeeded");
         }
         // And when everyone comes, it is a barrier.
-        let ok = spawn(kind, 3, quick(), |c| c.monitored_barrier(Duration::from_secs(5)));
+        let ok = spawn(kind, 3, quick(), |c| {
+            c.monitored_barrier(Duration::from_secs(5))
+        });
         assert!(ok.iter().all(|r| r.is_ok()), "{kind:?}: {ok:?}");
     }
 }
