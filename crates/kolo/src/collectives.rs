@@ -440,10 +440,10 @@ impl Communicator {
     ///
     /// ```
     /// # use std::time::Duration;
-    /// kolo::run_local(3, kolo::Config::default(), |comm| {
+    /// let results = kolo::run_local(3, kolo::Config::default(), |comm| {
     ///     comm.monitored_barrier(Duration::from_secs(10))
-    /// })?;
-    /// # Ok::<(), kolo::Error>(())
+    /// });
+    /// assert!(results.iter().all(|r| matches!(r, Ok(Ok(())))));
     /// ```
     pub fn monitored_barrier(&self, timeout: std::time::Duration) -> Result<()> {
         let seq = self.inner.issue_blocking()?;

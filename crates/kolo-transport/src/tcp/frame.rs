@@ -26,6 +26,10 @@ pub const MAGIC: u32 = 0x4F4C_4F4B;
 pub const VERSION: u16 = 1;
 /// Bytes in a hello.
 pub const HELLO_LEN: usize = 22;
+/// Longest abort reason accepted.
+pub const MAX_REASON: usize = 64 * 1024;
+/// Most memory reserved for a payload before its bytes arrive.
+const INITIAL_ALLOCATION: usize = 16 << 20;
 /// Bytes before a frame's payload.
 pub const PREFIX_LEN: usize = 1 + HEADER_LEN + 8;
 
@@ -168,13 +172,20 @@ pub fn read_frame(r: &mut impl Read, max_len: u64) -> Result<Frame, ReadError> {
     let mut lb = [0u8; 8];
     lb.copy_from_slice(&prefix[1 + HEADER_LEN..]);
     let len = u64::from_le_bytes(lb);
-    if len > max_len {
+    // Control frames are small: an abort carries a reason, the others nothing.
+    let limit = match kind {
+        Kind::Data => max_len,
+        Kind::Abort => MAX_REASON as u64,
+        Kind::Goodbye | Kind::Heartbeat => 0,
+    };
+    if len > limit {
         return Err(ReadError::Invalid(format!(
-            "frame of {len} bytes exceeds the limit of {max_len}"
+            "{kind:?} frame of {len} bytes exceeds the limit of {limit}"
         )));
     }
     let len = len as usize;
-    let mut payload = Vec::with_capacity(len);
+    // Memory grows with the bytes that actually arrive, not with what the header announces.
+    let mut payload = Vec::with_capacity(len.min(INITIAL_ALLOCATION));
     r.take(len as u64)
         .read_to_end(&mut payload)
         .map_err(ReadError::Io)?;
@@ -254,6 +265,26 @@ mod tests {
         ));
         assert!(matches!(
             read_frame(&mut &buf[..10], 1000),
+            Err(ReadError::Io(_))
+        ));
+    }
+
+    #[test]
+    fn control_frames_are_bounded_and_announced_lengths_allocate_nothing() {
+        // An abort announcing more than a reason may hold, a heartbeat with a payload.
+        for (kind, len) in [(Kind::Abort, MAX_REASON as u64 + 1), (Kind::Heartbeat, 1)] {
+            let mut b = encode_prefix(kind, &header(), len).to_vec();
+            b.extend(std::iter::repeat_n(0u8, 8));
+            assert!(matches!(
+                read_frame(&mut &b[..], 1 << 40),
+                Err(ReadError::Invalid(_))
+            ));
+        }
+        // A data frame announcing 1 TiB but carrying 3 bytes: an error, without reserving a TiB.
+        let mut b = encode_prefix(Kind::Data, &header(), 1 << 40).to_vec();
+        b.extend([1, 2, 3]);
+        assert!(matches!(
+            read_frame(&mut &b[..], 1 << 40),
             Err(ReadError::Io(_))
         ));
     }

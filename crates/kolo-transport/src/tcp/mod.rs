@@ -275,6 +275,15 @@ impl TcpTransport {
     }
 }
 
+/// `reason` cut to what a receiver accepts in an abort frame (at a character boundary).
+fn clip(reason: &str) -> &[u8] {
+    let mut end = reason.len().min(frame::MAX_REASON);
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    &reason.as_bytes()[..end]
+}
+
 fn control_header() -> Header {
     Header {
         tag: Tag {
@@ -641,7 +650,7 @@ impl Transport for TcpTransport {
         }
         for peer in 0..self.size {
             if peer != self.rank {
-                let _ = self.write(peer, Kind::Abort, &control_header(), reason.as_bytes());
+                let _ = self.write(peer, Kind::Abort, &control_header(), clip(reason));
             }
         }
         self.mailbox.fail(LinkFailure::LocalClosed {
@@ -668,12 +677,9 @@ impl Drop for TcpTransport {
             let mut w = link.writer.lock().unwrap_or_else(|p| p.into_inner());
             if !aborted {
                 let _ = match &failed {
-                    Some(reason) => frame::write_frame(
-                        &mut *w,
-                        Kind::Abort,
-                        &control_header(),
-                        reason.as_bytes(),
-                    ),
+                    Some(reason) => {
+                        frame::write_frame(&mut *w, Kind::Abort, &control_header(), clip(reason))
+                    }
                     None => frame::write_frame(&mut *w, Kind::Goodbye, &control_header(), &[]),
                 };
             }
