@@ -2,9 +2,13 @@
 //! its deadline — and the checked send/receive it uses.
 
 use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 use std::time::Instant;
 
-use kolo_core::{Arena, Error, Header, Message, RecvError, Reducer, Result, Transport};
+use kolo_core::{
+    Arena, Error, Header, Message, OpKind, RecvError, Reducer, Result, Tag, TagSpace, Transport,
+};
 
 /// One collective call on one rank, as seen by an algorithm.
 ///
@@ -29,13 +33,18 @@ pub struct Ctx<'a> {
     /// Memory shared by the whole group, when it has one (then every collective starts with
     /// [`crate::algorithms::allreduce_shm::confirm`]).
     pub arena: Option<&'a dyn Arena>,
+    /// Messages received so far in this call.
+    pub received: AtomicUsize,
+    /// Peers this rank sent to before receiving anything, in a collective where some rank only sends:
+    /// they confirm acceptance, and [`Ctx::finish`] waits for that.
+    pub awaiting: Mutex<Vec<usize>>,
 }
 
 /// Largest message a pipelined algorithm sends at once; longer chunks go as several segments so the
 /// receiver reduces one while the next is on the wire.
 pub const SEGMENT_BYTES: usize = 1 << 20;
 
-impl Ctx<'_> {
+impl<'a> Ctx<'a> {
     /// Group size.
     pub fn size(&self) -> usize {
         self.members.len()
@@ -46,11 +55,93 @@ impl Ctx<'_> {
         self.header.call.op.name()
     }
 
+    /// A context for one call (the fields that change during it start empty).
+    pub fn new(
+        transport: &'a dyn Transport,
+        members: &'a [usize],
+        rank: usize,
+        header: Header,
+        started: Instant,
+        deadline: Option<Instant>,
+        arena: Option<&'a dyn Arena>,
+    ) -> Ctx<'a> {
+        Ctx {
+            transport,
+            members,
+            rank,
+            header,
+            started,
+            deadline,
+            arena,
+            received: AtomicUsize::new(0),
+            awaiting: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Whether a send now comes from a rank whose only part in this call is to send. In broadcast,
+    /// scatter, gather and reduce every rank that receives does so before it sends, so a rank that
+    /// sends before receiving anything is a pure sender (a root of broadcast or scatter, a leaf of
+    /// gather or reduce). Such a rank would return before a receiver could object to a mismatched
+    /// call; it asks for confirmation instead. Not needed with an arena, whose fingerprint step
+    /// covers every rank.
+    fn pure_sender(&self) -> bool {
+        self.arena.is_none()
+            && matches!(
+                self.header.call.op,
+                OpKind::Broadcast
+                    | OpKind::Scatter
+                    | OpKind::ScatterV
+                    | OpKind::Gather
+                    | OpKind::GatherV
+                    | OpKind::Reduce
+            )
+            && self.received.load(Ordering::Relaxed) == 0
+    }
+
     /// Sends `data` to group rank `to`.
     pub fn send(&self, to: usize, data: &[u8]) -> Result<()> {
+        let mut header = self.header;
+        if self.pure_sender() {
+            let mut w = self.awaiting.lock().unwrap_or_else(|p| p.into_inner());
+            if !w.contains(&to) {
+                // The first message to each peer asks for its confirmation.
+                w.push(to);
+                header.ack = true;
+            }
+        }
         self.transport
-            .send(self.members[to], &self.header, data)
+            .send(self.members[to], &header, data)
             .map_err(|f| f.into_error(self.op(), self.rank))
+    }
+
+    fn ack_tag(&self) -> Tag {
+        Tag {
+            space: TagSpace::Ack,
+            ..self.header.tag
+        }
+    }
+
+    /// Waits for the confirmations this rank asked for (see [`Ctx::send`]): a receiver that found
+    /// the call mismatched fails instead, and its abort reaches this rank here.
+    pub fn finish(&self) -> Result<()> {
+        let peers = std::mem::take(&mut *self.awaiting.lock().unwrap_or_else(|p| p.into_inner()));
+        let tag = self.ack_tag();
+        for peer in peers {
+            let m = self
+                .transport
+                .recv(self.members[peer], &tag, self.deadline)
+                .map_err(|e| self.recv_error(peer, e))?;
+            if m.header.call != self.header.call {
+                return Err(Error::Mismatch {
+                    rank: self.rank,
+                    peer,
+                    local: self.header.call,
+                    remote: m.header.call,
+                    tag: self.header.tag,
+                });
+            }
+        }
+        Ok(())
     }
 
     /// The error for a failed wait on group rank `peer`.
@@ -88,6 +179,17 @@ impl Ctx<'_> {
                 expected,
                 actual: msg.payload.len(),
             });
+        }
+        self.received.fetch_add(1, Ordering::Relaxed);
+        if msg.header.ack {
+            let ack = Header {
+                tag: self.ack_tag(),
+                call: self.header.call,
+                ack: false,
+            };
+            self.transport
+                .send(self.members[from], &ack, &[])
+                .map_err(|f| f.into_error(self.op(), self.rank))?;
         }
         Ok(msg)
     }

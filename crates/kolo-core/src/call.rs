@@ -221,6 +221,9 @@ pub enum TagSpace {
     Collective = 1,
     /// Point-to-point messages: the value is the user's tag.
     P2p = 2,
+    /// Confirmations that a collective's message was accepted (see [`Header::ack`]): the value is the
+    /// collective's sequence number.
+    Ack = 3,
 }
 
 /// Matches a message to a receive: same source, same tag.
@@ -239,6 +242,11 @@ impl fmt::Display for Tag {
         match self.space {
             TagSpace::Collective => write!(f, "group {:x} collective #{}", self.group, self.value),
             TagSpace::P2p => write!(f, "group {:x} tag {}", self.group, self.value),
+            TagSpace::Ack => write!(
+                f,
+                "group {:x} confirmation of collective #{}",
+                self.group, self.value
+            ),
         }
     }
 }
@@ -250,6 +258,10 @@ pub struct Header {
     pub tag: Tag,
     /// Fingerprint of the call that sent it.
     pub call: Call,
+    /// The sender waits for the receiver to confirm that it accepted this message (a rank whose
+    /// only part in a collective is to send, so that it learns of a mismatch before it returns).
+    /// Not part of the fingerprint; carried in the top bit of the tag-space byte.
+    pub ack: bool,
 }
 
 /// Encoded size of a [`Header`].
@@ -264,7 +276,7 @@ impl Header {
     pub fn encode(&self) -> [u8; HEADER_LEN] {
         let mut b = [0u8; HEADER_LEN];
         b[0..8].copy_from_slice(&self.tag.group.to_le_bytes());
-        b[8] = self.tag.space as u8;
+        b[8] = self.tag.space as u8 | if self.ack { 0x80 } else { 0 };
         b[9..17].copy_from_slice(&self.tag.value.to_le_bytes());
         b[17] = self.call.op as u8;
         b[18] = self.call.dtype.map_or(0, |d| d as u8);
@@ -282,9 +294,10 @@ impl Header {
             a.copy_from_slice(&b[i..i + 8]);
             u64::from_le_bytes(a)
         };
-        let space = match b[8] {
+        let space = match b[8] & 0x7f {
             1 => TagSpace::Collective,
             2 => TagSpace::P2p,
+            3 => TagSpace::Ack,
             _ => return Err(BadHeader("unknown tag space")),
         };
         let op = OpKind::from_code(b[17]).ok_or(BadHeader("unknown operation code"))?;
@@ -317,6 +330,7 @@ impl Header {
                 root,
                 algo,
             },
+            ack: b[8] & 0x80 != 0,
         })
     }
 }
@@ -353,6 +367,7 @@ mod tests {
 
     fn sample() -> Header {
         Header {
+            ack: false,
             tag: Tag {
                 group: 0xdead_beef,
                 space: TagSpace::Collective,

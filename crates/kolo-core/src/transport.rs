@@ -216,6 +216,7 @@ mod tests {
 
     fn header(value: u64) -> Header {
         Header {
+            ack: false,
             tag: Tag {
                 group: 1,
                 space: TagSpace::P2p,

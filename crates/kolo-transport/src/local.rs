@@ -145,6 +145,7 @@ mod tests {
 
     fn header() -> Header {
         Header {
+            ack: false,
             tag: Tag {
                 group: 0,
                 space: TagSpace::P2p,

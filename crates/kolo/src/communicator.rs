@@ -416,30 +416,40 @@ impl Inner {
     ) -> Result<R> {
         self.check()?;
         let started = Instant::now();
-        let ctx = Ctx {
-            transport: &*self.transport,
-            members: &self.members,
-            rank: self.rank,
-            header: Header {
-                tag: Tag {
-                    group: self.group,
-                    space: TagSpace::Collective,
-                    value: seq,
-                },
-                call,
+        let header = Header {
+            ack: false,
+            tag: Tag {
+                group: self.group,
+                space: TagSpace::Collective,
+                value: seq,
             },
-            started,
-            deadline: Some(started + timeout),
-            arena: None,
+            call,
         };
+        let deadline = Some(started + timeout);
         if !self.uses_arena {
-            return f(&ctx).map_err(|e| self.poison(e));
+            let ctx = Ctx::new(
+                &*self.transport,
+                &self.members,
+                self.rank,
+                header,
+                started,
+                deadline,
+                None,
+            );
+            return f(&ctx)
+                .and_then(|r| ctx.finish().map(|()| r))
+                .map_err(|e| self.poison(e));
         }
         let _turn = self.take_turn(seq)?;
-        let ctx = Ctx {
-            arena: self.transport.arena(),
-            ..ctx
-        };
+        let ctx = Ctx::new(
+            &*self.transport,
+            &self.members,
+            self.rank,
+            header,
+            started,
+            deadline,
+            self.transport.arena(),
+        );
         let r = match (ctx.arena, call.algo) {
             (Some(_), kolo_core::Algorithm::Shm) => f(&ctx),
             (Some(_), _) if !confirm || !self.config.confirm_calls => f(&ctx),

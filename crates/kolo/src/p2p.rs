@@ -51,6 +51,7 @@ impl Communicator {
     pub fn send<T: Element>(&self, data: &[T], dest: usize, tag: u64) -> Result<()> {
         let to = self.peer(SEND, "dest", dest)?;
         let header = Header {
+            ack: false,
             tag: self.p2p_tag(tag),
             call: Call {
                 dtype: Some(T::DTYPE),

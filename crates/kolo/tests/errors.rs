@@ -70,14 +70,12 @@ fn different_counts_are_a_mismatch_on_every_rank() {
 #[test]
 fn different_collectives_are_a_mismatch() {
     for kind in KINDS {
-        // The root of a broadcast only sends, so it may finish before the other rank notices the
-        // mismatch; its next call then fails with that error.
+        // The root of a broadcast only sends: it waits for the receiver's confirmation (or, on
+        // shared memory, the fingerprint step), so its broadcast itself fails.
         let errs = all_fail(kind, 2, |c| {
             let mut v = vec![1i64; 4];
             if c.rank() == 0 {
-                c.broadcast(&mut v, 0)?;
-                std::thread::sleep(Duration::from_millis(100));
-                c.barrier()
+                c.broadcast(&mut v, 0)
             } else {
                 c.all_reduce(&mut v, ReduceOp::Max)
             }
@@ -307,5 +305,81 @@ fn monitored_barrier_names_the_ranks_that_do_not_arrive() {
             c.monitored_barrier(Duration::from_secs(5))
         });
         assert!(ok.iter().all(|r| r.is_ok()), "{kind:?}: {ok:?}");
+    }
+}
+
+/// Every collective in which some rank only sends (broadcast and scatter roots, gather and reduce
+/// leaves), against a mismatched call on the last rank: the root (rank 0) and the last rank fail in
+/// that call, within a second. Ranks whose own exchanges matched may finish it; their next call fails.
+#[test]
+fn pure_senders_fail_in_the_mismatched_call_itself() {
+    for kind in KINDS {
+        for n in [2] {
+            for case in 0..4 {
+                let t = Instant::now();
+                let res = spawn(kind, n, quick(), |c| {
+                    let mut v = vec![1.0f32; 8];
+                    let mut out = vec![0.0f32; 8 * n];
+                    if c.rank() == n - 1 {
+                        // The odd one out calls something else.
+                        return c.all_reduce(&mut v, ReduceOp::Sum);
+                    }
+                    let r = match case {
+                        0 => c.broadcast(&mut v, 0),
+                        1 => c.reduce(&mut v, ReduceOp::Sum, 0),
+                        2 => c.gather(&v, &mut out, 0),
+                        _ => {
+                            let mut one = vec![0.0f32; 8];
+                            c.scatter(&out, &mut one, 0)
+                        }
+                    };
+                    // Stay in the job (as a program would) until the failure reaches everyone.
+                    let _ = c.barrier();
+                    r
+                });
+                assert!(
+                    t.elapsed() < Duration::from_secs(1),
+                    "{kind:?} n={n} case {case}: {:?} {res:?}",
+                    t.elapsed()
+                );
+                for (r, x) in res.iter().enumerate() {
+                    if r != 0 && r != n - 1 && x.is_ok() {
+                        continue;
+                    }
+                    match x {
+                        Err(e) => assert!(
+                            mentions_mismatch(e) || matches!(e, Error::Aborted { .. }),
+                            "{kind:?} n={n} case {case} rank {r}: {e}"
+                        ),
+                        Ok(()) => panic!("{kind:?} n={n} case {case}: rank {r} succeeded"),
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn matched_asymmetric_collectives_still_work_and_leave_nothing_behind() {
+    for kind in KINDS {
+        let res = spawn(kind, 3, quick(), |c| {
+            for i in 0..50 {
+                let root = i % 3;
+                let mut v = vec![c.rank() as f64; 5];
+                c.broadcast(&mut v, root)?;
+                assert_eq!(v, vec![root as f64; 5]);
+                let mut s = vec![1.0f64; 5];
+                c.reduce(&mut s, ReduceOp::Sum, root)?;
+                if c.rank() == root {
+                    assert_eq!(s, vec![3.0; 5]);
+                }
+                let mut all = vec![0.0f64; 15];
+                c.gather(&v, &mut all, root)?;
+                let mut one = vec![0.0f64; 5];
+                c.scatter(&all, &mut one, root)?;
+            }
+            c.barrier()
+        });
+        assert!(res.iter().all(|r| r.is_ok()), "{kind:?}: {res:?}");
     }
 }

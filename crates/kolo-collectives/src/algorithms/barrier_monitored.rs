@@ -25,15 +25,15 @@ pub fn barrier(ctx: &Ctx) -> Result<()> {
     if ctx.rank != 0 {
         ctx.send(0, &[])?;
         // Rank 0 answers only once its own wait is over: give it that long again, and a second.
-        let patient = Ctx {
-            transport: ctx.transport,
-            members: ctx.members,
-            rank: ctx.rank,
-            header: ctx.header,
-            started: ctx.started,
-            deadline: ctx.deadline.map(|d| d + waited + Duration::from_secs(1)),
-            arena: ctx.arena,
-        };
+        let patient = Ctx::new(
+            ctx.transport,
+            ctx.members,
+            ctx.rank,
+            ctx.header,
+            ctx.started,
+            ctx.deadline.map(|d| d + waited + Duration::from_secs(1)),
+            ctx.arena,
+        );
         let verdict = patient.recv(0, n)?;
         let missing: Vec<usize> = (0..n).filter(|&r| verdict[r] != 0).collect();
         if missing.is_empty() {

@@ -213,6 +213,7 @@ mod tests {
 
     fn header() -> Header {
         Header {
+            ack: false,
             tag: Tag {
                 group: 9,
                 space: TagSpace::Collective,

@@ -286,6 +286,7 @@ fn clip(reason: &str) -> &[u8] {
 
 fn control_header() -> Header {
     Header {
+        ack: false,
         tag: Tag {
             group: 0,
             space: TagSpace::P2p,
