@@ -38,6 +38,8 @@ pub struct Ctx<'a> {
     /// Peers this rank sent to before receiving anything, in a collective where some rank only sends:
     /// they confirm acceptance, and [`Ctx::finish`] waits for that.
     pub awaiting: Mutex<Vec<usize>>,
+    /// Whether pure senders ask for confirmation (on unless turned off to measure its cost).
+    pub confirm: bool,
 }
 
 /// Largest message a pipelined algorithm sends at once; longer chunks go as several segments so the
@@ -75,7 +77,15 @@ impl<'a> Ctx<'a> {
             arena,
             received: AtomicUsize::new(0),
             awaiting: Mutex::new(Vec::new()),
+            confirm: true,
         }
+    }
+
+    /// This context with pure senders' confirmations turned off (`KOLO_CONFIRM_CALLS=0`, for
+    /// measuring what they cost).
+    pub fn without_confirmation(mut self) -> Self {
+        self.confirm = false;
+        self
     }
 
     /// Whether a send now comes from a rank whose only part in this call is to send. In broadcast,
@@ -85,7 +95,8 @@ impl<'a> Ctx<'a> {
     /// call; it asks for confirmation instead. Not needed with an arena, whose fingerprint step
     /// covers every rank.
     fn pure_sender(&self) -> bool {
-        self.arena.is_none()
+        self.confirm
+            && self.arena.is_none()
             && matches!(
                 self.header.call.op,
                 OpKind::Broadcast

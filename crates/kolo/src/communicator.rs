@@ -427,7 +427,7 @@ impl Inner {
         };
         let deadline = Some(started + timeout);
         if !self.uses_arena {
-            let ctx = Ctx::new(
+            let mut ctx = Ctx::new(
                 &*self.transport,
                 &self.members,
                 self.rank,
@@ -436,6 +436,9 @@ impl Inner {
                 deadline,
                 None,
             );
+            if !self.config.confirm_calls {
+                ctx = ctx.without_confirmation();
+            }
             return f(&ctx)
                 .and_then(|r| ctx.finish().map(|()| r))
                 .map_err(|e| self.poison(e));
