@@ -421,6 +421,17 @@ pub enum LinkFailure {
         /// What was wrong.
         reason: String,
     },
+    /// A message of the collective this rank is in came from a different call.
+    Mismatch {
+        /// The sender.
+        peer: usize,
+        /// This rank's call.
+        local: Call,
+        /// The sender's call.
+        remote: Call,
+        /// The collective's tag.
+        tag: Tag,
+    },
     /// This rank closed or aborted its own endpoint.
     LocalClosed {
         /// Why.
@@ -446,6 +457,18 @@ impl LinkFailure {
                 reason,
             },
             LinkFailure::Protocol { peer, reason } => Error::Protocol { rank, peer, reason },
+            LinkFailure::Mismatch {
+                peer,
+                local,
+                remote,
+                tag,
+            } => Error::Mismatch {
+                rank,
+                peer,
+                local,
+                remote,
+                tag,
+            },
             LinkFailure::LocalClosed { reason } => Error::Aborted {
                 op,
                 rank,

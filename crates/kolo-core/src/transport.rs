@@ -15,7 +15,7 @@ use std::fmt;
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
-use crate::call::{Header, Tag};
+use crate::call::{Call, Header, Tag};
 use crate::error::{LinkFailure, RecvError};
 
 /// A received message.
@@ -51,6 +51,11 @@ pub trait Transport: Send + Sync + fmt::Debug {
     fn abort(&self, reason: &str);
     /// The failure that broke this endpoint, if any.
     fn failure(&self) -> Option<LinkFailure>;
+    /// This rank enters the collective of `header` (see [`Mailbox::expect`]); transports with a
+    /// mailbox pass it on. The default does nothing.
+    fn expect(&self, _header: &Header) {}
+    /// This rank leaves the collective tagged `tag`.
+    fn unexpect(&self, _tag: &Tag) {}
     /// Memory shared by every rank of this transport's world, when they all run on one host and the
     /// transport maps one (the shared-memory transport does).
     fn arena(&self) -> Option<&dyn crate::Arena> {
@@ -63,6 +68,34 @@ struct MailboxState {
     queues: HashMap<(usize, Tag), VecDeque<Message>>,
     failure: Option<LinkFailure>,
     closed: Vec<bool>,
+    /// The fingerprints of the collectives this rank is in or has recently been in, by tag (see
+    /// [`Mailbox::expect`]), and their tags, oldest first.
+    expected: HashMap<Tag, Call>,
+    expected_order: VecDeque<Tag>,
+}
+
+/// How many finished collectives a mailbox remembers, to catch mismatched messages that arrive late.
+const REMEMBERED_CALLS: usize = 256;
+
+impl MailboxState {
+    /// Fails the mailbox if `msg` belongs to a collective this rank is in but was sent by a
+    /// different call.
+    fn screen(&mut self, src: usize, header: &Header) -> bool {
+        match self.expected.get(&header.tag) {
+            Some(call) if *call != header.call => {
+                if self.failure.is_none() {
+                    self.failure = Some(LinkFailure::Mismatch {
+                        peer: src,
+                        local: *call,
+                        remote: header.call,
+                        tag: header.tag,
+                    });
+                }
+                true
+            }
+            _ => false,
+        }
+    }
 }
 
 /// Incoming messages of one rank, keyed by (source, tag), with waiting, deadlines and failure.
@@ -81,6 +114,8 @@ impl Mailbox {
         Mailbox {
             state: Mutex::new(MailboxState {
                 closed: vec![false; size],
+                expected: HashMap::new(),
+                expected_order: VecDeque::new(),
                 ..MailboxState::default()
             }),
             cond: Condvar::new(),
@@ -96,6 +131,7 @@ impl Mailbox {
     /// Queues a message from `src`.
     pub fn deliver(&self, src: usize, msg: Message) {
         let mut s = self.lock();
+        s.screen(src, &msg.header);
         s.queues
             .entry((src, msg.header.tag))
             .or_default()
@@ -103,6 +139,38 @@ impl Mailbox {
         drop(s);
         self.cond.notify_all();
     }
+
+    /// Notes that this rank is now in the collective of `header`: a message with its tag from a
+    /// different call (already queued, arriving during the call or after it) fails the mailbox with
+    /// [`LinkFailure::Mismatch`] at once, even when this rank is waiting on another peer — so ranks in
+    /// different collectives fail even when the mismatched messages are not the ones being waited for.
+    pub fn expect(&self, header: &Header) {
+        let mut s = self.lock();
+        let queued: Vec<(usize, Header)> = s
+            .queues
+            .iter()
+            .filter(|((_, tag), _)| *tag == header.tag)
+            .flat_map(|((src, _), q)| q.iter().map(move |m| (*src, m.header)))
+            .collect();
+        if s.expected.insert(header.tag, header.call).is_none() {
+            s.expected_order.push_back(header.tag);
+            while s.expected_order.len() > REMEMBERED_CALLS {
+                if let Some(old) = s.expected_order.pop_front() {
+                    s.expected.remove(&old);
+                }
+            }
+        }
+        let failed = queued.iter().any(|(src, h)| s.screen(*src, h));
+        drop(s);
+        if failed {
+            self.cond.notify_all();
+        }
+    }
+
+    /// This rank has finished the collective tagged `tag`. Its fingerprint is still remembered (for
+    /// the last 256 collectives): a message for it that arrives afterwards from a different call
+    /// — a peer in another collective whose messages went elsewhere first — still fails the mailbox.
+    pub fn unexpect(&self, _tag: &Tag) {}
 
     /// Marks `peer` as cleanly closed: its queued messages can still be received, then receives from it
     /// fail with [`LinkFailure::PeerClosed`].

@@ -63,6 +63,17 @@ impl HybridTransport {
                 peer: g(peer),
                 reason,
             },
+            LinkFailure::Mismatch {
+                peer,
+                local,
+                remote,
+                tag,
+            } => LinkFailure::Mismatch {
+                peer: g(peer),
+                local,
+                remote,
+                tag,
+            },
             f @ LinkFailure::LocalClosed { .. } => f,
         }
     }
@@ -116,6 +127,16 @@ impl Transport for HybridTransport {
     fn abort(&self, reason: &str) {
         self.shm.abort(reason);
         self.remote.abort(reason);
+    }
+
+    fn expect(&self, header: &Header) {
+        self.shm.expect(header);
+        self.remote.expect(header);
+    }
+
+    fn unexpect(&self, tag: &Tag) {
+        self.shm.unexpect(tag);
+        self.remote.unexpect(tag);
     }
 
     fn failure(&self) -> Option<LinkFailure> {

@@ -103,6 +103,14 @@ impl Transport for LocalTransport {
         }
     }
 
+    fn expect(&self, header: &Header) {
+        self.own().expect(header);
+    }
+
+    fn unexpect(&self, tag: &Tag) {
+        self.own().unexpect(tag);
+    }
+
     fn failure(&self) -> Option<LinkFailure> {
         self.own().failure()
     }

@@ -439,9 +439,12 @@ impl Inner {
             if !self.config.confirm_calls {
                 ctx = ctx.without_confirmation();
             }
-            return f(&ctx)
-                .and_then(|r| ctx.finish().map(|()| r))
-                .map_err(|e| self.poison(e));
+            // A message of this collective from a different call fails it at once, whichever peer
+            // this rank is waiting on.
+            self.transport.expect(&header);
+            let r = f(&ctx).and_then(|r| ctx.finish().map(|()| r));
+            self.transport.unexpect(&header.tag);
+            return r.map_err(|e| self.poison(e));
         }
         let _turn = self.take_turn(seq)?;
         let ctx = Ctx::new(

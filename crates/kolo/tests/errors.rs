@@ -309,51 +309,61 @@ fn monitored_barrier_names_the_ranks_that_do_not_arrive() {
 }
 
 /// Every collective in which some rank only sends (broadcast and scatter roots, gather and reduce
-/// leaves), against a mismatched call on the last rank: the root (rank 0) and the last rank fail in
-/// that call, within a second. Ranks whose own exchanges matched may finish it; their next call fails.
+/// leaves), against a mismatched call on the last rank, within a second: with two ranks both fail in
+/// that call; with more, the last rank fails in it and every other rank in it or in its next call
+/// (a rank whose own exchanges matched may finish the call).
 #[test]
 fn pure_senders_fail_in_the_mismatched_call_itself() {
     for kind in KINDS {
-        for n in [2] {
+        for n in [2, 3, 4] {
             for case in 0..4 {
                 let t = Instant::now();
-                let res = spawn(kind, n, quick(), |c| {
+                // Per rank: the error of the call, else the error of the next call.
+                let res: Vec<(Option<Error>, Option<Error>)> = spawn(kind, n, quick(), |c| {
                     let mut v = vec![1.0f32; 8];
                     let mut out = vec![0.0f32; 8 * n];
-                    if c.rank() == n - 1 {
+                    let call = if c.rank() == n - 1 {
                         // The odd one out calls something else.
-                        return c.all_reduce(&mut v, ReduceOp::Sum);
-                    }
-                    let r = match case {
-                        0 => c.broadcast(&mut v, 0),
-                        1 => c.reduce(&mut v, ReduceOp::Sum, 0),
-                        2 => c.gather(&v, &mut out, 0),
-                        _ => {
-                            let mut one = vec![0.0f32; 8];
-                            c.scatter(&out, &mut one, 0)
+                        c.all_reduce(&mut v, ReduceOp::Sum)
+                    } else {
+                        match case {
+                            0 => c.broadcast(&mut v, 0),
+                            1 => c.reduce(&mut v, ReduceOp::Sum, 0),
+                            2 => c.gather(&v, &mut out, 0),
+                            _ => {
+                                let mut one = vec![0.0f32; 8];
+                                c.scatter(&out, &mut one, 0)
+                            }
                         }
                     };
-                    // Stay in the job (as a program would) until the failure reaches everyone.
-                    let _ = c.barrier();
-                    r
+                    let next = c.barrier();
+                    (call.err(), next.err())
                 });
+                let what = format!("{kind:?} n={n} case {case}");
                 assert!(
                     t.elapsed() < Duration::from_secs(1),
-                    "{kind:?} n={n} case {case}: {:?} {res:?}",
+                    "{what}: {:?}",
                     t.elapsed()
                 );
-                for (r, x) in res.iter().enumerate() {
-                    if r != 0 && r != n - 1 && x.is_ok() {
-                        continue;
-                    }
-                    match x {
-                        Err(e) => assert!(
-                            mentions_mismatch(e) || matches!(e, Error::Aborted { .. }),
-                            "{kind:?} n={n} case {case} rank {r}: {e}"
-                        ),
-                        Ok(()) => panic!("{kind:?} n={n} case {case}: rank {r} succeeded"),
-                    }
+                for (r, (call, next)) in res.iter().enumerate() {
+                    let in_call = n == 2 || r == n - 1;
+                    let e = match (call, next) {
+                        (Some(e), _) => e,
+                        (None, Some(e)) if !in_call => e,
+                        _ => panic!("{what}: rank {r} did not fail ({call:?}, {next:?})"),
+                    };
+                    assert!(
+                        mentions_mismatch(e)
+                            || matches!(e, Error::Aborted { .. } | Error::Failed { .. }),
+                        "{what} rank {r}: {e}"
+                    );
                 }
+                // Somebody names the mismatch itself.
+                assert!(
+                    res.iter()
+                        .any(|(c, _)| c.as_ref().is_some_and(mentions_mismatch)),
+                    "{what}: {res:?}"
+                );
             }
         }
     }

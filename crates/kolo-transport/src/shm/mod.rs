@@ -887,6 +887,14 @@ impl Transport for ShmTransport {
         self.set_state(STATE_ABORTED, reason);
     }
 
+    fn expect(&self, header: &Header) {
+        self.mailbox.expect(header);
+    }
+
+    fn unexpect(&self, tag: &Tag) {
+        self.mailbox.unexpect(tag);
+    }
+
     fn failure(&self) -> Option<LinkFailure> {
         self.mailbox.failure()
     }

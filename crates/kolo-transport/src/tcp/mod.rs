@@ -659,6 +659,14 @@ impl Transport for TcpTransport {
         });
     }
 
+    fn expect(&self, header: &Header) {
+        self.mailbox.expect(header);
+    }
+
+    fn unexpect(&self, tag: &Tag) {
+        self.mailbox.unexpect(tag);
+    }
+
     fn failure(&self) -> Option<LinkFailure> {
         self.mailbox.failure()
     }
