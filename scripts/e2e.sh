@@ -292,8 +292,47 @@ check_two_hosts() {
     ok "$name"
 }
 
+# --nnodes 1:2 --max-restarts 1: two launchers (pretend hosts on loopback); node 1's launcher is
+# SIGKILLed mid-job (its workers die with it); node 0 restarts alone, re-ranked, and finishes.
+check_elastic_nodes() {
+    local name="kolo run --nnodes 1:2: a node is lost, the job goes on with the one left"
+    local port=$((29700 + RANDOM % 200)) log0=$TMP/elastic0.log log1=$TMP/elastic1.log
+    local args=(-n 2 --nnodes 1:2 --max-restarts 1 --master-addr 127.0.0.1 --master-port "$port")
+    KOLO_JOB_SECRET=e2e timeout 90 "$KOLO" run "${args[@]}" --node-rank 0 -- \
+        "$EX/ring_allreduce" --count 200000 --iters 400 >"$log0" 2>&1 &
+    local t0=$!
+    KOLO_JOB_SECRET=e2e timeout 90 "$KOLO" run "${args[@]}" --node-rank 1 -- \
+        "$EX/ring_allreduce" --count 200000 --iters 400 >"$log1" 2>&1 &
+    local t1=$! l1="" i
+    for i in $(seq 100); do
+        l1=$(ps --ppid "$t1" -o pid= 2>/dev/null | tr -d ' ' || true)
+        [[ -n $l1 ]] && grep -q "node 1 of 2" "$log1" 2>/dev/null && break
+        sleep 0.1
+    done
+    sleep 1
+    if [[ -z $l1 ]]; then
+        wait "$t0" "$t1" || true
+        out=$(cat "$log0" "$log1")
+        fail "$name" "node 1's launcher did not start"
+        return
+    fi
+    kill -9 "$l1"
+    wait "$t1" || true
+    rc=0
+    wait "$t0" || rc=$?
+    out=$(cat "$log0")
+    if ((rc != 0)); then fail "$name" "node 0 exited with $rc"; return; fi
+    if ! grep -q "node 0 of 1 (.*): ranks 0..1 of 2, restart 1" <<<"$out" ||
+        ! grep -q "ranks 2: .*results match" <<<"$out"; then
+        fail "$name" "node 0 did not finish alone after the restart"
+        return
+    fi
+    ok "$name"
+}
+
 check_hello
 check_two_hosts
+check_elastic_nodes
 check_train
 check_elastic_train
 check_matrix 2

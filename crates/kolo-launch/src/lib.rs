@@ -180,6 +180,19 @@ fn launch_nodes(
     );
     let job_id = rendezvous::job_id(&*store, &spawn::new_job_id())?;
     let host = net::hostname();
+    if addr.is_none() {
+        match net::route_to(&cfg.master_addr, port) {
+            Some((ip, name)) => supervise::report(format_args!(
+                "workers use {ip}{} (the route to {}; --iface chooses another)",
+                name.map_or(String::new(), |n| format!(" on {n}")),
+                cfg.master_addr
+            )),
+            None => supervise::report(format_args!(
+                "cannot tell which address reaches {}; workers will choose (--iface sets it)",
+                cfg.master_addr
+            )),
+        }
+    }
     let cpus = bind::plan(cfg.cpu_bind, cfg.nproc, &bind::allowed_cpus());
     let mut restart = 0;
     loop {

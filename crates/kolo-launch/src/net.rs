@@ -56,6 +56,25 @@ pub fn interfaces() -> Vec<(String, IpAddr)> {
     out
 }
 
+/// The local address (and its interface, when known) that traffic to `host:port` leaves from.
+pub fn route_to(host: &str, port: u16) -> Option<(IpAddr, Option<String>)> {
+    use std::net::{ToSocketAddrs, UdpSocket};
+    let target = (host, port).to_socket_addrs().ok()?.next()?;
+    let s = UdpSocket::bind(if target.is_ipv4() {
+        "0.0.0.0:0"
+    } else {
+        "[::]:0"
+    })
+    .ok()?;
+    s.connect(target).ok()?;
+    let ip = s.local_addr().ok()?.ip();
+    let name = interfaces()
+        .into_iter()
+        .find(|(_, a)| *a == ip)
+        .map(|(n, _)| n);
+    Some((ip, name))
+}
+
 /// The first address of interface `name`, or an error listing the interfaces there are.
 pub fn iface_addr(name: &str) -> Result<IpAddr, String> {
     let all = interfaces();
