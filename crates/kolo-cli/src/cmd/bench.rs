@@ -501,6 +501,9 @@ pub fn execute(args: BenchArgs) -> ExitCode {
     if args.worker {
         return worker(&args);
     }
+    if args.launch.on_hosts() {
+        return super::launch_args::execute_hosts("bench", args.nproc, &args.launch);
+    }
     if args.op == Op::P2p && args.nproc < 2 {
         eprintln!("kolo bench: p2p needs at least 2 workers (-n 2 or more)");
         return ExitCode::from(2);

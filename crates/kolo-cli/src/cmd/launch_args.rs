@@ -1,5 +1,6 @@
 //! Launch options shared by `kolo run`, `kolo train` and `kolo bench`.
 
+use std::ffi::OsString;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -50,6 +51,20 @@ pub struct LaunchArgs {
     /// Seconds the nodes of a job wait for each other at start
     #[arg(long, value_name = "SECS", default_value = "300", value_parser = parse_seconds)]
     pub rdzv_timeout: Duration,
+
+    /// Start the job on these hosts over ssh (KOLO_SSH replaces `ssh -o BatchMode=yes`), -n
+    /// workers in all: `a:4,b:4` (the same number on each; the first host's launcher hosts the
+    /// store, on --master-addr if given)
+    #[arg(long, value_name = "HOST:SLOTS,...", conflicts_with = "hostfile")]
+    pub hosts: Option<String>,
+
+    /// Like --hosts, from a file: one `host`, `host:N` or `host slots=N` per line
+    #[arg(long, value_name = "FILE")]
+    pub hostfile: Option<std::path::PathBuf>,
+
+    /// Stop the workers when standard input ends (set on the launchers --hosts starts)
+    #[arg(long, hide = true)]
+    pub watch_stdin: bool,
 }
 
 /// Parses `N` or `MIN:MAX`.
@@ -98,6 +113,7 @@ impl LaunchArgs {
         cfg.node_rank = self.node_rank;
         cfg.iface = self.iface.clone();
         cfg.rdzv_timeout = self.rdzv_timeout;
+        cfg.stop_on_stdin_eof = self.watch_stdin;
         match (self.bind_to, std::env::var("KOLO_BIND")) {
             (Some(bind), _) => cfg.cpu_bind = bind,
             (None, Ok(v)) => match v.parse() {
@@ -113,9 +129,172 @@ impl LaunchArgs {
     }
 }
 
+impl LaunchArgs {
+    /// Whether the job is to be started on other hosts (`--hosts`/`--hostfile`).
+    pub fn on_hosts(&self) -> bool {
+        self.hosts.is_some() || self.hostfile.is_some()
+    }
+}
+
+/// Options the node command sets itself, with whether they take a value.
+const NODE_SET: [(&str, bool); 9] = [
+    ("-n", true),
+    ("--nproc", true),
+    ("--nproc-per-node", true),
+    ("--hosts", true),
+    ("--hostfile", true),
+    ("--master-addr", true),
+    ("--master-port", true),
+    ("--nnodes", true),
+    ("--node-rank", true),
+];
+
+/// This process's arguments after `kolo COMMAND`, without the options a node's command sets itself,
+/// and the position of `--` in them (where the node options go), if any.
+fn forwarded_args(all: impl Iterator<Item = OsString>) -> (Vec<OsString>, Option<usize>) {
+    let mut out = Vec::new();
+    let mut args = all.skip(2);
+    let mut dashdash = None;
+    while let Some(a) = args.next() {
+        if a == "--" {
+            dashdash = Some(out.len());
+            out.push(a);
+            out.extend(args.by_ref());
+            break;
+        }
+        let text = a.to_string_lossy();
+        let name = text.split('=').next().unwrap_or("");
+        match NODE_SET.iter().find(|(n, _)| *n == name) {
+            Some((_, takes_value)) => {
+                if *takes_value && !text.contains('=') && !(name == "-n" && text.len() > 2) {
+                    args.next();
+                }
+            }
+            None if text.starts_with("-n") && text.len() > 2 && !text.starts_with("--") => {}
+            None => out.push(a),
+        }
+    }
+    (out, dashdash)
+}
+
+/// `kolo COMMAND --hosts ...`: runs `kolo COMMAND --nnodes H --node-rank i ...` (with this command's
+/// other arguments) on every host, over ssh; returns the job's exit code.
+pub fn execute_hosts(command: &str, nproc: usize, l: &LaunchArgs) -> ExitCode {
+    use kolo_launch::remote;
+    let hosts = match (&l.hosts, &l.hostfile) {
+        (Some(list), _) => remote::parse_hosts(list),
+        (None, Some(path)) => std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))
+            .and_then(|t| remote::parse_hostfile(&t)),
+        (None, None) => Err("no hosts".into()),
+    };
+    let hosts = match hosts {
+        Ok(h) => h,
+        Err(e) => {
+            eprintln!("kolo {command}: --hosts/--hostfile: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let per = hosts[0].slots;
+    let total: usize = hosts.iter().map(|h| h.slots).sum();
+    if hosts.iter().any(|h| h.slots != per) || total != nproc {
+        eprintln!(
+            "kolo {command}: -n {nproc} must equal the slots of the hosts ({total}), with the same \
+             number on every host (got {})",
+            hosts
+                .iter()
+                .map(|h| format!("{}:{}", h.host, h.slots))
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        return ExitCode::from(2);
+    }
+    if l.nnodes != (1, 1) || l.node_rank.is_some() {
+        eprintln!(
+            "kolo {command}: --hosts chooses --nnodes and --node-rank itself; give one or the other"
+        );
+        return ExitCode::from(2);
+    }
+    let exe = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("kolo {command}: cannot find the kolo executable: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let master = if l.master_addr == DEFAULT_MASTER_ADDR {
+        hosts[0].host.clone()
+    } else {
+        l.master_addr.clone()
+    };
+    let port = l.master_port.unwrap_or(29500);
+    let secret = match std::env::var("KOLO_JOB_SECRET") {
+        Ok(s) if !s.is_empty() => s,
+        _ => match kolo::store::JobSecret::generate_hex() {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("kolo {command}: cannot generate the job secret: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
+    let (rest, dashdash) = forwarded_args(std::env::args_os());
+    let node_command = |i: usize| -> Vec<OsString> {
+        let mut node: Vec<OsString> = Vec::new();
+        for (k, v) in [
+            ("-n", per.to_string()),
+            ("--nnodes", hosts.len().to_string()),
+            ("--node-rank", i.to_string()),
+            ("--master-addr", master.clone()),
+            ("--master-port", port.to_string()),
+        ] {
+            node.push(k.into());
+            node.push(v.into());
+        }
+        if !rest.iter().any(|a| a == "--watch-stdin") {
+            node.push("--watch-stdin".into());
+        }
+        let mut c: Vec<OsString> = vec![exe.clone().into(), command.into()];
+        match dashdash {
+            Some(at) => {
+                c.extend(rest[..at].iter().cloned());
+                c.extend(node);
+                c.extend(rest[at..].iter().cloned());
+            }
+            None => {
+                c.extend(rest.iter().cloned());
+                c.extend(node);
+            }
+        }
+        c
+    };
+    match remote::run_hosts(&hosts, &node_command, &secret, l.grace_period) {
+        Ok(code) => super::exit_code(code),
+        Err(e) => {
+            super::report_error(command, &e);
+            ExitCode::FAILURE
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn node_commands_keep_everything_but_the_placement() {
+        let argv = |s: &str| s.split(' ').map(OsString::from).collect::<Vec<_>>();
+        let (rest, dd) = forwarded_args(
+            argv("kolo run -n 8 --hosts a:4,b:4 --max-restarts 2 --master-port=7 -- prog -n 3 --hosts x")
+                .into_iter(),
+        );
+        assert_eq!(rest, argv("--max-restarts 2 -- prog -n 3 --hosts x"));
+        assert_eq!(dd, Some(2));
+        let (rest, dd) =
+            forwarded_args(argv("kolo train -n4 --hostfile h --model mlp --epochs 3").into_iter());
+        assert_eq!(rest, argv("--model mlp --epochs 3"));
+        assert_eq!(dd, None);
+    }
 
     #[test]
     fn nnodes() {

@@ -57,19 +57,6 @@ pub struct RunArgs {
     #[arg(long)]
     no_prefix: bool,
 
-    /// Start the job on these hosts over ssh, N workers in all: `a:4,b:4` (the same number on
-    /// each; the first host's launcher hosts the store, on --master-addr if given)
-    #[arg(long, value_name = "HOST:SLOTS,...", conflicts_with = "hostfile")]
-    hosts: Option<String>,
-
-    /// Like --hosts, from a file: one `host`, `host:N` or `host slots=N` per line
-    #[arg(long, value_name = "FILE")]
-    hostfile: Option<std::path::PathBuf>,
-
-    /// Stop the workers when standard input ends (set on the launchers --hosts starts)
-    #[arg(long, hide = true)]
-    watch_stdin: bool,
-
     /// The program every worker runs, and its arguments (put them after `--`)
     #[arg(
         value_name = "PROGRAM",
@@ -96,118 +83,15 @@ impl RunArgs {
         let program = command.next().unwrap_or_default();
         let mut cfg = LaunchConfig::new(self.nproc, program, command);
         cfg.prefix_output = !self.no_prefix;
-        cfg.stop_on_stdin_eof = self.watch_stdin;
         cfg
     }
 }
 
 /// Runs `kolo run` and returns the exit code: the job's, or 1 if it could not
 /// be launched.
-/// `kolo run --hosts`: one `kolo run --nnodes H --node-rank i` per host, over ssh.
-fn execute_hosts(args: &RunArgs) -> ExitCode {
-    use kolo_launch::remote;
-    let hosts = match (&args.hosts, &args.hostfile) {
-        (Some(list), _) => remote::parse_hosts(list),
-        (None, Some(path)) => std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read {}: {e}", path.display()))
-            .and_then(|t| remote::parse_hostfile(&t)),
-        (None, None) => Err("no hosts".into()),
-    };
-    let hosts = match hosts {
-        Ok(h) => h,
-        Err(e) => {
-            eprintln!("kolo run: --hosts/--hostfile: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    let per = hosts[0].slots;
-    let total: usize = hosts.iter().map(|h| h.slots).sum();
-    if hosts.iter().any(|h| h.slots != per) || total != args.nproc {
-        eprintln!(
-            "kolo run: -n {} must equal the slots of the hosts ({total}), with the same number on \
-             every host (got {})",
-            args.nproc,
-            hosts
-                .iter()
-                .map(|h| format!("{}:{}", h.host, h.slots))
-                .collect::<Vec<_>>()
-                .join(",")
-        );
-        return ExitCode::from(2);
-    }
-    if args.launch.nnodes != (1, 1) || args.launch.node_rank.is_some() {
-        eprintln!(
-            "kolo run: --hosts chooses --nnodes and --node-rank itself; give one or the other"
-        );
-        return ExitCode::from(2);
-    }
-    let exe = match std::env::current_exe() {
-        Ok(p) => p,
-        Err(e) => {
-            eprintln!("kolo run: cannot find the kolo executable: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let master = if args.launch.master_addr == kolo_launch::DEFAULT_MASTER_ADDR {
-        hosts[0].host.clone()
-    } else {
-        args.launch.master_addr.clone()
-    };
-    let port = args.launch.master_port.unwrap_or(29500);
-    let secret = match std::env::var("KOLO_JOB_SECRET") {
-        Ok(s) if !s.is_empty() => s,
-        _ => match kolo::store::JobSecret::generate_hex() {
-            Ok(s) => s,
-            Err(e) => {
-                eprintln!("kolo run: cannot generate the job secret: {e}");
-                return ExitCode::FAILURE;
-            }
-        },
-    };
-    let l = &args.launch;
-    let node_command = |i: usize| -> Vec<OsString> {
-        let mut c: Vec<OsString> = vec![exe.clone().into(), "run".into()];
-        for (k, v) in [
-            ("-n", per.to_string()),
-            ("--nnodes", hosts.len().to_string()),
-            ("--node-rank", i.to_string()),
-            ("--master-addr", master.clone()),
-            ("--master-port", port.to_string()),
-            ("--max-restarts", l.max_restarts.to_string()),
-            ("--grace-period", l.grace_period.as_secs_f64().to_string()),
-            ("--rdzv-timeout", l.rdzv_timeout.as_secs_f64().to_string()),
-        ] {
-            c.push(k.into());
-            c.push(v.into());
-        }
-        if let Some(b) = l.bind_to {
-            c.push("--bind-to".into());
-            c.push(b.to_string().into());
-        }
-        if let Some(iface) = &l.iface {
-            c.push("--iface".into());
-            c.push(iface.into());
-        }
-        if args.no_prefix {
-            c.push("--no-prefix".into());
-        }
-        c.push("--watch-stdin".into());
-        c.push("--".into());
-        c.extend(args.command.iter().cloned());
-        c
-    };
-    match remote::run_hosts(&hosts, &node_command, &secret, l.grace_period) {
-        Ok(code) => super::exit_code(code),
-        Err(e) => {
-            super::report_error("run", &e);
-            ExitCode::FAILURE
-        }
-    }
-}
-
 pub fn execute(args: RunArgs) -> ExitCode {
-    if args.hosts.is_some() || args.hostfile.is_some() {
-        return execute_hosts(&args);
+    if args.launch.on_hosts() {
+        return super::launch_args::execute_hosts("run", args.nproc, &args.launch);
     }
     let launch_args = args.launch.clone();
     let mut cfg = args.into_config();

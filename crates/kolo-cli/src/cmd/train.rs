@@ -178,6 +178,9 @@ pub fn execute(args: TrainArgs) -> ExitCode {
     if args.worker {
         return worker(&args);
     }
+    if args.launch.on_hosts() {
+        return super::launch_args::execute_hosts("train", args.nproc, &args.launch);
+    }
     let run_dir = match &args.out {
         Some(dir) => dir.clone(),
         None => {
