@@ -426,16 +426,19 @@ impl Inner {
             call,
         };
         let deadline = Some(started + timeout);
-        if !self.uses_arena {
-            let mut ctx = Ctx::new(
+        let ctx = |arena| {
+            Ctx::new(
                 &*self.transport,
                 &self.members,
                 self.rank,
                 header,
                 started,
                 deadline,
-                None,
-            );
+                arena,
+            )
+        };
+        if !self.uses_arena {
+            let mut ctx = ctx(None);
             if !self.config.confirm_calls {
                 ctx = ctx.without_confirmation();
             }
@@ -447,15 +450,7 @@ impl Inner {
             return r.map_err(|e| self.poison(e));
         }
         let _turn = self.take_turn(seq)?;
-        let ctx = Ctx::new(
-            &*self.transport,
-            &self.members,
-            self.rank,
-            header,
-            started,
-            deadline,
-            self.transport.arena(),
-        );
+        let ctx = ctx(self.transport.arena());
         let r = match (ctx.arena, call.algo) {
             (Some(_), kolo_core::Algorithm::Shm) => f(&ctx),
             (Some(_), _) if !confirm || !self.config.confirm_calls => f(&ctx),

@@ -318,14 +318,13 @@ fn stopped_worker_fails_the_others_within_seconds_over_shm() {
     stopped_worker("shm");
 }
 
-/// A worker that stops responding (SIGSTOP: alive, connections open, but silent) is found by the
-/// heartbeats: the others fail naming it within 10 s.
-fn stopped_worker(transport: &str) {
-    let job = format!("stop-test-{transport}-{}", std::process::id());
+/// Three workers in a long all-reduce loop over `transport`, with their store server and job id.
+fn loop_workers(what: &str, transport: &str) -> (TcpStoreServer, String, Vec<Child>) {
+    let job = format!("{what}-{transport}-{}", std::process::id());
     let server = TcpStoreServer::bind("127.0.0.1:0").expect("store server");
     let port = server.local_addr().port().to_string();
     let n = 3;
-    let mut children: Vec<Child> = (0..n)
+    let children: Vec<Child> = (0..n)
         .map(|r| {
             start(
                 "loop",
@@ -341,6 +340,13 @@ fn stopped_worker(transport: &str) {
             )
         })
         .collect();
+    (server, job, children)
+}
+
+/// A worker that stops responding (SIGSTOP: alive, connections open, but silent) is found by the
+/// heartbeats: the others fail naming it within 10 s.
+fn stopped_worker(transport: &str) {
+    let (_server, _job, mut children) = loop_workers("stop-test", transport);
     std::thread::sleep(Duration::from_millis(1500));
     let victim = children.pop().expect("three workers");
     let pid = victim.id() as i32;
@@ -367,26 +373,7 @@ fn stopped_worker(transport: &str) {
 }
 
 fn killed_worker(transport: &str) {
-    let job = format!("kill-test-{transport}-{}", std::process::id());
-    let server = TcpStoreServer::bind("127.0.0.1:0").expect("store server");
-    let port = server.local_addr().port().to_string();
-    let n = 3;
-    let mut children: Vec<Child> = (0..n)
-        .map(|r| {
-            start(
-                "loop",
-                &vars(&[
-                    ("RANK", r.to_string()),
-                    ("WORLD_SIZE", n.to_string()),
-                    ("MASTER_ADDR", "127.0.0.1".into()),
-                    ("MASTER_PORT", port.clone()),
-                    ("KOLO_AGENT_STORE", "1".into()),
-                    ("KOLO_JOB_ID", job.clone()),
-                    ("KOLO_TRANSPORT", transport.into()),
-                ]),
-            )
-        })
-        .collect();
+    let (_server, job, mut children) = loop_workers("kill-test", transport);
     // Let them get into the loop.
     std::thread::sleep(Duration::from_millis(1500));
     let victim = children.pop().expect("three workers");
