@@ -24,16 +24,21 @@ if ! ip netns add "$ns0" 2>/dev/null || ! ip netns add "$ns1" 2>/dev/null; then
     echo "netns: cannot create network namespaces here (needs root and iproute2)" >&2
     exit 77
 fi
-ip link add "$tag-a" type veth peer name "$tag-b"
-ip link set "$tag-a" netns "$ns0"
-ip link set "$tag-b" netns "$ns1"
-ip -n "$ns0" addr add 10.77.0.1/24 dev "$tag-a"
-ip -n "$ns1" addr add 10.77.0.2/24 dev "$tag-b"
-for ns in "$ns0" "$ns1"; do
-    ip -n "$ns" link set lo up
-done
-ip -n "$ns0" link set "$tag-a" up
-ip -n "$ns1" link set "$tag-b" up
+wire() {
+    ip link add "$tag-a" type veth peer name "$tag-b" &&
+        ip link set "$tag-a" netns "$ns0" &&
+        ip link set "$tag-b" netns "$ns1" &&
+        ip -n "$ns0" addr add 10.77.0.1/24 dev "$tag-a" &&
+        ip -n "$ns1" addr add 10.77.0.2/24 dev "$tag-b" &&
+        ip -n "$ns0" link set lo up &&
+        ip -n "$ns1" link set lo up &&
+        ip -n "$ns0" link set "$tag-a" up &&
+        ip -n "$ns1" link set "$tag-b" up
+}
+if ! wire 2>/dev/null; then
+    echo "netns: cannot make a veth pair between the namespaces here" >&2
+    exit 77
+fi
 
 out=$(mktemp -d)
 if [[ $mode == hosts ]]; then
