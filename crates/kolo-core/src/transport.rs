@@ -54,8 +54,6 @@ pub trait Transport: Send + Sync + fmt::Debug {
     /// This rank enters the collective of `header` (see [`Mailbox::expect`]); transports with a
     /// mailbox pass it on. The default does nothing.
     fn expect(&self, _header: &Header) {}
-    /// This rank leaves the collective tagged `tag`.
-    fn unexpect(&self, _tag: &Tag) {}
     /// Memory shared by every rank of this transport's world, when they all run on one host and the
     /// transport maps one (the shared-memory transport does).
     fn arena(&self) -> Option<&dyn crate::Arena> {
@@ -144,14 +142,18 @@ impl Mailbox {
     /// different call (already queued, arriving during the call or after it) fails the mailbox with
     /// [`LinkFailure::Mismatch`] at once, even when this rank is waiting on another peer — so ranks in
     /// different collectives fail even when the mismatched messages are not the ones being waited for.
+    /// The fingerprints of the last 256 collectives are remembered, so a mismatched message that
+    /// arrives after this rank has finished the call still fails the mailbox.
     pub fn expect(&self, header: &Header) {
         let mut s = self.lock();
-        let queued: Vec<(usize, Header)> = s
+        // A message of this collective already queued from a different call (no allocation: this
+        // runs on every collective).
+        let early = s
             .queues
             .iter()
             .filter(|((_, tag), _)| *tag == header.tag)
             .flat_map(|((src, _), q)| q.iter().map(move |m| (*src, m.header)))
-            .collect();
+            .find(|(_, h)| h.call != header.call);
         if s.expected.insert(header.tag, header.call).is_none() {
             s.expected_order.push_back(header.tag);
             while s.expected_order.len() > REMEMBERED_CALLS {
@@ -160,17 +162,12 @@ impl Mailbox {
                 }
             }
         }
-        let failed = queued.iter().any(|(src, h)| s.screen(*src, h));
+        let failed = early.is_some_and(|(src, h)| s.screen(src, &h));
         drop(s);
         if failed {
             self.cond.notify_all();
         }
     }
-
-    /// This rank has finished the collective tagged `tag`. Its fingerprint is still remembered (for
-    /// the last 256 collectives): a message for it that arrives afterwards from a different call
-    /// — a peer in another collective whose messages went elsewhere first — still fails the mailbox.
-    pub fn unexpect(&self, _tag: &Tag) {}
 
     /// Marks `peer` as cleanly closed: its queued messages can still be received, then receives from it
     /// fail with [`LinkFailure::PeerClosed`].

@@ -83,12 +83,7 @@ pub fn launch(cfg: &LaunchConfig) -> Result<LaunchOutcome, LaunchError> {
     if cfg.nnodes.1 > 1 {
         return launch_nodes(cfg, &signals, addr);
     }
-    // The job secret: the caller's (every node of a job must share it), else a fresh one.
-    let secret = match std::env::var(kolo_store::auth::SECRET_ENV) {
-        Ok(s) if !s.is_empty() => s,
-        _ => kolo_store::JobSecret::generate_hex()
-            .map_err(|source| LaunchError::Secret { source })?,
-    };
+    let secret = job_secret()?;
     let store = host_store(cfg, &secret)?;
     let base_id = spawn::new_job_id();
     let mut job = JobEnv {
@@ -115,6 +110,15 @@ pub fn launch(cfg: &LaunchConfig) -> Result<LaunchOutcome, LaunchError> {
             "restarting all {} workers (restart {} of {})",
             cfg.nproc, job.restart, cfg.max_restarts
         ));
+    }
+}
+
+/// The job secret: the caller's `KOLO_JOB_SECRET` (every node of a job must share it), else a fresh
+/// random one.
+pub fn job_secret() -> Result<String, LaunchError> {
+    match std::env::var(kolo_store::auth::SECRET_ENV) {
+        Ok(s) if !s.is_empty() => Ok(s),
+        _ => kolo_store::JobSecret::generate_hex().map_err(|source| LaunchError::Secret { source }),
     }
 }
 
@@ -265,11 +269,7 @@ fn launch_nodes(
         }
         let first_failure = match &local {
             Some(what) => rendezvous::fail(&*store, restart, what),
-            None => store
-                .try_get(&format!("kolo-launch/r{restart}/failed"))
-                .ok()
-                .flatten()
-                .map(|v| String::from_utf8_lossy(&v).into_owned()),
+            None => rendezvous::failure(&*store, restart).ok().flatten(),
         };
         match first_failure {
             None => {

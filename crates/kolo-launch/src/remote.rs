@@ -122,22 +122,22 @@ pub fn run_hosts(
             shell_quote(&cwd),
             args.join(" ")
         );
-        let mut cmd = if is_local(&h.host) && std::env::var_os("KOLO_SSH").is_none() {
+        let (program, mut cmd) = if is_local(&h.host) && std::env::var_os("KOLO_SSH").is_none() {
             let mut c = Command::new("sh");
             c.arg("-c").arg(&script);
-            c
+            ("sh", c)
         } else {
             let (prog, opts) = ssh.split_first().ok_or_else(|| LaunchError::Config {
                 reason: "KOLO_SSH is empty".into(),
             })?;
             let mut c = Command::new(prog);
             c.args(opts).arg(&h.host).arg(&script);
-            c
+            (prog.as_str(), c)
         };
         cmd.stdin(Stdio::piped());
         let mut child = cmd.spawn().map_err(|source| LaunchError::Spawn {
             rank: i,
-            program: OsString::from(if is_local(&h.host) { "sh" } else { &ssh[0] }),
+            program: OsString::from(program),
             source,
         })?;
         if let Some(stdin) = child.stdin.as_mut() {

@@ -189,7 +189,7 @@ pub fn join(
     let node_rank = if min == max {
         // Fixed size: the ranks given, or the order of arrival where none was given.
         let mut taken = vec![None; closed];
-        for (hint, _, host, i) in &nodes {
+        for (hint, _, host, _) in &nodes {
             if let Some(h) = hint {
                 if *h >= closed {
                     return Err(LaunchError::Rendezvous {
@@ -204,7 +204,6 @@ pub fn join(
                     });
                 }
                 taken[*h] = Some(host.clone());
-                let _ = i;
             }
         }
         match me.hint {
@@ -249,6 +248,13 @@ pub fn fail(store: &dyn Store, round: usize, what: &str) -> Option<String> {
     }
 }
 
+/// The first failure recorded for `round`, if any.
+pub fn failure(store: &dyn Store, round: usize) -> Result<Option<String>, StoreError> {
+    Ok(store
+        .try_get(&key(format!("r{round}/failed")))?
+        .map(|v| String::from_utf8_lossy(&v).into_owned()))
+}
+
 /// Counts node `node` as done with round `round` (its workers all succeeded) and returns how many
 /// are.
 pub fn done(store: &dyn Store, round: usize, node: usize) -> Result<usize, StoreError> {
@@ -265,10 +271,7 @@ pub fn wait_all_done(store: &dyn Store, round: usize, nnodes: usize, timeout: Du
         let n = store
             .add(&key(format!("r{round}/done")), 0)
             .unwrap_or(i64::MAX) as usize;
-        let failed = store
-            .try_get(&key(format!("r{round}/failed")))
-            .map(|v| v.is_some())
-            .unwrap_or(true);
+        let failed = failure(store, round).map_or(true, |f| f.is_some());
         if n >= nnodes || failed {
             return;
         }
@@ -337,9 +340,9 @@ impl Watch {
                                 }
                             }
                         }
-                        match store.try_get(&key(format!("r{number}/failed"))) {
-                            Ok(Some(v)) => {
-                                set(String::from_utf8_lossy(&v).into_owned());
+                        match failure(&*store, number) {
+                            Ok(Some(why)) => {
+                                set(why);
                                 return;
                             }
                             Ok(None) => {}

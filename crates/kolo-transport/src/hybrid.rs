@@ -134,11 +134,6 @@ impl Transport for HybridTransport {
         self.remote.expect(header);
     }
 
-    fn unexpect(&self, tag: &Tag) {
-        self.shm.unexpect(tag);
-        self.remote.unexpect(tag);
-    }
-
     fn failure(&self) -> Option<LinkFailure> {
         self.remote
             .failure()

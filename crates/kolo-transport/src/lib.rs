@@ -10,6 +10,30 @@
 //! - [`hybrid`]: shared memory to the ranks of this host, TCP to the others.
 
 pub mod hybrid;
+
+/// The error for a failed set-up step, with its context.
+pub(crate) fn io_err(context: String) -> impl FnOnce(std::io::Error) -> kolo_core::Error {
+    move |source| kolo_core::Error::Io { context, source }
+}
+
+/// Checks a rank given to a transport's set-up.
+pub(crate) fn check_rank(
+    op: &'static str,
+    rank: usize,
+    size: usize,
+) -> Result<(), kolo_core::Error> {
+    if rank >= size {
+        return Err(kolo_core::Error::RankOutOfRange {
+            op,
+            rank,
+            arg: "rank",
+            value: rank,
+            size,
+        });
+    }
+    Ok(())
+}
+
 pub mod local;
 pub mod shm;
 pub mod tcp;

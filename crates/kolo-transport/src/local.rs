@@ -107,10 +107,6 @@ impl Transport for LocalTransport {
         self.own().expect(header);
     }
 
-    fn unexpect(&self, tag: &Tag) {
-        self.own().unexpect(tag);
-    }
-
     fn failure(&self) -> Option<LinkFailure> {
         self.own().failure()
     }

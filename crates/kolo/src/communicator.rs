@@ -6,7 +6,7 @@
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use kolo_collectives::Ctx;
 use kolo_core::{Call, Error, Header, Result, Tag, TagSpace, Transport};
@@ -129,15 +129,56 @@ impl Hierarchy {
     }
 }
 
-/// Queued async collectives not yet finished. The count is atomic so that a blocking call with
-/// nothing queued takes no lock; waiters register before sleeping and finishers notify only when
-/// someone waits (a `Condvar` notify is a system call).
+/// Threads waiting for an atomic condition. The condition's owner changes it with atomics and then
+/// calls [`Sleepers::notify`], which touches the lock and the condvar only when someone waits (a
+/// `Condvar` notify is a system call), so the common case costs a few atomic operations.
 #[derive(Default)]
-struct Pending {
-    count: AtomicUsize,
+struct Sleepers {
     waiters: AtomicUsize,
     lock: Mutex<()>,
     cv: Condvar,
+}
+
+impl Sleepers {
+    /// Wakes the waiters, if any; call after changing the condition.
+    fn notify(&self) {
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            // Taking the lock orders this notify after a waiter's check-then-wait.
+            drop(self.lock.lock().unwrap_or_else(|p| p.into_inner()));
+            self.cv.notify_all();
+        }
+    }
+
+    /// Waits until `ready()` returns `Ok(true)` (or an error), checking it at least every `tick`.
+    fn wait(&self, tick: Duration, mut ready: impl FnMut() -> Result<bool>) -> Result<()> {
+        if ready()? {
+            return Ok(());
+        }
+        self.waiters.fetch_add(1, Ordering::SeqCst);
+        let mut g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let r = loop {
+            match ready() {
+                Ok(true) => break Ok(()),
+                Ok(false) => {}
+                Err(e) => break Err(e),
+            }
+            g = self
+                .cv
+                .wait_timeout(g, tick)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        };
+        drop(g);
+        self.waiters.fetch_sub(1, Ordering::SeqCst);
+        r
+    }
+}
+
+/// Queued async collectives not yet finished; a blocking call with nothing queued takes no lock.
+#[derive(Default)]
+struct Pending {
+    count: AtomicUsize,
+    sleepers: Sleepers,
 }
 
 impl Pending {
@@ -147,34 +188,21 @@ impl Pending {
 
     fn done(&self) {
         self.count.fetch_sub(1, Ordering::SeqCst);
-        if self.waiters.load(Ordering::SeqCst) > 0 {
-            drop(self.lock.lock().unwrap_or_else(|p| p.into_inner()));
-            self.cv.notify_all();
-        }
+        self.sleepers.notify();
     }
 
     fn wait_zero(&self) {
-        if self.count.load(Ordering::SeqCst) == 0 {
-            return;
-        }
-        self.waiters.fetch_add(1, Ordering::SeqCst);
-        let mut g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
-        while self.count.load(Ordering::SeqCst) > 0 {
-            g = self.cv.wait(g).unwrap_or_else(|p| p.into_inner());
-        }
-        drop(g);
-        self.waiters.fetch_sub(1, Ordering::SeqCst);
+        let _ = self.sleepers.wait(Duration::from_secs(1), || {
+            Ok(self.count.load(Ordering::SeqCst) == 0)
+        });
     }
 }
 
-/// The arena turn: the sequence number allowed to use the arena next. Same pattern as [`Pending`]:
-/// the common case (one thread calling collectives in order) is two atomic operations.
+/// The arena turn: the sequence number allowed to use the arena next.
 #[derive(Default)]
 struct Turn {
     next: AtomicU64,
-    waiters: AtomicUsize,
-    lock: Mutex<()>,
-    cv: Condvar,
+    sleepers: Sleepers,
 }
 
 /// Passes the arena turn to the next sequence number when a collective ends (however it ends).
@@ -185,13 +213,8 @@ struct TurnGuard<'a> {
 
 impl Drop for TurnGuard<'_> {
     fn drop(&mut self) {
-        let t = self.turn;
-        t.next.fetch_max(self.seq + 1, Ordering::SeqCst);
-        if t.waiters.load(Ordering::SeqCst) > 0 {
-            // Taking the lock orders this notify after a waiter's check-then-wait.
-            drop(t.lock.lock().unwrap_or_else(|p| p.into_inner()));
-            t.cv.notify_all();
-        }
+        self.turn.next.fetch_max(self.seq + 1, Ordering::SeqCst);
+        self.turn.sleepers.notify();
     }
 }
 
@@ -410,7 +433,7 @@ impl Inner {
         &self,
         seq: u64,
         call: Call,
-        timeout: std::time::Duration,
+        timeout: Duration,
         confirm: bool,
         f: impl FnOnce(&Ctx) -> Result<R>,
     ) -> Result<R> {
@@ -445,9 +468,9 @@ impl Inner {
             // A message of this collective from a different call fails it at once, whichever peer
             // this rank is waiting on.
             self.transport.expect(&header);
-            let r = f(&ctx).and_then(|r| ctx.finish().map(|()| r));
-            self.transport.unexpect(&header.tag);
-            return r.map_err(|e| self.poison(e));
+            return f(&ctx)
+                .and_then(|r| ctx.finish().map(|()| r))
+                .map_err(|e| self.poison(e));
         }
         let _turn = self.take_turn(seq)?;
         let ctx = ctx(self.transport.arena());
@@ -476,34 +499,14 @@ impl Inner {
     /// Waits until collective `seq` may use the arena; the returned guard passes the turn on.
     fn take_turn(&self, seq: u64) -> Result<TurnGuard<'_>> {
         let t = &self.turn;
-        let guard = TurnGuard { turn: t, seq };
-        if t.next.load(Ordering::SeqCst) >= seq {
-            return Ok(guard);
-        }
-        t.waiters.fetch_add(1, Ordering::SeqCst);
-        let mut g = t.lock.lock().unwrap_or_else(|p| p.into_inner());
-        let r = loop {
+        // A failed wait returns before the guard exists: not our turn, so nothing to pass on.
+        t.sleepers.wait(Duration::from_millis(10), || {
             if t.next.load(Ordering::SeqCst) >= seq {
-                break Ok(());
+                return Ok(true);
             }
-            if let Err(e) = self.check() {
-                break Err(e);
-            }
-            g =
-                t.cv.wait_timeout(g, std::time::Duration::from_millis(10))
-                    .unwrap_or_else(|p| p.into_inner())
-                    .0;
-        };
-        drop(g);
-        t.waiters.fetch_sub(1, Ordering::SeqCst);
-        match r {
-            Ok(()) => Ok(guard),
-            Err(e) => {
-                // Not our turn yet: pass nothing on.
-                std::mem::forget(guard);
-                Err(e)
-            }
-        }
+            self.check().map(|()| false)
+        })?;
+        Ok(TurnGuard { turn: t, seq })
     }
 
     /// Queues `job` on this communicator's worker thread as collective number `seq`.

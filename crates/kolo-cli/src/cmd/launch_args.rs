@@ -166,7 +166,7 @@ fn forwarded_args(all: impl Iterator<Item = OsString>) -> (Vec<OsString>, Option
         let name = text.split('=').next().unwrap_or("");
         match NODE_SET.iter().find(|(n, _)| *n == name) {
             Some((_, takes_value)) => {
-                if *takes_value && !text.contains('=') && !(name == "-n" && text.len() > 2) {
+                if *takes_value && !text.contains('=') {
                     args.next();
                 }
             }
@@ -228,15 +228,12 @@ pub fn execute_hosts(command: &str, nproc: usize, l: &LaunchArgs) -> ExitCode {
         l.master_addr.clone()
     };
     let port = l.master_port.unwrap_or(29500);
-    let secret = match std::env::var("KOLO_JOB_SECRET") {
-        Ok(s) if !s.is_empty() => s,
-        _ => match kolo::store::JobSecret::generate_hex() {
-            Ok(s) => s,
-            Err(e) => {
-                eprintln!("kolo {command}: cannot generate the job secret: {e}");
-                return ExitCode::FAILURE;
-            }
-        },
+    let secret = match kolo_launch::job_secret() {
+        Ok(s) => s,
+        Err(e) => {
+            super::report_error(command, &e);
+            return ExitCode::FAILURE;
+        }
     };
     let (rest, dashdash) = forwarded_args(std::env::args_os());
     let node_command = |i: usize| -> Vec<OsString> {

@@ -40,6 +40,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
 
+use crate::{check_rank, io_err};
 use kolo_core::{
     Arena, Error, Header, LinkFailure, Mailbox, Message, RecvError, Tag, Transport, HEADER_LEN,
 };
@@ -221,10 +222,6 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn io_err(context: String) -> impl FnOnce(io::Error) -> Error {
-    move |source| Error::Io { context, source }
-}
-
 /// Creates the endpoints of a world of `size` ranks that are threads of this process, over one
 /// shared-memory segment (used by tests; processes use [`ShmTransport::connect`]).
 pub fn shm_world(size: usize, opts: &ShmOptions) -> Result<Vec<ShmTransport>, Error> {
@@ -297,15 +294,7 @@ impl ShmTransport {
         size: usize,
         opts: &ShmOptions,
     ) -> Result<ShmTransport, Error> {
-        if rank >= size {
-            return Err(Error::RankOutOfRange {
-                op: SETUP_OP,
-                rank,
-                arg: "rank",
-                value: rank,
-                size,
-            });
-        }
+        check_rank(SETUP_OP, rank, size)?;
         let deadline = Instant::now() + opts.connect_timeout;
         let layout = Layout::new(size, opts);
         let key = format!("{prefix}/shm/name");
@@ -889,10 +878,6 @@ impl Transport for ShmTransport {
 
     fn expect(&self, header: &Header) {
         self.mailbox.expect(header);
-    }
-
-    fn unexpect(&self, tag: &Tag) {
-        self.mailbox.unexpect(tag);
     }
 
     fn failure(&self) -> Option<LinkFailure> {

@@ -23,6 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::{check_rank, io_err};
 use kolo_core::{
     call::fnv1a, Algorithm, Call, Error, Header, LinkFailure, Mailbox, Message, OpKind, RecvError,
     Tag, TagSpace, Transport,
@@ -124,10 +125,6 @@ pub struct TcpTransport {
 
 const SETUP_OP: &str = "tcp connect";
 
-fn io_err(context: String) -> impl FnOnce(std::io::Error) -> Error {
-    move |source| Error::Io { context, source }
-}
-
 impl TcpTransport {
     /// Connects rank `rank` of `size` to all others, meeting them through `store` under `prefix`.
     pub fn connect(
@@ -137,15 +134,7 @@ impl TcpTransport {
         size: usize,
         opts: &TcpOptions,
     ) -> Result<TcpTransport, Error> {
-        if rank >= size {
-            return Err(Error::RankOutOfRange {
-                op: SETUP_OP,
-                rank,
-                arg: "rank",
-                value: rank,
-                size,
-            });
-        }
+        check_rank(SETUP_OP, rank, size)?;
         let deadline = Instant::now() + opts.connect_timeout;
         let world = fnv1a(&[prefix.as_bytes(), &(size as u64).to_le_bytes()]);
         let listener = TcpListener::bind((opts.listen, 0))
@@ -661,10 +650,6 @@ impl Transport for TcpTransport {
 
     fn expect(&self, header: &Header) {
         self.mailbox.expect(header);
-    }
-
-    fn unexpect(&self, tag: &Tag) {
-        self.mailbox.unexpect(tag);
     }
 
     fn failure(&self) -> Option<LinkFailure> {
