@@ -82,6 +82,7 @@ pub fn iface_addr(name: &str) -> Result<IpAddr, String> {
         return Ok(*ip);
     }
     let mut names: Vec<&str> = all.iter().map(|(n, _)| n.as_str()).collect();
+    names.sort_unstable();
     names.dedup();
     Err(format!(
         "no interface {name:?} with an address on this host (there are: {})",

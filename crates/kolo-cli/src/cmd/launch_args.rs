@@ -197,15 +197,24 @@ pub fn execute_hosts(command: &str, nproc: usize, l: &LaunchArgs) -> ExitCode {
     };
     let per = hosts[0].slots;
     let total: usize = hosts.iter().map(|h| h.slots).sum();
-    if hosts.iter().any(|h| h.slots != per) || total != nproc {
+    let listed = || {
+        hosts
+            .iter()
+            .map(|h| format!("{}:{}", h.host, h.slots))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    if hosts.iter().any(|h| h.slots != per) {
         eprintln!(
-            "kolo {command}: -n {nproc} must equal the slots of the hosts ({total}), with the same \
-             number on every host (got {})",
-            hosts
-                .iter()
-                .map(|h| format!("{}:{}", h.host, h.slots))
-                .collect::<Vec<_>>()
-                .join(",")
+            "kolo {command}: every host must run the same number of workers (got {})",
+            listed()
+        );
+        return ExitCode::from(2);
+    }
+    if total != nproc {
+        eprintln!(
+            "kolo {command}: -n {nproc} must equal the hosts' slots, {total} in all ({})",
+            listed()
         );
         return ExitCode::from(2);
     }
