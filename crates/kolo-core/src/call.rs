@@ -102,10 +102,12 @@ pub enum Algorithm {
     Shm = 8,
     /// Reduce-scatter inside each host, all-reduce across hosts, all-gather inside each host.
     Hierarchical = 9,
+    /// The whole collective run by a collective engine (MPI's own implementation).
+    Engine = 10,
 }
 
 impl Algorithm {
-    const ALL: [Algorithm; 10] = [
+    const ALL: [Algorithm; 11] = [
         Algorithm::Direct,
         Algorithm::Ring,
         Algorithm::RecursiveDoubling,
@@ -116,6 +118,7 @@ impl Algorithm {
         Algorithm::Dissemination,
         Algorithm::Shm,
         Algorithm::Hierarchical,
+        Algorithm::Engine,
     ];
 
     /// Name as accepted by the `KOLO_ALGO_*` variables.
@@ -131,6 +134,7 @@ impl Algorithm {
             Algorithm::Dissemination => "dissemination",
             Algorithm::Shm => "shm",
             Algorithm::Hierarchical => "hierarchical",
+            Algorithm::Engine => "engine",
         }
     }
 

@@ -223,6 +223,36 @@ pub enum Error {
         /// What was asked for.
         what: String,
     },
+
+    /// Not every rank entered a collective before the timeout, and the engine running it cannot say
+    /// which rank is missing (MPI's collectives do not).
+    #[error(
+        "{op} on rank {rank}: not every rank entered {call} within {waited:.1?} (a rank is late, \
+         stopped, or in a different call or point-to-point operation)"
+    )]
+    Stalled {
+        /// Operation.
+        op: &'static str,
+        /// Rank that waited.
+        rank: usize,
+        /// The call it waited in.
+        call: Call,
+        /// How long it waited.
+        waited: std::time::Duration,
+    },
+
+    /// A collective engine (MPI) reported an error.
+    #[error("{op} on rank {rank}: {backend} error: {reason}")]
+    Backend {
+        /// Operation.
+        op: &'static str,
+        /// Rank that saw it.
+        rank: usize,
+        /// The engine (`mpi`).
+        backend: &'static str,
+        /// The engine's message.
+        reason: String,
+    },
 }
 
 impl Error {
@@ -377,6 +407,28 @@ impl Error {
                 reason: reason.clone(),
             },
             Unsupported { what } => Unsupported { what: what.clone() },
+            Stalled {
+                op,
+                rank,
+                call,
+                waited,
+            } => Stalled {
+                op,
+                rank: *rank,
+                call: *call,
+                waited: *waited,
+            },
+            Backend {
+                op,
+                rank,
+                backend,
+                reason,
+            } => Backend {
+                op,
+                rank: *rank,
+                backend,
+                reason: reason.clone(),
+            },
         }
     }
 

@@ -9,6 +9,7 @@
 pub mod arena;
 pub mod call;
 pub mod dtype;
+pub mod engine;
 pub mod error;
 pub mod reduce;
 pub mod transport;
@@ -16,6 +17,7 @@ pub mod transport;
 pub use arena::Arena;
 pub use call::{Algorithm, Call, Header, OpKind, Tag, TagSpace, HEADER_LEN};
 pub use dtype::{DType, Element};
+pub use engine::Engine;
 pub use error::{Error, LinkFailure, RecvError, Result};
 pub use reduce::{ReduceOp, Reducer};
 pub use transport::{Mailbox, Message, Transport};

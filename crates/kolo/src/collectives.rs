@@ -164,6 +164,9 @@ impl Inner {
 
     pub(crate) fn barrier(&self, seq: u64) -> Result<()> {
         let call = Call::new(OpKind::Barrier, select::fixed(OpKind::Barrier, self.size()));
+        if let Some(engine) = &self.engine {
+            return self.run_engine(seq, call, &**engine, |e| e.barrier());
+        }
         self.run(seq, call, barrier_dissemination::barrier)
     }
 
@@ -182,6 +185,9 @@ impl Inner {
         let call = self.check_args(OpKind::Broadcast, |c| {
             Ok(c.call(dtype, buf.len() / dtype.size(), None, Some(c.root(root)?)))
         })?;
+        if let Some(engine) = &self.engine {
+            return self.run_engine(seq, call, &**engine, |e| e.broadcast(buf, dtype, root));
+        }
         self.run(seq, call, |ctx| {
             broadcast_binomial::broadcast(ctx, buf, dtype.size(), root)
         })
@@ -200,6 +206,10 @@ impl Inner {
         })?;
         call.algo = select::all_reduce(count, dtype.size(), self.size(), &self.config.overrides);
         let auto = self.config.overrides.all_reduce.is_none() && self.size() > 1;
+        // A forced algorithm runs kolo's own, over the engine's point-to-point transport.
+        if let (Some(engine), None) = (&self.engine, self.config.overrides.all_reduce) {
+            return self.run_engine(seq, call, &**engine, |e| e.all_reduce(buf, dtype, op));
+        }
         if auto && self.uses_arena() {
             call.algo = Algorithm::Shm;
         }
@@ -234,6 +244,9 @@ impl Inner {
                 Some(c.root(root)?),
             ))
         })?;
+        if let Some(engine) = &self.engine {
+            return self.run_engine(seq, call, &**engine, |e| e.reduce(buf, dtype, op, root));
+        }
         let red = Reducer::new(dtype, op);
         self.run(seq, call, |ctx| {
             if call.algo == Algorithm::Direct {
@@ -258,6 +271,11 @@ impl Inner {
             c.len("send", send.len() / e, count * n)?;
             Ok(c.call(dtype, count, Some(op), None))
         })?;
+        if let Some(engine) = &self.engine {
+            return self.run_engine(seq, call, &**engine, |en| {
+                en.reduce_scatter(send, recv, dtype, op)
+            });
+        }
         let red = Reducer::new(dtype, op);
         let blocks = even_blocks(count * n, n, e);
         self.run(seq, call, |ctx| {
@@ -298,6 +316,11 @@ impl Inner {
                 }
             }
         })?;
+        if let Some(engine) = &self.engine {
+            return self.run_engine(seq, call, &**engine, |en| {
+                en.all_gather(send, recv, dtype, counts)
+            });
+        }
         self.run(seq, call, |ctx| {
             ring::all_gather(ctx, send, recv, &blocks, e)
         })
@@ -329,6 +352,11 @@ impl Inner {
         };
         let (call, blocks) =
             self.check_args(op, |c| c.rooted(dtype, counts, root, piece, whole))?;
+        if let Some(engine) = &self.engine {
+            return self.run_engine(seq, call, &**engine, |en| {
+                en.gather(send, recv, dtype, counts, root)
+            });
+        }
         self.run(seq, call, |ctx| {
             linear::gather(ctx, send, recv, &blocks, e, root)
         })
@@ -360,6 +388,11 @@ impl Inner {
         };
         let (call, blocks) =
             self.check_args(op, |c| c.rooted(dtype, counts, root, piece, whole))?;
+        if let Some(engine) = &self.engine {
+            return self.run_engine(seq, call, &**engine, |en| {
+                en.scatter(send, recv, dtype, counts, root)
+            });
+        }
         self.run(seq, call, |ctx| {
             linear::scatter(ctx, send, recv, &blocks, e, root)
         })
@@ -408,6 +441,11 @@ impl Inner {
                 ))
             }
         })?;
+        if let Some(engine) = &self.engine {
+            return self.run_engine(seq, call, &**engine, |en| {
+                en.all_to_all(send, recv, dtype, counts)
+            });
+        }
         self.run(seq, call, |ctx| {
             alltoall_pairwise::all_to_all(ctx, send, &sb, recv, &rb, e)
         })

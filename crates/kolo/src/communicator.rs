@@ -9,7 +9,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use kolo_collectives::Ctx;
-use kolo_core::{Call, Error, Header, Result, Tag, TagSpace, Transport};
+use kolo_core::{Algorithm, Call, Engine, Error, Header, Result, Tag, TagSpace, Transport};
 use kolo_store::TcpStoreServer;
 
 use crate::config::Config;
@@ -52,6 +52,8 @@ pub(crate) const ARENA_GROUP: u64 = 1;
 
 pub(crate) struct Inner {
     pub transport: Arc<dyn Transport>,
+    /// A library that runs whole collectives (MPI); `None`: kolo's algorithms over `transport`.
+    pub engine: Option<Arc<dyn Engine>>,
     /// Group rank → transport rank.
     pub members: Vec<usize>,
     /// This process's group rank.
@@ -122,6 +124,9 @@ impl Hierarchy {
                 None,
             )
         };
+        if inner.engine.is_some() {
+            return None;
+        }
         Some(Hierarchy {
             local: child(local, local_index, b"hier-local", node),
             cross: child(cross, node, b"hier-cross", local_index),
@@ -251,12 +256,37 @@ impl Communicator {
         config: Config,
         store_server: Option<TcpStoreServer>,
     ) -> Communicator {
+        Communicator::assemble(
+            transport,
+            None,
+            members,
+            rank,
+            group,
+            topology,
+            config,
+            store_server,
+        )
+    }
+
+    /// [`Communicator::from_parts`] with a collective engine.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn assemble(
+        transport: Arc<dyn Transport>,
+        engine: Option<Arc<dyn Engine>>,
+        members: Vec<usize>,
+        rank: usize,
+        group: u64,
+        topology: Arc<Topology>,
+        config: Config,
+        store_server: Option<TcpStoreServer>,
+    ) -> Communicator {
         let uses_arena = group == ARENA_GROUP
             && transport.arena().is_some()
             && members.iter().copied().eq(0..transport.size());
         Communicator {
             inner: Arc::new(Inner {
                 uses_arena,
+                engine,
                 hierarchy: std::sync::OnceLock::new(),
                 turn: Turn::default(),
                 transport,
@@ -340,9 +370,15 @@ impl Communicator {
         self.inner.topology.node_of.get(t).copied().unwrap_or(0)
     }
 
-    /// Name of the transport (`local`, `tcp`).
+    /// Name of the transport (`local`, `shm`, `tcp`, `shm+tcp`, `mpi`).
     pub fn transport_kind(&self) -> &'static str {
         self.inner.transport.kind()
+    }
+
+    /// Who runs the collectives: `kolo` (kolo's own algorithms over the transport) or the name of
+    /// the collective engine (`mpi`).
+    pub fn backend(&self) -> &'static str {
+        self.inner.engine.as_ref().map_or("kolo", |e| e.name())
     }
 
     /// The settings this communicator runs with.
@@ -482,6 +518,40 @@ impl Inner {
             (None, _) => f(&ctx),
         };
         r.map_err(|e| self.poison(e))
+    }
+
+    /// Runs collective number `seq` on the engine: the ranks first agree on the call (unless
+    /// `KOLO_CONFIRM_CALLS=0`), then `f` runs it. An error poisons the communicator.
+    pub fn run_engine<R>(
+        &self,
+        seq: u64,
+        mut call: Call,
+        engine: &dyn Engine,
+        f: impl FnOnce(&dyn Engine) -> Result<R>,
+    ) -> Result<R> {
+        self.check()?;
+        call.algo = Algorithm::Engine;
+        let header = Header {
+            ack: false,
+            tag: Tag {
+                group: self.group,
+                space: TagSpace::Collective,
+                value: seq,
+            },
+            call,
+        };
+        let agreed = if self.config.confirm_calls {
+            let deadline = Instant::now() + self.config.timeout;
+            // A peer's abort arrives through the transport while this rank waits for the others.
+            let interrupted = || match self.transport.failure() {
+                Some(f) => Err(f.into_error(call.op.name(), self.rank)),
+                None => Ok(()),
+            };
+            engine.agree(&header, deadline, &interrupted)
+        } else {
+            Ok(())
+        };
+        agreed.and_then(|()| f(engine)).map_err(|e| self.poison(e))
     }
 
     /// The ranks of this rank's host and the ranks of the same local index on the other hosts, for a

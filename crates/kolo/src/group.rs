@@ -8,10 +8,17 @@ use kolo_core::{DType, Error, Result};
 use crate::communicator::Communicator;
 
 impl Communicator {
-    fn child(&self, members: Vec<usize>, rank: usize, group: u64) -> Communicator {
+    fn child(
+        &self,
+        engine: Option<std::sync::Arc<dyn kolo_core::Engine>>,
+        members: Vec<usize>,
+        rank: usize,
+        group: u64,
+    ) -> Communicator {
         let inner = &self.inner;
-        Communicator::from_parts(
+        Communicator::assemble(
             inner.transport.clone(),
+            engine,
             members,
             rank,
             group,
@@ -19,6 +26,19 @@ impl Communicator {
             inner.config.clone(),
             None,
         )
+    }
+
+    /// With an engine: its sub-group (`MPI_Comm_split`), made by every rank of this group in the
+    /// same order (after the all-gather that every split and new_group starts with).
+    fn engine_split(
+        &self,
+        color: Option<u32>,
+        key: i64,
+    ) -> Result<Option<std::sync::Arc<dyn kolo_core::Engine>>> {
+        match &self.inner.engine {
+            None => Ok(None),
+            Some(e) => e.split(color, key).map_err(|err| self.inner.poison(err)),
+        }
     }
 
     fn child_id(&self, seq: u64, members: &[usize]) -> u64 {
@@ -43,6 +63,7 @@ impl Communicator {
             DType::I64,
             None,
         )?;
+        let engine = self.engine_split(color, key)?;
         let Some(c) = color else {
             return Ok(None);
         };
@@ -55,7 +76,7 @@ impl Communicator {
         let me = ranks.iter().position(|&r| r == self.rank()).unwrap_or(0);
         let members: Vec<usize> = ranks.iter().map(|&r| self.inner.members[r]).collect();
         let id = self.child_id(seq, &members);
-        Ok(Some(self.child(members, me, id)))
+        Ok(Some(self.child(engine, members, me, id)))
     }
 
     /// A communicator of the listed ranks (of this communicator), in the order given. Collective: every
@@ -114,11 +135,13 @@ impl Communicator {
                 self.rank()
             ))));
         }
-        let Some(me) = ranks.iter().position(|&r| r == self.rank()) else {
+        let position = ranks.iter().position(|&r| r == self.rank());
+        let engine = self.engine_split(position.map(|_| 0), position.unwrap_or(0) as i64)?;
+        let Some(me) = position else {
             return Ok(None);
         };
         let members: Vec<usize> = ranks.iter().map(|&r| self.inner.members[r]).collect();
         let id = self.child_id(seq, &members);
-        Ok(Some(self.child(members, me, id)))
+        Ok(Some(self.child(engine, members, me, id)))
     }
 }

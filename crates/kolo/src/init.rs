@@ -315,10 +315,107 @@ fn host_name() -> String {
         .unwrap_or_else(|| "localhost".into())
 }
 
+/// Who runs the collectives (`KOLO_BACKEND`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// MPI when the process was started by an MPI launcher and kolo was built with the `mpi`
+    /// feature; kolo's own otherwise (the default).
+    Auto,
+    /// kolo's algorithms over its own transports (threads, shared memory, TCP).
+    Kolo,
+    /// The installed MPI library (needs the `mpi` feature).
+    Mpi,
+}
+
+impl Backend {
+    /// Parses `auto`, `kolo` (or `native`) or `mpi`.
+    pub fn parse(value: &str) -> Result<Backend> {
+        match value.trim() {
+            "" | "auto" => Ok(Backend::Auto),
+            "kolo" | "native" => Ok(Backend::Kolo),
+            "mpi" => Ok(Backend::Mpi),
+            _ => Err(Error::Config {
+                var: "KOLO_BACKEND".into(),
+                value: value.into(),
+                reason: "expected auto, kolo or mpi".into(),
+            }),
+        }
+    }
+
+    /// The backend `KOLO_BACKEND` and the launcher's variables choose (read through `get`):
+    /// [`Backend::Kolo`] or [`Backend::Mpi`], never `Auto`. Asking for MPI in a build without it
+    /// is an error.
+    pub fn choose(get: impl Fn(&str) -> Option<String>) -> Result<Backend> {
+        let asked = Backend::parse(&get("KOLO_BACKEND").unwrap_or_default())?;
+        // Under `kolo run` (which hosts the store) the workers are kolo's even if an MPI launcher
+        // started the launcher itself.
+        let under_mpi = launched_by_mpi(&get) && get("KOLO_AGENT_STORE").is_none();
+        match asked {
+            Backend::Kolo => Ok(Backend::Kolo),
+            Backend::Mpi if !cfg!(feature = "mpi") => Err(no_mpi()),
+            Backend::Mpi => Ok(Backend::Mpi),
+            Backend::Auto if under_mpi && cfg!(feature = "mpi") => Ok(Backend::Mpi),
+            Backend::Auto => Ok(Backend::Kolo),
+        }
+    }
+}
+
+/// The error for asking a build without the `mpi` feature for MPI.
+fn no_mpi() -> Error {
+    Error::Config {
+        var: "KOLO_BACKEND".into(),
+        value: "mpi".into(),
+        reason: "this build of kolo has no MPI backend: build it with `--features mpi` (which \
+                 needs an MPI library, e.g. Debian's libopenmpi-dev openmpi-bin libclang-dev)"
+            .into(),
+    }
+}
+
+/// Whether an MPI launcher started this process: OpenMPI's `mpirun` (`OMPI_COMM_WORLD_SIZE`),
+/// MPICH's Hydra (`PMI_SIZE`), or a PMIx launcher such as `srun --mpi=pmix` (`PMIX_RANK`).
+pub fn launched_by_mpi(get: impl Fn(&str) -> Option<String>) -> bool {
+    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"]
+        .iter()
+        .any(|v| get(v).is_some())
+}
+
 /// The world communicator of this process, from the environment (see the module documentation); a
-/// world of one when no launcher variables are set.
+/// world of one when no launcher variables are set. Under `mpirun`/`srun` with the `mpi` feature
+/// (or with `KOLO_BACKEND=mpi`) the world runs on MPI (see [`init_mpi`]).
 pub fn init() -> Result<Communicator> {
-    init_with(InitOptions::from_env()?)
+    let get = |k: &str| std::env::var(k).ok();
+    match Backend::choose(get)? {
+        Backend::Mpi => init_mpi(Config::from_lookup(get)?),
+        _ => init_with(InitOptions::from_env()?),
+    }
+}
+
+/// The world communicator over the installed MPI library: MPI's own collectives, point-to-point
+/// as MPI messages, sub-groups through `MPI_Comm_split`. MPI is initialized on first use (with
+/// `MPI_THREAD_MULTIPLE`) and finalized at exit; rank and size are MPI's. Needs the `mpi` feature.
+#[cfg(feature = "mpi")]
+pub fn init_mpi(config: Config) -> Result<Communicator> {
+    use kolo_core::Engine;
+    let w = kolo_mpi::world()?;
+    let (rank, size) = (w.engine.rank(), w.engine.size());
+    Ok(Communicator::assemble(
+        w.transport,
+        Some(w.engine),
+        (0..size).collect(),
+        rank,
+        WORLD_GROUP,
+        Arc::new(Topology::from_ids(&w.node_ids)),
+        config,
+        None,
+    ))
+}
+
+/// The world communicator over the installed MPI library; this build has no MPI backend, so it
+/// is an error (build kolo with the `mpi` feature).
+#[cfg(not(feature = "mpi"))]
+pub fn init_mpi(config: Config) -> Result<Communicator> {
+    let _ = config;
+    Err(no_mpi())
 }
 
 fn is_loopback(host: &str) -> bool {

@@ -36,8 +36,8 @@ mod work;
 pub use communicator::Communicator;
 pub use config::Config;
 pub use init::{
-    init, init_with, local_communicators, run_local, shm_communicators, shm_name_prefix,
-    InitMethod, InitOptions, TransportChoice,
+    init, init_mpi, init_with, launched_by_mpi, local_communicators, run_local, shm_communicators,
+    shm_name_prefix, Backend, InitMethod, InitOptions, TransportChoice,
 };
 pub use kolo_core::{Algorithm, Call, DType, Element, Error, OpKind, ReduceOp, Result, Transport};
 /// The rendezvous stores.

@@ -230,19 +230,38 @@ fn report(results: Vec<Check>) {
     );
 }
 
+/// One rank's part under a forced all-reduce algorithm: every type and operator at the small counts,
+/// every operator on f32 at the large odd count.
+fn under_algorithm(comm: &Communicator, algo: Algorithm) -> Check {
+    for count in SMALL {
+        every_type(comm, &|c, d| typed(c, d, count, reductions_dyn))
+            .map_err(|e| format!("[{algo}] {e}"))?;
+    }
+    reductions::<f32>(comm, LARGE).map_err(|e| format!("[{algo}] {e}"))
+}
+
+/// One rank's part with the default algorithms: the data movers for every type at every count, and
+/// the large count for every type and operator (f32 only when `with_f32`).
+fn with_defaults(comm: &Communicator, with_f32: bool) -> Check {
+    let n = comm.size();
+    for count in SMALL {
+        every_type(comm, &|c, d| typed(c, d, count, movers_dyn))?;
+    }
+    every_type(comm, &|c, d| match d {
+        DType::F32 if !with_f32 => Ok(()), // covered under every algorithm
+        _ => typed(c, d, LARGE, reductions_dyn),
+    })?;
+    every_type(comm, &|c, d| typed(c, d, LARGE / n.max(1), movers_dyn))
+}
+
 /// The whole matrix for one transport and world size.
 fn conformance(kind: Kind, n: usize) {
-    // Reductions under every all-reduce algorithm; every type and operator at the small counts.
+    // Reductions under every all-reduce algorithm.
     for algo in ALGOS {
         let mut config = Config::default();
         config.overrides.all_reduce = Some(algo);
-        report(spawn(kind, n, config, |comm| {
-            for count in SMALL {
-                every_type(&comm, &|c, d| typed(c, d, count, reductions_dyn))
-                    .map_err(|e| format!("[{algo}] {e}"))?;
-            }
-            // The large odd count: every operator on f32 under this algorithm.
-            reductions::<f32>(&comm, LARGE).map_err(|e| format!("[{algo}] {e}"))
+        report(spawn(kind, n, config, move |comm| {
+            under_algorithm(&comm, algo)
         }));
     }
     // On shared memory the default all-reduce reads the peers' buffers in place (Algorithm::Shm):
@@ -258,14 +277,7 @@ fn conformance(kind: Kind, n: usize) {
     // The large count for every type and operator with the algorithm the cost model picks, and the
     // data movers for every type at every count.
     report(spawn(kind, n, Config::default(), |comm| {
-        for count in SMALL {
-            every_type(&comm, &|c, d| typed(c, d, count, movers_dyn))?;
-        }
-        every_type(&comm, &|c, d| match d {
-            DType::F32 => Ok(()), // covered under every algorithm above
-            _ => typed(c, d, LARGE, reductions_dyn),
-        })?;
-        every_type(&comm, &|c, d| typed(c, d, LARGE / n.max(1), movers_dyn))
+        with_defaults(&comm, false)
     }));
 }
 
@@ -294,4 +306,63 @@ matrix! {
     tcp_3: Kind::Tcp, 3;
     tcp_4: Kind::Tcp, 4;
     tcp_5: Kind::Tcp, 5;
+}
+
+/// The same matrix on the MPI backend, world sizes 1–5: each test starts `mpirun -n N` on this test
+/// binary, whose `mpi_rank` entry point runs the matrix on MPI's own collectives (every type and
+/// operator at every count) and on kolo's algorithms over MPI point-to-point.
+#[cfg(feature = "mpi")]
+mod mpi {
+    use super::*;
+
+    /// What each rank started by mpirun runs.
+    #[test]
+    #[ignore = "entry point of the ranks `mpirun` starts (see the mpi_N tests)"]
+    fn mpi_rank() {
+        if !kolo::launched_by_mpi(|k| std::env::var(k).ok()) {
+            eprintln!("not started by mpirun: nothing to do");
+            return;
+        }
+        let comm = kolo::init_mpi(Config::default()).expect("MPI world");
+        assert_eq!(comm.backend(), "mpi");
+        assert_eq!(comm.transport_kind(), "mpi");
+        let r = comm.rank();
+        let mut checks = vec![];
+        // MPI's collectives, every type and operator at every count.
+        checks.push(with_defaults(&comm, true).map_err(|e| format!("[mpi] {e}")));
+        // Every type and operator at the small counts (the reductions; with_defaults ran the
+        // movers).
+        for count in SMALL {
+            checks.push(
+                every_type(&comm, &|c, d| typed(c, d, count, reductions_dyn))
+                    .map_err(|e| format!("[mpi] {e}")),
+            );
+        }
+        // kolo's algorithms over MPI point-to-point.
+        for algo in ALGOS {
+            let mut config = Config::default();
+            config.overrides.all_reduce = Some(algo);
+            let comm = kolo::init_mpi(config).expect("MPI world");
+            checks.push(under_algorithm(&comm, algo));
+        }
+        let errors: Vec<String> = checks.into_iter().filter_map(Result::err).collect();
+        assert!(errors.is_empty(), "rank {r}:\n{}", errors.join("\n"));
+    }
+
+    macro_rules! on_mpi {
+        ($($name:ident: $n:expr;)*) => {$(
+            #[test]
+            fn $name() {
+                common::mpirun($n, "mpi::mpi_rank");
+            }
+        )*};
+    }
+
+    on_mpi! {
+        mpi_1: 1;
+        mpi_2: 2;
+        mpi_3: 3;
+        mpi_4: 4;
+        mpi_5: 5;
+    }
 }

@@ -1,0 +1,196 @@
+//! MPI's life in this process: initialized once with `MPI_THREAD_MULTIPLE`, finalized at exit (or
+//! aborted, when a communicator failed), and the error codes MPI returns turned into kolo errors.
+
+use std::os::raw::{c_char, c_int};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, OnceLock, Weak};
+
+use kolo_core::{Error, Result};
+use mpi::environment::Universe;
+use mpi::ffi;
+use mpi::Threading;
+
+use crate::transport::Shared;
+
+/// An MPI communicator handle. MPI is initialized with `MPI_THREAD_MULTIPLE`, so handles may be used
+/// from any thread.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Comm(pub ffi::MPI_Comm);
+
+// SAFETY: with MPI_THREAD_MULTIPLE (checked in `start`) MPI calls on a communicator may come from any
+// thread; the handle itself is an opaque value.
+unsafe impl Send for Comm {}
+// SAFETY: as above.
+unsafe impl Sync for Comm {}
+
+static UNIVERSE: Mutex<Option<Universe>> = Mutex::new(None);
+static STARTED: OnceLock<std::result::Result<(), String>> = OnceLock::new();
+/// Set once any kolo communicator over MPI failed: the process then aborts the MPI job at exit.
+static FAILED: AtomicBool = AtomicBool::new(false);
+/// Set when MPI is finalized (nothing may call MPI after that).
+static FINALIZED: AtomicBool = AtomicBool::new(false);
+/// Live transports, whose buffered sends are completed before MPI is finalized.
+static TRANSPORTS: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
+
+fn backend_error(op: &'static str, rank: usize, reason: String) -> Error {
+    Error::Backend {
+        op,
+        rank,
+        backend: "mpi",
+        reason,
+    }
+}
+
+/// Initializes MPI with `MPI_THREAD_MULTIPLE` the first time; later calls return the first result.
+pub(crate) fn start() -> Result<()> {
+    STARTED
+        .get_or_init(|| {
+            let Some((universe, level)) = mpi::initialize_with_threading(Threading::Multiple)
+            else {
+                return Err(
+                    "MPI was initialized outside kolo; let kolo initialize it (or \
+                            initialize it with MPI_THREAD_MULTIPLE and keep it alive)"
+                        .into(),
+                );
+            };
+            if level != Threading::Multiple {
+                // Keep the universe so MPI is still finalized at exit.
+                *UNIVERSE.lock().unwrap_or_else(|p| p.into_inner()) = Some(universe);
+                // SAFETY: registering a plain extern "C" function.
+                unsafe { libc::atexit(at_exit) };
+                return Err(format!(
+                    "this MPI library provides only {level:?} thread support; kolo needs \
+                     MPI_THREAD_MULTIPLE (an OpenMPI or MPICH built with thread support)"
+                ));
+            }
+            // Errors come back as return codes (turned into kolo errors) instead of killing the job.
+            // SAFETY: MPI is initialized; COMM_WORLD is valid.
+            unsafe {
+                ffi::MPI_Comm_set_errhandler(ffi::RSMPI_COMM_WORLD, ffi::RSMPI_ERRORS_RETURN)
+            };
+            *UNIVERSE.lock().unwrap_or_else(|p| p.into_inner()) = Some(universe);
+            // SAFETY: registering a plain extern "C" function.
+            if unsafe { libc::atexit(at_exit) } != 0 {
+                return Err("could not register MPI_Finalize to run at exit".into());
+            }
+            crate::types::create_ops()
+        })
+        .clone()
+        .map_err(|reason| backend_error("init", 0, reason))
+}
+
+/// Finalizes MPI when the process exits, after the transports' buffered sends are delivered; aborts
+/// the job instead when a communicator failed, so no other rank is left waiting inside MPI.
+extern "C" fn at_exit() {
+    if FAILED.load(Ordering::SeqCst) {
+        // A moment for the peers to report their own errors before the job is torn down.
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        // SAFETY: MPI is initialized (this handler is registered only then) and not finalized.
+        unsafe { ffi::MPI_Abort(ffi::RSMPI_COMM_WORLD, 1) };
+        return;
+    }
+    let live: Vec<_> = TRANSPORTS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .filter_map(Weak::upgrade)
+        .collect();
+    for t in &live {
+        t.close();
+    }
+    for t in live {
+        t.drain(std::time::Duration::from_secs(10));
+    }
+    FINALIZED.store(true, Ordering::SeqCst);
+    // Dropping the universe calls MPI_Finalize.
+    drop(UNIVERSE.lock().unwrap_or_else(|p| p.into_inner()).take());
+}
+
+/// World ranks that have finished (sent their closing notice at exit): a collective still waiting
+/// for one of them can never complete. Shared by a world's transport (which receives the notices)
+/// and its engines (which wait).
+#[derive(Debug, Default)]
+pub(crate) struct Watch {
+    closed: Mutex<Vec<usize>>,
+}
+
+impl Watch {
+    pub(crate) fn close(&self, world_rank: usize) {
+        let mut c = self.closed.lock().unwrap_or_else(|p| p.into_inner());
+        if !c.contains(&world_rank) {
+            c.push(world_rank);
+        }
+    }
+
+    /// The first closed rank among `members` (world ranks), as an index into `members`.
+    pub(crate) fn closed_among(&self, members: &[usize]) -> Option<usize> {
+        let c = self.closed.lock().unwrap_or_else(|p| p.into_inner());
+        c.iter().find_map(|w| members.iter().position(|m| m == w))
+    }
+}
+
+/// Records that a communicator over MPI failed: at exit the process aborts the MPI job.
+pub(crate) fn mark_failed() {
+    FAILED.store(true, Ordering::SeqCst);
+}
+
+/// Whether MPI may still be called (not finalized).
+pub(crate) fn live() -> bool {
+    !FINALIZED.load(Ordering::SeqCst)
+}
+
+pub(crate) fn register(t: Weak<Shared>) {
+    let mut list = TRANSPORTS.lock().unwrap_or_else(|p| p.into_inner());
+    list.retain(|w| w.strong_count() > 0);
+    list.push(t);
+}
+
+/// MPI's message for an error code.
+fn error_string(code: c_int) -> String {
+    let mut buf = vec![0 as c_char; 512];
+    let mut len: c_int = 0;
+    // SAFETY: the buffer holds MPI_MAX_ERROR_STRING (256 in OpenMPI and MPICH) characters and more.
+    let rc = unsafe { ffi::MPI_Error_string(code, buf.as_mut_ptr(), &mut len) };
+    if rc != 0 || len <= 0 {
+        return format!("MPI error code {code}");
+    }
+    let bytes: Vec<u8> = buf[..len as usize].iter().map(|&c| c as u8).collect();
+    format!(
+        "{} (MPI error code {code})",
+        String::from_utf8_lossy(&bytes)
+    )
+}
+
+/// `Ok` for `MPI_SUCCESS`, else the error MPI describes.
+pub(crate) fn check(rc: c_int, op: &'static str, rank: usize) -> Result<()> {
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(backend_error(op, rank, error_string(rc)))
+    }
+}
+
+/// Duplicates `comm` (collective over it) with errors returned as codes.
+pub(crate) fn dup(comm: ffi::MPI_Comm, op: &'static str, rank: usize) -> Result<Comm> {
+    // SAFETY: a null handle is only an out-parameter placeholder.
+    let mut out: ffi::MPI_Comm = unsafe { ffi::RSMPI_COMM_NULL };
+    // SAFETY: `comm` is a valid communicator of this process; `out` is written by MPI.
+    check(unsafe { ffi::MPI_Comm_dup(comm, &mut out) }, op, rank)?;
+    // SAFETY: `out` is the communicator just made.
+    check(
+        unsafe { ffi::MPI_Comm_set_errhandler(out, ffi::RSMPI_ERRORS_RETURN) },
+        op,
+        rank,
+    )?;
+    Ok(Comm(out))
+}
+
+/// Rank and size of `comm`.
+pub(crate) fn rank_size(comm: ffi::MPI_Comm, op: &'static str) -> Result<(usize, usize)> {
+    let (mut r, mut n): (c_int, c_int) = (0, 0);
+    // SAFETY: valid communicator, plain out-parameters.
+    check(unsafe { ffi::MPI_Comm_rank(comm, &mut r) }, op, 0)?;
+    // SAFETY: as above.
+    check(unsafe { ffi::MPI_Comm_size(comm, &mut n) }, op, 0)?;
+    Ok((r as usize, n as usize))
+}

@@ -1,0 +1,174 @@
+//! The MPI backend beyond the conformance matrix: point-to-point, asynchronous, sub-group and object
+//! collectives on MPI, and the failures that must end a job with an error naming the rank instead of
+//! a hang (a mismatched call, a bad argument on one rank, a rank that leaves, a rank that is late).
+//!
+//! Each test starts `mpirun` on this test binary; the ranks run one of the ignored `rank_*` entry
+//! points. Needs the `mpi` feature and OpenMPI (`scripts/test.sh` installs it).
+#![cfg(feature = "mpi")]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{checks, mpirun, mpirun_with};
+use kolo::prelude::*;
+
+/// The world on MPI, for an entry point (`None` when not started by mpirun).
+fn world() -> Option<Communicator> {
+    if !kolo::launched_by_mpi(|k| std::env::var(k).ok()) {
+        eprintln!("not started by mpirun: nothing to do");
+        return None;
+    }
+    // `kolo::init()` chooses MPI by itself under mpirun in a build with the feature.
+    let comm = kolo::init().expect("MPI world");
+    assert_eq!(comm.backend(), "mpi");
+    Some(comm)
+}
+
+/// Prints this rank's outcome for the test that started mpirun to read.
+fn report(comm: &Communicator, r: kolo::Result<()>) {
+    match r {
+        Ok(()) => println!("rank {} ok", comm.rank()),
+        Err(e) => println!("rank {} error: {e}", comm.rank()),
+    }
+}
+
+#[test]
+#[ignore = "entry point of the ranks `mpirun` starts"]
+fn rank_api() {
+    let Some(c) = world() else { return };
+    assert_eq!(c.size(), 5);
+    assert_eq!((c.local_size(), c.num_nodes()), (5, 1));
+    assert_eq!(c.local_rank(), c.rank());
+    checks::p2p_in_order(&c).expect("p2p");
+    checks::async_in_order(&c).expect("async collectives");
+    checks::split_and_new_group(&c).expect("sub-groups");
+    if let Some(three) = c.new_group(&[0, 1, 2]).expect("new_group") {
+        assert_eq!(three.backend(), "mpi");
+        checks::object_collectives(&three).expect("object collectives");
+    }
+    c.monitored_barrier(Duration::from_secs(30))
+        .expect("monitored barrier");
+}
+
+#[test]
+fn api_on_mpi() {
+    mpirun(5, "rank_api");
+}
+
+#[test]
+#[ignore = "entry point of the ranks `mpirun` starts"]
+fn rank_mismatch() {
+    let Some(c) = world() else { return };
+    let mut v = vec![1.0f32; if c.rank() == 1 { 12 } else { 10 }];
+    report(&c, c.all_reduce(&mut v, ReduceOp::Sum));
+}
+
+#[test]
+#[ignore = "entry point of the ranks `mpirun` starts"]
+fn rank_bad_argument() {
+    let Some(c) = world() else { return };
+    // Rank 1 passes a receive buffer of the wrong length: it fails its own check at once and the
+    // others, already waiting for it in MPI, learn of it from its abort.
+    let n = c.size() * if c.rank() == 1 { 3 } else { 2 };
+    let mut recv = vec![0i32; n];
+    report(&c, c.all_gather(&[7, 7], &mut recv));
+}
+
+#[test]
+#[ignore = "entry point of the ranks `mpirun` starts"]
+fn rank_leaves() {
+    let Some(c) = world() else { return };
+    if c.rank() == 1 {
+        println!("rank 1 leaves");
+        return;
+    }
+    report(&c, c.barrier());
+}
+
+#[test]
+#[ignore = "entry point of the ranks `mpirun` starts"]
+fn rank_late() {
+    let Some(c) = world() else { return };
+    if c.rank() == 1 {
+        std::thread::sleep(Duration::from_secs(20));
+    }
+    report(&c, c.barrier());
+}
+
+/// Runs `entry` on 3 ranks and returns its output after checking the job failed within `limit`.
+fn fails_within(entry: &str, env: &[(&str, &str)], limit: Duration) -> String {
+    let run = mpirun_with(3, entry, env);
+    assert!(!run.success, "{entry}: the job should fail:\n{}", run.text);
+    assert!(
+        run.elapsed < limit,
+        "{entry}: took {:?}:\n{}",
+        run.elapsed,
+        run.text
+    );
+    run.text
+}
+
+#[test]
+fn a_mismatch_fails_every_rank_naming_the_calls() {
+    let text = fails_within("rank_mismatch", &[], Duration::from_secs(20));
+    for r in 0..3 {
+        assert!(
+            text.contains(&format!("rank {r} error: collective mismatch")),
+            "rank {r}:\n{text}"
+        );
+    }
+    assert!(
+        text.contains("f32 x 12") && text.contains("f32 x 10"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_bad_argument_on_one_rank_aborts_the_others() {
+    let text = fails_within("rank_bad_argument", &[], Duration::from_secs(20));
+    assert!(
+        text.contains("rank 1 error: all_gather on rank 1: buffer `recv`"),
+        "{text}"
+    );
+    for r in [0, 2] {
+        assert!(
+            text.contains(&format!(
+                "rank {r} error: all_gather on rank {r}: aborted by rank 1"
+            )),
+            "rank {r}:\n{text}"
+        );
+    }
+}
+
+#[test]
+fn a_rank_that_leaves_is_named() {
+    let text = fails_within("rank_leaves", &[], Duration::from_secs(20));
+    // Each of the others names rank 1, itself or through the first one to notice.
+    for r in [0, 2] {
+        assert!(
+            text.lines().any(
+                |l| l.starts_with(&format!("rank {r} error: barrier on rank {r}:"))
+                    && l.contains("rank 1 has closed its communicator")
+            ),
+            "rank {r}:\n{text}"
+        );
+    }
+}
+
+#[test]
+fn a_late_rank_is_a_timeout_not_a_hang() {
+    let text = fails_within(
+        "rank_late",
+        &[("KOLO_TIMEOUT", "2")],
+        Duration::from_secs(15),
+    );
+    // Ranks 0 and 2 time out together; the first to exit ends the job, perhaps before the other
+    // has printed.
+    assert!(
+        [0, 2].iter().any(|r| text.contains(&format!(
+            "rank {r} error: barrier on rank {r}: not every rank entered barrier"
+        ))),
+        "{text}"
+    );
+}
