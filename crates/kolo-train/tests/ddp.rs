@@ -116,37 +116,47 @@ fn params(varmap: &VarMap) -> Vec<(String, Vec<f32>)> {
         .collect()
 }
 
-/// n workers with Ddp, each with its b-sample share of the same global batch.
+/// One rank of `comm` trained with Ddp on its b-sample share of the same global batch.
+fn train_rank(
+    comm: &kolo::Communicator,
+    opts: DdpOptions,
+) -> Result<Vec<(String, Vec<f32>)>, TrainError> {
+    let n = comm.size();
+    let varmap = VarMap::new();
+    Net::new(
+        VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu),
+        false,
+    )?;
+    if comm.rank() == 0 {
+        init(&varmap); // the others start from random values: Ddp must copy rank 0's
+    }
+    let ddp = Ddp::new(comm, &varmap, opts)?;
+    let mut opt = SGD::new(ddp.params().iter().map(|(_, v)| v.clone()).collect(), LR)?;
+    for step in 0..STEPS {
+        let net = Net::new(ddp.var_builder(DType::F32, &Device::Cpu), false)?;
+        let (x, y) = batch(step, n);
+        let x = x.narrow(0, comm.rank() * B, B)?;
+        let y = y.narrow(0, comm.rank() * B, B)?;
+        let grads = ddp.backward(&loss(&net, &x, &y)?)?;
+        opt.step(&grads)?;
+    }
+    Ok(params(&varmap))
+}
+
+/// n workers with Ddp as threads of this process.
 fn distributed(n: usize, opts: DdpOptions) -> Vec<Vec<(String, Vec<f32>)>> {
     let res = kolo::run_local(
         n,
         Config::default().with_timeout(Duration::from_secs(60)),
-        |comm| {
-            let varmap = VarMap::new();
-            Net::new(
-                VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu),
-                false,
-            )?;
-            if comm.rank() == 0 {
-                init(&varmap); // the others start from random values: Ddp must copy rank 0's
-            }
-            let ddp = Ddp::new(&comm, &varmap, opts)?;
-            let mut opt = SGD::new(ddp.params().iter().map(|(_, v)| v.clone()).collect(), LR)?;
-            for step in 0..STEPS {
-                let net = Net::new(ddp.var_builder(DType::F32, &Device::Cpu), false)?;
-                let (x, y) = batch(step, n);
-                let x = x.narrow(0, comm.rank() * B, B)?;
-                let y = y.narrow(0, comm.rank() * B, B)?;
-                let grads = ddp.backward(&loss(&net, &x, &y)?)?;
-                opt.step(&grads)?;
-            }
-            Ok::<_, TrainError>(params(&varmap))
-        },
+        |comm| train_rank(&comm, opts),
     );
     res.into_iter()
         .map(|r| r.expect("rank thread").expect("rank result"))
         .collect()
 }
+
+/// The bucket sizes and overlap settings the invariant is checked under.
+const SETTINGS: [(usize, bool); 4] = [(25 << 20, true), (256, true), (256, false), (1000, false)];
 
 fn max_relative_difference(a: &[(String, Vec<f32>)], b: &[(String, Vec<f32>)]) -> f64 {
     assert_eq!(a.len(), b.len());
@@ -170,8 +180,7 @@ fn max_relative_difference(a: &[(String, Vec<f32>)], b: &[(String, Vec<f32>)]) -
 fn n_workers_with_batch_b_equal_one_process_with_batch_nb() {
     for n in [1, 2, 3] {
         let want = reference(n);
-        for (bucket_bytes, overlap) in [(25 << 20, true), (256, true), (256, false), (1000, false)]
-        {
+        for (bucket_bytes, overlap) in SETTINGS {
             let opts = DdpOptions {
                 bucket_bytes,
                 overlap,
@@ -360,4 +369,43 @@ fn logits_dimension_sanity() {
         net.forward(&x, false).and_then(|t| t.dim(D::Minus1)).ok(),
         Some(3)
     );
+}
+
+/// The invariant with the workers as MPI processes (`mpirun -n 2`) on the MPI backend.
+#[cfg(feature = "mpi")]
+#[path = "../../kolo/tests/common/mpirun.rs"]
+mod mpirun;
+
+#[cfg(feature = "mpi")]
+mod mpi {
+    use super::*;
+
+    #[test]
+    #[ignore = "entry point of the ranks `mpirun` starts"]
+    fn ddp_rank() {
+        if !kolo::launched_by_mpi(|k| std::env::var(k).ok()) {
+            return;
+        }
+        let comm = kolo::init().expect("MPI world");
+        assert_eq!(comm.backend(), "mpi");
+        let want = reference(comm.size());
+        for (bucket_bytes, overlap) in SETTINGS {
+            let opts = DdpOptions {
+                bucket_bytes,
+                overlap,
+            };
+            let got = train_rank(&comm, opts).expect("training");
+            let d = max_relative_difference(&got, &want);
+            assert!(
+                d <= 1e-5,
+                "{opts:?} rank {}: relative difference {d:e}",
+                comm.rank()
+            );
+        }
+    }
+
+    #[test]
+    fn n_workers_with_batch_b_equal_one_process_under_mpirun() {
+        mpirun::mpirun(2, "mpi::ddp_rank");
+    }
 }

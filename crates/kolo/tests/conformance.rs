@@ -353,7 +353,7 @@ mod mpi {
         ($($name:ident: $n:expr;)*) => {$(
             #[test]
             fn $name() {
-                common::mpirun($n, "mpi::mpi_rank");
+                common::mpirun::mpirun($n, "mpi::mpi_rank");
             }
         )*};
     }

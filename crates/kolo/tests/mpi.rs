@@ -10,7 +10,8 @@ mod common;
 
 use std::time::Duration;
 
-use common::{checks, mpirun, mpirun_with};
+use common::checks;
+use common::mpirun::{mpirun, mpirun_with};
 use kolo::prelude::*;
 
 /// The world on MPI, for an entry point (`None` when not started by mpirun).
