@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The whole kolo test suite, from a fresh machine with Rust installed: installs what it needs, then
-# lints (fmt, clippy, docs), runs every unit, integration, property and doc test, and the end-to-end
-# launcher checks with the release binaries. Exits non-zero on the first failing stage.
+# The whole kolo test suite, from a fresh machine with Rust installed: installs what it needs (data;
+# OpenMPI and libclang for the MPI backend), then lints (fmt, clippy, docs), runs every unit,
+# integration, property and doc test, the end-to-end launcher checks, and the MPI backend's tests and
+# end-to-end checks under mpirun. Exits non-zero on the first failing stage.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,6 +17,20 @@ cargo nextest --version | head -1
 
 stage "data (for the real-data tests)"
 scripts/fetch-data.sh
+
+stage "MPI (OpenMPI and libclang, for the MPI backend)"
+SUDO=""
+if ((EUID != 0)) && command -v sudo >/dev/null 2>&1; then SUDO=sudo; fi
+need=()
+for pkg in openmpi-bin libopenmpi-dev libclang-dev; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
+done
+if ((${#need[@]})); then
+  echo "installing ${need[*]}"
+  $SUDO apt-get update -q >/dev/null
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need[@]}" >/dev/null
+fi
+mpirun --version | head -1
 
 stage "format"
 cargo fmt --all -- --check
@@ -38,3 +53,19 @@ stage "end-to-end: kolo run and kolo train with the examples"
 # The test build already holds these (same profile settings), so this adds little.
 cargo build --workspace --bins --examples --locked
 scripts/e2e.sh target/debug
+
+# The MPI backend: the same crates built with the `mpi` feature (a second build of the kolo crates).
+MPI_FEATURES=kolo/mpi,kolo-train/mpi,kolo-cli/mpi
+MPI_CRATES=(-p kolo-mpi -p kolo -p kolo-train -p kolo-cli)
+
+stage "MPI backend: clippy and docs with the mpi feature"
+cargo clippy "${MPI_CRATES[@]}" --features "$MPI_FEATURES" --all-targets --locked -- -D warnings
+RUSTDOCFLAGS="-D warnings" cargo doc "${MPI_CRATES[@]}" --features "$MPI_FEATURES" --no-deps --locked
+
+stage "MPI backend: conformance (world sizes 1-5), failures, DDP invariant, under mpirun"
+cargo nextest run "${MPI_CRATES[@]}" --features "$MPI_FEATURES" --locked --profile ci \
+  --cargo-profile dev -E 'test(/mpi/) | binary(mpi)'
+
+stage "MPI backend: end-to-end (mpirun matrix, kolo train and bench on MPI)"
+cargo build "${MPI_CRATES[@]}" --features "$MPI_FEATURES" --bins --examples --locked
+scripts/e2e-mpi.sh target/debug

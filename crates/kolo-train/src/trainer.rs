@@ -346,12 +346,16 @@ pub fn run(comm: &Communicator, cfg: &TrainConfig) -> Result<Summary> {
     };
     if lead {
         println!(
-            "kolo train: {} on {} ({} train / {} test samples), {} workers × batch {}, {} lr {}{}",
+            "kolo train: {} on {} ({} train / {} test samples), {} workers ({}) × batch {}, {} lr {}{}",
             cfg.model,
             cfg.dataset,
             train.len(),
             test.len(),
             world,
+            match comm.backend() {
+                "kolo" => format!("transport {}", comm.transport_kind()),
+                engine => format!("backend {engine}"),
+            },
             cfg.batch_size,
             cfg.optimizer,
             cfg.lr,

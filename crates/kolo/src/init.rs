@@ -659,6 +659,59 @@ mod tests {
         InitOptions::from_lookup(|k| m.get(k).cloned())
     }
 
+    fn backend(vars: &[(&str, &str)]) -> Result<Backend> {
+        let m: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Backend::choose(|k| m.get(k).cloned())
+    }
+
+    #[test]
+    fn the_backend_follows_kolo_backend_and_the_launcher() {
+        let mpi = if cfg!(feature = "mpi") {
+            Backend::Mpi
+        } else {
+            Backend::Kolo
+        };
+        assert_eq!(backend(&[]).ok(), Some(Backend::Kolo));
+        assert_eq!(
+            backend(&[("RANK", "0"), ("WORLD_SIZE", "2")]).ok(),
+            Some(Backend::Kolo)
+        );
+        // Under an MPI launcher: MPI when built with it.
+        for var in ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"] {
+            assert_eq!(backend(&[(var, "2")]).ok(), Some(mpi), "{var}");
+        }
+        // ... but not for workers of `kolo run`, nor when asked for kolo's own.
+        let kolo_run = [("OMPI_COMM_WORLD_SIZE", "2"), ("KOLO_AGENT_STORE", "1")];
+        assert_eq!(backend(&kolo_run).ok(), Some(Backend::Kolo));
+        let asked = [("OMPI_COMM_WORLD_SIZE", "2"), ("KOLO_BACKEND", "kolo")];
+        assert_eq!(backend(&asked).ok(), Some(Backend::Kolo));
+        assert!(matches!(
+            backend(&[("KOLO_BACKEND", "nccl")]),
+            Err(Error::Config { var, .. }) if var == "KOLO_BACKEND"
+        ));
+        // An explicit request for MPI in a build without it is an error that says how to get it.
+        match backend(&[("KOLO_BACKEND", "mpi")]) {
+            Ok(b) => assert!(cfg!(feature = "mpi") && b == Backend::Mpi),
+            Err(e) => {
+                assert!(!cfg!(feature = "mpi"));
+                assert!(e.to_string().contains("--features mpi"), "{e}");
+            }
+        }
+    }
+
+    #[cfg(not(feature = "mpi"))]
+    #[test]
+    fn init_mpi_without_the_feature_is_a_clear_error() {
+        let e = init_mpi(Config::default()).expect_err("no MPI in this build");
+        assert!(
+            e.to_string().contains("KOLO_BACKEND") && e.to_string().contains("--features mpi"),
+            "{e}"
+        );
+    }
+
     #[test]
     fn no_launcher_is_a_world_of_one() {
         let o = opts(&[]).ok();

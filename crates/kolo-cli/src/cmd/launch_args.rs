@@ -62,6 +62,12 @@ pub struct LaunchArgs {
     #[arg(long, value_name = "FILE")]
     pub hostfile: Option<std::path::PathBuf>,
 
+    /// Who starts the workers and runs their collectives: `kolo`, or `mpi` (`mpirun -n N` starts
+    /// them and they run on the installed MPI library; needs kolo built with `--features mpi`;
+    /// KOLO_MPIRUN names the launcher, KOLO_MPIRUN_ARGS adds options to it)
+    #[arg(long, value_name = "kolo|mpi", value_enum, default_value = "kolo")]
+    pub backend: super::mpirun::LaunchBackend,
+
     /// Stop the workers when standard input ends (set on the launchers --hosts starts)
     #[arg(long, hide = true)]
     pub watch_stdin: bool,

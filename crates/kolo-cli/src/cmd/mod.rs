@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod launch_args;
+pub mod mpirun;
 pub mod run;
 pub mod train;
 
@@ -47,6 +48,9 @@ pub fn launch_workers(
     };
     let mut worker_args: Vec<std::ffi::OsString> = vec![command.into(), "--worker".into()];
     worker_args.extend(std::env::args_os().skip_while(|a| a != command).skip(1));
+    if launch.backend == mpirun::LaunchBackend::Mpi {
+        return mpirun::launch(command, nproc, launch, exe.into(), &worker_args, defaults);
+    }
     let mut cfg = kolo_launch::LaunchConfig::new(nproc, exe, worker_args);
     cfg.direct_output_rank = Some(0);
     if let Err(code) = launch.apply(command, &mut cfg) {

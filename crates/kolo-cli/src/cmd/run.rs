@@ -93,6 +93,12 @@ pub fn execute(args: RunArgs) -> ExitCode {
     if args.launch.on_hosts() {
         return super::launch_args::execute_hosts("run", args.nproc, &args.launch);
     }
+    if args.launch.backend == super::mpirun::LaunchBackend::Mpi {
+        let mut command = args.command.into_iter();
+        let program = command.next().unwrap_or_default();
+        let rest: Vec<OsString> = command.collect();
+        return super::mpirun::launch("run", args.nproc, &args.launch, program, &rest, &[]);
+    }
     let launch_args = args.launch.clone();
     let mut cfg = args.into_config();
     if let Err(code) = launch_args.apply("run", &mut cfg) {
