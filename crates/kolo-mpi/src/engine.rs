@@ -363,12 +363,15 @@ impl Engine for MpiEngine {
                     });
                 }
             }
-            if spins > 4096 {
-                std::thread::sleep(Duration::from_micros(50));
-            } else if spins > 256 {
+            // Poll (MPI progresses the call in MPI_Test), yielding the core after a few hundred
+            // polls; sleep only after a millisecond: a sleep lasts much longer than asked on a
+            // busy or virtual machine, and every rank that sleeps here delays the whole call.
+            if spins <= 256 {
+                std::hint::spin_loop();
+            } else if started.elapsed() < Duration::from_millis(1) {
                 std::thread::yield_now();
             } else {
-                std::hint::spin_loop();
+                std::thread::sleep(Duration::from_micros(50));
             }
         }
         // SAFETY: the request completed; the buffer is ours again.

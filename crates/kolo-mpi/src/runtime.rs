@@ -99,7 +99,7 @@ extern "C" fn at_exit() {
         t.close();
     }
     for t in live {
-        t.drain(std::time::Duration::from_secs(10));
+        t.drain(std::time::Duration::from_secs(2));
     }
     FINALIZED.store(true, Ordering::SeqCst);
     // Dropping the universe calls MPI_Finalize.

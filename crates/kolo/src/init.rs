@@ -10,6 +10,10 @@
 //! | explicit | `RANK`, `WORLD_SIZE` | | `KOLO_INIT_METHOD=tcp://host:port` or `file:///path` |
 //! | none | 0, 1 | 0, 1 | none |
 //!
+//! In a build with the `mpi` feature, a process an MPI launcher started (`OMPI_COMM_WORLD_SIZE`,
+//! `PMI_SIZE` or `PMIX_RANK` set) runs on MPI instead ([`init_mpi`]); `KOLO_BACKEND` (`auto`, `kolo`,
+//! `mpi`) overrides the choice ([`Backend::choose`]).
+//!
 //! With a TCP rendezvous, rank 0 hosts the store at `MASTER_ADDR:MASTER_PORT` unless the launcher
 //! already does (`KOLO_AGENT_STORE=1`, set by `kolo run`). Local rank and size are computed from the
 //! ranks' node identities (`KOLO_NODE_ID`, else `NODE_RANK`/`GROUP_RANK`, else the host name), so they

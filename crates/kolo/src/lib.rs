@@ -2,8 +2,9 @@
 //!
 //! Distributed data-parallel training for Rust — what `torch.distributed`, Horovod and MPI are to
 //! Python. This crate is what programs depend on: [`init`] gives the process its [`Communicator`],
-//! which has point-to-point messages and every MPI-style collective over threads ([`run_local`]) or
-//! TCP (processes started by `kolo run`, torchrun, `mpirun` or `srun`).
+//! which has point-to-point messages and every MPI-style collective over threads ([`run_local`]),
+//! shared memory or TCP (processes started by `kolo run`, torchrun, `mpirun` or `srun`), or over an
+//! installed MPI library (the `mpi` feature; [`init_mpi`]).
 //!
 //! ```
 //! use kolo::prelude::*;
