@@ -64,7 +64,7 @@ RUSTDOCFLAGS="-D warnings" cargo doc "${MPI_CRATES[@]}" --features "$MPI_FEATURE
 
 stage "MPI backend: conformance (world sizes 1-5), failures, DDP invariant, under mpirun"
 cargo nextest run "${MPI_CRATES[@]}" --features "$MPI_FEATURES" --locked --profile ci \
-  --cargo-profile dev -E 'test(/mpi/) | binary(mpi)'
+  --cargo-profile dev -E 'test(/mpi|backend/) | binary(mpi)'
 
 stage "MPI backend: end-to-end (mpirun matrix, kolo train and bench on MPI)"
 cargo build "${MPI_CRATES[@]}" --features "$MPI_FEATURES" --bins --examples --locked

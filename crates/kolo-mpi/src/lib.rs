@@ -19,8 +19,9 @@
 //!   lets kolo's own algorithms run over MPI (`KOLO_ALGO_ALLREDUCE=ring`, say).
 //!
 //! MPI is initialized with `MPI_THREAD_MULTIPLE` on first use and finalized when the process exits.
-//! A process whose communicator failed calls `MPI_Abort` at exit instead, so that a rank that gives
-//! up never leaves the others waiting inside MPI.
+//! A process whose communicator failed exits with status 1 without finalizing instead, which mpirun
+//! treats as a failed job and ends, so that a rank that gives up never leaves the others waiting
+//! inside MPI.
 
 mod engine;
 mod runtime;

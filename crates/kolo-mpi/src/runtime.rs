@@ -25,7 +25,7 @@ unsafe impl Sync for Comm {}
 
 static UNIVERSE: Mutex<Option<Universe>> = Mutex::new(None);
 static STARTED: OnceLock<std::result::Result<(), String>> = OnceLock::new();
-/// Set once any kolo communicator over MPI failed: the process then aborts the MPI job at exit.
+/// Set once any kolo communicator over MPI failed: the process then exits without finalizing.
 static FAILED: AtomicBool = AtomicBool::new(false);
 /// Set when MPI is finalized (nothing may call MPI after that).
 static FINALIZED: AtomicBool = AtomicBool::new(false);
@@ -79,22 +79,30 @@ pub(crate) fn start() -> Result<()> {
         .map_err(|reason| backend_error("init", 0, reason))
 }
 
-/// Finalizes MPI when the process exits, after the transports' buffered sends are delivered; aborts
-/// the job instead when a communicator failed, so no other rank is left waiting inside MPI.
+/// Finalizes MPI when the process exits, after the transports' buffered sends are delivered.
+///
+/// A process whose communicator failed does not finalize (which waits for every rank, and some may
+/// be stuck inside MPI waiting for this one): it gives its abort notices a moment to leave and exits
+/// with status 1 without finalizing, which mpirun (and srun with `--kill-on-bad-exit`) treat as a
+/// failed job and end. Not `MPI_Abort`: in OpenMPI 4.1, ranks aborting at the same moment (every rank
+/// of a mismatched call does) can crash or hang mpirun itself.
 extern "C" fn at_exit() {
-    if FAILED.load(Ordering::SeqCst) {
-        // A moment for the peers to report their own errors before the job is torn down.
-        std::thread::sleep(std::time::Duration::from_millis(500));
-        // SAFETY: MPI is initialized (this handler is registered only then) and not finalized.
-        unsafe { ffi::MPI_Abort(ffi::RSMPI_COMM_WORLD, 1) };
-        return;
-    }
     let live: Vec<_> = TRANSPORTS
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .iter()
         .filter_map(Weak::upgrade)
         .collect();
+    if FAILED.load(Ordering::SeqCst) {
+        for t in &live {
+            t.drain(std::time::Duration::from_millis(500));
+        }
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        let _ = std::io::stderr().flush();
+        // SAFETY: ends the process at once; nothing after this runs.
+        unsafe { libc::_exit(1) };
+    }
     for t in &live {
         t.close();
     }
@@ -129,7 +137,7 @@ impl Watch {
     }
 }
 
-/// Records that a communicator over MPI failed: at exit the process aborts the MPI job.
+/// Records that a communicator over MPI failed: at exit the process ends without finalizing.
 pub(crate) fn mark_failed() {
     FAILED.store(true, Ordering::SeqCst);
 }

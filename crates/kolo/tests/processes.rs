@@ -254,6 +254,8 @@ fn openmpi_and_slurm_variables() {
             ("OMPI_COMM_WORLD_RANK", r.to_string()),
             ("OMPI_COMM_WORLD_SIZE", "2".into()),
             ("OMPI_COMM_WORLD_LOCAL_RANK", r.to_string()),
+            // A build with the MPI backend would use MPI under these variables.
+            ("KOLO_BACKEND", "kolo".into()),
             ("MASTER_ADDR", "localhost".into()),
             ("MASTER_PORT", port.clone()),
         ])
