@@ -196,26 +196,29 @@ impl MpiEngine {
         out: &mut [u8],
         f: impl FnOnce(&[Vec<f32>], &mut [f32]) -> Result<()>,
     ) -> Result<()> {
+        use crate::types::HalfElem;
         let widen = |b: &[u8]| -> Vec<f32> {
-            b.chunks_exact(2)
-                .map(|c| {
-                    let w = u16::from_le_bytes([c[0], c[1]]);
-                    match dtype {
-                        DType::BF16 => half::bf16::from_bits(w).to_f32(),
-                        _ => half::f16::from_bits(w).to_f32(),
-                    }
-                })
-                .collect()
+            let mut wide = vec![0f32; b.len() / 2];
+            match dtype {
+                DType::BF16 => half::bf16::widen(&bytes_to_half(b), &mut wide),
+                _ => half::f16::widen(&bytes_to_half(b), &mut wide),
+            }
+            wide
         };
         let ins: Vec<Vec<f32>> = inputs.iter().map(|b| widen(b)).collect();
         let mut wide = vec![0f32; out.len() / 2];
         f(&ins, &mut wide)?;
-        for (c, v) in out.chunks_exact_mut(2).zip(wide) {
-            let w = match dtype {
-                DType::BF16 => half::bf16::from_f32(v).to_bits(),
-                _ => half::f16::from_f32(v).to_bits(),
-            };
-            c.copy_from_slice(&w.to_le_bytes());
+        match dtype {
+            DType::BF16 => {
+                let mut h = vec![half::bf16::ZERO; wide.len()];
+                half::bf16::narrow(&wide, &mut h);
+                out.copy_from_slice(bytemuck::cast_slice(&h));
+            }
+            _ => {
+                let mut h = vec![half::f16::ZERO; wide.len()];
+                half::f16::narrow(&wide, &mut h);
+                out.copy_from_slice(bytemuck::cast_slice(&h));
+            }
         }
         Ok(())
     }
@@ -240,6 +243,13 @@ fn at_mut(b: &mut [u8]) -> *mut c_void {
     } else {
         b.as_mut_ptr() as *mut c_void
     }
+}
+
+/// 16-bit values from bytes of any alignment.
+fn bytes_to_half<H: bytemuck::Pod>(b: &[u8]) -> Vec<H> {
+    b.chunks_exact(2)
+        .map(bytemuck::pod_read_unaligned)
+        .collect()
 }
 
 fn bytes_of(v: &[f32]) -> &[u8] {
