@@ -475,15 +475,7 @@ impl Inner {
     ) -> Result<R> {
         self.check()?;
         let started = Instant::now();
-        let header = Header {
-            ack: false,
-            tag: Tag {
-                group: self.group,
-                space: TagSpace::Collective,
-                value: seq,
-            },
-            call,
-        };
+        let header = self.collective_header(seq, call);
         let deadline = Some(started + timeout);
         let ctx = |arena| {
             Ctx::new(
@@ -520,6 +512,19 @@ impl Inner {
         r.map_err(|e| self.poison(e))
     }
 
+    /// The header of collective number `seq` of this group.
+    fn collective_header(&self, seq: u64, call: Call) -> Header {
+        Header {
+            ack: false,
+            tag: Tag {
+                group: self.group,
+                space: TagSpace::Collective,
+                value: seq,
+            },
+            call,
+        }
+    }
+
     /// Runs collective number `seq` on the engine: the ranks first agree on the call (unless
     /// `KOLO_CONFIRM_CALLS=0`), then `f` runs it. An error poisons the communicator.
     pub fn run_engine<R>(
@@ -531,15 +536,7 @@ impl Inner {
     ) -> Result<R> {
         self.check()?;
         call.algo = Algorithm::Engine;
-        let header = Header {
-            ack: false,
-            tag: Tag {
-                group: self.group,
-                space: TagSpace::Collective,
-                value: seq,
-            },
-            call,
-        };
+        let header = self.collective_header(seq, call);
         let agreed = if self.config.confirm_calls {
             let deadline = Instant::now() + self.config.timeout;
             // A peer's abort arrives through the transport while this rank waits for the others.
