@@ -19,28 +19,11 @@ for f in "$KOLO" "$EX/matrix"; do
 done
 command -v mpirun >/dev/null || { echo "e2e-mpi: mpirun not found (apt-get install openmpi-bin libopenmpi-dev)" >&2; exit 2; }
 
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
+# shellcheck source=scripts/e2e-lib.sh
+source "$(dirname "$0")/e2e-lib.sh"
+
 MPIRUN=(mpirun --oversubscribe)
 if ((EUID == 0)); then MPIRUN+=(--allow-run-as-root); fi
-
-passed=0
-failed=0
-out=""
-rc=0
-
-ok() {
-    echo "ok - $1"
-    passed=$((passed + 1))
-}
-
-fail() {
-    echo "FAIL - $1: $2"
-    failed=$((failed + 1))
-    if [[ -n $out ]]; then
-        sed 's/^/#   /' <<<"$out" | tail -n 40
-    fi
-}
 
 # run SECS CMD...: runs CMD with a timeout; sets $out (stdout and stderr) and $rc.
 run() {
@@ -49,8 +32,6 @@ run() {
     rc=0
     out=$(timeout "$secs" "$@" 2>&1) || rc=$?
 }
-
-has_line() { grep -qxF -- "$1" <<<"$out"; }
 
 check_matrix() {
     local name=$1

@@ -18,35 +18,14 @@ for f in "$KOLO" "$EX/hello" "$EX/matrix" "$EX/ring_allreduce"; do
     fi
 done
 
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-
-passed=0
-failed=0
-out=""
-rc=0
-
-ok() {
-    echo "ok - $1"
-    passed=$((passed + 1))
-}
-
-# fail NAME WHY: reports the failure, with the last job's output indented below it.
-fail() {
-    echo "FAIL - $1: $2"
-    failed=$((failed + 1))
-    if [[ -n $out ]]; then
-        sed 's/^/#   /' <<<"$out" | tail -n 40
-    fi
-}
+# shellcheck source=scripts/e2e-lib.sh
+source "$(dirname "$0")/e2e-lib.sh"
 
 # job ARGS...: runs `kolo run ARGS...` (bounded to 60 s); sets $out (stdout and stderr) and $rc.
 job() {
     rc=0
     out=$(timeout 60 "$KOLO" run "$@" 2>&1) || rc=$?
 }
-
-has_line() { grep -qxF -- "$1" <<<"$out"; }
 
 check_hello() {
     local name="hello: 4 ranks greet"
