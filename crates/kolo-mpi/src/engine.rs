@@ -196,12 +196,13 @@ impl MpiEngine {
         out: &mut [u8],
         f: impl FnOnce(&[Vec<f32>], &mut [f32]) -> Result<()>,
     ) -> Result<()> {
-        use crate::types::HalfElem;
+        use half::slice::HalfFloatSliceExt;
+        use half::vec::HalfFloatVecExt;
         let widen = |b: &[u8]| -> Vec<f32> {
             let mut wide = vec![0f32; b.len() / 2];
             match dtype {
-                DType::BF16 => half::bf16::widen(&bytes_to_half(b), &mut wide),
-                _ => half::f16::widen(&bytes_to_half(b), &mut wide),
+                DType::BF16 => bytes_to_half::<half::bf16>(b).convert_to_f32_slice(&mut wide),
+                _ => bytes_to_half::<half::f16>(b).convert_to_f32_slice(&mut wide),
             }
             wide
         };
@@ -209,16 +210,12 @@ impl MpiEngine {
         let mut wide = vec![0f32; out.len() / 2];
         f(&ins, &mut wide)?;
         match dtype {
-            DType::BF16 => {
-                let mut h = vec![half::bf16::ZERO; wide.len()];
-                half::bf16::narrow(&wide, &mut h);
-                out.copy_from_slice(bytemuck::cast_slice(&h));
-            }
-            _ => {
-                let mut h = vec![half::f16::ZERO; wide.len()];
-                half::f16::narrow(&wide, &mut h);
-                out.copy_from_slice(bytemuck::cast_slice(&h));
-            }
+            DType::BF16 => out.copy_from_slice(bytemuck::cast_slice(
+                &Vec::<half::bf16>::from_f32_slice(&wide),
+            )),
+            _ => out.copy_from_slice(bytemuck::cast_slice(&Vec::<half::f16>::from_f32_slice(
+                &wide,
+            ))),
         }
         Ok(())
     }

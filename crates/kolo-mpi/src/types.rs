@@ -4,7 +4,7 @@
 use std::os::raw::{c_int, c_void};
 use std::sync::OnceLock;
 
-use kolo_core::{DType, ReduceOp};
+use kolo_core::{DType, ReduceOp, Reducer};
 use mpi::ffi;
 
 extern "C" {
@@ -46,8 +46,9 @@ static HALF_OPS: OnceLock<[[Op; 4]; 2]> = OnceLock::new();
 const OPS: [ReduceOp; 4] = [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Min, ReduceOp::Max];
 
 macro_rules! half_ops {
-    ($($name:ident: $t:ty, $op:expr;)*) => {$(
-        /// `inout[i] = in[i] op inout[i]` for `*len` 16-bit elements (an MPI_User_function).
+    ($($name:ident: $dtype:expr, $op:expr;)*) => {$(
+        /// `inout[i] = in[i] op inout[i]` for `*len` 16-bit elements (an MPI_User_function), with
+        /// kolo's own kernel.
         unsafe extern "C" fn $name(
             inv: *mut c_void,
             inout: *mut c_void,
@@ -55,78 +56,24 @@ macro_rules! half_ops {
             _datatype: *mut ffi::MPI_Datatype,
         ) {
             // SAFETY: MPI passes two buffers of `*len` elements of the 2-byte datatype the operator
-            // was called with; MPI's buffers of 16-bit elements are 2-byte aligned.
-            let n = unsafe { *len }.max(0) as usize;
-            let src = unsafe { std::slice::from_raw_parts(inv as *const $t, n) };
-            let dst = unsafe { std::slice::from_raw_parts_mut(inout as *mut $t, n) };
-            combine_half::<$t>(src, dst, $op);
+            // was called with.
+            let n = unsafe { *len }.max(0) as usize * 2;
+            let src = unsafe { std::slice::from_raw_parts(inv as *const u8, n) };
+            let dst = unsafe { std::slice::from_raw_parts_mut(inout as *mut u8, n) };
+            Reducer::new($dtype, $op).apply(dst, src);
         }
     )*};
 }
-
-/// How many elements [`combine_half`] converts at a time (two f32 buffers of this on the stack).
-const CHUNK: usize = 1024;
-
-/// `dst[i] = op(src[i], dst[i])` through f32 (see [`ReduceOp`]; `Avg` is a sum here).
-fn combine_half<T: HalfElem>(src: &[T], dst: &mut [T], op: ReduceOp) {
-    let (mut a, mut b) = ([0f32; CHUNK], [0f32; CHUNK]);
-    for (s, d) in src.chunks(CHUNK).zip(dst.chunks_mut(CHUNK)) {
-        let (a, b) = (&mut a[..s.len()], &mut b[..s.len()]);
-        T::widen(s, a);
-        T::widen(d, b);
-        match op {
-            ReduceOp::Sum | ReduceOp::Avg => b.iter_mut().zip(a.iter()).for_each(|(y, x)| *y += x),
-            ReduceOp::Prod => b.iter_mut().zip(a.iter()).for_each(|(y, x)| *y *= x),
-            ReduceOp::Min => b.iter_mut().zip(a.iter()).for_each(|(y, x)| {
-                *y = if x.is_nan() || y.is_nan() {
-                    f32::NAN
-                } else {
-                    y.min(*x)
-                }
-            }),
-            ReduceOp::Max => b.iter_mut().zip(a.iter()).for_each(|(y, x)| {
-                *y = if x.is_nan() || y.is_nan() {
-                    f32::NAN
-                } else {
-                    y.max(*x)
-                }
-            }),
-        }
-        T::narrow(b, d);
-    }
-}
-
-/// f16 and bf16, with the `half` crate's bulk conversions.
-pub(crate) trait HalfElem: Copy {
-    fn widen(src: &[Self], dst: &mut [f32]);
-    fn narrow(src: &[f32], dst: &mut [Self]);
-}
-
-macro_rules! half_elem {
-    ($($t:ty),*) => {$(
-        impl HalfElem for $t {
-            fn widen(src: &[Self], dst: &mut [f32]) {
-                use half::slice::HalfFloatSliceExt;
-                src.convert_to_f32_slice(dst);
-            }
-            fn narrow(src: &[f32], dst: &mut [Self]) {
-                use half::slice::HalfFloatSliceExt;
-                dst.convert_from_f32_slice(src);
-            }
-        }
-    )*};
-}
-half_elem!(half::f16, half::bf16);
 
 half_ops! {
-    f16_sum: half::f16, ReduceOp::Sum;
-    f16_prod: half::f16, ReduceOp::Prod;
-    f16_min: half::f16, ReduceOp::Min;
-    f16_max: half::f16, ReduceOp::Max;
-    bf16_sum: half::bf16, ReduceOp::Sum;
-    bf16_prod: half::bf16, ReduceOp::Prod;
-    bf16_min: half::bf16, ReduceOp::Min;
-    bf16_max: half::bf16, ReduceOp::Max;
+    f16_sum: DType::F16, ReduceOp::Sum;
+    f16_prod: DType::F16, ReduceOp::Prod;
+    f16_min: DType::F16, ReduceOp::Min;
+    f16_max: DType::F16, ReduceOp::Max;
+    bf16_sum: DType::BF16, ReduceOp::Sum;
+    bf16_prod: DType::BF16, ReduceOp::Prod;
+    bf16_min: DType::BF16, ReduceOp::Min;
+    bf16_max: DType::BF16, ReduceOp::Max;
 }
 
 type UserFn = unsafe extern "C" fn(*mut c_void, *mut c_void, *mut c_int, *mut ffi::MPI_Datatype);

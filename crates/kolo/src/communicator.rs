@@ -91,7 +91,11 @@ pub(crate) struct Hierarchy {
 impl Hierarchy {
     fn new(inner: &Inner) -> Option<Hierarchy> {
         let n = inner.members.len();
-        if inner.group != ARENA_GROUP || !inner.members.iter().copied().eq(0..n) {
+        // An engine (MPI) has its own hierarchy inside its collectives.
+        if inner.engine.is_some()
+            || inner.group != ARENA_GROUP
+            || !inner.members.iter().copied().eq(0..n)
+        {
             return None;
         }
         let node_of = &inner.topology.node_of;
@@ -124,9 +128,6 @@ impl Hierarchy {
                 None,
             )
         };
-        if inner.engine.is_some() {
-            return None;
-        }
         Some(Hierarchy {
             local: child(local, local_index, b"hier-local", node),
             cross: child(cross, node, b"hier-cross", local_index),
