@@ -134,6 +134,18 @@ impl Kv {
         CompareSet::Swapped
     }
 
+    /// Appends to a key's value (creating it); wakes waiters.
+    pub(crate) fn append(&self, key: &str, value: &[u8]) {
+        let mut state = self.lock();
+        state
+            .map
+            .entry(key.to_owned())
+            .or_default()
+            .extend_from_slice(value);
+        drop(state);
+        self.changed.notify_all();
+    }
+
     /// Removes a key; returns whether it existed.
     pub(crate) fn delete(&self, key: &str) -> bool {
         self.lock().map.remove(key).is_some()

@@ -11,6 +11,8 @@
 //! * [`TcpStoreServer`] + [`TcpStore`]: a small server (usually started by
 //!   rank 0 or the launcher) and clients that talk a length-prefixed binary
 //!   protocol over TCP.
+//! * [`C10dStore`]: a client of PyTorch's c10d `TCPStore` (the store torchrun's
+//!   agent hosts), and [`C10dStoreServer`], a server of that protocol.
 //!
 //! [`PrefixStore`] namespaces keys and [`StoreExt::barrier`] builds a barrier
 //! out of `add` and `wait`.
@@ -58,6 +60,7 @@
 compile_error!("kolo-store needs a unix platform (it uses flock and poll)");
 
 pub mod auth;
+pub mod c10d;
 mod deadline;
 mod error;
 mod ext;
@@ -73,6 +76,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use auth::JobSecret;
+pub use c10d::{C10dStore, C10dStoreServer};
 pub use error::StoreError;
 pub use ext::StoreExt;
 pub use file::FileStore;

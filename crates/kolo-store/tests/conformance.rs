@@ -6,11 +6,24 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kolo_store::{FileStore, MemoryStore, Store, TcpStore, TcpStoreServer};
+use kolo_store::{
+    C10dStore, C10dStoreServer, FileStore, MemoryStore, Store, TcpStore, TcpStoreServer,
+};
 
 #[test]
 fn memory_store_conformance() {
     common::conformance(Arc::new(MemoryStore::new()));
+}
+
+#[test]
+fn c10d_store_conformance() {
+    // kolo's c10d client against kolo's c10d server (PyTorch's own server is checked by the
+    // torchrun end-to-end checks).
+    let server = C10dStoreServer::bind("127.0.0.1:0").unwrap();
+    let addr = server.local_addr().to_string();
+    let store = C10dStore::connect(&addr, Duration::from_secs(5)).unwrap();
+    common::conformance(Arc::new(store));
+    server.shutdown();
 }
 
 #[test]

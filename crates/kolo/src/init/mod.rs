@@ -1,0 +1,323 @@
+//! Creating the world communicator: from the environment a launcher leaves (torchrun, `kolo run`,
+//! OpenMPI's `mpirun`, SLURM's `srun`), from an explicit `tcp://`, `c10d://` or `file://`
+//! rendezvous, or as a world of threads in this process.
+//!
+//! | launcher | rank / size | local rank / size | rendezvous |
+//! |---|---|---|---|
+//! | `kolo run` | `RANK`, `WORLD_SIZE` | `LOCAL_RANK`, `LOCAL_WORLD_SIZE` | kolo's store at `MASTER_ADDR:MASTER_PORT` |
+//! | torchrun | `RANK`, `WORLD_SIZE` | `LOCAL_RANK`, `LOCAL_WORLD_SIZE` | the agent's c10d store at `MASTER_ADDR:MASTER_PORT` (`TORCHELASTIC_USE_AGENT_STORE=True`) |
+//! | OpenMPI | `OMPI_COMM_WORLD_RANK`, `_SIZE` | `OMPI_COMM_WORLD_LOCAL_RANK`, `_LOCAL_SIZE` | `MASTER_ADDR`, `MASTER_PORT` |
+//! | SLURM | `SLURM_PROCID`, `SLURM_NTASKS` | `SLURM_LOCALID` | `MASTER_ADDR`, `MASTER_PORT`, else the first host of `SLURM_STEP_NODELIST` and port 10000 + the last four digits of `SLURM_JOB_ID` |
+//! | explicit | `RANK`, `WORLD_SIZE` | | `KOLO_INIT_METHOD=tcp://host:port`, `c10d://host:port` or `file:///path` |
+//! | none | 0, 1 | 0, 1 | none |
+//!
+//! In a build with the `mpi` feature, a process an MPI launcher started (`OMPI_COMM_WORLD_SIZE`,
+//! `PMI_SIZE` or `PMIX_RANK` set) runs on MPI instead ([`init_mpi`]); `KOLO_BACKEND` (`auto`, `kolo`,
+//! `mpi`) overrides the choice ([`Backend::choose`]).
+//!
+//! With a TCP rendezvous, rank 0 hosts the store at `MASTER_ADDR:MASTER_PORT` unless a launcher
+//! already does: `kolo run` (`KOLO_AGENT_STORE=1`) or torchrun (`TORCHELASTIC_USE_AGENT_STORE=True`,
+//! whose store kolo speaks PyTorch's c10d protocol to). The job's keys are namespaced by
+//! `TORCHELASTIC_RUN_ID` and `TORCHELASTIC_RESTART_COUNT` (or kolo's own), so a restarted group
+//! never reads the last attempt's. Local rank and size are computed from the ranks' node identities
+//! (`KOLO_NODE_ID`, else `NODE_RANK`/`GROUP_RANK`/`SLURM_NODEID`, else the host name), so they are
+//! right under every launcher.
+
+mod backend;
+mod launchers;
+mod options;
+#[cfg(test)]
+mod tests;
+
+use std::net::{IpAddr, Ipv4Addr, ToSocketAddrs, UdpSocket};
+use std::sync::Arc;
+
+use kolo_core::{Error, Result, Transport};
+use kolo_store::{C10dStore, FileStore, Store, TcpStore, TcpStoreServer};
+use kolo_transport::{
+    local_world, shm_world, HybridTransport, ShmOptions, ShmTransport, TcpOptions, TcpTransport,
+};
+
+#[cfg(not(feature = "mpi"))]
+use backend::no_mpi;
+pub use backend::{launched_by_mpi, Backend};
+pub use options::{InitMethod, InitOptions, TransportChoice};
+
+use crate::communicator::{Communicator, Topology};
+use crate::config::Config;
+
+/// Group id of every world communicator (sub-groups derive theirs from it).
+const WORLD_GROUP: u64 = crate::communicator::ARENA_GROUP;
+
+/// The world communicator of this process, from the environment (see the module documentation); a
+/// world of one when no launcher variables are set. Under `mpirun`/`srun` with the `mpi` feature
+/// (or with `KOLO_BACKEND=mpi`) the world runs on MPI (see [`init_mpi`]).
+pub fn init() -> Result<Communicator> {
+    let get = |k: &str| std::env::var(k).ok();
+    match Backend::choose(get)? {
+        Backend::Mpi => init_mpi(Config::from_lookup(get)?),
+        _ => init_with(InitOptions::from_env()?),
+    }
+}
+
+/// The world communicator over the installed MPI library: MPI's own collectives, point-to-point
+/// as MPI messages, sub-groups through `MPI_Comm_split`. MPI is initialized on first use (with
+/// `MPI_THREAD_MULTIPLE`) and finalized at exit; rank and size are MPI's. Needs the `mpi` feature.
+#[cfg(feature = "mpi")]
+pub fn init_mpi(config: Config) -> Result<Communicator> {
+    use kolo_core::Engine;
+    let w = kolo_mpi::world()?;
+    let (rank, size) = (w.engine.rank(), w.engine.size());
+    Ok(Communicator::assemble(
+        w.transport,
+        Some(w.engine),
+        (0..size).collect(),
+        rank,
+        WORLD_GROUP,
+        Arc::new(Topology::from_ids(&w.node_ids)),
+        config,
+        None,
+    ))
+}
+
+/// The world communicator over the installed MPI library; this build has no MPI backend, so it
+/// is an error (build kolo with the `mpi` feature).
+#[cfg(not(feature = "mpi"))]
+pub fn init_mpi(config: Config) -> Result<Communicator> {
+    let _ = config;
+    Err(no_mpi())
+}
+
+fn is_loopback(host: &str) -> bool {
+    host == "localhost"
+        || host
+            .parse::<IpAddr>()
+            .map(|ip| ip.is_loopback())
+            .unwrap_or(false)
+}
+
+/// The local address that routes to `host:port` (no packet is sent: a UDP `connect` only picks a route).
+fn route_to(host: &str, port: u16) -> Option<IpAddr> {
+    let target = (host, port).to_socket_addrs().ok()?.next()?;
+    let bind = if target.is_ipv4() {
+        "0.0.0.0:0"
+    } else {
+        "[::]:0"
+    };
+    let s = UdpSocket::bind(bind).ok()?;
+    s.connect(target).ok()?;
+    Some(s.local_addr().ok()?.ip())
+}
+
+/// The world communicator for explicit options.
+pub fn init_with(opts: InitOptions) -> Result<Communicator> {
+    if opts.size == 0 || opts.rank >= opts.size {
+        return Err(Error::RankOutOfRange {
+            op: "init",
+            rank: opts.rank,
+            arg: "rank",
+            value: opts.rank,
+            size: opts.size,
+        });
+    }
+    let timeout = opts.config.timeout;
+    let loopback = IpAddr::V4(Ipv4Addr::LOCALHOST);
+    let (store, server, listen, advertise): (
+        Arc<dyn Store>,
+        Option<TcpStoreServer>,
+        IpAddr,
+        IpAddr,
+    ) = match &opts.method {
+        InitMethod::Single => {
+            let t = local_world(1).pop().ok_or_else(|| Error::Unsupported {
+                what: "an empty local world".into(),
+            })?;
+            return Ok(Communicator::from_parts(
+                Arc::new(t),
+                vec![0],
+                0,
+                WORLD_GROUP,
+                Arc::new(Topology::single_node(1)),
+                opts.config,
+                None,
+            ));
+        }
+        InitMethod::Tcp { host, port } | InitMethod::C10d { host, port } => {
+            let c10d = matches!(opts.method, InitMethod::C10d { .. });
+            let local = is_loopback(host);
+            let server = if opts.rank == 0 && opts.host_store && !c10d {
+                let bind_ip = if local {
+                    loopback
+                } else {
+                    IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+                };
+                Some(TcpStoreServer::bind((bind_ip, *port))?)
+            } else {
+                None
+            };
+            let addr = format!("{host}:{port}");
+            let store: Arc<dyn Store> = if c10d {
+                Arc::new(C10dStore::connect(&addr, timeout)?)
+            } else {
+                Arc::new(TcpStore::connect(&addr, timeout)?)
+            };
+            let (listen, advertise) = if local {
+                (loopback, loopback)
+            } else {
+                let adv = route_to(host, *port).unwrap_or(loopback);
+                (IpAddr::V4(Ipv4Addr::UNSPECIFIED), adv)
+            };
+            (store, server, listen, advertise)
+        }
+        InitMethod::File(path) => (Arc::new(FileStore::open(path)?), None, loopback, loopback),
+    };
+    let prefix = format!("kolo/{}", opts.job_id);
+    let members: Vec<usize> = (0..opts.size).collect();
+
+    // Learn which ranks share a node (through the store, before any connection exists).
+    store.set(
+        &format!("{prefix}/node/{}", opts.rank),
+        opts.node_id.as_bytes(),
+    )?;
+    let ids = (0..opts.size)
+        .map(|r| {
+            store
+                .get(&format!("{prefix}/node/{r}"), timeout)
+                .map(|b| String::from_utf8_lossy(&b).into_owned())
+        })
+        .collect::<std::result::Result<Vec<String>, _>>()?;
+    let topology = Arc::new(Topology::from_ids(&ids));
+    let node = topology.node_of[opts.rank];
+    let local: Vec<usize> = (0..opts.size)
+        .filter(|&r| topology.node_of[r] == node)
+        .collect();
+    let one_host = local.len() == opts.size;
+    if opts.transport == TransportChoice::Shm && !one_host {
+        return Err(Error::Config {
+            var: "KOLO_TRANSPORT".into(),
+            value: "shm".into(),
+            reason: format!(
+                "shared memory needs every rank on one host, but the ranks are on {} nodes",
+                topology.node_of.iter().max().map_or(1, |m| m + 1)
+            ),
+        });
+    }
+    let use_shm = opts.transport != TransportChoice::Tcp && local.len() > 1;
+    let connect_shm = || -> Result<ShmTransport> {
+        let mut shm_opts = opts.shm.clone();
+        shm_opts.connect_timeout = timeout;
+        shm_opts.heartbeat_timeout = opts.heartbeat_timeout;
+        let local_rank = local.iter().position(|&r| r == opts.rank).unwrap_or(0);
+        ShmTransport::connect(
+            &*store,
+            &format!("{prefix}/node{node}"),
+            &shm_name_prefix(&opts.job_id),
+            local_rank,
+            local.len(),
+            &shm_opts,
+        )
+    };
+    let transport: Arc<dyn Transport> = if use_shm && one_host {
+        Arc::new(connect_shm()?)
+    } else {
+        let tcp = TcpOptions {
+            listen: opts.listen.unwrap_or(listen),
+            advertise: opts.advertise.unwrap_or(advertise),
+            connect_timeout: timeout,
+            secret: kolo_store::JobSecret::from_env(),
+            heartbeat_timeout: opts.heartbeat_timeout,
+            ..TcpOptions::default()
+        };
+        let tcp = TcpTransport::connect(&*store, &prefix, opts.rank, opts.size, &tcp)?;
+        if use_shm {
+            Arc::new(HybridTransport::new(
+                connect_shm()?,
+                local.clone(),
+                Box::new(tcp),
+            ))
+        } else {
+            Arc::new(tcp)
+        }
+    };
+    Ok(Communicator::from_parts(
+        transport,
+        members,
+        opts.rank,
+        WORLD_GROUP,
+        topology,
+        opts.config,
+        server,
+    ))
+}
+
+/// Start of the names of a job's shared-memory segments (see [`kolo_transport::shm::name_prefix`]).
+pub fn shm_name_prefix(job_id: &str) -> String {
+    kolo_transport::shm::name_prefix(job_id)
+}
+
+/// A world of `size` ranks that are threads of this process, connected through shared memory (as
+/// processes of one host are); give one communicator to each thread.
+pub fn shm_communicators(size: usize, config: Config) -> Result<Vec<Communicator>> {
+    Ok(thread_world(
+        shm_world(size, &ShmOptions::from_env()?)?,
+        config,
+    ))
+}
+
+/// A world of `size` ranks that are threads of this process (the local transport); give one
+/// communicator to each thread.
+pub fn local_communicators(size: usize, config: Config) -> Vec<Communicator> {
+    thread_world(local_world(size), config)
+}
+
+/// World communicators over `transports`, the endpoints of one world in rank order, all on one node.
+fn thread_world<T: Transport + 'static>(transports: Vec<T>, config: Config) -> Vec<Communicator> {
+    let size = transports.len();
+    let topo = Arc::new(Topology::single_node(size));
+    transports
+        .into_iter()
+        .enumerate()
+        .map(|(rank, t)| {
+            Communicator::from_parts(
+                Arc::new(t),
+                (0..size).collect(),
+                rank,
+                WORLD_GROUP,
+                topo.clone(),
+                config.clone(),
+                None,
+            )
+        })
+        .collect()
+}
+
+/// Runs `f` on `size` threads, each with its rank's communicator of a local world, and returns each
+/// rank's result in rank order (a panicking rank gives `Err` with the panic's message; the others see
+/// it as a lost peer instead of waiting).
+pub fn run_local<R, F>(size: usize, config: Config, f: F) -> Vec<std::result::Result<R, String>>
+where
+    R: Send,
+    F: Fn(Communicator) -> R + Sync,
+{
+    let comms = local_communicators(size, config);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = comms
+            .into_iter()
+            .map(|c| {
+                let f = &f;
+                s.spawn(move || f(c))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().map_err(|p| {
+                    p.downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| p.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "panicked".into())
+                })
+            })
+            .collect()
+    })
+}
