@@ -18,6 +18,7 @@ fn main() -> ExitCode {
             // No communicator, so no rank from it: take the launcher's.
             let rank = std::env::var("RANK").unwrap_or_else(|_| "?".into());
             eprintln!("rank {rank}: error: {e}");
+            kolo::error_file::record_error(&e.to_string()); // shown by torchrun
             ExitCode::FAILURE
         }
     }

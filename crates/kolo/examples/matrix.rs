@@ -50,22 +50,25 @@ fn main() -> ExitCode {
         Err(e) => {
             let rank = std::env::var("RANK").unwrap_or_else(|_| "?".into());
             eprintln!("rank {rank}: error: {e}");
+            kolo::error_file::record_error(&e.to_string()); // shown by torchrun
             return ExitCode::FAILURE;
         }
     };
     let (rank, size) = (comm.rank(), comm.size());
     // Checked on every rank, so that no rank waits in the scatter for one that gave up.
     if (N / size) * size != N {
-        eprintln!(
-            "rank {rank}: error: world size {size} does not divide the {N} elements; \
-             run with 1, 2, 4 or 8 processes"
+        let msg = format!(
+            "world size {size} does not divide the {N} elements; run with 1, 2, 4 or 8 processes"
         );
+        eprintln!("rank {rank}: error: {msg}");
+        kolo::error_file::record_error(&msg);
         return ExitCode::from(2);
     }
     match run(&comm) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("rank {rank}: error: {e}");
+            kolo::error_file::record_error(&e.to_string()); // shown by torchrun
             ExitCode::FAILURE
         }
     }

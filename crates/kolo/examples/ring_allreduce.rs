@@ -19,6 +19,9 @@
 //! Run: `kolo run -n 4 -- target/release/examples/ring_allreduce [--count N] [--iters K]`
 //! (defaults: 1,000,003 `f32`s, odd on purpose so that chunks differ in length; 20 timed iterations
 //! after one warm-up). Rank 0 prints the median times; the exit code is 1 if the results differ.
+//!
+//! `--short-rank R` makes rank R pass one element fewer to `all_reduce`, the kind of bug that hangs
+//! other libraries: kolo stops every rank with an error naming both calls.
 
 use std::error::Error;
 use std::ops::Range;
@@ -27,23 +30,28 @@ use std::time::{Duration, Instant};
 
 use kolo::{Communicator, ReduceOp};
 
-const USAGE: &str = "usage: ring_allreduce [--count N] [--iters K]";
+const USAGE: &str = "usage: ring_allreduce [--count N] [--iters K] [--short-rank R]";
 
 struct Args {
     count: usize,
     iters: usize,
+    /// This rank all-reduces one element fewer (a deliberate mismatch).
+    short_rank: Option<usize>,
 }
 
 fn parse_args() -> Result<Args, String> {
     let mut args = Args {
         count: 1_000_003,
         iters: 20,
+        short_rank: None,
     };
+    let mut short = usize::MAX;
     let mut argv = std::env::args().skip(1);
     while let Some(arg) = argv.next() {
         let slot = match arg.as_str() {
             "--count" => &mut args.count,
             "--iters" => &mut args.iters,
+            "--short-rank" => &mut short,
             _ => return Err(format!("unknown argument {arg:?}; {USAGE}")),
         };
         let value = argv
@@ -56,6 +64,7 @@ fn parse_args() -> Result<Args, String> {
     if args.iters == 0 {
         return Err("--iters must be at least 1".into());
     }
+    args.short_rank = (short != usize::MAX).then_some(short);
     Ok(args)
 }
 
@@ -128,7 +137,10 @@ fn run(comm: &Communicator) -> Result<bool, Box<dyn Error>> {
     let (ring_time, ring) = bench(comm, &args, |data, iter| {
         ring_all_reduce(comm, data, iter as u64 * steps)
     })?;
-    let (kolo_time, kolo) = bench(comm, &args, |data, _| comm.all_reduce(data, ReduceOp::Sum))?;
+    let (kolo_time, kolo) = bench(comm, &args, |data, _| {
+        let n = data.len() - usize::from(args.short_rank == Some(rank) && !data.is_empty());
+        comm.all_reduce(&mut data[..n], ReduceOp::Sum)
+    })?;
 
     let differ = ring.iter().zip(&kolo).position(|(a, b)| a != b);
     if let Some(i) = differ {
@@ -163,6 +175,7 @@ fn main() -> ExitCode {
         Err(e) => {
             let rank = std::env::var("RANK").unwrap_or_else(|_| "?".into());
             eprintln!("rank {rank}: error: {e}");
+            kolo::error_file::record_error(&e.to_string()); // shown by torchrun
             return ExitCode::FAILURE;
         }
     };
@@ -171,6 +184,7 @@ fn main() -> ExitCode {
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {
             eprintln!("rank {}: error: {e}", comm.rank());
+            kolo::error_file::record_error(&e.to_string());
             ExitCode::FAILURE
         }
     }

@@ -443,6 +443,8 @@ impl Inner {
         *f = Some(Arc::new(e.duplicate()));
         self.has_failed.store(true, Ordering::Release);
         drop(f);
+        // Under torchrun, the first failure is what its summary shows as the root cause.
+        crate::error_file::record_error(&e.to_string());
         // A peer's abort already reached everyone; echoing it would only add noise.
         if !matches!(e, Error::Aborted { by, .. } if by != self.rank) {
             self.transport.abort(&e.to_string());

@@ -28,6 +28,7 @@
 mod collectives;
 mod communicator;
 pub mod config;
+pub mod error_file;
 mod group;
 mod init;
 mod object;

@@ -137,7 +137,8 @@ impl TrainArgs {
             out: self
                 .out
                 .clone()
-                .or_else(|| std::env::var_os(RUN_DIR_ENV).map(PathBuf::from)),
+                .or_else(|| std::env::var_os(RUN_DIR_ENV).map(PathBuf::from))
+                .or_else(|| self.torchrun_run_dir()),
             resume: self.resume || restart_count() > 0,
             train_limit: self.train_limit,
             test_limit: self.test_limit,
@@ -147,18 +148,39 @@ impl TrainArgs {
     }
 }
 
+impl TrainArgs {
+    /// Under torchrun without `--out`: `runs/MODEL-DATASET-RUN_ID`, the same for every attempt of
+    /// the job so that a restarted group finds its checkpoints. torchrun's run id is unique with
+    /// `--standalone` or a c10d rendezvous; with the default `none` (static rendezvous) rank 0
+    /// makes a fresh directory, and restarts need `--out` to resume.
+    fn torchrun_run_dir(&self) -> Option<PathBuf> {
+        let id = std::env::var("TORCHELASTIC_RUN_ID").ok()?;
+        let id = id.trim();
+        if id.is_empty() || id == "none" || id.contains('/') {
+            return None;
+        }
+        Some(PathBuf::from("runs").join(format!("{}-{}-{id}", self.model, self.dataset)))
+    }
+}
+
 fn worker(args: &TrainArgs) -> ExitCode {
     let comm = match kolo::init() {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("kolo train: worker could not join the job: {e}");
+            let msg = format!("kolo train: worker could not join the job: {e}");
+            eprintln!("{msg}");
+            kolo::error_file::record_error(&msg);
             return ExitCode::FAILURE;
         }
     };
     match trainer::run(&comm, &args.config()) {
         Ok(_) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("kolo train: rank {}: {e}", comm.rank());
+            let msg = format!("kolo train: rank {}: {e}", comm.rank());
+            eprintln!("{msg}");
+            // Under torchrun: its summary shows this (unless the communicator's own failure,
+            // the root cause, was written first).
+            kolo::error_file::record_error(&msg);
             ExitCode::FAILURE
         }
     }
@@ -167,9 +189,12 @@ fn worker(args: &TrainArgs) -> ExitCode {
 /// Environment variable by which the launching `kolo train` hands its workers the run directory.
 const RUN_DIR_ENV: &str = "KOLO_TRAIN_RUN_DIR";
 
+/// How many times the launcher restarted the worker group: `kolo run`'s `KOLO_RESTART_COUNT` or
+/// torchrun's `TORCHELASTIC_RESTART_COUNT` (a restarted group resumes from its checkpoint).
 fn restart_count() -> usize {
-    std::env::var("KOLO_RESTART_COUNT")
-        .ok()
+    ["KOLO_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok())
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(0)
 }
