@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole kolo test suite, from a fresh machine with Rust installed: installs what it needs (data;
-# OpenMPI and libclang for the MPI backend), then lints (fmt, clippy, docs), runs every unit,
-# integration, property and doc test, the end-to-end launcher checks, and the MPI backend's tests and
-# end-to-end checks under mpirun. Exits non-zero on the first failing stage.
+# OpenMPI and libclang for the MPI backend; PyTorch's torchrun), then lints (fmt, clippy, docs), runs
+# every unit, integration, property and doc test, the end-to-end launcher checks (kolo run, torchrun,
+# srun), and the MPI backend's tests and end-to-end checks under mpirun. Exits non-zero on the first failing stage.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,6 +32,11 @@ if ((${#need[@]})); then
 fi
 mpirun --version | head -1
 
+stage "torchrun (PyTorch 2.15 from PyPI, for the launcher checks)"
+KOLO_TORCHRUN=$(scripts/install-torch.sh)
+export KOLO_TORCHRUN
+echo "$KOLO_TORCHRUN"
+
 stage "format"
 cargo fmt --all -- --check
 
@@ -53,6 +58,9 @@ stage "end-to-end: kolo run and kolo train with the examples"
 # The test build already holds these (same profile settings), so this adds little.
 cargo build --workspace --bins --examples --locked
 scripts/e2e.sh target/debug
+
+stage "end-to-end: the same programs under torchrun and srun"
+scripts/e2e-launchers.sh target/debug
 
 # The MPI backend: the same crates built with the `mpi` feature (a second build of the kolo crates).
 MPI_FEATURES=kolo/mpi,kolo-train/mpi,kolo-cli/mpi
