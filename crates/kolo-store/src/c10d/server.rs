@@ -30,9 +30,9 @@ struct Shared {
 }
 
 /// A key-value store server speaking PyTorch's c10d `TCPStore` protocol (see the [module
-/// documentation](crate::c10d)), so that PyTorch's `TCPStore` clients and [`C10dStore`]
-/// (crate::C10dStore) can share it, as torchrun's agent store is shared. Thread per connection;
-/// stops on [`C10dStoreServer::shutdown`] or drop.
+/// documentation](crate::c10d)), so that PyTorch's `TCPStore` clients and
+/// [`C10dStore`](crate::C10dStore) can share it, as torchrun's agent store is shared. Thread per
+/// connection; stops on [`C10dStoreServer::shutdown`] or drop.
 #[derive(Debug)]
 pub struct C10dStoreServer {
     addr: SocketAddr,

@@ -74,7 +74,7 @@ impl InitMethod {
     }
 }
 
-/// Everything [`init_with`] needs; [`InitOptions::from_env`] reads it from the environment.
+/// Everything [`init_with`](super::init_with) needs; [`InitOptions::from_env`] reads it from the environment.
 #[derive(Clone, Debug)]
 pub struct InitOptions {
     /// Rendezvous.
