@@ -245,6 +245,22 @@ check_torchrun_two_hosts() {
     ok "$name"
 }
 
+# kolo's c10d store server (the stand-in for torchrun's store in the test suite) against PyTorch's
+# own TCPStore client.
+check_c10d_server() {
+    local name="kolo's c10d store server answers PyTorch's TCPStore client"
+    local py server=$BIN/examples/c10d_server
+    py=$(dirname "$TORCHRUN")/python
+    if [[ ! -x $server || ! -x $py ]]; then
+        echo "skip - $name: needs $server and torchrun's python"
+        return
+    fi
+    rc=0
+    out=$(timeout 60 "$py" "$here/check_c10d_server.py" "$server" 2>&1) || rc=$?
+    if ((rc != 0)); then fail "$name" "exit code $rc"; return; fi
+    ok "$name ($(grep -o '[0-9]* passed' <<<"$out"))"
+}
+
 check_srun() {
     local name="srun (stand-in, SLURM variables only): matrix finds its rendezvous from the node list"
     rc=0
@@ -288,6 +304,7 @@ if [[ -z $TORCHRUN ]]; then
 else
     echo "# torchrun: $TORCHRUN ($("$TORCHRUN" --help >/dev/null 2>&1 && echo runs || echo broken))"
 
+
     check_torchrun_matrix
     check_torchrun_c10d
     check_torchrun_train
@@ -295,6 +312,7 @@ else
     check_torchrun_killed
     check_torchrun_restart
     check_torchrun_two_hosts
+    check_c10d_server
 fi
 
 echo "e2e-launchers: $passed passed, $failed failed"
