@@ -303,8 +303,6 @@ if [[ -z $TORCHRUN ]]; then
     echo "skip - torchrun checks: no torchrun (set KOLO_TORCHRUN, or run scripts/install-torch.sh)"
 else
     echo "# torchrun: $TORCHRUN ($("$TORCHRUN" --help >/dev/null 2>&1 && echo runs || echo broken))"
-
-
     check_torchrun_matrix
     check_torchrun_c10d
     check_torchrun_train
