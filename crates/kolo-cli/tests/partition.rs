@@ -56,19 +56,18 @@ fn free_port() -> u16 {
     listener.local_addr().expect("local addr").port()
 }
 
-/// Starts node `rank`'s launcher with one worker that writes its pid to `dir/pid.RANK` and sleeps.
-fn launcher(rank: usize, port: u16, dir: &Path) -> Child {
+/// Starts node `rank`'s launcher with one worker that writes its pid to `dir/pid.RANK` and then runs
+/// `then` (a shell command).
+fn launcher(rank: usize, port: u16, dir: &Path, then: &str) -> Child {
+    let script = format!(
+        "echo $$ > \"$DIR/pid.$RANK.tmp\" && mv \"$DIR/pid.$RANK.tmp\" \"$DIR/pid.$RANK\" && {then}"
+    );
     Command::new(env!("CARGO_BIN_EXE_kolo"))
         .args(["run", "-n", "1", "--nnodes", "2", "--node-rank"])
         .arg(rank.to_string())
         .args(["--master-addr", "127.0.0.1", "--master-port"])
         .arg(port.to_string())
-        .args([
-            "--",
-            "sh",
-            "-c",
-            "echo $$ > \"$DIR/pid.$RANK.tmp\" && mv \"$DIR/pid.$RANK.tmp\" \"$DIR/pid.$RANK\" && exec sleep 60",
-        ])
+        .args(["--", "sh", "-c", &script])
         .env("DIR", dir)
         .env("KOLO_JOB_SECRET", "partition-test")
         .stdin(Stdio::null())
@@ -110,13 +109,15 @@ fn is_alive(pid: i32) -> bool {
     }
 }
 
-#[test]
-fn both_launchers_stop_within_10_s_of_a_partition_naming_what_they_lost() {
+/// Runs two launchers whose workers run `then`, cuts the link between them once both workers run
+/// (creating `DIR/cut`), and checks that both launchers exit non-zero within 10 s of the cut, naming
+/// what they lost, with no worker left. Returns how long each took.
+fn partition(then: &str) -> [Duration; 2] {
     let dir = tempfile::tempdir().expect("a temp dir");
     let port = free_port();
     let (proxy_port, cut) = proxy(SocketAddr::from(([127, 0, 0, 1], port)));
-    let mut node0 = launcher(0, port, dir.path());
-    let mut node1 = launcher(1, proxy_port, dir.path());
+    let mut node0 = launcher(0, port, dir.path(), then);
+    let mut node1 = launcher(1, proxy_port, dir.path(), then);
     let pid_file = |rank: usize| dir.path().join(format!("pid.{rank}"));
     let started = Instant::now();
     while !(pid_file(0).exists() && pid_file(1).exists()) {
@@ -139,6 +140,7 @@ fn both_launchers_stop_within_10_s_of_a_partition_naming_what_they_lost() {
     thread::sleep(Duration::from_secs(1));
     cut.store(true, Ordering::SeqCst);
     let cut_at = Instant::now();
+    std::fs::write(dir.path().join("cut"), b"").expect("writes the cut mark");
 
     let status1 = exit_within(&mut node1, Duration::from_secs(10));
     let took1 = cut_at.elapsed();
@@ -163,4 +165,22 @@ fn both_launchers_stop_within_10_s_of_a_partition_naming_what_they_lost() {
     for pid in pids {
         assert!(!is_alive(pid), "worker pid {pid} outlived its launcher");
     }
+    [took0, took1]
+}
+
+#[test]
+fn both_launchers_stop_within_10_s_of_a_partition_naming_what_they_lost() {
+    // Workers that never notice: the launchers' own watch stops them.
+    let [took0, took1] = partition("exec sleep 60");
+    eprintln!("after the cut: node 0 exited in {took0:?}, node 1 in {took1:?}");
+}
+
+#[test]
+fn workers_failing_first_still_name_the_lost_store_and_node() {
+    // Workers that notice their lost peer 4 s after the cut (kolo's own do so after 6 s), before
+    // the launchers' watch: node 0 blames the silent node 1, node 1 still names the store it lost.
+    let [took0, took1] = partition(
+        "while [ ! -e \"$DIR/cut\" ]; do sleep 0.05; done; sleep 4; echo lost my peer >&2; exit 1",
+    );
+    eprintln!("after the cut: node 0 exited in {took0:?}, node 1 in {took1:?}");
 }
