@@ -271,6 +271,49 @@ check_two_hosts() {
     ok "$name"
 }
 
+# A network partition between two hosts training together (one worker each): both ends of the veth
+# pair go down mid-training. Both launchers must exit non-zero within 10 s of the cut, node 1's naming
+# the store it lost (on node 0) and node 0's naming node 1, and no process may be left on either.
+check_partition() {
+    local name="partition: both launchers of kolo train --nnodes 2 exit within 10 s of a cut link"
+    local here
+    here=$(cd "$(dirname "$0")" && pwd)
+    rc=0
+    out=$("$here/netns-partition.sh" "$KOLO" 1 "epoch +1/" -- train --model mlp --dataset synthetic \
+        --train-limit 1024 --test-limit 256 --epochs 1000 --batch-size 32 --no-progress \
+        --out "$TMP/partition" 2>&1) || rc=$?
+    if ((rc == 77)); then
+        echo "skip - $name: $(tail -1 <<<"$out")"
+        return
+    fi
+    if ((rc != 0)); then fail "$name" "the cut was not made (exit code $rc)"; return; fi
+    local r line code took times=""
+    for r in 0 1; do
+        line=$(grep "^partition: node $r exit " <<<"$out" || true)
+        code=$(awk '{ print $5 }' <<<"$line")
+        took=$(awk '{ print $7 }' <<<"$line")
+        if [[ -z $code || $code == 0 ]]; then fail "$name" "node $r's launcher exited with '$code'"; return; fi
+        if ! awk -v t="$took" 'BEGIN { exit !(t <= 10) }'; then
+            fail "$name" "node $r's launcher took ${took} s after the cut"
+            return
+        fi
+        times+="${times:+, }node $r ${took} s"
+    done
+    if grep -q "^partition: .* left a process" <<<"$out"; then
+        fail "$name" "a process was left behind"
+        return
+    fi
+    if ! grep -Eq "^\[node 1\] kolo run: (stopping workers: )?lost the rendezvous store at 10\.77\.0\.1:[0-9]+ \(node 0\)" <<<"$out"; then
+        fail "$name" "node 1's launcher did not name the store it lost"
+        return
+    fi
+    if ! grep -q "^\[node 0\] kolo run: the job failed first at node 1 .*stopped responding" <<<"$out"; then
+        fail "$name" "node 0's launcher did not name node 1 as lost"
+        return
+    fi
+    ok "$name ($times)"
+}
+
 # --nnodes 1:2 --max-restarts 1: two launchers (pretend hosts on loopback); node 1's launcher is
 # SIGKILLed mid-job (its workers die with it); node 0 restarts alone, re-ranked, and finishes.
 check_elastic_nodes() {
@@ -311,6 +354,7 @@ check_elastic_nodes() {
 
 check_hello
 check_two_hosts
+check_partition
 check_elastic_nodes
 check_train
 check_elastic_train

@@ -13,32 +13,10 @@ if [[ ${1:-} == --hosts ]]; then mode=hosts; shift; fi
 KOLO=$1 NPROC=$2
 shift 3
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=scripts/netns-lib.sh
+source "$here/netns-lib.sh"
 tag="kolo$$"
-ns0="$tag-h0" ns1="$tag-h1"
-cleanup() {
-    ip netns del "$ns0" 2>/dev/null || true
-    ip netns del "$ns1" 2>/dev/null || true
-}
-trap cleanup EXIT
-if ! ip netns add "$ns0" 2>/dev/null || ! ip netns add "$ns1" 2>/dev/null; then
-    echo "netns: cannot create network namespaces here (needs root and iproute2)" >&2
-    exit 77
-fi
-wire() {
-    ip link add "$tag-a" type veth peer name "$tag-b" &&
-        ip link set "$tag-a" netns "$ns0" &&
-        ip link set "$tag-b" netns "$ns1" &&
-        ip -n "$ns0" addr add 10.77.0.1/24 dev "$tag-a" &&
-        ip -n "$ns1" addr add 10.77.0.2/24 dev "$tag-b" &&
-        ip -n "$ns0" link set lo up &&
-        ip -n "$ns1" link set lo up &&
-        ip -n "$ns0" link set "$tag-a" up &&
-        ip -n "$ns1" link set "$tag-b" up
-}
-if ! wire 2>/dev/null; then
-    echo "netns: cannot make a veth pair between the namespaces here" >&2
-    exit 77
-fi
+netns_up "$tag"
 
 out=$(mktemp -d)
 if [[ $mode == hosts ]]; then
@@ -53,7 +31,7 @@ export KOLO_JOB_SECRET=${KOLO_JOB_SECRET:-$(head -c 16 /dev/urandom | od -An -tx
 port=$((29000 + $$ % 1000))
 for r in 0 1; do
     ns=$([[ $r == 0 ]] && echo "$ns0" || echo "$ns1")
-    iface=$([[ $r == 0 ]] && echo "$tag-a" || echo "$tag-b")
+    iface=$([[ $r == 0 ]] && echo "$if0" || echo "$if1")
     ip netns exec "$ns" timeout 120 "$KOLO" run -n "$NPROC" --nnodes 2 --node-rank "$r" \
         --master-addr 10.77.0.1 --master-port "$port" --iface "$iface" -- "$@" \
         >"$out/node$r.log" 2>&1 &

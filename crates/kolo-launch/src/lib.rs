@@ -40,6 +40,7 @@ pub mod remote;
 pub mod rendezvous;
 mod spawn;
 mod supervise;
+pub mod watch;
 
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -57,6 +58,10 @@ use supervise::StopCause;
 /// How long the launcher waits, after all workers have exited, for their
 /// output to be forwarded completely.
 const OUTPUT_DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A node whose heartbeat has stood still this long when this node's workers fail is taken as the
+/// cause (workers notice a lost peer after their own heartbeat timeout, 6 s by default).
+const SILENT: Duration = Duration::from_secs(3);
 
 /// Runs the job described by `cfg` and returns once every worker is gone.
 ///
@@ -172,16 +177,9 @@ fn launch_nodes(
         None
     };
     let endpoint = cfg.endpoint(port);
-    let store: std::sync::Arc<dyn kolo_store::Store> = std::sync::Arc::new(
-        kolo_store::TcpStore::connect_with_secret(
-            &endpoint,
-            cfg.rdzv_timeout,
-            kolo_store::JobSecret::new(secret.as_bytes()),
-        )
-        .map_err(|source| LaunchError::Rendezvous {
-            reason: format!("cannot reach the store at {endpoint}: {source}"),
-        })?,
-    );
+    let store: std::sync::Arc<dyn kolo_store::Store> =
+        std::sync::Arc::new(watch::connect(&endpoint, cfg.rdzv_timeout, &secret)?);
+    let store_at = format!("{endpoint} (node 0)");
     let job_id = rendezvous::job_id(&*store, &spawn::new_job_id())?;
     let host = net::hostname();
     if addr.is_none() {
@@ -241,23 +239,26 @@ fn launch_nodes(
             nnodes: round.nnodes,
             addr,
         };
-        let watch = rendezvous::Watch::start(store.clone(), &round);
+        let watch = watch::Watch::start(store.clone(), &round, &store_at);
         let mut outcome = run_group(cfg, &job, signals, &mut || watch.reason())?;
-        drop(watch);
         outcome.restarts = restart;
-        let local = outcome.root_cause().map(|r| {
-            format!(
+        // A node silent for a while when this node's workers failed is what they lost.
+        let silent = watch.silent_nodes(SILENT);
+        if let Some(lost) = watch.finish() {
+            // Cut off from the store (and node 0 with it): nobody can be told, and there is no
+            // round to restart in.
+            if outcome.remote_failure.as_deref() != Some(lost.as_str()) {
+                supervise::report(format_args!("{lost}"));
+            }
+            outcome.remote_failure = Some(lost);
+            return Ok(outcome);
+        }
+        let local = outcome.root_cause().map(|r| match silent.first() {
+            Some(&(node, still)) => watch::lost_node(&round, node, still),
+            None => format!(
                 "node {} ({host}): rank {} (pid {}) failed: {}",
                 round.node_rank, r.rank, r.pid, r.termination
-            )
-        });
-        let local = local.or_else(|| {
-            outcome.interrupted_by.map(|sig| {
-                format!(
-                    "node {} ({host}): the launcher got signal {sig}",
-                    round.node_rank
-                )
-            })
+            ),
         });
         // Workers that exit with an error usually do so because a peer died (maybe on another
         // node): give a node whose worker was killed the chance to record the root cause first.

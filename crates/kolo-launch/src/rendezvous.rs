@@ -9,14 +9,12 @@
 //! - `r{R}/closed`: the number of nodes round R runs with, decided once (all `MAX` nodes joined, or at
 //!   least `MIN` and nobody new for [`SETTLE`]);
 //! - `r{R}/failed`: the first failure anyone saw in round R (set once); `r{R}/alive/{node}`: a counter
-//!   each launcher bumps every second (a launcher whose counter stands still for
-//!   [`HEARTBEAT_TIMEOUT`] is taken as lost); `r{R}/done`: launchers whose workers all succeeded.
+//!   each launcher bumps twice a second (see [`crate::watch`]); `r{R}/finished/{node}` and
+//!   `r{R}/done`: the launchers whose workers all succeeded.
 //!
 //! The node hosting the store keeps it until every node is done, so no worker loses the store early.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread::{self, JoinHandle};
+use std::thread;
 use std::time::{Duration, Instant};
 
 use kolo_store::{CompareSet, Store, StoreError};
@@ -25,12 +23,9 @@ use crate::LaunchError;
 
 /// How long a round stays open for more nodes once `MIN` have joined (elastic jobs).
 pub const SETTLE: Duration = Duration::from_secs(3);
-/// A node whose heartbeat stands still this long is taken as lost.
-pub const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(8);
-const HEARTBEAT: Duration = Duration::from_millis(500);
 const POLL: Duration = Duration::from_millis(50);
 
-fn key(s: String) -> String {
+pub(crate) fn key(s: String) -> String {
     format!("kolo-launch/{s}")
 }
 
@@ -51,6 +46,18 @@ pub struct Round {
     pub nnodes: usize,
     /// The job id shared by every node.
     pub job_id: String,
+    /// Each node's host name, by node rank.
+    pub hosts: Vec<String>,
+}
+
+impl Round {
+    /// `node N (host)`, naming node `node` of this round in messages.
+    pub fn node_name(&self, node: usize) -> String {
+        match self.hosts.get(node) {
+            Some(host) if !host.is_empty() => format!("node {node} ({host})"),
+            _ => format!("node {node}"),
+        }
+    }
 }
 
 /// The job id: the first launcher's `proposal` wins.
@@ -186,9 +193,8 @@ pub fn join(
             });
         }
     }
-    let node_rank = if min == max {
-        // Fixed size: the ranks given, or the order of arrival where none was given.
-        let mut taken = vec![None; closed];
+    let mut taken = vec![None; closed];
+    if min == max {
         for (hint, _, host, _) in &nodes {
             if let Some(h) = hint {
                 if *h >= closed {
@@ -206,33 +212,49 @@ pub fn join(
                 taken[*h] = Some(host.clone());
             }
         }
-        match me.hint {
-            Some(h) => h,
-            None => {
-                // The free ranks, handed out in order of arrival.
-                let free: Vec<usize> = (0..closed).filter(|&k| taken[k].is_none()).collect();
-                let pos = nodes
-                    .iter()
-                    .filter(|(h, ..)| h.is_none())
-                    .position(|(.., i)| *i == idx)
-                    .unwrap_or(0);
-                free[pos.min(free.len().saturating_sub(1))]
+    }
+    // The rank of the i-th node to join.
+    let rank_of = |i: usize| -> usize {
+        if min == max {
+            // Fixed size: the ranks given, or the order of arrival where none was given.
+            match nodes[i].0 {
+                Some(h) => h,
+                None => {
+                    // The free ranks, handed out in order of arrival.
+                    let free: Vec<usize> = (0..closed).filter(|&k| taken[k].is_none()).collect();
+                    let pos = nodes
+                        .iter()
+                        .filter(|(h, ..)| h.is_none())
+                        .position(|(.., j)| *j == i)
+                        .unwrap_or(0);
+                    free.get(pos.min(free.len().saturating_sub(1)))
+                        .copied()
+                        .unwrap_or(0)
+                }
             }
+        } else {
+            // Elastic: the survivors ranked by their hints, then by arrival.
+            let mut order: Vec<(usize, usize)> = nodes
+                .iter()
+                .map(|(h, .., j)| (h.unwrap_or(usize::MAX), *j))
+                .collect();
+            order.sort_unstable();
+            order.iter().position(|&(_, j)| j == i).unwrap_or(0)
         }
-    } else {
-        // Elastic: the survivors ranked by their hints, then by arrival.
-        let mut order: Vec<(usize, usize)> = nodes
-            .iter()
-            .map(|(h, .., i)| (h.unwrap_or(usize::MAX), *i))
-            .collect();
-        order.sort_unstable();
-        order.iter().position(|&(_, i)| i == idx).unwrap_or(0)
     };
+    let node_rank = rank_of(idx);
+    let mut hosts = vec![String::new(); closed];
+    for (i, (_, _, host, _)) in nodes.iter().enumerate() {
+        if let Some(slot) = hosts.get_mut(rank_of(i)) {
+            slot.clone_from(host);
+        }
+    }
     Ok(Round {
         number,
         node_rank,
         nnodes: closed,
         job_id: job_id.to_owned(),
+        hosts,
     })
 }
 
@@ -279,112 +301,11 @@ pub fn wait_all_done(store: &dyn Store, round: usize, nnodes: usize, timeout: Du
     }
 }
 
-/// A thread that keeps this node's heartbeat going during a round and watches the others: it sets
-/// the stop reason when the round fails elsewhere, a node stops responding, or the store is lost.
-#[derive(Debug)]
-pub struct Watch {
-    stop: Arc<AtomicBool>,
-    reason: Arc<Mutex<Option<String>>>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Watch {
-    /// Starts watching `round` as node `me` of `nnodes`.
-    pub fn start(store: Arc<dyn Store>, round: &Round) -> Watch {
-        let stop = Arc::new(AtomicBool::new(false));
-        let reason = Arc::new(Mutex::new(None));
-        let (number, me, n) = (round.number, round.node_rank, round.nnodes);
-        let thread = {
-            let (stop, reason) = (stop.clone(), reason.clone());
-            thread::Builder::new()
-                .name("kolo-launch-watch".into())
-                .spawn(move || {
-                    let set = |why: String| {
-                        let mut r = reason.lock().unwrap_or_else(|p| p.into_inner());
-                        if r.is_none() {
-                            *r = Some(why);
-                        }
-                    };
-                    let mut last: Vec<(i64, Instant)> = vec![(-1, Instant::now()); n];
-                    let mut next_beat = Instant::now();
-                    while !stop.load(Ordering::SeqCst) {
-                        if Instant::now() >= next_beat {
-                            next_beat += HEARTBEAT;
-                            if let Err(e) = store.add(&key(format!("r{number}/alive/{me}")), 1) {
-                                set(format!("lost the rendezvous store: {e}"));
-                                return;
-                            }
-                            for (node, seen) in last.iter_mut().enumerate() {
-                                let finished = store
-                                    .try_get(&key(format!("r{number}/finished/{node}")))
-                                    .ok()
-                                    .flatten()
-                                    .is_some();
-                                if node == me || finished {
-                                    continue;
-                                }
-                                let Ok(v) = store.add(&key(format!("r{number}/alive/{node}")), 0)
-                                else {
-                                    continue;
-                                };
-                                if v != seen.0 {
-                                    *seen = (v, Instant::now());
-                                } else if seen.1.elapsed() >= HEARTBEAT_TIMEOUT {
-                                    let why = format!(
-                                        "node {node} stopped responding (no heartbeat for {} s)",
-                                        HEARTBEAT_TIMEOUT.as_secs()
-                                    );
-                                    let first = fail(&*store, number, &why).unwrap_or(why);
-                                    set(first);
-                                    return;
-                                }
-                            }
-                        }
-                        match failure(&*store, number) {
-                            Ok(Some(why)) => {
-                                set(why);
-                                return;
-                            }
-                            Ok(None) => {}
-                            Err(e) => {
-                                set(format!("lost the rendezvous store: {e}"));
-                                return;
-                            }
-                        }
-                        thread::sleep(POLL * 2);
-                    }
-                })
-                .ok()
-        };
-        Watch {
-            stop,
-            reason,
-            thread,
-        }
-    }
-
-    /// Why the round must stop, once something says so.
-    pub fn reason(&self) -> Option<String> {
-        self.reason
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-}
-
-impl Drop for Watch {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use kolo_store::MemoryStore;
+    use std::sync::Arc;
 
     fn joining(
         hint: Option<usize>,
@@ -434,6 +355,25 @@ mod tests {
             .collect();
         assert_eq!(ranks, vec![2, 0, 1]);
         assert!(got.iter().all(|r| r.as_ref().map(|r| r.nnodes) == Ok(3)));
+        // Every node knows every node's host, by node rank.
+        for r in &got {
+            let r = r.as_ref().expect("joined");
+            assert_eq!(r.hosts, ["h1", "h2", "h0"]);
+            assert_eq!(r.node_name(2), "node 2 (h0)");
+        }
+    }
+
+    #[test]
+    fn nodes_without_a_rank_take_the_free_ones() {
+        let got = round(vec![(None, 1), (Some(0), 1)], (2, 2));
+        let ranks: Vec<usize> = got
+            .iter()
+            .map(|r| r.as_ref().expect("joined").node_rank)
+            .collect();
+        assert_eq!(ranks, vec![1, 0]);
+        assert!(got
+            .iter()
+            .all(|r| r.as_ref().map(|r| r.hosts.clone()) == Ok(vec!["h1".into(), "h0".into()])));
     }
 
     #[test]
@@ -462,6 +402,9 @@ mod tests {
             .collect();
         assert_eq!(ranks, vec![1, 0]);
         assert!(got.iter().all(|r| r.as_ref().map(|r| r.nnodes) == Ok(2)));
+        assert!(got
+            .iter()
+            .all(|r| r.as_ref().map(|r| r.hosts.clone()) == Ok(vec!["h1".into(), "h0".into()])));
     }
 
     #[test]

@@ -1,0 +1,32 @@
+# shellcheck shell=bash
+# Two "hosts" on one machine, sourced by netns-two-hosts.sh and netns-partition.sh: network
+# namespaces $ns0 (10.77.0.1 on $if0) and $ns1 (10.77.0.2 on $if1) joined by a veth pair, no other
+# interface but their own loopback. `netns_up TAG` makes them (deleted again on exit); it exits the
+# calling script with 77 when namespaces cannot be made here (needs root and iproute2).
+
+netns_down() {
+    ip netns del "$ns0" 2>/dev/null || true
+    ip netns del "$ns1" 2>/dev/null || true
+}
+
+netns_up() {
+    local tag=$1
+    ns0="$tag-h0" ns1="$tag-h1" if0="$tag-a" if1="$tag-b"
+    trap netns_down EXIT
+    if ! ip netns add "$ns0" 2>/dev/null || ! ip netns add "$ns1" 2>/dev/null; then
+        echo "netns: cannot create network namespaces here (needs root and iproute2)" >&2
+        exit 77
+    fi
+    if ! { ip link add "$if0" type veth peer name "$if1" &&
+        ip link set "$if0" netns "$ns0" &&
+        ip link set "$if1" netns "$ns1" &&
+        ip -n "$ns0" addr add 10.77.0.1/24 dev "$if0" &&
+        ip -n "$ns1" addr add 10.77.0.2/24 dev "$if1" &&
+        ip -n "$ns0" link set lo up &&
+        ip -n "$ns1" link set lo up &&
+        ip -n "$ns0" link set "$if0" up &&
+        ip -n "$ns1" link set "$if1" up; } 2>/dev/null; then
+        echo "netns: cannot make a veth pair between the namespaces here" >&2
+        exit 77
+    fi
+}
