@@ -67,6 +67,7 @@ mod ext;
 mod file;
 mod kv;
 mod memory;
+mod pool;
 mod prefix;
 mod sys;
 mod tcp;

@@ -2,14 +2,14 @@
 
 use std::io::{self, BufReader, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
-use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use super::{
     put_bytes, query, read_bytes, read_i64, read_u8, send, CHECK_NOT_READY, CHECK_READY, MAX_VALUE,
     STOP_WAITING, VALIDATION_MAGIC, WAIT_CANCELED,
 };
-use crate::deadline::{Backoff, Deadline};
+use crate::deadline::Deadline;
+use crate::pool::{connect_retrying, Attempt, Pool};
 use crate::{add_to_counter, validate_key, validate_value, CompareSet, Store, StoreError};
 
 /// Time allowed for one non-blocking request before the server counts as dead.
@@ -35,11 +35,7 @@ type Conn = BufReader<TcpStream>;
 pub struct C10dStore {
     addr: String,
     io_timeout: Duration,
-    idle: Mutex<Vec<Conn>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
+    pool: Pool<Conn>,
 }
 
 fn socket_timeout(d: Duration) -> Option<Duration> {
@@ -78,29 +74,12 @@ impl C10dStore {
     /// listens yet, for up to `timeout`; then [`StoreError::Connect`] names the address and the
     /// last error. A server that does not answer like a c10d store is [`StoreError::Protocol`].
     pub fn connect(addr: &str, timeout: Duration) -> Result<C10dStore, StoreError> {
-        let deadline = Deadline::after(timeout);
-        let mut backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(200));
-        loop {
-            let last = match open(addr, &deadline, DEFAULT_IO_TIMEOUT) {
-                Ok(conn) => {
-                    return Ok(C10dStore {
-                        addr: addr.to_owned(),
-                        io_timeout: DEFAULT_IO_TIMEOUT,
-                        idle: Mutex::new(vec![conn]),
-                    })
-                }
-                Err(Attempt::Fatal(e)) => return Err(e),
-                Err(Attempt::Retry(e)) => e,
-            };
-            if deadline.expired() {
-                return Err(StoreError::Connect {
-                    addr: addr.to_owned(),
-                    waited: deadline.elapsed(),
-                    source: last,
-                });
-            }
-            backoff.sleep(&deadline);
-        }
+        let conn = connect_retrying(addr, timeout, |d| open(addr, d, DEFAULT_IO_TIMEOUT))?;
+        Ok(C10dStore {
+            addr: addr.to_owned(),
+            io_timeout: DEFAULT_IO_TIMEOUT,
+            pool: Pool::new(Some(conn), MAX_IDLE),
+        })
     }
 
     /// Sets the time allowed for one non-blocking request (and for the server's answer to a
@@ -116,25 +95,13 @@ impl C10dStore {
     }
 
     fn checkout(&self) -> Result<Conn, StoreError> {
-        if let Some(conn) = lock(&self.idle).pop() {
-            return Ok(conn);
-        }
-        let deadline = Deadline::after(self.io_timeout);
-        open(&self.addr, &deadline, self.io_timeout).map_err(|e| match e {
-            Attempt::Fatal(e) => e,
-            Attempt::Retry(source) => StoreError::Connect {
-                addr: self.addr.clone(),
-                waited: deadline.elapsed(),
-                source,
-            },
+        self.pool.take(&self.addr, self.io_timeout, |d| {
+            open(&self.addr, d, self.io_timeout)
         })
     }
 
     fn checkin(&self, conn: Conn) {
-        let mut idle = lock(&self.idle);
-        if idle.len() < MAX_IDLE {
-            idle.push(conn);
-        }
+        self.pool.put(conn);
     }
 
     fn io_error(&self, e: io::Error, waited: Duration) -> StoreError {
@@ -251,11 +218,6 @@ impl C10dStore {
             waited: deadline.elapsed(),
         }))
     }
-}
-
-enum Attempt {
-    Retry(io::Error),
-    Fatal(StoreError),
 }
 
 /// One attempt to connect to `addr`, validate, and check that the server answers like a c10d
