@@ -17,7 +17,10 @@
 mod connect;
 pub mod frame;
 mod live;
+mod posted;
 mod reader;
+#[cfg(test)]
+mod tests;
 
 use std::net::{IpAddr, Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -27,15 +30,16 @@ use std::time::{Duration, Instant};
 
 use crate::{check_rank, io_err};
 use kolo_core::{
-    call::fnv1a, Algorithm, Call, Error, Header, LinkFailure, Mailbox, Message, OpKind, RecvError,
-    Tag, TagSpace, Transport,
+    call::fnv1a, segment_ranges, Algorithm, Call, Error, Header, LinkFailure, Mailbox, Message,
+    OpKind, Received, RecvError, Tag, TagSpace, Transport,
 };
 use kolo_store::{JobSecret, Store};
 
 use connect::{accept_higher, connect_lower};
 use frame::Kind;
 use live::{start_heartbeats, Liveness, Touch};
-use reader::read_loop;
+use posted::{Pool, Posts};
+use reader::Reader;
 
 /// Options of the TCP transport.
 #[derive(Clone, Debug)]
@@ -86,6 +90,8 @@ pub struct TcpTransport {
     links: Arc<Vec<Option<Link>>>,
     aborted: AtomicBool,
     live: Arc<Liveness>,
+    posts: Arc<Posts>,
+    pool: Arc<Pool>,
 }
 
 pub(super) const SETUP_OP: &str = "tcp connect";
@@ -161,6 +167,8 @@ impl TcpTransport {
             quiet: (0..size).map(|p| AtomicBool::new(p == rank)).collect(),
             stop: AtomicBool::new(false),
         });
+        let posts = Arc::new(Posts::new(size));
+        let pool = Arc::new(Pool::default());
         let mut links = Vec::with_capacity(size);
         for (peer, s) in streams.into_iter().enumerate() {
             let Some(s) = s else {
@@ -175,17 +183,22 @@ impl TcpTransport {
             let ctl = s
                 .try_clone()
                 .map_err(io_err(format!("rank {rank}: clone socket to rank {peer}")))?;
-            let mb = mailbox.clone();
-            let max = opts.max_message;
-            let reader = Touch {
+            let stream = Touch {
                 inner: reader,
                 live: live.clone(),
                 peer,
             };
-            let lv = live.clone();
+            let reader = Reader {
+                peer,
+                mailbox: mailbox.clone(),
+                posts: posts.clone(),
+                pool: pool.clone(),
+                max_message: opts.max_message,
+                live: live.clone(),
+            };
             thread::Builder::new()
                 .name(format!("kolo-recv-{rank}-{peer}"))
-                .spawn(move || read_loop(reader, peer, mb, max, lv))
+                .spawn(move || reader.run(stream))
                 .map_err(io_err(format!("rank {rank}: spawn reader thread")))?;
             links.push(Some(Link {
                 writer: Mutex::new(s),
@@ -203,6 +216,8 @@ impl TcpTransport {
             links,
             aborted: AtomicBool::new(false),
             live,
+            posts,
+            pool,
         })
     }
 
@@ -315,12 +330,101 @@ impl Transport for TcpTransport {
         });
     }
 
+    fn recv_posted(
+        &self,
+        peer: usize,
+        tag: &Tag,
+        buf: &mut [u8],
+        segment: usize,
+        deadline: Option<Instant>,
+        meanwhile: &mut dyn FnMut() -> kolo_core::Result<()>,
+        each: &mut dyn FnMut(&mut [u8], Received) -> kolo_core::Result<()>,
+        recv_error: &dyn Fn(RecvError) -> Error,
+    ) -> kolo_core::Result<()> {
+        let ranges: Vec<_> = segment_ranges(buf.len(), segment).collect();
+        let recv = |each: &mut dyn FnMut(&mut [u8], Received) -> kolo_core::Result<()>,
+                    buf: &mut [u8]| {
+            let m = self.mailbox.recv(peer, tag, deadline).map_err(recv_error)?;
+            each(buf, Received::Message(m))
+        };
+        let mut next = 0;
+        // Messages already here (or being read) come first; then the rest of `buf` is posted. Only a
+        // reader thread can fill a posting, so messages to this rank itself take the mailbox.
+        let posted = peer != self.rank
+            && loop {
+                let Some(r) = ranges.get(next) else {
+                    break false;
+                };
+                let start = r.start;
+                if self
+                    .posts
+                    .post(&self.mailbox, peer, tag, &mut buf[start..], segment)
+                {
+                    break true;
+                }
+                recv(each, &mut buf[r.clone()])?;
+                next += 1;
+            };
+        if posted {
+            // Until `unpost` returns, a reader may write into `buf`: end the posting on every path,
+            // unwinding included.
+            let guard = Unpost {
+                posts: &self.posts,
+                mailbox: &self.mailbox,
+                peer,
+                armed: true,
+            };
+            let ran = meanwhile();
+            let outcome = self
+                .posts
+                .unpost(&self.mailbox, peer, deadline, ran.is_ok());
+            guard.disarm();
+            ran?;
+            for header in outcome.map_err(recv_error)?.direct {
+                each(&mut buf[ranges[next].clone()], Received::Direct(header))?;
+                next += 1;
+            }
+        } else {
+            meanwhile()?;
+        }
+        for r in &ranges[next..] {
+            recv(each, &mut buf[r.clone()])?;
+        }
+        Ok(())
+    }
+
+    fn recycle(&self, payload: Vec<u8>) {
+        self.pool.put(payload);
+    }
+
     fn expect(&self, header: &Header) {
         self.mailbox.expect(header);
     }
 
     fn failure(&self) -> Option<LinkFailure> {
         self.mailbox.failure()
+    }
+}
+
+/// Ends a posting when a [`TcpTransport::recv_posted`] is left early (unwinding).
+struct Unpost<'a> {
+    posts: &'a Posts,
+    mailbox: &'a Mailbox,
+    peer: usize,
+    armed: bool,
+}
+
+impl Unpost<'_> {
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Unpost<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let _ = self.posts.unpost(self.mailbox, self.peer, None, false);
+        }
     }
 }
 
