@@ -9,8 +9,12 @@
 //! hostile connection cannot take a rank's place.
 //!
 //! Data path: `send` writes a frame on the peer's connection under a per-connection lock; a reader
-//! thread per connection drains incoming frames into the rank's [`Mailbox`]. Because readers always
-//! drain, sends never wait for the peer to post a receive. An unexpected end of stream (the peer died)
+//! thread per connection drains incoming frames. Because readers always drain, sends never wait for
+//! the peer to post a receive. A payload whose receive is already posted
+//! ([`Transport::recv_posted`], which the ring all-gather uses) is read from the socket straight into
+//! its destination; any other goes into a pooled buffer queued in the rank's [`Mailbox`] (the receiver
+//! gives it back with [`Transport::recycle`] once it has copied or reduced it), so steady traffic
+//! neither allocates nor copies more than once. An unexpected end of stream (the peer died)
 //! fails the mailbox, so every pending and later receive reports the lost rank at once; a `GOODBYE` frame
 //! marks a clean close; an `ABORT` frame carries another rank's error.
 
