@@ -345,6 +345,12 @@ impl Transport for TcpTransport {
         each: &mut dyn FnMut(&mut [u8], Received) -> kolo_core::Result<()>,
         recv_error: &dyn Fn(RecvError) -> Error,
     ) -> kolo_core::Result<()> {
+        if peer >= self.size {
+            return Err(recv_error(RecvError::Link(LinkFailure::PeerLost {
+                peer,
+                reason: format!("no rank {peer} in a world of {}", self.size),
+            })));
+        }
         let ranges: Vec<_> = segment_ranges(buf.len(), segment).collect();
         let recv = |each: &mut dyn FnMut(&mut [u8], Received) -> kolo_core::Result<()>,
                     buf: &mut [u8]| {

@@ -193,3 +193,25 @@ fn a_peer_lost_while_a_receive_is_posted_is_named() {
         Some(LinkFailure::PeerLost { peer: 1, .. })
     ));
 }
+
+#[test]
+fn a_posted_receive_from_no_such_rank_is_an_error() {
+    let (a, _b) = pair();
+    let r = a.recv_posted(
+        7,
+        &header(1).tag,
+        &mut [0u8; 4],
+        4,
+        None,
+        &mut || Ok(()),
+        &mut |_, _| Ok(()),
+        &|e| match e {
+            kolo_core::RecvError::Link(f) => f.into_error("test", 0),
+            kolo_core::RecvError::Timeout => Error::Io {
+                context: "timed out".into(),
+                source: std::io::Error::other("timeout"),
+            },
+        },
+    );
+    assert!(matches!(r, Err(Error::PeerLost { peer: 7, .. })), "{r:?}");
+}
