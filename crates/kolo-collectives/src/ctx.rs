@@ -7,7 +7,8 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use kolo_core::{
-    Arena, Error, Header, Message, OpKind, RecvError, Reducer, Result, Tag, TagSpace, Transport,
+    Arena, Error, Header, Message, OpKind, Received, RecvError, Reducer, Result, Tag, TagSpace,
+    Transport,
 };
 
 /// One collective call on one rank, as seen by an algorithm.
@@ -173,26 +174,33 @@ impl<'a> Ctx<'a> {
             .transport
             .recv(self.members[from], &self.header.tag, self.deadline)
             .map_err(|e| self.recv_error(from, e))?;
-        if msg.header.call != self.header.call {
+        self.accept(from, &msg.header, expected, msg.payload.len())?;
+        Ok(msg)
+    }
+
+    /// Checks a message from group rank `from` (its sender's fingerprint, its length) and confirms it
+    /// when the sender asked for that.
+    fn accept(&self, from: usize, header: &Header, expected: usize, actual: usize) -> Result<()> {
+        if header.call != self.header.call {
             return Err(Error::Mismatch {
                 rank: self.rank,
                 peer: from,
                 local: self.header.call,
-                remote: msg.header.call,
+                remote: header.call,
                 tag: self.header.tag,
             });
         }
-        if msg.payload.len() != expected {
+        if actual != expected {
             return Err(Error::MessageLength {
                 op: self.op(),
                 rank: self.rank,
                 peer: from,
                 expected,
-                actual: msg.payload.len(),
+                actual,
             });
         }
         self.received.fetch_add(1, Ordering::Relaxed);
-        if msg.header.ack {
+        if header.ack {
             let ack = Header {
                 tag: self.ack_tag(),
                 call: self.header.call,
@@ -202,7 +210,7 @@ impl<'a> Ctx<'a> {
                 .send(self.members[from], &ack, &[])
                 .map_err(|f| f.into_error(self.op(), self.rank))?;
         }
-        Ok(msg)
+        Ok(())
     }
 
     /// Receives exactly `expected` bytes from group rank `from`.
@@ -214,6 +222,7 @@ impl<'a> Ctx<'a> {
     pub fn recv_into(&self, from: usize, buf: &mut [u8]) -> Result<()> {
         let m = self.recv_msg(from, buf.len())?;
         buf.copy_from_slice(&m.payload);
+        self.transport.recycle(m.payload);
         Ok(())
     }
 
@@ -221,6 +230,7 @@ impl<'a> Ctx<'a> {
     pub fn recv_reduce(&self, from: usize, buf: &mut [u8], red: &Reducer) -> Result<()> {
         let m = self.recv_msg(from, buf.len())?;
         red.apply(buf, &m.payload);
+        self.transport.recycle(m.payload);
         Ok(())
     }
 
@@ -253,6 +263,55 @@ impl<'a> Ctx<'a> {
             }
         }
         Ok(())
+    }
+}
+
+impl Ctx<'_> {
+    /// Receives into `buf` what `from` sends with [`Ctx::send_segmented`], running `meanwhile` (the
+    /// sends of the same step) after posting `buf`: a transport that can writes the segments that
+    /// arrive after the posting straight into `buf` ([`Transport::recv_posted`]); segments that came
+    /// earlier are copied. Every segment is checked like [`Ctx::recv_into`]'s message.
+    pub fn recv_segmented_posted(
+        &self,
+        from: usize,
+        buf: &mut [u8],
+        elem: usize,
+        meanwhile: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<()> {
+        let seg = (SEGMENT_BYTES / elem).max(1) * elem;
+        self.transport.recv_posted(
+            self.members[from],
+            &self.header.tag,
+            buf,
+            seg,
+            self.deadline,
+            meanwhile,
+            &mut |dst, got| match got {
+                Received::Direct(h) => self.accept(from, &h, dst.len(), dst.len()),
+                Received::Message(m) => {
+                    self.accept(from, &m.header, dst.len(), m.payload.len())?;
+                    dst.copy_from_slice(&m.payload);
+                    self.transport.recycle(m.payload);
+                    Ok(())
+                }
+            },
+            &|e| self.recv_error(from, e),
+        )
+    }
+}
+
+/// `buf[send]` to read and `buf[recv]` to write at once (the ranges must not overlap).
+pub fn split_pair(buf: &mut [u8], send: Range<usize>, recv: Range<usize>) -> (&[u8], &mut [u8]) {
+    if send.end <= recv.start {
+        let (a, b) = buf.split_at_mut(recv.start);
+        (&a[send], &mut b[..recv.end - recv.start])
+    } else {
+        debug_assert!(
+            recv.end <= send.start,
+            "overlapping ranges {send:?} and {recv:?}"
+        );
+        let (a, b) = buf.split_at_mut(send.start);
+        (&b[..send.end - send.start], &mut a[recv])
     }
 }
 

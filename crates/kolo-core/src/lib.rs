@@ -20,4 +20,4 @@ pub use dtype::{DType, Element};
 pub use engine::Engine;
 pub use error::{Error, LinkFailure, RecvError, Result};
 pub use reduce::{ReduceOp, Reducer};
-pub use transport::{Mailbox, Message, Transport};
+pub use transport::{segment_ranges, Mailbox, Message, Received, Transport};

@@ -27,6 +27,17 @@ pub struct Message {
     pub payload: Vec<u8>,
 }
 
+/// How one message of a [`Transport::recv_posted`] arrived.
+#[derive(Debug)]
+pub enum Received {
+    /// Its payload was written straight into its place in the posted buffer (it had exactly the
+    /// expected length); the header it came with.
+    Direct(Header),
+    /// The whole message, for the caller to check and copy (it arrived before the receive was posted,
+    /// or it was not what the posting expected).
+    Message(Message),
+}
+
 /// Moves tagged byte messages between the ranks of one world.
 ///
 /// Ranks here are transport ranks (positions in the world the transport was built for); communicators
@@ -54,11 +65,48 @@ pub trait Transport: Send + Sync + fmt::Debug {
     /// This rank enters the collective of `header` (see [`Mailbox::expect`]); transports with a
     /// mailbox pass it on. The default does nothing.
     fn expect(&self, _header: &Header) {}
+    /// Receives `buf.len()` bytes from `peer` with `tag`, sent as consecutive messages of `segment`
+    /// bytes (the last one shorter; one empty message for an empty `buf`). Posts `buf` first, so that
+    /// a transport can write payloads arriving later straight into it, then runs `meanwhile` (the sends
+    /// that make the peer answer, say), then hands every message to `each` in order with the part of
+    /// `buf` it belongs to, once no transport thread writes into `buf` any more. `recv_error` turns a
+    /// failed wait into the caller's error. The default posts nothing: it receives each message after
+    /// `meanwhile` and hands it over as [`Received::Message`].
+    #[allow(clippy::too_many_arguments)]
+    fn recv_posted(
+        &self,
+        peer: usize,
+        tag: &Tag,
+        buf: &mut [u8],
+        segment: usize,
+        deadline: Option<Instant>,
+        meanwhile: &mut dyn FnMut() -> crate::Result<()>,
+        each: &mut dyn FnMut(&mut [u8], Received) -> crate::Result<()>,
+        recv_error: &dyn Fn(RecvError) -> crate::Error,
+    ) -> crate::Result<()> {
+        meanwhile()?;
+        for r in segment_ranges(buf.len(), segment) {
+            let m = self.recv(peer, tag, deadline).map_err(recv_error)?;
+            each(&mut buf[r], Received::Message(m))?;
+        }
+        Ok(())
+    }
+    /// Gives back the payload of a received message once the caller is done with it; transports that
+    /// read into pooled buffers reuse it (so steady traffic allocates nothing). The default drops it.
+    fn recycle(&self, _payload: Vec<u8>) {}
     /// Memory shared by every rank of this transport's world, when they all run on one host and the
     /// transport maps one (the shared-memory transport does).
     fn arena(&self) -> Option<&dyn crate::Arena> {
         None
     }
+}
+
+/// The byte ranges of the messages a [`Transport::recv_posted`] of `len` bytes in `segment`-byte
+/// messages receives: consecutive, each `segment` long but the last; one empty range when `len` is 0.
+pub fn segment_ranges(len: usize, segment: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
+    let seg = segment.max(1);
+    let count = len.div_ceil(seg).max(1);
+    (0..count).map(move |i| (i * seg).min(len)..((i + 1) * seg).min(len))
 }
 
 #[derive(Debug, Default)]
@@ -136,6 +184,24 @@ impl Mailbox {
             .push_back(msg);
         drop(s);
         self.cond.notify_all();
+    }
+
+    /// Screens a message from `src` whose payload a transport wrote straight into a posted buffer
+    /// (it never enters the queues): a different call under an expected tag fails the mailbox, as
+    /// [`Mailbox::deliver`] would.
+    pub fn screen(&self, src: usize, header: &Header) {
+        let failed = self.lock().screen(src, header);
+        if failed {
+            self.cond.notify_all();
+        }
+    }
+
+    /// Whether a message from `src` with `tag` is queued.
+    pub fn has_queued(&self, src: usize, tag: &Tag) -> bool {
+        self.lock()
+            .queues
+            .get(&(src, *tag))
+            .is_some_and(|q| !q.is_empty())
     }
 
     /// Notes that this rank is now in the collective of `header`: a message with its tag from a

@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use kolo_core::{Header, LinkFailure, Message, RecvError, Tag, Transport};
+use kolo_core::{Error, Header, LinkFailure, Message, Received, RecvError, Tag, Transport};
 
 use crate::shm::ShmTransport;
 
@@ -115,6 +115,37 @@ impl Transport for HybridTransport {
             }),
             None => self.remote.recv(peer, tag, deadline),
         }
+    }
+
+    fn recv_posted(
+        &self,
+        peer: usize,
+        tag: &Tag,
+        buf: &mut [u8],
+        segment: usize,
+        deadline: Option<Instant>,
+        meanwhile: &mut dyn FnMut() -> kolo_core::Result<()>,
+        each: &mut dyn FnMut(&mut [u8], Received) -> kolo_core::Result<()>,
+        recv_error: &dyn Fn(RecvError) -> Error,
+    ) -> kolo_core::Result<()> {
+        match self.local_of.get(peer).copied().flatten() {
+            Some(l) => {
+                self.shm
+                    .recv_posted(l, tag, buf, segment, deadline, meanwhile, each, &|e| {
+                        recv_error(match e {
+                            RecvError::Link(f) => RecvError::Link(self.global(f)),
+                            e => e,
+                        })
+                    })
+            }
+            None => self.remote.recv_posted(
+                peer, tag, buf, segment, deadline, meanwhile, each, recv_error,
+            ),
+        }
+    }
+
+    fn recycle(&self, payload: Vec<u8>) {
+        self.remote.recycle(payload);
     }
 
     fn try_recv(&self, peer: usize, tag: &Tag) -> Result<Option<Message>, LinkFailure> {

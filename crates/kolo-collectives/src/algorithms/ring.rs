@@ -20,7 +20,7 @@ use std::ops::Range;
 
 use kolo_core::{Reducer, Result};
 
-use crate::ctx::even_blocks;
+use crate::ctx::{even_blocks, split_pair};
 use crate::Ctx;
 
 /// Reduce-scatter phase, in place: on return `buf[blocks[rank]]` holds that block reduced over all ranks
@@ -57,8 +57,12 @@ pub fn all_gather_in_place(
     for s in 0..n.saturating_sub(1) {
         let send_b = (r + n - s) % n;
         let recv_b = (r + 2 * n - s - 1) % n;
-        ctx.send_segmented(next, &buf[blocks[send_b].clone()], elem)?;
-        ctx.recv_segmented(prev, &mut buf[blocks[recv_b].clone()], elem, None)?;
+        // The block to receive is posted before this step's send, so that a transport can write
+        // what arrives straight into it.
+        let (out, into) = split_pair(buf, blocks[send_b].clone(), blocks[recv_b].clone());
+        ctx.recv_segmented_posted(prev, into, elem, &mut || {
+            ctx.send_segmented(next, out, elem)
+        })?;
     }
     Ok(())
 }

@@ -140,8 +140,20 @@ pub enum ReadError {
     Invalid(String),
 }
 
-/// Reads one frame, refusing payloads longer than `max_len` before allocating.
-pub fn read_frame(r: &mut impl Read, max_len: u64) -> Result<Frame, ReadError> {
+/// A frame's kind, header and payload length, read before its payload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Prefix {
+    /// Kind.
+    pub kind: Kind,
+    /// Header (meaningful for `Data`).
+    pub header: Header,
+    /// Payload bytes that follow.
+    pub len: usize,
+}
+
+/// Reads a frame's prefix, refusing a payload longer than `max_len` (for data; control frames have
+/// their own small limits) before anything is allocated for it.
+pub fn read_prefix(r: &mut impl Read, max_len: u64) -> Result<Prefix, ReadError> {
     let mut prefix = [0u8; PREFIX_LEN];
     // Distinguish a clean EOF (no byte of the next frame) from a truncated frame.
     let mut got = 0;
@@ -183,21 +195,47 @@ pub fn read_frame(r: &mut impl Read, max_len: u64) -> Result<Frame, ReadError> {
             "{kind:?} frame of {len} bytes exceeds the limit of {limit}"
         )));
     }
-    let len = len as usize;
-    // Memory grows with the bytes that actually arrive, not with what the header announces.
-    let mut payload = Vec::with_capacity(len.min(INITIAL_ALLOCATION));
-    r.take(len as u64)
-        .read_to_end(&mut payload)
-        .map_err(ReadError::Io)?;
-    if payload.len() != len {
-        return Err(ReadError::Io(io::Error::new(
-            io::ErrorKind::UnexpectedEof,
-            format!(
-                "connection closed after {} of {len} payload bytes",
-                payload.len()
-            ),
-        )));
+    let len = usize::try_from(len).map_err(|_| {
+        ReadError::Invalid(format!(
+            "{kind:?} frame of {len} bytes exceeds the address space"
+        ))
+    })?;
+    Ok(Prefix { kind, header, len })
+}
+
+/// Reads a payload of `len` bytes into `payload` (emptied first; a buffer with room to spare is
+/// reused without reallocating). Memory grows with the bytes that actually arrive, not with what the
+/// header announced, so a peer cannot make the receiver reserve more than it sends (plus one step).
+pub fn read_payload(r: &mut impl Read, len: usize, payload: &mut Vec<u8>) -> io::Result<()> {
+    if payload.len() > len {
+        payload.truncate(len);
     }
+    let mut filled = 0;
+    while filled < len {
+        let end = len.min(filled + INITIAL_ALLOCATION);
+        if payload.len() < end {
+            payload.resize(end, 0);
+        }
+        if let Err(e) = r.read_exact(&mut payload[filled..end]) {
+            return Err(if e.kind() == io::ErrorKind::UnexpectedEof {
+                io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!("connection closed inside a payload of {len} bytes"),
+                )
+            } else {
+                e
+            });
+        }
+        filled = end;
+    }
+    Ok(())
+}
+
+/// Reads one frame, refusing payloads longer than `max_len` before allocating.
+pub fn read_frame(r: &mut impl Read, max_len: u64) -> Result<Frame, ReadError> {
+    let Prefix { kind, header, len } = read_prefix(r, max_len)?;
+    let mut payload = Vec::new();
+    read_payload(r, len, &mut payload).map_err(ReadError::Io)?;
     Ok(Frame {
         kind,
         header,

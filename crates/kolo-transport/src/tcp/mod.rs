@@ -9,14 +9,23 @@
 //! hostile connection cannot take a rank's place.
 //!
 //! Data path: `send` writes a frame on the peer's connection under a per-connection lock; a reader
-//! thread per connection drains incoming frames into the rank's [`Mailbox`]. Because readers always
-//! drain, sends never wait for the peer to post a receive. An unexpected end of stream (the peer died)
+//! thread per connection drains incoming frames. Because readers always drain, sends never wait for
+//! the peer to post a receive. A payload whose receive is already posted
+//! ([`Transport::recv_posted`], which the ring all-gather uses) is read from the socket straight into
+//! its destination; any other goes into a pooled buffer queued in the rank's [`Mailbox`] (the receiver
+//! gives it back with [`Transport::recycle`] once it has copied or reduced it), so steady traffic
+//! neither allocates nor copies more than once. An unexpected end of stream (the peer died)
 //! fails the mailbox, so every pending and later receive reports the lost rank at once; a `GOODBYE` frame
 //! marks a clean close; an `ABORT` frame carries another rank's error.
 
+mod connect;
 pub mod frame;
+mod live;
+mod posted;
+mod reader;
+#[cfg(test)]
+mod tests;
 
-use std::io::{BufReader, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -25,13 +34,16 @@ use std::time::{Duration, Instant};
 
 use crate::{check_rank, io_err};
 use kolo_core::{
-    call::fnv1a, Algorithm, Call, Error, Header, LinkFailure, Mailbox, Message, OpKind, RecvError,
-    Tag, TagSpace, Transport,
+    call::fnv1a, segment_ranges, Algorithm, Call, Error, Header, LinkFailure, Mailbox, Message,
+    OpKind, Received, RecvError, Tag, TagSpace, Transport,
 };
-use kolo_store::auth::AuthError;
 use kolo_store::{JobSecret, Store};
 
-use frame::{Frame, Hello, Kind, ReadError, HELLO_LEN};
+use connect::{accept_higher, connect_lower};
+use frame::Kind;
+use live::{start_heartbeats, Liveness, Touch};
+use posted::{Pool, Posts};
+use reader::Reader;
 
 /// Options of the TCP transport.
 #[derive(Clone, Debug)]
@@ -65,52 +77,13 @@ impl Default for TcpOptions {
     }
 }
 
+/// This rank's end of the connection to one peer.
 #[derive(Debug)]
-struct Link {
-    writer: Mutex<TcpStream>,
+pub(super) struct Link {
+    pub(super) writer: Mutex<TcpStream>,
     /// A handle to shut the connection down without the writer's lock.
-    ctl: TcpStream,
+    pub(super) ctl: TcpStream,
 }
-
-/// When each peer was last heard from, shared by the reader threads and the heartbeat threads.
-#[derive(Debug)]
-struct Liveness {
-    epoch: Instant,
-    /// Milliseconds since `epoch` when bytes last came from each peer.
-    last_seen: Vec<AtomicU64>,
-    /// Peers that closed cleanly (or were declared lost): no heartbeat expected.
-    quiet: Vec<AtomicBool>,
-    stop: AtomicBool,
-}
-
-impl Liveness {
-    fn now_ms(&self) -> u64 {
-        self.epoch.elapsed().as_millis() as u64
-    }
-    fn touch(&self, peer: usize) {
-        self.last_seen[peer].store(self.now_ms(), Ordering::Relaxed);
-    }
-}
-
-/// A reader that notes every arrival of bytes (so a long frame keeps its sender alive, too).
-struct Touch {
-    inner: TcpStream,
-    live: Arc<Liveness>,
-    peer: usize,
-}
-
-impl Read for Touch {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        if n > 0 {
-            self.live.touch(self.peer);
-        }
-        Ok(n)
-    }
-}
-
-/// How often an idle link carries a heartbeat frame.
-const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
 
 /// One rank's endpoint of a TCP world. Build it with [`TcpTransport::connect`].
 #[derive(Debug)]
@@ -121,9 +94,11 @@ pub struct TcpTransport {
     links: Arc<Vec<Option<Link>>>,
     aborted: AtomicBool,
     live: Arc<Liveness>,
+    posts: Arc<Posts>,
+    pool: Arc<Pool>,
 }
 
-const SETUP_OP: &str = "tcp connect";
+pub(super) const SETUP_OP: &str = "tcp connect";
 
 impl TcpTransport {
     /// Connects rank `rank` of `size` to all others, meeting them through `store` under `prefix`.
@@ -196,6 +171,8 @@ impl TcpTransport {
             quiet: (0..size).map(|p| AtomicBool::new(p == rank)).collect(),
             stop: AtomicBool::new(false),
         });
+        let posts = Arc::new(Posts::new(size));
+        let pool = Arc::new(Pool::default());
         let mut links = Vec::with_capacity(size);
         for (peer, s) in streams.into_iter().enumerate() {
             let Some(s) = s else {
@@ -210,17 +187,22 @@ impl TcpTransport {
             let ctl = s
                 .try_clone()
                 .map_err(io_err(format!("rank {rank}: clone socket to rank {peer}")))?;
-            let mb = mailbox.clone();
-            let max = opts.max_message;
-            let reader = Touch {
+            let stream = Touch {
                 inner: reader,
                 live: live.clone(),
                 peer,
             };
-            let lv = live.clone();
+            let reader = Reader {
+                peer,
+                mailbox: mailbox.clone(),
+                posts: posts.clone(),
+                pool: pool.clone(),
+                max_message: opts.max_message,
+                live: live.clone(),
+            };
             thread::Builder::new()
                 .name(format!("kolo-recv-{rank}-{peer}"))
-                .spawn(move || read_loop(reader, peer, mb, max, lv))
+                .spawn(move || reader.run(stream))
                 .map_err(io_err(format!("rank {rank}: spawn reader thread")))?;
             links.push(Some(Link {
                 writer: Mutex::new(s),
@@ -238,6 +220,8 @@ impl TcpTransport {
             links,
             aborted: AtomicBool::new(false),
             live,
+            posts,
+            pool,
         })
     }
 
@@ -273,7 +257,7 @@ fn clip(reason: &str) -> &[u8] {
     &reason.as_bytes()[..end]
 }
 
-fn control_header() -> Header {
+pub(super) fn control_header() -> Header {
     Header {
         ack: false,
         tag: Tag {
@@ -282,304 +266,6 @@ fn control_header() -> Header {
             value: 0,
         },
         call: Call::new(OpKind::Send, Algorithm::Direct),
-    }
-}
-
-/// How long a connecting peer gets to finish the secret exchange and its hello.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// The accepting side's checks on one connection: the job secret, then the hello. Runs on a thread of
-/// its own, so a connection that stalls cannot hold up the others.
-fn greet(mut s: TcpStream, secret: &JobSecret) -> Result<(Hello, TcpStream), String> {
-    s.set_nonblocking(false).map_err(|e| e.to_string())?;
-    s.set_read_timeout(Some(HANDSHAKE_TIMEOUT))
-        .map_err(|e| e.to_string())?;
-    s.set_write_timeout(Some(HANDSHAKE_TIMEOUT))
-        .map_err(|e| e.to_string())?;
-    kolo_store::auth::server(&mut s, secret).map_err(|e| match e {
-        AuthError::Io(e) => format!("did not complete the job-secret exchange ({e})"),
-        other => other.to_string(),
-    })?;
-    let mut b = [0u8; HELLO_LEN];
-    s.read_exact(&mut b).map_err(|e| e.to_string())?;
-    let hello = Hello::decode(&b).map_err(str::to_string)?;
-    Ok((hello, s))
-}
-
-fn accept_higher(
-    listener: TcpListener,
-    rank: usize,
-    size: usize,
-    world: u64,
-    expect: usize,
-    deadline: Instant,
-    secret: JobSecret,
-) -> Result<Vec<(usize, TcpStream)>, Error> {
-    let mut got: Vec<(usize, TcpStream)> = Vec::with_capacity(expect);
-    listener
-        .set_nonblocking(true)
-        .map_err(io_err(format!("rank {rank}: listener")))?;
-    let secret = Arc::new(secret);
-    let (tx, rx) = std::sync::mpsc::channel();
-    while got.len() < expect {
-        let mut idle = true;
-        match listener.accept() {
-            Ok((s, from)) => {
-                idle = false;
-                let (tx, secret) = (tx.clone(), secret.clone());
-                let spawned = thread::Builder::new()
-                    .name(format!("kolo-greet-{rank}"))
-                    .spawn(move || {
-                        let _ = tx.send((from, greet(s, &secret)));
-                    });
-                if let Err(e) = spawned {
-                    eprintln!("kolo: rank {rank}: refused connection from {from}: {e}");
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(e) => return Err(io_err(format!("rank {rank}: accept"))(e)),
-        }
-        while let Ok((from, greeted)) = rx.try_recv() {
-            idle = false;
-            let verdict = match greeted {
-                Err(e) => Err(e),
-                Ok((h, _)) if h.world != world || h.size as usize != size => {
-                    Err("belongs to another job or world".to_string())
-                }
-                Ok((h, _)) if (h.rank as usize) <= rank || h.rank as usize >= size => {
-                    Err(format!("claims rank {}, not a higher rank", h.rank))
-                }
-                Ok((h, _)) if got.iter().any(|(p, _)| *p == h.rank as usize) => {
-                    Err(format!("duplicate connection from rank {}", h.rank))
-                }
-                Ok((h, s)) => Ok((h.rank as usize, s)),
-            };
-            match verdict {
-                Ok((peer, mut s)) => {
-                    s.write_all(&[1u8])
-                        .map_err(io_err(format!("rank {rank}: handshake with rank {peer}")))?;
-                    let _ = s.set_read_timeout(None);
-                    let _ = s.set_write_timeout(None);
-                    got.push((peer, s));
-                }
-                Err(why) => {
-                    eprintln!("kolo: rank {rank}: refused connection from {from}: {why}");
-                }
-            }
-        }
-        if idle {
-            if Instant::now() >= deadline {
-                let missing: Vec<usize> = (rank + 1..size)
-                    .filter(|p| !got.iter().any(|(g, _)| g == p))
-                    .collect();
-                return Err(Error::Timeout {
-                    op: SETUP_OP,
-                    rank,
-                    peer: missing.first().copied().unwrap_or(rank),
-                    waited: Duration::ZERO.max(deadline.elapsed()),
-                });
-            }
-            thread::sleep(Duration::from_millis(2));
-        }
-    }
-    Ok(got)
-}
-
-#[allow(clippy::too_many_arguments)]
-fn connect_lower(
-    store: &dyn Store,
-    prefix: &str,
-    rank: usize,
-    size: usize,
-    world: u64,
-    peer: usize,
-    deadline: Instant,
-    secret: &JobSecret,
-) -> Result<TcpStream, Error> {
-    let remaining = deadline.saturating_duration_since(Instant::now());
-    let raw = store.get(&format!("{prefix}/tcp/{peer}"), remaining)?;
-    let text = String::from_utf8_lossy(&raw).to_string();
-    let addr: SocketAddr = text.parse().map_err(|_| Error::Config {
-        var: format!("{prefix}/tcp/{peer}"),
-        value: text.clone(),
-        reason: "not a socket address".into(),
-    })?;
-    let mut backoff = Duration::from_millis(5);
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let attempt = TcpStream::connect_timeout(&addr, left.max(Duration::from_millis(10)))
-            .map_err(AuthError::Io)
-            .and_then(|mut s| {
-                s.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
-                kolo_store::auth::client(&mut s, secret)?;
-                s.write_all(
-                    &Hello {
-                        rank: rank as u32,
-                        size: size as u32,
-                        world,
-                    }
-                    .encode(),
-                )?;
-                let mut ack = [0u8; 1];
-                s.read_exact(&mut ack)?;
-                s.set_read_timeout(None)?;
-                Ok(s)
-            });
-        match attempt {
-            Ok(s) => return Ok(s),
-            Err(e @ (AuthError::Unproven | AuthError::Rejected)) => {
-                return Err(Error::PeerLost {
-                    op: SETUP_OP,
-                    rank,
-                    peer,
-                    reason: format!("connecting to {addr}: {e}"),
-                })
-            }
-            Err(AuthError::Io(_)) if Instant::now() + backoff < deadline => {
-                thread::sleep(backoff);
-                backoff = (backoff * 2).min(Duration::from_millis(200));
-            }
-            Err(e) => {
-                return Err(Error::PeerLost {
-                    op: SETUP_OP,
-                    rank,
-                    peer,
-                    reason: format!("could not connect to {addr}: {e}"),
-                })
-            }
-        }
-    }
-}
-
-/// Starts the two heartbeat threads of a transport: one sends a heartbeat on every idle link each
-/// second, the other fails the mailbox (naming the peer) when a peer has been silent for `timeout`.
-/// Two threads, so that a heartbeat stuck behind a full socket cannot stop the check.
-fn start_heartbeats(
-    rank: usize,
-    links: &Arc<Vec<Option<Link>>>,
-    live: &Arc<Liveness>,
-    mailbox: &Arc<Mailbox>,
-    timeout: Duration,
-) -> Result<(), Error> {
-    let (l, lv) = (links.clone(), live.clone());
-    thread::Builder::new()
-        .name(format!("kolo-beat-{rank}"))
-        .spawn(move || {
-            while !lv.stop.load(Ordering::SeqCst) {
-                for link in l.iter().flatten() {
-                    // A link busy with a send needs no heartbeat.
-                    if let Ok(mut w) = link.writer.try_lock() {
-                        let _ =
-                            frame::write_frame(&mut *w, Kind::Heartbeat, &control_header(), &[]);
-                    }
-                }
-                let mut slept = Duration::ZERO;
-                while slept < HEARTBEAT_EVERY && !lv.stop.load(Ordering::SeqCst) {
-                    thread::sleep(Duration::from_millis(100));
-                    slept += Duration::from_millis(100);
-                }
-            }
-        })
-        .map_err(io_err(format!("rank {rank}: spawn heartbeat thread")))?;
-    let (l, lv, mb) = (links.clone(), live.clone(), mailbox.clone());
-    thread::Builder::new()
-        .name(format!("kolo-watch-{rank}"))
-        .spawn(move || {
-            // Everyone counts as heard from at the start.
-            for p in 0..l.len() {
-                lv.touch(p);
-            }
-            let limit = timeout.as_millis() as u64;
-            while !lv.stop.load(Ordering::SeqCst) {
-                thread::sleep(Duration::from_millis(200));
-                let now = lv.now_ms();
-                for (peer, link) in l.iter().enumerate() {
-                    let Some(link) = link else { continue };
-                    if lv.quiet[peer].load(Ordering::SeqCst) {
-                        continue;
-                    }
-                    let seen = lv.last_seen[peer].load(Ordering::Relaxed);
-                    if now.saturating_sub(seen) > limit {
-                        lv.quiet[peer].store(true, Ordering::SeqCst);
-                        mb.fail(LinkFailure::PeerLost {
-                            peer,
-                            reason: format!(
-                                "nothing (not even a heartbeat) from it for {:.0} s: its process \
-                                 is stopped or hung, or its host is unreachable",
-                                timeout.as_secs_f64()
-                            ),
-                        });
-                        let _ = link.ctl.shutdown(Shutdown::Both);
-                    }
-                }
-            }
-        })
-        .map_err(io_err(format!("rank {rank}: spawn heartbeat thread")))?;
-    Ok(())
-}
-
-fn read_loop(
-    stream: Touch,
-    peer: usize,
-    mailbox: Arc<Mailbox>,
-    max_message: u64,
-    live: Arc<Liveness>,
-) {
-    let mut r = BufReader::with_capacity(256 * 1024, stream);
-    let mut closed_cleanly = false;
-    loop {
-        match frame::read_frame(&mut r, max_message) {
-            Ok(Frame {
-                kind: Kind::Data,
-                header,
-                payload,
-            }) => mailbox.deliver(peer, Message { header, payload }),
-            Ok(Frame {
-                kind: Kind::Heartbeat,
-                ..
-            }) => {}
-            Ok(Frame {
-                kind: Kind::Abort,
-                payload,
-                ..
-            }) => mailbox.fail(LinkFailure::Aborted {
-                by: peer,
-                reason: String::from_utf8_lossy(&payload).into_owned(),
-            }),
-            Ok(Frame {
-                kind: Kind::Goodbye,
-                ..
-            }) => {
-                closed_cleanly = true;
-                live.quiet[peer].store(true, Ordering::SeqCst);
-                mailbox.close_peer(peer);
-            }
-            Err(ReadError::Eof) => {
-                if !closed_cleanly {
-                    mailbox.fail(LinkFailure::PeerLost {
-                        peer,
-                        reason:
-                            "connection closed without goodbye (the process exited or was killed)"
-                                .into(),
-                    });
-                }
-                return;
-            }
-            Err(ReadError::Io(e)) => {
-                if !closed_cleanly {
-                    mailbox.fail(LinkFailure::PeerLost {
-                        peer,
-                        reason: e.to_string(),
-                    });
-                }
-                return;
-            }
-            Err(ReadError::Invalid(reason)) => {
-                mailbox.fail(LinkFailure::Protocol { peer, reason });
-                let _ = r.get_ref().inner.shutdown(Shutdown::Both);
-                return;
-            }
-        }
     }
 }
 
@@ -648,12 +334,107 @@ impl Transport for TcpTransport {
         });
     }
 
+    fn recv_posted(
+        &self,
+        peer: usize,
+        tag: &Tag,
+        buf: &mut [u8],
+        segment: usize,
+        deadline: Option<Instant>,
+        meanwhile: &mut dyn FnMut() -> kolo_core::Result<()>,
+        each: &mut dyn FnMut(&mut [u8], Received) -> kolo_core::Result<()>,
+        recv_error: &dyn Fn(RecvError) -> Error,
+    ) -> kolo_core::Result<()> {
+        if peer >= self.size {
+            return Err(recv_error(RecvError::Link(LinkFailure::PeerLost {
+                peer,
+                reason: format!("no rank {peer} in a world of {}", self.size),
+            })));
+        }
+        let ranges: Vec<_> = segment_ranges(buf.len(), segment).collect();
+        let recv = |each: &mut dyn FnMut(&mut [u8], Received) -> kolo_core::Result<()>,
+                    buf: &mut [u8]| {
+            let m = self.mailbox.recv(peer, tag, deadline).map_err(recv_error)?;
+            each(buf, Received::Message(m))
+        };
+        let mut next = 0;
+        // Messages already here (or being read) come first; then the rest of `buf` is posted. Only a
+        // reader thread can fill a posting, so messages to this rank itself take the mailbox.
+        let posted = peer != self.rank
+            && loop {
+                let Some(r) = ranges.get(next) else {
+                    break false;
+                };
+                let start = r.start;
+                if self
+                    .posts
+                    .post(&self.mailbox, peer, tag, &mut buf[start..], segment)
+                {
+                    break true;
+                }
+                recv(each, &mut buf[r.clone()])?;
+                next += 1;
+            };
+        if posted {
+            // Until `unpost` returns, a reader may write into `buf`: end the posting on every path,
+            // unwinding included.
+            let guard = Unpost {
+                posts: &self.posts,
+                mailbox: &self.mailbox,
+                peer,
+                armed: true,
+            };
+            let ran = meanwhile();
+            let outcome = self
+                .posts
+                .unpost(&self.mailbox, peer, deadline, ran.is_ok());
+            guard.disarm();
+            ran?;
+            for header in outcome.map_err(recv_error)?.direct {
+                each(&mut buf[ranges[next].clone()], Received::Direct(header))?;
+                next += 1;
+            }
+        } else {
+            meanwhile()?;
+        }
+        for r in &ranges[next..] {
+            recv(each, &mut buf[r.clone()])?;
+        }
+        Ok(())
+    }
+
+    fn recycle(&self, payload: Vec<u8>) {
+        self.pool.put(payload);
+    }
+
     fn expect(&self, header: &Header) {
         self.mailbox.expect(header);
     }
 
     fn failure(&self) -> Option<LinkFailure> {
         self.mailbox.failure()
+    }
+}
+
+/// Ends a posting when a [`TcpTransport::recv_posted`] is left early (unwinding).
+struct Unpost<'a> {
+    posts: &'a Posts,
+    mailbox: &'a Mailbox,
+    peer: usize,
+    armed: bool,
+}
+
+impl Unpost<'_> {
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Unpost<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let _ = self.posts.unpost(self.mailbox, self.peer, None, false);
+        }
     }
 }
 

@@ -1,0 +1,276 @@
+//! Receiving straight into the destination: posted receives, and the pool of payload buffers for
+//! the messages that arrive before their receive is posted.
+//!
+//! A rank in [`Transport::recv_posted`](kolo_core::Transport::recv_posted) first takes the messages
+//! already queued (or being read) for its source and tag; then it posts the rest of its buffer here.
+//! The peer's reader thread, having read a data frame's prefix, [claims](Posts::claim) the next
+//! segment of the posting when the frame has the posting's tag and exactly the segment's length, and
+//! reads the payload from the socket straight into it: no buffer allocated, no copy. Any other frame
+//! for that tag closes the posting (it and everything after it go through the mailbox, in order). A
+//! frame read while no posting waits is marked *in flight* until it is in the mailbox, so a receive
+//! posted meanwhile takes it first: messages of one source and tag are received in the order they
+//! were sent, whichever way each arrives.
+//!
+//! The receiver does not return while the reader writes into its buffer (the segment being written
+//! is `busy`); a reader stops writing when its frame is complete or its connection fails, and a
+//! silent peer's connection is shut down by the heartbeat watchdog, so the wait ends.
+
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use kolo_core::{Header, Mailbox, Message, RecvError, Tag};
+
+/// Payloads shorter than this are read into fresh buffers; longer ones reuse pooled ones.
+const POOLED_MIN: usize = 64 * 1024;
+/// Most bytes of idle payload buffers a transport keeps for reuse.
+const POOL_BYTES: usize = 64 << 20;
+
+/// Idle payload buffers, reused by the reader threads so that steady traffic allocates nothing (a
+/// fresh buffer per message costs page faults, and returning it to the system costs more).
+#[derive(Debug, Default)]
+pub(super) struct Pool {
+    bufs: Mutex<(Vec<Vec<u8>>, usize)>,
+}
+
+impl Pool {
+    /// A buffer for a payload of `len` bytes (its contents are overwritten by the read).
+    pub(super) fn take(&self, len: usize) -> Vec<u8> {
+        if len < POOLED_MIN {
+            return Vec::new();
+        }
+        let mut g = self.bufs.lock().unwrap_or_else(|p| p.into_inner());
+        match g.0.pop() {
+            Some(b) => {
+                g.1 -= b.capacity();
+                b
+            }
+            None => Vec::new(),
+        }
+    }
+
+    /// Keeps `buf` for reuse, up to the pool's limit.
+    pub(super) fn put(&self, buf: Vec<u8>) {
+        let cap = buf.capacity();
+        if cap < POOLED_MIN {
+            return;
+        }
+        let mut g = self.bufs.lock().unwrap_or_else(|p| p.into_inner());
+        if g.1 + cap <= POOL_BYTES {
+            g.1 += cap;
+            g.0.push(buf);
+        }
+    }
+}
+
+/// The unfilled rest of a posted buffer.
+#[derive(Debug)]
+struct Posting {
+    tag: Tag,
+    /// Start of the posted region; valid for `len` bytes while the posting exists (see
+    /// [`Posts::post`]).
+    base: *mut u8,
+    len: usize,
+    segment: usize,
+    /// Bytes filled so far (whole segments, from the start).
+    filled: usize,
+    /// Headers of the filled segments, in order.
+    headers: Vec<Header>,
+    /// A reader is writing the segment at `filled`.
+    busy: bool,
+    /// A frame that did not fit arrived: nothing more is claimed.
+    closed: bool,
+}
+
+// SAFETY: the pointer is only dereferenced by the reader thread that claimed a segment, under the
+// protocol described on `Posts::post`; the posting itself is just bookkeeping.
+unsafe impl Send for Posting {}
+
+#[derive(Debug, Default)]
+struct Slot {
+    /// The tag of a data frame its reader is reading into a buffer of its own (until delivered).
+    in_flight: Option<Tag>,
+    posting: Option<Posting>,
+}
+
+/// The posted receives of one transport, one slot per source rank.
+#[derive(Debug)]
+pub(super) struct Posts {
+    slots: Vec<(Mutex<Slot>, Condvar)>,
+}
+
+/// A segment of a posted buffer that a reader has claimed: it writes the payload into
+/// [`Claim::buf`], then reports with [`Posts::filled`].
+pub(super) struct Claim {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl Claim {
+    /// The claimed segment.
+    pub(super) fn buf(&mut self) -> &mut [u8] {
+        // SAFETY: `ptr..ptr + len` lies inside a posted buffer (`Posts::claim` checked it against
+        // the posting's bounds) whose owner is blocked in `Posts::wait` / `Posts::unpost` until this
+        // claim is reported filled (`busy` is set until then), and no one else writes there: one
+        // reader per source, one claim at a time.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+/// What the receiving side of a posting ends up with.
+pub(super) struct Outcome {
+    /// Headers of the segments written in place, in order, from the start of the posted region.
+    pub(super) direct: Vec<Header>,
+}
+
+impl Posts {
+    pub(super) fn new(size: usize) -> Posts {
+        Posts {
+            slots: (0..size)
+                .map(|_| (Mutex::new(Slot::default()), Condvar::new()))
+                .collect(),
+        }
+    }
+
+    fn lock(&self, peer: usize) -> MutexGuard<'_, Slot> {
+        self.slots[peer].0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn notify(&self, peer: usize) {
+        self.slots[peer].1.notify_all();
+    }
+
+    // --- the reader's side ---
+
+    /// A data frame from `peer` with `header` and `len` payload bytes is next: the segment to read it
+    /// into, or `None` (then the frame is in flight until [`Posts::delivered`]).
+    pub(super) fn claim(&self, peer: usize, header: &Header, len: usize) -> Option<Claim> {
+        let mut s = self.lock(peer);
+        if let Some(p) = s.posting.as_mut() {
+            if p.tag == header.tag && !p.closed && p.filled < p.len {
+                let want = p.segment.min(p.len - p.filled);
+                if len == want {
+                    p.busy = true;
+                    // SAFETY: `filled + want <= len`, so the result stays inside the posted region.
+                    let ptr = unsafe { p.base.add(p.filled) };
+                    return Some(Claim { ptr, len });
+                }
+                p.closed = true;
+                drop(s);
+                self.notify(peer);
+                s = self.lock(peer);
+            }
+        }
+        s.in_flight = Some(header.tag);
+        None
+    }
+
+    /// The claimed segment is written (`ok`) or its connection failed partway (its bytes are then
+    /// garbage and the posting closes; the reader fails the mailbox).
+    pub(super) fn filled(&self, peer: usize, claim: Claim, header: Header, ok: bool) {
+        let mut s = self.lock(peer);
+        if let Some(p) = s.posting.as_mut() {
+            p.busy = false;
+            if ok {
+                p.filled += claim.len;
+                p.headers.push(header);
+            } else {
+                p.closed = true;
+            }
+        }
+        drop(s);
+        self.notify(peer);
+    }
+
+    /// The frame in flight from `peer` is read: `msg` (`None` if its connection failed) goes into the
+    /// mailbox and the frame stops being in flight at once, under the slot's lock, so that a receiver
+    /// deciding whether to post sees the message either in flight or queued, never neither (nor a
+    /// stale in-flight mark for a message it has already taken).
+    pub(super) fn delivered(&self, mailbox: &Mailbox, peer: usize, msg: Option<Message>) {
+        let mut s = self.lock(peer);
+        if let Some(m) = msg {
+            mailbox.deliver(peer, m);
+        }
+        s.in_flight = None;
+        drop(s);
+        self.notify(peer);
+    }
+
+    // --- the receiver's side ---
+
+    /// Posts `buf` for the next messages from `peer` with `tag`, in segments of `segment` bytes, unless
+    /// a message for them is already queued or being read (then `false`: receive that one first).
+    ///
+    /// The caller must then call [`Posts::unpost`] before it uses `buf` again or lets it go (the
+    /// receive path of the transport does so on every path, errors included), since a reader may
+    /// write into it until then.
+    pub(super) fn post(
+        &self,
+        mailbox: &Mailbox,
+        peer: usize,
+        tag: &Tag,
+        buf: &mut [u8],
+        segment: usize,
+    ) -> bool {
+        let mut s = self.lock(peer);
+        if s.in_flight == Some(*tag) || mailbox.has_queued(peer, tag) {
+            return false;
+        }
+        s.posting = Some(Posting {
+            tag: *tag,
+            base: buf.as_mut_ptr(),
+            len: buf.len(),
+            segment: segment.max(1),
+            filled: 0,
+            headers: Vec::new(),
+            busy: false,
+            closed: false,
+        });
+        true
+    }
+
+    /// Waits until the posting from `peer` is filled or closed, the mailbox fails or `deadline`
+    /// passes; whatever the outcome, ends the posting once no reader writes into it (a failed
+    /// connection or the heartbeat watchdog stops a reader that is mid-segment).
+    pub(super) fn unpost(
+        &self,
+        mailbox: &Mailbox,
+        peer: usize,
+        deadline: Option<Instant>,
+        wait: bool,
+    ) -> Result<Outcome, RecvError> {
+        let mut s = self.lock(peer);
+        let mut verdict = Ok(());
+        loop {
+            let Some(p) = s.posting.as_ref() else {
+                return Ok(Outcome { direct: Vec::new() });
+            };
+            let settled = p.filled == p.len || p.closed;
+            if !p.busy && (settled || !wait || verdict.is_err()) {
+                break;
+            }
+            if verdict.is_ok() && wait && !settled {
+                if let Some(f) = mailbox.failure() {
+                    verdict = Err(RecvError::Link(f));
+                } else if deadline.is_some_and(|d| Instant::now() >= d) {
+                    verdict = Err(RecvError::Timeout);
+                }
+                if verdict.is_err() && !p.busy {
+                    break;
+                }
+            }
+            // A failure of another link notifies the mailbox, not this slot: look again now and then.
+            let tick = Duration::from_millis(20);
+            s = self.slots[peer]
+                .1
+                .wait_timeout(s, tick)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        let p = s.posting.take();
+        drop(s);
+        verdict?;
+        Ok(Outcome {
+            direct: p.map(|p| p.headers).unwrap_or_default(),
+        })
+    }
+}

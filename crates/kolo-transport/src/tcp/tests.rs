@@ -1,0 +1,217 @@
+//! Posted receives over real connections: order, early and late arrivals, misfits and failures.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use kolo_core::{Algorithm, Call, Error, Header, LinkFailure, Received, Tag, TagSpace, Transport};
+use kolo_store::MemoryStore;
+
+use super::{TcpOptions, TcpTransport};
+
+static JOB: AtomicU64 = AtomicU64::new(0);
+
+fn pair() -> (TcpTransport, TcpTransport) {
+    let store = MemoryStore::new();
+    let prefix = format!("posted/{}", JOB.fetch_add(1, Ordering::SeqCst));
+    let opts = TcpOptions::default();
+    std::thread::scope(|s| {
+        let a = s.spawn(|| TcpTransport::connect(&store, &prefix, 0, 2, &opts));
+        let b = TcpTransport::connect(&store, &prefix, 1, 2, &opts);
+        match (a.join(), b) {
+            (Ok(Ok(a)), Ok(b)) => (a, b),
+            _ => panic!("connecting a pair of TCP transports failed"),
+        }
+    })
+}
+
+fn header(value: u64) -> Header {
+    Header {
+        ack: false,
+        tag: Tag {
+            group: 1,
+            space: TagSpace::Collective,
+            value,
+        },
+        call: Call::new(kolo_core::OpKind::Send, Algorithm::Direct),
+    }
+}
+
+/// One step of a ring between two ranks: a message each way, then post `into`, send `out` in
+/// `seg`-byte messages and receive; returns how many messages went straight into the buffer.
+fn exchange(t: &TcpTransport, value: u64, out: &[u8], into: &mut [u8], seg: usize) -> usize {
+    let peer = 1 - t.rank();
+    let h = header(value);
+    let mut direct = 0;
+    let deadline = Some(Instant::now() + Duration::from_secs(20));
+    // A first message of the same tag, taken from the mailbox just before posting (as a ring's
+    // reduce-scatter precedes its all-gather): the posting must not mistake it for one in flight.
+    assert!(t.send(peer, &h, &out[..8]).is_ok());
+    assert!(matches!(t.recv(peer, &h.tag, deadline), Ok(m) if m.payload.len() == 8));
+    let r = t.recv_posted(
+        peer,
+        &h.tag,
+        into,
+        seg,
+        deadline,
+        &mut || {
+            for c in out.chunks(seg) {
+                t.send(peer, &h, c)
+                    .map_err(|f| f.into_error("exchange", t.rank()))?;
+            }
+            Ok(())
+        },
+        &mut |dst, got| {
+            match got {
+                Received::Direct(_) => direct += 1,
+                Received::Message(m) => dst.copy_from_slice(&m.payload),
+            }
+            Ok(())
+        },
+        &|e| Error::Io {
+            context: format!("receive failed: {e:?}"),
+            source: std::io::Error::other("recv"),
+        },
+    );
+    assert!(r.is_ok(), "rank {}: {r:?}", t.rank());
+    direct
+}
+
+/// 300 exchanges of 4 full segments and a short one, checking every byte; returns the direct count.
+fn exchanges(t: &TcpTransport) -> usize {
+    let (seg, len) = (4096, 4 * 4096 + 100);
+    let peer = 1 - t.rank() as u64;
+    let mut direct = 0;
+    for i in 0..300u64 {
+        let out: Vec<u8> = (0..len)
+            .map(|j| (j as u64 * 7 + i + t.rank() as u64) as u8)
+            .collect();
+        let mut into = vec![0u8; len];
+        direct += exchange(t, i, &out, &mut into, seg);
+        let want: Vec<u8> = (0..len).map(|j| (j as u64 * 7 + i + peer) as u8).collect();
+        assert!(into == want, "rank {} exchange {i}: wrong bytes", t.rank());
+    }
+    direct
+}
+
+#[test]
+fn symmetric_exchanges_are_exact_in_order_and_mostly_direct() {
+    let (a, b) = pair();
+    let total_direct = std::thread::scope(|s| {
+        let ha = s.spawn(|| exchanges(&a));
+        let db = exchanges(&b);
+        ha.join().unwrap_or(0) + db
+    });
+    // Every exchange has five messages a side; many should skip the copy.
+    assert!(total_direct > 300, "only {total_direct} of 3000 direct");
+}
+
+#[test]
+fn early_messages_and_misfits_take_the_mailbox_in_order() {
+    let (a, b) = pair();
+    let h = header(9);
+    // Two messages arrive before the receive is posted; after it, one that does not fit the
+    // posting's segments (so it and the next take the mailbox), then a fitting one.
+    for payload in [&[1u8; 8][..], &[2u8; 8]] {
+        assert!(b.send(0, &h, payload).is_ok());
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    let mut buf = [0u8; 32];
+    let mut seen = Vec::new();
+    let r = a.recv_posted(
+        1,
+        &h.tag,
+        &mut buf,
+        8,
+        None,
+        &mut || {
+            for payload in [&[3u8; 5][..], &[4u8; 8]] {
+                b.send(0, &h, payload)
+                    .map_err(|f| f.into_error("send", 1))?;
+            }
+            Ok(())
+        },
+        &mut |dst, got| {
+            if let Received::Message(m) = got {
+                seen.push(m.payload.len());
+                let n = m.payload.len().min(dst.len());
+                dst[..n].copy_from_slice(&m.payload[..n]);
+            }
+            Ok(())
+        },
+        &|_| Error::Io {
+            context: "recv".into(),
+            source: std::io::Error::other("recv"),
+        },
+    );
+    assert!(r.is_ok());
+    assert_eq!(seen, vec![8, 8, 5, 8]);
+    assert_eq!(
+        &buf[..17],
+        &[1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3]
+    );
+    assert_eq!(buf[24], 4);
+}
+
+#[test]
+fn a_peer_lost_while_a_receive_is_posted_is_named() {
+    let (a, b) = pair();
+    let h = header(3);
+    let mut buf = vec![0u8; 1 << 16];
+    // The peer sends half of what is posted, then its process "dies" (its socket closes without a
+    // goodbye: the stream is shut down under it).
+    assert!(b.send(0, &h, &[5u8; 1 << 15]).is_ok());
+    let r = std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(200));
+            for link in b.links.iter().flatten() {
+                let _ = link.ctl.shutdown(std::net::Shutdown::Both);
+            }
+        });
+        a.recv_posted(
+            1,
+            &h.tag,
+            &mut buf,
+            1 << 15,
+            Some(Instant::now() + Duration::from_secs(20)),
+            &mut || Ok(()),
+            &mut |_, _| Ok(()),
+            &|e| match e {
+                kolo_core::RecvError::Link(f) => f.into_error("test", 0),
+                kolo_core::RecvError::Timeout => Error::Io {
+                    context: "timed out".into(),
+                    source: std::io::Error::other("timeout"),
+                },
+            },
+        )
+    });
+    assert!(
+        matches!(r, Err(Error::PeerLost { peer: 1, .. })),
+        "expected rank 1 lost, got {r:?}"
+    );
+    assert!(matches!(
+        a.failure(),
+        Some(LinkFailure::PeerLost { peer: 1, .. })
+    ));
+}
+
+#[test]
+fn a_posted_receive_from_no_such_rank_is_an_error() {
+    let (a, _b) = pair();
+    let r = a.recv_posted(
+        7,
+        &header(1).tag,
+        &mut [0u8; 4],
+        4,
+        None,
+        &mut || Ok(()),
+        &mut |_, _| Ok(()),
+        &|e| match e {
+            kolo_core::RecvError::Link(f) => f.into_error("test", 0),
+            kolo_core::RecvError::Timeout => Error::Io {
+                context: "timed out".into(),
+                source: std::io::Error::other("timeout"),
+            },
+        },
+    );
+    assert!(matches!(r, Err(Error::PeerLost { peer: 7, .. })), "{r:?}");
+}
