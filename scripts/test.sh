@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole kolo test suite, from a fresh machine with Rust installed: installs what it needs (data;
-# OpenMPI and libclang for the MPI backend; PyTorch's torchrun), then lints (fmt, clippy, docs), runs
-# every unit, integration, property and doc test, the end-to-end launcher checks (kolo run, torchrun,
-# srun), and the MPI backend's tests and end-to-end checks under mpirun. Exits non-zero on the first failing stage.
+# OpenMPI and libclang for the MPI backend; afl++ for the fuzz targets; PyTorch's torchrun), then
+# lints (fmt, clippy, docs), runs every unit, integration, property and doc test, each fuzz target for
+# a few seconds, the end-to-end launcher checks (kolo run, torchrun, srun), and the MPI backend's tests
+# and end-to-end checks under mpirun. Exits non-zero on the first failing stage.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -53,6 +54,11 @@ cargo nextest run --workspace --locked --profile ci --cargo-profile dev
 
 stage "doc tests"
 cargo test --workspace --doc --locked
+
+stage "fuzz targets (AFL++): build instrumented, fuzz each for a few seconds"
+# Keeps the targets building and running; the corpus and regression inputs were replayed by the
+# tests above. Installs Debian's afl++ if needed.
+KOLO_FUZZ_JOBS=2 scripts/fuzz.sh all 5
 
 stage "end-to-end: kolo run and kolo train with the examples"
 # The test build already holds these (same profile settings), so this adds little.

@@ -62,38 +62,48 @@ pub fn load_files(paths: &[PathBuf], name: &str) -> Result<Dataset, DataError> {
     let mut pixels = Vec::new();
     let mut labels = Vec::new();
     for path in paths {
-        let data = read_maybe_gz(path)?;
-        if data.len() % RECORD_BYTES != 0 {
+        append_records(path, &read_maybe_gz(path)?, &mut pixels, &mut labels)?;
+    }
+    Dataset::from_u8(name, SHAPE, NUM_CLASSES, pixels, 255, labels)
+}
+
+/// Appends the records of the file `path`, whose contents are `data`.
+pub(crate) fn append_records(
+    path: &Path,
+    data: &[u8],
+    pixels: &mut Vec<u8>,
+    labels: &mut Vec<u32>,
+) -> Result<(), DataError> {
+    if data.len() % RECORD_BYTES != 0 {
+        return Err(DataError::format(
+            path,
+            format!(
+                "length {} is not a multiple of the {RECORD_BYTES}-byte record \
+                 ({} whole records and {} extra bytes)",
+                data.len(),
+                data.len() / RECORD_BYTES,
+                data.len() % RECORD_BYTES
+            ),
+        ));
+    }
+    let n = data.len() / RECORD_BYTES;
+    pixels.reserve(n * IMAGE_BYTES);
+    labels.reserve(n);
+    for (i, rec) in data.chunks_exact(RECORD_BYTES).enumerate() {
+        let label = rec[0];
+        if usize::from(label) >= NUM_CLASSES {
             return Err(DataError::format(
                 path,
                 format!(
-                    "length {} is not a multiple of the {RECORD_BYTES}-byte record \
-                     ({} whole records and {} extra bytes)",
-                    data.len(),
-                    data.len() / RECORD_BYTES,
-                    data.len() % RECORD_BYTES
+                    "label {label} of record {i} (byte offset {}) is not below {NUM_CLASSES}",
+                    i * RECORD_BYTES
                 ),
             ));
         }
-        let n = data.len() / RECORD_BYTES;
-        pixels.reserve(n * IMAGE_BYTES);
-        labels.reserve(n);
-        for (i, rec) in data.chunks_exact(RECORD_BYTES).enumerate() {
-            let label = rec[0];
-            if usize::from(label) >= NUM_CLASSES {
-                return Err(DataError::format(
-                    path,
-                    format!(
-                        "label {label} of record {i} (byte offset {}) is not below {NUM_CLASSES}",
-                        i * RECORD_BYTES
-                    ),
-                ));
-            }
-            labels.push(u32::from(label));
-            pixels.extend_from_slice(&rec[1..]);
-        }
+        labels.push(u32::from(label));
+        pixels.extend_from_slice(&rec[1..]);
     }
-    Dataset::from_u8(name, SHAPE, NUM_CLASSES, pixels, 255, labels)
+    Ok(())
 }
 
 /// Loads a split from a `cifar-10-batches-bin` directory (see

@@ -55,8 +55,12 @@ fn parse_field(field: &str, max: u8) -> Result<u8, String> {
 /// 1-based line number; blank lines are skipped; a file without rows is a
 /// [`DataError::Format`].
 pub fn load_csv(path: &Path) -> Result<Dataset, DataError> {
-    let bytes = read_maybe_gz(path)?;
-    let text = std::str::from_utf8(&bytes).map_err(|e| {
+    parse_csv(path, &read_maybe_gz(path)?)
+}
+
+/// Parses the (decompressed) contents of the CSV file `path`.
+pub(crate) fn parse_csv(path: &Path, bytes: &[u8]) -> Result<Dataset, DataError> {
+    let text = std::str::from_utf8(bytes).map_err(|e| {
         let line = 1 + bytes[..e.valid_up_to()]
             .iter()
             .filter(|&&b| b == b'\n')

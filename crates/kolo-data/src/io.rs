@@ -11,6 +11,11 @@ use crate::error::DataError;
 /// The two magic bytes that open every gzip member.
 const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
 
+/// Most bytes a gzip file may decompress to (the largest real data set file,
+/// CIFAR-10's, is 31 MB): a small corrupt or hostile file cannot make a
+/// loader allocate without bound.
+pub(crate) const MAX_DECOMPRESSED: u64 = 1 << 30;
+
 /// Reads `path` into memory, decompressing it if it starts with the gzip
 /// magic bytes `1f 8b`.
 pub(crate) fn read_maybe_gz(path: &Path) -> Result<Vec<u8>, DataError> {
@@ -18,6 +23,12 @@ pub(crate) fn read_maybe_gz(path: &Path) -> Result<Vec<u8>, DataError> {
         path: path.to_owned(),
         source,
     })?;
+    decode_maybe_gz(path, raw, MAX_DECOMPRESSED)
+}
+
+/// The contents of a file read from `path`: `raw` itself, or its gzip
+/// decompression (at most `limit` bytes) if it starts with the gzip magic.
+pub(crate) fn decode_maybe_gz(path: &Path, raw: Vec<u8>, limit: u64) -> Result<Vec<u8>, DataError> {
     if !raw.starts_with(&GZIP_MAGIC) {
         return Ok(raw);
     }
@@ -27,12 +38,20 @@ pub(crate) fn read_maybe_gz(path: &Path) -> Result<Vec<u8>, DataError> {
     let hint = raw
         .get(raw.len().saturating_sub(4)..)
         .and_then(|t| <[u8; 4]>::try_from(t).ok())
-        .map_or(0, |b| u32::from_le_bytes(b) as usize)
-        .min(1 << 30);
-    let mut out = Vec::with_capacity(hint);
+        .map_or(0, |b| u64::from(u32::from_le_bytes(b)))
+        .min(limit.min(1 << 30));
+    let mut out = Vec::with_capacity(usize::try_from(hint).unwrap_or(0));
+    // One byte past the limit tells a file at the limit from one beyond it.
     MultiGzDecoder::new(raw.as_slice())
+        .take(limit.saturating_add(1))
         .read_to_end(&mut out)
         .map_err(|e| DataError::format(path, format!("corrupt gzip data: {e}")))?;
+    if out.len() as u64 > limit {
+        return Err(DataError::format(
+            path,
+            format!("decompresses to more than {limit} bytes: not a data set file"),
+        ));
+    }
     Ok(out)
 }
 
@@ -71,6 +90,23 @@ mod tests {
         match read_maybe_gz(&missing) {
             Err(DataError::Io { path, .. }) => assert_eq!(path, missing),
             other => panic!("expected Io, got {other:?}"),
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn decompression_is_bounded() -> Result<(), Box<dyn std::error::Error>> {
+        let mut enc = GzEncoder::new(Vec::new(), Compression::best());
+        enc.write_all(&[0u8; 4096])?;
+        let gz = enc.finish()?;
+        let path = Path::new("zeros.gz");
+        assert_eq!(decode_maybe_gz(path, gz.clone(), 4096)?.len(), 4096);
+        match decode_maybe_gz(path, gz, 4095) {
+            Err(DataError::Format { path: p, reason }) => {
+                assert_eq!(p, path);
+                assert!(reason.contains("more than 4095 bytes"), "{reason}");
+            }
+            other => panic!("expected Format, got {other:?}"),
         }
         Ok(())
     }

@@ -36,6 +36,8 @@ pub mod cifar;
 pub mod dataset;
 pub mod digits;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 mod io;
 pub mod mnist;
 pub mod registry;

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use crate::dataset::{Dataset, Split};
 use crate::error::DataError;
-use crate::io::read_maybe_gz;
+use crate::io::{decode_maybe_gz, read_maybe_gz};
 
 /// The magic number of an idx3 unsigned-byte (images) file.
 pub const IMAGES_MAGIC: u32 = 0x0000_0803;
@@ -107,7 +107,14 @@ fn check_header(
 
 /// Reads an idx3 images file: returns `(pixels, count, rows, cols)`.
 fn read_images(path: &Path) -> Result<(Vec<u8>, usize, usize, usize), DataError> {
-    let mut data = read_maybe_gz(path)?;
+    parse_images(path, read_maybe_gz(path)?)
+}
+
+/// Parses the contents of the idx3 images file `path`.
+fn parse_images(
+    path: &Path,
+    mut data: Vec<u8>,
+) -> Result<(Vec<u8>, usize, usize, usize), DataError> {
     let dims = check_header(path, &data, IMAGES_MAGIC, IMAGES_HEADER)?;
     data.drain(..IMAGES_HEADER);
     // The length check proved n·rows·cols bytes are in memory, so each fits.
@@ -117,8 +124,12 @@ fn read_images(path: &Path) -> Result<(Vec<u8>, usize, usize, usize), DataError>
 
 /// Reads an idx1 labels file, checking every label is below [`NUM_CLASSES`].
 fn read_labels(path: &Path) -> Result<Vec<u32>, DataError> {
-    let data = read_maybe_gz(path)?;
-    check_header(path, &data, LABELS_MAGIC, LABELS_HEADER)?;
+    parse_labels(path, &read_maybe_gz(path)?)
+}
+
+/// Parses the contents of the idx1 labels file `path`.
+fn parse_labels(path: &Path, data: &[u8]) -> Result<Vec<u32>, DataError> {
+    check_header(path, data, LABELS_MAGIC, LABELS_HEADER)?;
     let labels = &data[LABELS_HEADER..];
     if let Some((i, &l)) = labels
         .iter()
@@ -143,6 +154,37 @@ fn read_labels(path: &Path) -> Result<Vec<u32>, DataError> {
 pub fn load_idx(images_path: &Path, labels_path: &Path, name: &str) -> Result<Dataset, DataError> {
     let (pixels, n, rows, cols) = read_images(images_path)?;
     let labels = read_labels(labels_path)?;
+    pair(
+        images_path,
+        (pixels, n, rows, cols),
+        labels_path,
+        labels,
+        name,
+    )
+}
+
+/// [`load_idx`] on file contents already in memory (decompressed at most to
+/// `limit` bytes each); the paths only name the files in errors.
+pub(crate) fn idx_from_bytes(
+    images_path: &Path,
+    images: Vec<u8>,
+    labels_path: &Path,
+    labels: Vec<u8>,
+    limit: u64,
+) -> Result<Dataset, DataError> {
+    let images = parse_images(images_path, decode_maybe_gz(images_path, images, limit)?)?;
+    let labels = parse_labels(labels_path, &decode_maybe_gz(labels_path, labels, limit)?)?;
+    pair(images_path, images, labels_path, labels, "idx")
+}
+
+/// Checks that images and labels agree and makes the dataset.
+fn pair(
+    images_path: &Path,
+    (pixels, n, rows, cols): (Vec<u8>, usize, usize, usize),
+    labels_path: &Path,
+    labels: Vec<u32>,
+    name: &str,
+) -> Result<Dataset, DataError> {
     if labels.len() != n {
         return Err(DataError::format(
             labels_path,

@@ -65,6 +65,8 @@ mod deadline;
 mod error;
 mod ext;
 mod file;
+#[doc(hidden)]
+pub mod fuzzing;
 mod kv;
 mod memory;
 mod pool;

@@ -131,34 +131,55 @@ fn prune(root: &Path, newest: &str) -> Result<()> {
 /// Reads the newest complete checkpoint under `root`, or `None` if there is none.
 pub fn load_latest(root: &Path, device: &Device) -> Result<Option<Checkpoint>> {
     let latest = root.join("latest");
-    let name = match fs::read_to_string(&latest) {
-        Ok(n) => n.trim().to_string(),
+    let text = match fs::read(&latest) {
+        Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(io(&latest)(e)),
     };
-    if name.is_empty() || name.contains('/') || name.contains("..") {
-        return Err(bad(
-            &latest,
-            format!("names an invalid checkpoint directory {name:?}"),
-        ));
-    }
+    let name = parse_latest(&latest, &text)?;
     let dir = root.join(&name);
+    let read = |path: &Path| fs::read(path).map_err(io(path));
     let mpath = dir.join("model.safetensors");
-    let model =
-        candle_core::safetensors::load(&mpath, device).map_err(|e| bad(&mpath, e.to_string()))?;
+    let model = parse_tensors(&mpath, &read(&mpath)?, device)?;
     let opath = dir.join("optimizer.safetensors");
-    let optimizer =
-        candle_core::safetensors::load(&opath, device).map_err(|e| bad(&opath, e.to_string()))?;
+    let optimizer = parse_tensors(&opath, &read(&opath)?, device)?;
     let spath = dir.join("state.json");
-    let text = fs::read(&spath).map_err(io(&spath))?;
-    let state: TrainState =
-        serde_json::from_slice(&text).map_err(|e| bad(&spath, e.to_string()))?;
+    let state = parse_state(&spath, &read(&spath)?)?;
     Ok(Some(Checkpoint {
         dir,
         model,
         optimizer,
         state,
     }))
+}
+
+/// The checkpoint directory named by the contents of the `latest` file at `path`: one plain name,
+/// no path.
+pub(crate) fn parse_latest(path: &Path, text: &[u8]) -> Result<String> {
+    let name = std::str::from_utf8(text)
+        .map_err(|_| bad(path, "is not UTF-8 text"))?
+        .trim();
+    if name.is_empty() || name.contains('/') || name.contains("..") {
+        return Err(bad(
+            path,
+            format!("names an invalid checkpoint directory {name:?}"),
+        ));
+    }
+    Ok(name.to_string())
+}
+
+/// The tensors of the safetensors file at `path`, whose contents are `bytes`.
+pub(crate) fn parse_tensors(
+    path: &Path,
+    bytes: &[u8],
+    device: &Device,
+) -> Result<HashMap<String, Tensor>> {
+    candle_core::safetensors::load_buffer(bytes, device).map_err(|e| bad(path, e.to_string()))
+}
+
+/// The training state in the JSON file at `path`, whose contents are `bytes`.
+pub(crate) fn parse_state(path: &Path, bytes: &[u8]) -> Result<TrainState> {
+    serde_json::from_slice(bytes).map_err(|e| bad(path, e.to_string()))
 }
 
 /// Copies saved values into `vars` (every variable must be present with its shape).

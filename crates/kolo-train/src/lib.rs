@@ -8,6 +8,8 @@ pub mod checkpoint;
 pub mod ddp;
 pub mod distributed;
 mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod models;
 pub mod optim;
 pub mod trainer;

@@ -9,6 +9,8 @@
 //!   hosts.
 //! - [`hybrid`]: shared memory to the ranks of this host, TCP to the others.
 
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod hybrid;
 
 /// The error for a failed set-up step, with its context.

@@ -32,6 +32,7 @@
 //! kind leaves nothing in `/dev/shm`. A crash during those first milliseconds can leave the name; the
 //! launcher (`kolo run`) removes every `/dev/shm/kolo-<job id>-*` when the job ends.
 
+pub(crate) mod prefix;
 pub mod segment;
 pub mod sync;
 
@@ -46,6 +47,7 @@ use kolo_core::{
 };
 use kolo_store::Store;
 
+use prefix::{decode_prefix, encode_prefix, PREFIX};
 pub use segment::Segment;
 use sync::{Doorbell, ProcessWatch};
 
@@ -62,7 +64,6 @@ const INLINE_AT: usize = 40;
 const INLINE_BYTES: usize = FP_SLOT - INLINE_AT;
 const _: () = assert!(HEADER_LEN <= INLINE_AT && 8 + 2 * FP_SLOT <= LINE);
 const RING_CTRL: usize = 2 * LINE;
-const PREFIX: usize = 8 + HEADER_LEN;
 
 const STATE_ALIVE: u32 = 0;
 const STATE_CLOSED: u32 = 1;
@@ -630,26 +631,13 @@ impl ShmTransport {
                 let mut p = [0u8; PREFIX];
                 self.ring_read(src, head, &mut p);
                 head += PREFIX as u64;
-                let mut l = [0u8; 8];
-                l.copy_from_slice(&p[..8]);
-                let len = u64::from_le_bytes(l);
-                let mut h = [0u8; HEADER_LEN];
-                h.copy_from_slice(&p[8..]);
-                let header = match Header::decode(&h) {
-                    Ok(h) if len <= self.opts.max_message => h,
-                    Ok(_) => {
-                        self.fail_protocol(
-                            src,
-                            format!("message of {len} bytes exceeds the limit"),
-                        );
-                        break;
-                    }
-                    Err(e) => {
-                        self.fail_protocol(src, format!("bad message header: {}", e.0));
+                let (header, len) = match decode_prefix(&p, self.opts.max_message) {
+                    Ok(decoded) => decoded,
+                    Err(reason) => {
+                        self.fail_protocol(src, reason);
                         break;
                     }
                 };
-                let len = len as usize;
                 // Never trust the length for the allocation: grow as bytes arrive.
                 let buf = Vec::with_capacity(len.min(self.layout.ring));
                 c.partial = Some((header, len, buf));
@@ -751,9 +739,7 @@ impl ShmTransport {
         let tail_word = self.ring_tail(self.rank, peer);
         let head_word = self.ring_head(self.rank, peer);
         let mut tail = tail_word.load(Ordering::Relaxed);
-        let mut prefix = [0u8; PREFIX];
-        prefix[..8].copy_from_slice(&(payload.len() as u64).to_le_bytes());
-        prefix[8..].copy_from_slice(&header.encode());
+        let prefix = encode_prefix(header, payload.len());
         let mut pieces: [&[u8]; 2] = [&prefix, payload];
         for (i, piece) in pieces.iter_mut().enumerate() {
             while !piece.is_empty() {

@@ -1,0 +1,4 @@
+//! Fuzz target `data` (see the crate's documentation).
+fn main() -> std::process::ExitCode {
+    kolo_fuzz::main("data")
+}
