@@ -38,9 +38,9 @@ fn scratch_store() -> &'static PathBuf {
 }
 
 /// `store`: 0 requests, 1 responses, 2 server hello, 3 client hello, 4 secret exchange (server),
-/// 5 secret exchange (client), 6 store file.
+/// 5 secret exchange (client), 6 store file, 7 c10d (PyTorch `TCPStore`) requests.
 pub fn store(data: &[u8]) {
-    let Some((which, rest)) = select(data, 7) else {
+    let Some((which, rest)) = select(data, 8) else {
         return;
     };
     match which {
@@ -62,8 +62,11 @@ pub fn store(data: &[u8]) {
         5 => {
             store_fz::auth_client(rest);
         }
-        _ => {
+        6 => {
             store_fz::file_log(scratch_store(), rest);
+        }
+        _ => {
+            store_fz::c10d_requests(rest);
         }
     }
 }
@@ -78,6 +81,7 @@ pub fn store_seeds(dir: &Path) -> Result<Vec<(String, Vec<u8>)>, String> {
             "responses" => &[1],
             "hello" => &[2, 3],
             "auth" => &[4, 5],
+            "c10d" => &[7],
             _ => &[6],
         };
         for &s in selectors {

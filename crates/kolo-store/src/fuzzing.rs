@@ -32,6 +32,13 @@ impl Write for Replay<'_> {
     }
 }
 
+/// Decodes c10d (PyTorch `TCPStore`) requests as kolo's c10d server reads them, until the first
+/// error or the end; every decoded request must encode and decode back to itself. Returns how many
+/// were decoded.
+pub fn c10d_requests(data: &[u8]) -> usize {
+    crate::c10d::decode_requests(data)
+}
+
 /// Decodes request frames until the first error or the end; every decoded request must encode and
 /// decode back to itself. Returns how many frames were decoded.
 pub fn requests(mut data: &[u8]) -> usize {
@@ -193,6 +200,7 @@ pub fn seeds(dir: &Path) -> io::Result<Vec<(&'static str, Vec<u8>)>> {
         ("hello", hello),
         ("auth", vec![0x5a; 48]),
         ("file", file),
+        ("c10d", crate::c10d::request_seed()),
     ])
 }
 

@@ -29,12 +29,15 @@
 //! when one is set.
 
 mod client;
+mod request;
 mod server;
 
 use std::io::{self, Read, Write};
 
 pub use client::C10dStore;
 pub use server::C10dStoreServer;
+
+pub(crate) use request::{decode_all as decode_requests, seed as request_seed};
 
 /// The number a client sends with `VALIDATE`.
 pub const VALIDATION_MAGIC: u32 = 0x3C85_F7CE;

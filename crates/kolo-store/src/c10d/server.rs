@@ -1,15 +1,16 @@
 //! [`C10dStoreServer`]: a store server that speaks PyTorch's c10d `TCPStore` protocol.
 
-use std::io::{self, BufReader, Read};
+use std::io::{self, BufReader};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use super::request::{read_query, Query};
 use super::{
-    put_bytes, query, read_bytes, read_count, read_i64, read_key, read_u32, read_u8, send,
-    CHECK_NOT_READY, CHECK_READY, MAX_VALUE, STOP_WAITING, VALIDATION_MAGIC, WAIT_CANCELED,
+    put_bytes, query, read_u32, read_u8, send, CHECK_NOT_READY, CHECK_READY, STOP_WAITING,
+    VALIDATION_MAGIC, WAIT_CANCELED,
 };
 use crate::deadline::Deadline;
 use crate::kv::{Kv, WaitOutcome};
@@ -144,11 +145,6 @@ fn next_query(shared: &Shared, conn: &mut BufReader<TcpStream>) -> io::Result<Op
     }
 }
 
-fn read_keys(conn: &mut impl Read) -> io::Result<Vec<String>> {
-    let n = read_count(conn)?;
-    (0..n).map(|_| read_key(conn)).collect()
-}
-
 fn serve(shared: &Shared, stream: TcpStream) -> io::Result<()> {
     stream.set_nodelay(true)?;
     stream.set_write_timeout(Some(REQUEST_TIMEOUT))?;
@@ -160,22 +156,17 @@ fn serve(shared: &Shared, stream: TcpStream) -> io::Result<()> {
         _ => return Err(invalid("the client did not validate")),
     }
     let kv = &shared.kv;
-    while let Some(q) = next_query(shared, &mut conn)? {
+    while let Some(kind) = next_query(shared, &mut conn)? {
         let mut reply = Vec::new();
-        match q {
-            query::VALIDATE => {
-                if read_u32(&mut conn)? != VALIDATION_MAGIC {
-                    return Err(invalid("bad validation number"));
-                }
-            }
-            query::SET => {
-                let key = read_key(&mut conn)?;
-                kv.set(&key, &read_bytes(&mut conn, MAX_VALUE, "value")?);
-            }
-            query::COMPARE_SET => {
-                let key = read_key(&mut conn)?;
-                let expected = read_bytes(&mut conn, MAX_VALUE, "value")?;
-                let desired = read_bytes(&mut conn, MAX_VALUE, "value")?;
+        match read_query(kind, &mut conn)? {
+            Query::Validate(magic) if magic == VALIDATION_MAGIC => {}
+            Query::Validate(_) => return Err(invalid("bad validation number")),
+            Query::Set { key, value } => kv.set(&key, &value),
+            Query::CompareSet {
+                key,
+                expected,
+                desired,
+            } => {
                 let exp = (!expected.is_empty()).then_some(expected.as_slice());
                 let now = match kv.compare_set(&key, exp, &desired) {
                     CompareSet::Swapped => desired,
@@ -184,54 +175,38 @@ fn serve(shared: &Shared, stream: TcpStream) -> io::Result<()> {
                 };
                 put_bytes(&mut reply, &now);
             }
-            query::GET => {
-                let key = read_key(&mut conn)?;
-                put_bytes(&mut reply, &kv.try_get(&key).unwrap_or_default());
-            }
-            query::ADD => {
-                let key = read_key(&mut conn)?;
-                let delta = read_i64(&mut conn)?;
+            Query::Get { key } => put_bytes(&mut reply, &kv.try_get(&key).unwrap_or_default()),
+            Query::Add { key, delta } => {
                 // As PyTorch's server, a non-counter value ends the connection.
                 let new = kv.add(&key, delta).map_err(|e| invalid(e.to_string()))?;
                 reply.extend_from_slice(&new.to_le_bytes());
             }
-            query::CHECK => {
-                let keys = read_keys(&mut conn)?;
+            Query::Check { keys } => {
                 let ready = keys.iter().all(|k| kv.try_get(k).is_some());
                 reply.push(if ready { CHECK_READY } else { CHECK_NOT_READY });
             }
-            query::WAIT => {
-                let keys = read_keys(&mut conn)?;
-                match wait(shared, &mut conn, &keys)? {
-                    Some(b) => reply.push(b),
-                    None => return Ok(()),
-                }
-            }
-            query::GETNUMKEYS => reply.extend_from_slice(&(kv.num_keys() as i64).to_le_bytes()),
-            query::DELETE_KEY => {
-                let key = read_key(&mut conn)?;
+            Query::Wait { keys } => match wait(shared, &mut conn, &keys)? {
+                Some(b) => reply.push(b),
+                None => return Ok(()),
+            },
+            Query::GetNumKeys => reply.extend_from_slice(&(kv.num_keys() as i64).to_le_bytes()),
+            Query::DeleteKey { key } => {
                 reply.extend_from_slice(&i64::from(kv.delete(&key)).to_le_bytes());
             }
-            query::APPEND => {
-                let key = read_key(&mut conn)?;
-                kv.append(&key, &read_bytes(&mut conn, MAX_VALUE, "value")?);
-            }
-            query::MULTI_GET => {
-                for key in read_keys(&mut conn)? {
+            Query::Append { key, value } => kv.append(&key, &value),
+            Query::MultiGet { keys } => {
+                for key in keys {
                     put_bytes(&mut reply, &kv.try_get(&key).unwrap_or_default());
                 }
             }
-            query::MULTI_SET => {
-                let n = read_count(&mut conn)?;
-                for _ in 0..n {
-                    let key = read_key(&mut conn)?;
-                    kv.set(&key, &read_bytes(&mut conn, MAX_VALUE, "value")?);
+            Query::MultiSet { pairs } => {
+                for (key, value) in pairs {
+                    kv.set(&key, &value);
                 }
             }
             // A cancel that crossed a finished wait.
-            query::CANCEL_WAIT => reply.push(WAIT_CANCELED),
-            query::PING => reply.extend_from_slice(&read_u32(&mut conn)?.to_le_bytes()),
-            other => return Err(invalid(format!("unknown query type {other}"))),
+            Query::CancelWait => reply.push(WAIT_CANCELED),
+            Query::Ping(nonce) => reply.extend_from_slice(&nonce.to_le_bytes()),
         }
         if !reply.is_empty() {
             send(&mut out, &reply)?;
