@@ -159,7 +159,13 @@ pub(crate) fn parse_latest(path: &Path, text: &[u8]) -> Result<String> {
     let name = std::str::from_utf8(text)
         .map_err(|_| bad(path, "is not UTF-8 text"))?
         .trim();
-    if name.is_empty() || name.contains('/') || name.contains("..") {
+    // One plain directory name: not empty, no separator, not `.` or `..`.
+    let mut parts = Path::new(name).components();
+    let plain = matches!(
+        (parts.next(), parts.next()),
+        (Some(std::path::Component::Normal(_)), None)
+    );
+    if !plain || name.contains('/') || name.contains("..") {
         return Err(bad(
             path,
             format!("names an invalid checkpoint directory {name:?}"),

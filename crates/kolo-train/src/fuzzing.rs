@@ -109,6 +109,8 @@ mod tests {
         assert_eq!(state(&seeds["state"]).map(|s| s.epoch), Some(3));
         assert_eq!(latest(b"../epoch-0003"), None);
         assert_eq!(latest(b"\xff"), None);
+        // Found by fuzzing: "." named the checkpoint root itself.
+        assert_eq!(latest(b" .\n"), None);
         Ok(())
     }
 }
