@@ -2,11 +2,64 @@
 //! up, and a pool of idle connections reused across calls.
 
 use std::io;
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use crate::deadline::{Backoff, Deadline};
 use crate::StoreError;
+
+/// Socket timeouts longer than this are treated as "no timeout" (a year).
+const MAX_SOCKET_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// A socket timeout, or `None` (no timeout) for absurdly long ones.
+pub(crate) fn socket_timeout(d: Duration) -> Option<Duration> {
+    (d <= MAX_SOCKET_TIMEOUT).then_some(d.max(Duration::from_millis(1)))
+}
+
+/// One attempt to open a connection to `addr`: connects to each address it resolves to in turn
+/// (bounded by `deadline`, at least 50 ms so that a zero timeout still tries once), sets no-delay
+/// and the timeouts, and hands the stream to `shake`. The first stream `shake` accepts wins; its
+/// [`Attempt::Retry`] moves on to the next address, its [`Attempt::Fatal`] ends the attempt.
+pub(crate) fn open_first<C>(
+    addr: &str,
+    deadline: &Deadline,
+    io_timeout: Duration,
+    mut shake: impl FnMut(TcpStream, SocketAddr) -> Result<C, Attempt>,
+) -> Result<C, Attempt> {
+    let min = Duration::from_millis(50);
+    let targets: Vec<SocketAddr> = addr.to_socket_addrs().map_err(Attempt::Retry)?.collect();
+    let mut last = io::Error::new(
+        io::ErrorKind::NotFound,
+        format!("{addr} resolved to no address"),
+    );
+    for target in targets {
+        let stream = match TcpStream::connect_timeout(&target, deadline.remaining().max(min)) {
+            Ok(stream) => stream,
+            Err(e) => {
+                last = e;
+                continue;
+            }
+        };
+        let setup = (|| -> io::Result<()> {
+            stream.set_nodelay(true)?;
+            stream.set_write_timeout(socket_timeout(io_timeout))?;
+            stream.set_read_timeout(socket_timeout(
+                deadline.remaining().max(min).min(io_timeout),
+            ))
+        })();
+        if let Err(e) = setup {
+            last = e;
+            continue;
+        }
+        match shake(stream, target) {
+            Ok(conn) => return Ok(conn),
+            Err(Attempt::Retry(e)) => last = e,
+            Err(fatal) => return Err(fatal),
+        }
+    }
+    Err(Attempt::Retry(last))
+}
 
 /// Why one attempt to open a connection failed.
 pub(crate) enum Attempt {

@@ -1,7 +1,7 @@
 //! [`C10dStore`]: a [`Store`] client of PyTorch's c10d `TCPStore` (torchrun's agent store).
 
 use std::io::{self, BufReader, Write};
-use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::net::TcpStream;
 use std::time::Duration;
 
 use super::{
@@ -9,7 +9,7 @@ use super::{
     STOP_WAITING, VALIDATION_MAGIC, WAIT_CANCELED,
 };
 use crate::deadline::Deadline;
-use crate::pool::{connect_retrying, Attempt, Pool};
+use crate::pool::{connect_retrying, open_first, socket_timeout, Attempt, Pool};
 use crate::{add_to_counter, validate_key, validate_value, CompareSet, Store, StoreError};
 
 /// Time allowed for one non-blocking request before the server counts as dead.
@@ -36,10 +36,6 @@ pub struct C10dStore {
     addr: String,
     io_timeout: Duration,
     pool: Pool<Conn>,
-}
-
-fn socket_timeout(d: Duration) -> Option<Duration> {
-    Some(d.max(Duration::from_millis(1)))
 }
 
 fn is_timeout(e: &io::Error) -> bool {
@@ -223,56 +219,30 @@ impl C10dStore {
 /// One attempt to connect to `addr`, validate, and check that the server answers like a c10d
 /// store (a `CHECK` of no keys is ready on every version of the server).
 fn open(addr: &str, deadline: &Deadline, io_timeout: Duration) -> Result<Conn, Attempt> {
-    let min = Duration::from_millis(50);
-    let targets: Vec<SocketAddr> = addr.to_socket_addrs().map_err(Attempt::Retry)?.collect();
-    let mut last = io::Error::new(
-        io::ErrorKind::NotFound,
-        format!("{addr} resolved to no address"),
-    );
-    for target in targets {
-        let mut stream = match TcpStream::connect_timeout(&target, deadline.remaining().max(min)) {
-            Ok(s) => s,
-            Err(e) => {
-                last = e;
-                continue;
-            }
-        };
-        let mut hello = vec![query::VALIDATE];
-        hello.extend_from_slice(&VALIDATION_MAGIC.to_le_bytes());
-        hello.extend_from_slice(&keys_request(query::CHECK, &[]));
-        let shake = (|| -> io::Result<u8> {
-            stream.set_nodelay(true)?;
-            stream.set_write_timeout(socket_timeout(io_timeout))?;
-            stream.set_read_timeout(socket_timeout(
-                deadline.remaining().max(min).min(io_timeout),
-            ))?;
-            stream.write_all(&hello)?;
-            read_u8(&mut stream)
-        })();
-        match shake {
-            Ok(CHECK_READY) => return Ok(BufReader::new(stream)),
-            Ok(b) => {
-                return Err(Attempt::Fatal(StoreError::Protocol {
-                    peer: format!("{addr} ({target})"),
-                    reason: format!(
-                        "answered the c10d handshake with byte {b}: not a PyTorch TCPStore"
-                    ),
-                }))
-            }
-            Err(e) if is_disconnect(&e) || is_timeout(&e) => {
-                // Not (yet) a c10d store: a store that is starting, or another server.
-                last = io::Error::new(
-                    e.kind(),
-                    format!(
-                        "{target} did not answer the c10d TCPStore handshake ({e}); is it \
-                         torchrun's store?"
-                    ),
-                );
-            }
-            Err(e) => last = e,
+    let mut hello = vec![query::VALIDATE];
+    hello.extend_from_slice(&VALIDATION_MAGIC.to_le_bytes());
+    hello.extend_from_slice(&keys_request(query::CHECK, &[]));
+    open_first(addr, deadline, io_timeout, |mut stream, target| {
+        let answer = stream.write_all(&hello).and_then(|()| read_u8(&mut stream));
+        match answer {
+            Ok(CHECK_READY) => Ok(BufReader::new(stream)),
+            Ok(b) => Err(Attempt::Fatal(StoreError::Protocol {
+                peer: format!("{addr} ({target})"),
+                reason: format!(
+                    "answered the c10d handshake with byte {b}: not a PyTorch TCPStore"
+                ),
+            })),
+            // Not (yet) a c10d store: a store that is starting, or another server.
+            Err(e) if is_disconnect(&e) || is_timeout(&e) => Err(Attempt::Retry(io::Error::new(
+                e.kind(),
+                format!(
+                    "{target} did not answer the c10d TCPStore handshake ({e}); is it \
+                     torchrun's store?"
+                ),
+            ))),
+            Err(e) => Err(Attempt::Retry(e)),
         }
-    }
-    Err(Attempt::Retry(last))
+    })
 }
 
 impl Store for C10dStore {

@@ -1,12 +1,12 @@
 //! [`TcpStore`]: the client of kolo's store protocol.
 
 use std::io::{self, BufReader, Write};
-use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::net::TcpStream;
 use std::time::Duration;
 
 use crate::auth::{self, JobSecret};
 use crate::deadline::Deadline;
-use crate::pool::{connect_retrying, Attempt, Pool};
+use crate::pool::{connect_retrying, open_first, Attempt, Pool};
 use crate::wire::{
     self, encode_request, read_response, RemoteError, Reply, Request, Response, WireError,
 };
@@ -217,31 +217,7 @@ fn open_connection(
     io_timeout: Duration,
     secret: &JobSecret,
 ) -> Result<BufReader<TcpStream>, Attempt> {
-    let min = Duration::from_millis(50);
-    let targets: Vec<SocketAddr> = addr.to_socket_addrs().map_err(Attempt::Retry)?.collect();
-    let mut last = io::Error::new(
-        io::ErrorKind::NotFound,
-        format!("{addr} resolved to no address"),
-    );
-    for target in targets {
-        let mut stream = match TcpStream::connect_timeout(&target, deadline.remaining().max(min)) {
-            Ok(stream) => stream,
-            Err(e) => {
-                last = e;
-                continue;
-            }
-        };
-        let setup = (|| -> io::Result<()> {
-            stream.set_nodelay(true)?;
-            stream.set_write_timeout(socket_timeout(io_timeout))?;
-            stream.set_read_timeout(socket_timeout(
-                deadline.remaining().max(min).min(io_timeout),
-            ))
-        })();
-        if let Err(e) = setup {
-            last = e;
-            continue;
-        }
+    open_first(addr, deadline, io_timeout, |mut stream, target| {
         let shaken = wire::client_handshake(&mut stream).and_then(|()| {
             auth::client(&mut stream, secret).map_err(|e| match e {
                 auth::AuthError::Io(e) => WireError::Io(e),
@@ -249,17 +225,14 @@ fn open_connection(
             })
         });
         match shaken {
-            Ok(()) => return Ok(BufReader::new(stream)),
-            Err(WireError::Io(e)) => last = e,
-            Err(WireError::Invalid(reason)) => {
-                return Err(Attempt::Fatal(StoreError::Protocol {
-                    peer: format!("{addr} ({target})"),
-                    reason,
-                }))
-            }
+            Ok(()) => Ok(BufReader::new(stream)),
+            Err(WireError::Io(e)) => Err(Attempt::Retry(e)),
+            Err(WireError::Invalid(reason)) => Err(Attempt::Fatal(StoreError::Protocol {
+                peer: format!("{addr} ({target})"),
+                reason,
+            })),
         }
-    }
-    Err(Attempt::Retry(last))
+    })
 }
 
 impl Store for TcpStore {

@@ -11,9 +11,6 @@ use std::time::Duration;
 pub use client::TcpStore;
 pub use server::TcpStoreServer;
 
-/// Socket timeouts longer than this are treated as "no timeout" (a year).
-const MAX_SOCKET_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 3600);
-
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // No code path panics while holding these locks; recover from poison.
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -42,10 +39,7 @@ fn duration_to_ms(d: Duration) -> u64 {
     u64::try_from(ms).unwrap_or(u64::MAX)
 }
 
-/// A socket timeout, or `None` (no timeout) for absurdly long ones.
-fn socket_timeout(d: Duration) -> Option<Duration> {
-    (d <= MAX_SOCKET_TIMEOUT).then_some(d.max(Duration::from_millis(1)))
-}
+use crate::pool::socket_timeout;
 
 #[cfg(test)]
 mod tests {
