@@ -145,11 +145,14 @@ check_torchrun_mismatch() {
     ok "$name"
 }
 
+# check_torchrun_killed [MONITOR_INTERVAL]: with a 0.001 s monitor interval torchrun SIGTERMs the
+# survivor at once, before it can notice the loss by itself: kolo's SIGTERM report must name it.
 check_torchrun_killed() {
-    local name="torchrun: a worker SIGKILLed mid-collective ends the job within 10 s, kolo's message in the summary"
+    local monitor=${1:-0.1}
+    local name="torchrun (monitor interval $monitor s): a worker SIGKILLed mid-collective ends the job within 10 s, kolo's message in the summary"
     local log=$TMP/tr-killed.log
-    (cd "$TMP" && timeout 60 "$TORCHRUN" --nproc_per_node 2 --no-python "$EX/ring_allreduce" \
-        --count 4000000 --iters 1000) >"$log" 2>&1 &
+    (cd "$TMP" && timeout 60 "$TORCHRUN" --monitor-interval "$monitor" --nproc_per_node 2 \
+        --no-python "$EX/ring_allreduce" --count 4000000 --iters 1000) >"$log" 2>&1 &
     local tpid=$! i victim="" survivor=""
     for i in $(seq 100); do
         victim=$(pid_of_rank 1 ring_allreduce)
@@ -308,6 +311,7 @@ else
     check_torchrun_train
     check_torchrun_mismatch
     check_torchrun_killed
+    check_torchrun_killed 0.001
     check_torchrun_restart
     check_torchrun_two_hosts
     check_c10d_server

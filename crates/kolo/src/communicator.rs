@@ -284,7 +284,7 @@ impl Communicator {
         let uses_arena = group == ARENA_GROUP
             && transport.arena().is_some()
             && members.iter().copied().eq(0..transport.size());
-        Communicator {
+        let comm = Communicator {
             inner: Arc::new(Inner {
                 uses_arena,
                 engine,
@@ -304,7 +304,11 @@ impl Communicator {
                 queue: Mutex::new(None),
                 _store_server: store_server,
             }),
+        };
+        if group == ARENA_GROUP {
+            crate::stop_report::watch(Arc::downgrade(&comm.inner));
         }
+        comm
     }
 
     /// A world communicator over any [`Transport`] (all ranks taken to share one node). Used to bring
@@ -430,6 +434,25 @@ impl Inner {
                 first,
             }),
             None => Ok(()),
+        }
+    }
+
+    /// When torchrun stops this worker (see `stop_report`): records the transport's failure, if it
+    /// has one, as this communicator's; returns whether the communicator has failed.
+    pub fn report_on_stop(&self) -> bool {
+        if let Some(first) = self.failure() {
+            // Its own thread may be about to write it: the first writer wins, the file is whole.
+            crate::error_file::record_error(&first.to_string());
+            return true;
+        }
+        match self.transport.failure() {
+            Some(f) => {
+                self.poison(
+                    f.into_error("the call in progress when torchrun stopped it", self.rank),
+                );
+                true
+            }
+            None => false,
         }
     }
 

@@ -12,6 +12,7 @@ use std::fmt::Display;
 use std::io::Write;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// The variable torchrun sets to the error file of each worker.
@@ -45,6 +46,10 @@ pub fn error_json(message: &str, unix_seconds: u64) -> String {
 /// wrote. The file is created whole (written to a temporary name, then renamed), so torchrun never
 /// reads half of it.
 pub fn write_error_file(path: &Path, message: &str) -> std::io::Result<bool> {
+    // One writer at a time in this process (a communicator's thread and the SIGTERM report may
+    // race): the first error wins and the temporary file is never shared.
+    static WRITING: Mutex<()> = Mutex::new(());
+    let _one = WRITING.lock().unwrap_or_else(|p| p.into_inner());
     if path.exists() {
         return Ok(false);
     }
@@ -54,8 +59,9 @@ pub fn write_error_file(path: &Path, message: &str) -> std::io::Result<bool> {
     let tmp = path.with_extension(format!("kolo-{}.tmp", std::process::id()));
     {
         let mut f = std::fs::File::create(&tmp)?;
+        // No fsync: torchrun reads the file on this machine, and a worker being stopped has
+        // milliseconds to finish writing.
         f.write_all(error_json(message, now).as_bytes())?;
-        f.sync_all()?;
     }
     std::fs::rename(&tmp, path)?;
     Ok(true)

@@ -33,6 +33,7 @@ mod group;
 mod init;
 mod object;
 mod p2p;
+mod stop_report;
 mod work;
 
 pub use communicator::Communicator;

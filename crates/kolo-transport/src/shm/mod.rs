@@ -867,7 +867,8 @@ impl Transport for ShmTransport {
     }
 
     fn failure(&self) -> Option<LinkFailure> {
-        self.mailbox.failure()
+        // A peer that died is seen here, not only by the next wait's health check.
+        self.health()
     }
 
     fn arena(&self) -> Option<&dyn Arena> {
