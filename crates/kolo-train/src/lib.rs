@@ -12,6 +12,7 @@ mod error;
 pub mod fuzzing;
 pub mod models;
 pub mod optim;
+pub mod replicas;
 pub mod trainer;
 
 pub use error::{Result, TrainError};

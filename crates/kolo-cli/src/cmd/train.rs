@@ -15,6 +15,8 @@ use kolo_train::models::ModelKind;
 use kolo_train::optim::OptimizerKind;
 use kolo_train::trainer::{self, TrainConfig};
 
+mod replicas;
+
 pub const LONG_ABOUT: &str = "\
 Train a model data-parallel on N workers: each worker holds a replica, reads its \
 shard of the data (DistributedSampler), and gradients are averaged by all-reduce \
@@ -53,6 +55,13 @@ pub struct TrainArgs {
     /// Batch size per worker
     #[arg(long, default_value = "64", value_parser = parse_positive)]
     batch_size: usize,
+    /// Replicas per worker: threads of the worker process, each with its own copy of the model and
+    /// its share of every batch, gradients averaged with the other ranks (N × R ranks in all)
+    #[arg(long, default_value = "1", value_name = "R", value_parser = parse_positive)]
+    replicas: usize,
+    /// Test accuracy in percent whose first epoch is reported as the time to reach it
+    #[arg(long, default_value = "88", value_name = "PERCENT")]
+    target_accuracy: f64,
     /// Learning rate (of one worker; see --scale-lr)
     #[arg(long, default_value = "0.05")]
     lr: f64,
@@ -144,6 +153,8 @@ impl TrainArgs {
             test_limit: self.test_limit,
             stop_after: self.stop_after,
             progress: !self.no_progress,
+            replicas: self.replicas,
+            target_accuracy: self.target_accuracy / 100.0,
         }
     }
 }
@@ -164,6 +175,9 @@ impl TrainArgs {
 }
 
 fn worker(args: &TrainArgs) -> ExitCode {
+    if args.replicas > 1 {
+        return replicas::worker(args.replicas, &args.config());
+    }
     let comm = match kolo::init() {
         Ok(c) => c,
         Err(e) => {
@@ -203,6 +217,14 @@ pub fn execute(args: TrainArgs) -> ExitCode {
     if args.worker {
         return worker(&args);
     }
+    if args.replicas > args.batch_size {
+        eprintln!(
+            "kolo train: --replicas {} is more than the {} samples of a batch (--batch-size): each \
+             replica takes a share of every batch of its worker",
+            args.replicas, args.batch_size
+        );
+        return ExitCode::from(2);
+    }
     if args.launch.on_hosts() {
         return super::launch_args::execute_hosts("train", args.nproc, &args.launch);
     }
@@ -228,8 +250,12 @@ pub fn execute(args: TrainArgs) -> ExitCode {
             "glibc.malloc.mmap_threshold=4294967295:glibc.malloc.trim_threshold=4294967295"
                 .to_string(),
         ),
-        // One compute thread per core share (like torch.set_num_threads).
-        ("RAYON_NUM_THREADS", (cores / args.nproc).max(1).to_string()),
+        // One compute thread per core share (like torch.set_num_threads); replicas share their
+        // process's.
+        (
+            "RAYON_NUM_THREADS",
+            (cores / (args.nproc * args.replicas)).max(1).to_string(),
+        ),
         (RUN_DIR_ENV, run_dir.to_string_lossy().into_owned()),
     ];
     super::launch_workers("train", args.nproc, &args.launch, &defaults)

@@ -1,0 +1,144 @@
+//! One epoch of training and one evaluation of the test set.
+
+use std::time::Instant;
+
+use candle_core::{DType, Device, Tensor, D};
+use candle_nn::{VarBuilder, VarMap};
+use kolo::{Communicator, ReduceOp};
+use kolo_data::{batches, Dataset, DistributedSampler};
+use kolo_metrics::Progress;
+
+use super::{Placement, TrainConfig};
+use crate::distributed::{check_loss, DistributedOptimizer};
+use crate::error::Result;
+use crate::models;
+use crate::optim::DynOptimizer;
+
+/// What an epoch of training measured.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Trained {
+    /// Mean training loss over the epoch's steps (all ranks).
+    pub loss: f64,
+    /// Optimizer steps taken.
+    pub steps: usize,
+    /// Wall-clock seconds.
+    pub seconds: f64,
+}
+
+/// Everything an epoch works with.
+pub(super) struct EpochCtx<'a> {
+    pub comm: &'a Communicator,
+    pub cfg: &'a TrainConfig,
+    pub device: &'a Device,
+    pub place: Placement,
+    pub train: &'a Dataset,
+    pub steps_per_epoch: usize,
+}
+
+/// Trains one epoch: this process's shard of the training set in batches of `cfg.batch_size`, this
+/// replica taking its share of every batch; `step` counts optimizer steps across epochs.
+pub(super) fn train_epoch(
+    ctx: &EpochCtx,
+    sampler: &mut DistributedSampler,
+    dopt: &mut DistributedOptimizer<Box<dyn DynOptimizer>>,
+    epoch: usize,
+    step: &mut u64,
+) -> Result<Trained> {
+    let (cfg, device, place) = (ctx.cfg, ctx.device, ctx.place);
+    let shape = ctx.train.shape;
+    let classes = ctx.train.num_classes;
+    sampler.set_epoch(epoch as u64);
+    let indices = sampler.indices();
+    let mut progress = (ctx.comm.rank() == 0 && cfg.progress).then(|| {
+        Progress::new(
+            ctx.steps_per_epoch as u64,
+            epoch as u64 + 1,
+            cfg.epochs as u64,
+        )
+    });
+    let t0 = Instant::now();
+    let (mut loss_sum, mut steps) = (0.0, 0usize);
+    let (mut xs, mut ys) = (Vec::new(), Vec::new());
+    for (i, b) in batches(&indices, cfg.batch_size, true)?.enumerate() {
+        // A replica's loss is weighted by its share of the batch, so that the average over the
+        // replicas is the mean over the whole batch even when the shares differ by one.
+        let share = place.share(b.len())?;
+        let weight = (share.len() * place.replicas) as f64 / b.len() as f64;
+        let b = &b[share];
+        ctx.train.gather(b, &mut xs, &mut ys)?;
+        let x = Tensor::from_slice(&xs, (b.len(), shape[0], shape[1], shape[2]), device)?;
+        let y = Tensor::from_slice(&ys, b.len(), device)?;
+        let model = models::build(
+            cfg.model,
+            dopt.ddp().var_builder(DType::F32, device),
+            shape,
+            classes,
+        )?;
+        let logits = model.forward(&x, true)?;
+        let mut loss = candle_nn::loss::cross_entropy(&logits, &y)?;
+        let mean = check_loss(ctx.comm, *step, f64::from(loss.to_scalar::<f32>()?))?;
+        if place.replicas > 1 {
+            loss = loss.affine(weight, 0.0)?;
+        }
+        dopt.backward_step(&loss)?;
+        *step += 1;
+        loss_sum += mean;
+        steps += 1;
+        if let Some(p) = progress.as_mut() {
+            let secs = t0.elapsed().as_secs_f64().max(1e-9);
+            p.update(
+                i as u64 + 1,
+                mean,
+                ((i + 1) * cfg.batch_size * place.procs) as f64 / secs,
+            );
+        }
+    }
+    let seconds = t0.elapsed().as_secs_f64();
+    if let Some(p) = progress.as_mut() {
+        p.finish();
+    }
+    Ok(Trained {
+        loss: loss_sum / steps.max(1) as f64,
+        steps,
+        seconds,
+    })
+}
+
+/// Test loss and accuracy: every rank evaluates its shard with the running statistics, then the
+/// sums are added over the ranks.
+pub(super) fn evaluate(
+    comm: &Communicator,
+    cfg: &TrainConfig,
+    device: &Device,
+    varmap: &VarMap,
+    test: &Dataset,
+    eval_sampler: &DistributedSampler,
+) -> Result<(f64, f64)> {
+    let shape = test.shape;
+    let model = models::build(
+        cfg.model,
+        VarBuilder::from_varmap(varmap, DType::F32, device),
+        shape,
+        test.num_classes,
+    )?;
+    let (mut xs, mut ys) = (Vec::new(), Vec::new());
+    let mut sums = [0.0f64; 3]; // correct, count, loss sum
+    for b in batches(&eval_sampler.indices(), 512, false)? {
+        test.gather(b, &mut xs, &mut ys)?;
+        let x = Tensor::from_slice(&xs, (b.len(), shape[0], shape[1], shape[2]), device)?;
+        let y = Tensor::from_slice(&ys, b.len(), device)?;
+        let logits = model.forward(&x, false)?;
+        let l = candle_nn::loss::cross_entropy(&logits, &y)?.to_scalar::<f32>()?;
+        let pred = logits.argmax(D::Minus1)?;
+        let correct = pred
+            .eq(&y)?
+            .to_dtype(DType::F32)?
+            .sum_all()?
+            .to_scalar::<f32>()?;
+        sums[0] += f64::from(correct);
+        sums[1] += b.len() as f64;
+        sums[2] += f64::from(l) * b.len() as f64;
+    }
+    comm.all_reduce(&mut sums, ReduceOp::Sum)?;
+    Ok((sums[2] / sums[1].max(1.0), sums[0] / sums[1].max(1.0)))
+}

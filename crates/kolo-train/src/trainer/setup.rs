@@ -1,0 +1,219 @@
+//! Setting a run up: the data, the model's parameters (seeded, rank 0's values on every rank), the
+//! DDP optimizer, the run directory, and the resume from a checkpoint.
+
+use std::path::PathBuf;
+
+use candle_core::{DType, Device, Tensor};
+use candle_nn::{VarBuilder, VarMap};
+use kolo::Communicator;
+use kolo_data::{Dataset, DistributedSampler, Split};
+use kolo_metrics::RunDir;
+
+use super::TrainConfig;
+use crate::checkpoint::{self, TrainState};
+use crate::ddp::{sorted_vars, Ddp, DdpOptions};
+use crate::distributed::{DistributedOptimizer, LrSchedule};
+use crate::error::{Result, TrainError};
+use crate::models;
+use crate::optim::{self, AdamWConfig, DynOptimizer, OptimizerConfig, OptimizerKind, SgdConfig};
+
+/// Deterministic PyTorch-style initialization from `seed`: weights (2-d and more) and their biases
+/// uniform in ±1/√fan_in, as `nn.Linear`/`nn.Conv2d` do; BatchNorm scales, shifts and buffers are left
+/// as built. Candle's CPU random generator cannot be seeded, so runs are reproducible only with this.
+pub fn seeded_init(varmap: &VarMap, seed: u64) -> Result<()> {
+    let vars = sorted_vars(varmap);
+    let fan_in = |name: &str| -> Option<usize> {
+        let w = vars.iter().find(|(n, _)| n == name)?;
+        let d = w.1.dims();
+        (d.len() >= 2).then(|| d[1..].iter().product())
+    };
+    let mut rng = kolo_data::rng::SplitMix64::new(seed);
+    for (name, var) in &vars {
+        let fan = if name.ends_with(".weight") {
+            fan_in(name)
+        } else if let Some(prefix) = name.strip_suffix(".bias") {
+            fan_in(&format!("{prefix}.weight"))
+        } else {
+            None
+        };
+        let Some(fan) = fan else { continue };
+        let bound = 1.0 / (fan as f64).sqrt();
+        let vals: Vec<f32> = (0..var.elem_count())
+            .map(|_| ((rng.next_f64() * 2.0 - 1.0) * bound) as f32)
+            .collect();
+        var.set(&Tensor::from_vec(vals, var.shape(), var.device())?.to_dtype(var.dtype())?)?;
+    }
+    Ok(())
+}
+
+fn optimizer_config(cfg: &TrainConfig) -> OptimizerConfig {
+    match cfg.optimizer {
+        OptimizerKind::Sgd => OptimizerConfig::Sgd(SgdConfig {
+            lr: cfg.lr,
+            momentum: cfg.momentum,
+            weight_decay: cfg.weight_decay,
+            ..SgdConfig::default()
+        }),
+        OptimizerKind::AdamW => OptimizerConfig::AdamW(AdamWConfig {
+            lr: cfg.lr,
+            weight_decay: cfg.weight_decay,
+            ..AdamWConfig::default()
+        }),
+    }
+}
+
+/// The training and test sets, cut to the configured limits.
+pub(super) fn load_data(cfg: &TrainConfig) -> Result<(Dataset, Dataset)> {
+    let mut train = kolo_data::load(cfg.dataset, Split::Train, cfg.data_dir.as_deref())?;
+    let mut test = kolo_data::load(cfg.dataset, Split::Test, cfg.data_dir.as_deref())?;
+    if let Some(n) = cfg.train_limit.filter(|&n| n < train.len()) {
+        train = train.subset(&(0..n).collect::<Vec<_>>())?;
+    }
+    if let Some(n) = cfg.test_limit.filter(|&n| n < test.len()) {
+        test = test.subset(&(0..n).collect::<Vec<_>>())?;
+    }
+    Ok((train, test))
+}
+
+/// The model's parameters, seeded and made equal on every rank, and the optimizer that trains them.
+pub(super) fn build_optimizer(
+    comm: &Communicator,
+    cfg: &TrainConfig,
+    device: &Device,
+    shape: [usize; 3],
+    classes: usize,
+) -> Result<(VarMap, DistributedOptimizer<Box<dyn DynOptimizer>>)> {
+    // Build once to create the parameters, initialize from the seed (rank 0's values win).
+    let varmap = VarMap::new();
+    models::build(
+        cfg.model,
+        VarBuilder::from_varmap(&varmap, DType::F32, device),
+        shape,
+        classes,
+    )?;
+    seeded_init(&varmap, cfg.seed)?;
+    let ddp = Ddp::new(
+        comm,
+        &varmap,
+        DdpOptions {
+            bucket_bytes: cfg.bucket_bytes,
+            overlap: cfg.overlap,
+        },
+    )?;
+    let opt = optim::build(ddp.params().to_vec(), optimizer_config(cfg))?;
+    let dopt = DistributedOptimizer::new(ddp, opt, cfg.backward_passes_per_step)?;
+    Ok((varmap, dopt))
+}
+
+/// Rank 0 creates the run directory; every rank returns rank 0's directory (`Some` on rank 0 only)
+/// and its path.
+pub(super) fn run_dir(comm: &Communicator, cfg: &TrainConfig) -> Result<(Option<RunDir>, PathBuf)> {
+    let dir = if comm.rank() == 0 {
+        let name = format!("{}-{}", cfg.model, cfg.dataset);
+        Some(RunDir::create(
+            cfg.out.as_deref(),
+            std::path::Path::new("runs"),
+            &name,
+        )?)
+    } else {
+        None
+    };
+    let path: PathBuf = comm.broadcast_object(dir.as_ref().map(|d| d.path().to_path_buf()), 0)?;
+    Ok((dir, path))
+}
+
+/// Where a resumed run goes on: the epochs already done and the optimizer steps taken.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Resumed {
+    pub epoch: usize,
+    pub step: u64,
+}
+
+/// Resumes from the newest checkpoint under `dir`: rank 0 reads it and every rank gets its
+/// parameters, optimizer state and counters. Nothing to resume from is a fresh start.
+pub(super) fn resume(
+    comm: &Communicator,
+    cfg: &TrainConfig,
+    device: &Device,
+    dir: &std::path::Path,
+    varmap: &VarMap,
+    dopt: &mut DistributedOptimizer<Box<dyn DynOptimizer>>,
+) -> Result<Resumed> {
+    let lead = comm.rank() == 0;
+    let ckpt_root = RunDir::from_path(dir).checkpoint_dir();
+    let ckpt = if lead {
+        checkpoint::load_latest(&ckpt_root, device)?
+    } else {
+        None
+    };
+    let state: Option<TrainState> =
+        comm.broadcast_object(lead.then(|| ckpt.as_ref().map(|c| c.state.clone())), 0)?;
+    let Some(state) = state else {
+        if lead {
+            println!(
+                "no checkpoint in {}; starting from scratch",
+                ckpt_root.display()
+            );
+        }
+        return Ok(Resumed::default());
+    };
+    if state.model != cfg.model.to_string() {
+        return Err(TrainError::Checkpoint {
+            path: ckpt_root,
+            reason: format!("was written for model {}, not {}", state.model, cfg.model),
+        });
+    }
+    let all_vars = sorted_vars(varmap);
+    let model = checkpoint::broadcast_tensors(comm, 0, ckpt.as_ref().map(|c| &c.model), device)?;
+    checkpoint::restore_vars(&ckpt_root, &all_vars, &model)?;
+    let optstate =
+        checkpoint::broadcast_tensors(comm, 0, ckpt.as_ref().map(|c| &c.optimizer), device)?;
+    dopt.inner_mut().load_state(&optstate)?;
+    dopt.inner_mut().set_step_count(state.optimizer_steps);
+    dopt.set_steps(state.step);
+    if lead {
+        println!(
+            "resumed from {} (epoch {} done, step {})",
+            ckpt_root.display(),
+            state.epoch,
+            state.step
+        );
+    }
+    Ok(Resumed {
+        epoch: state.epoch,
+        step: state.step,
+    })
+}
+
+/// Optimizer steps per epoch: batches of the process's shard of the training set.
+pub(super) fn steps_per_epoch(
+    cfg: &TrainConfig,
+    train_len: usize,
+    procs: usize,
+    proc_rank: usize,
+) -> Result<usize> {
+    Ok(kolo_data::num_batches(
+        DistributedSampler::new(train_len, procs, proc_rank, true, cfg.seed, false)?.num_samples(),
+        cfg.batch_size,
+        true,
+    ))
+}
+
+/// Scales the learning rate by the number of workers (with warm-up) when asked.
+pub(super) fn schedule(
+    cfg: &TrainConfig,
+    workers: usize,
+    steps_per_epoch: usize,
+    dopt: DistributedOptimizer<Box<dyn DynOptimizer>>,
+) -> DistributedOptimizer<Box<dyn DynOptimizer>> {
+    if cfg.scale_lr && workers > 1 {
+        let warmup = (cfg.warmup_epochs * steps_per_epoch as f64).round() as u64;
+        dopt.with_schedule(LrSchedule {
+            base_lr: cfg.lr,
+            scale: workers as f64,
+            warmup_steps: warmup,
+        })
+    } else {
+        dopt
+    }
+}
