@@ -10,7 +10,14 @@ Runs, alternating, ROUNDS times each (default 3) and reports medians:
 All use LeNet on Fashion-MNIST, SGD lr 0.05 momentum 0.9, one compute thread per worker, the same
 per-worker batch, one epoch; samples/s counts training only (no evaluation), all workers together.
 
+With --parallel (threads vs processes on one machine), instead, for --model (lenet or resnet18):
+  procs-2     `kolo train -n 2`                     two worker processes, one compute thread each
+  replicas-2  `kolo train -n 1 --replicas 2`        one process, two replica threads
+  intra-2     `kolo train -n 1`, 2 compute threads  one replica, each op on two threads
+with samples/s and the peak memory (RSS summed over the job's processes, sampled every 50 ms).
+
 Usage: scripts/bench_train.py [--rounds 3] [--batch 64] [--epochs 1] [--no-torch]
+       scripts/bench_train.py --parallel [--model resnet18] [--train-limit 2048] [--rounds 3]
 Needs release builds (cargo build --release -p kolo-cli -p kolo-train --example plain_loop) and the data
 (scripts/fetch-data.sh); PyTorch (pip install torch) for the torch rows.
 """
@@ -46,6 +53,72 @@ def kolo(a, n):
         shutil.rmtree(d, ignore_errors=True)
 
 
+def tree_rss_kb(root):
+    """Resident memory of `root` and all its descendants, in KiB."""
+    kids, rss = {}, {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{d}/status") as f:
+                kb = next((int(l.split()[1]) for l in f if l.startswith("VmRSS:")), 0)
+        except (OSError, ValueError, IndexError):
+            continue
+        kids.setdefault(ppid, []).append(int(d))
+        rss[int(d)] = kb
+    total, todo = 0, [root]
+    while todo:
+        p = todo.pop()
+        total += rss.get(p, 0)
+        todo += kids.get(p, [])
+    return total
+
+
+def kolo_parallel(a, n, replicas, threads):
+    """samples/s and peak RSS (MiB) of one `kolo train` run."""
+    d = tempfile.mkdtemp(prefix="kolo-bench-")
+    tun = "glibc.malloc.mmap_threshold=4294967295:glibc.malloc.trim_threshold=4294967295"
+    env = dict(os.environ, RAYON_NUM_THREADS=str(threads), GLIBC_TUNABLES=tun)
+    cmd = ["target/release/kolo", "train", "-n", str(n), "--replicas", str(replicas), "--model", a.model,
+           "--epochs", str(a.epochs), "--batch-size", str(a.batch), "--no-progress", "--out", d,
+           "--test-limit", "500"] + (["--train-limit", str(a.train_limit)] if a.train_limit else [])
+    try:
+        p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        peak = 0
+        while p.poll() is None:
+            peak = max(peak, tree_rss_kb(p.pid))
+            time.sleep(0.05)
+        out, err = p.communicate()
+        if p.returncode != 0:
+            sys.exit(f"bench_train: {' '.join(cmd)} failed ({p.returncode}):\n{out[-2000:]}\n{err[-2000:]}")
+        with open(os.path.join(d, "summary.json")) as f:
+            return json.load(f)["samples_per_second"], peak / 1024
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def parallel(a):
+    cases = [("procs-2", (2, 1, 1)), ("replicas-2", (1, 2, 1)), ("intra-2", (1, 1, 2))]
+    res = {name: [] for name, _ in cases}
+    mem = {name: [] for name, _ in cases}
+    for r in range(a.rounds):
+        for name, (n, rep, thr) in cases:
+            t = time.time()
+            sps, rss = kolo_parallel(a, n, rep, thr)
+            res[name].append(sps)
+            mem[name].append(rss)
+            print(f"round {r + 1} {name:10s} {sps:9.0f} samples/s  peak {rss:7.0f} MiB  ({time.time() - t:.0f} s)",
+                  file=sys.stderr)
+    med = {k: statistics.median(v) for k, v in res.items()}
+    mmed = {k: statistics.median(v) for k, v in mem.items()}
+    print(f"\n{a.model}, batch {a.batch} per worker process, {a.epochs} epoch(s), medians of {a.rounds} rounds:")
+    for k in med:
+        print(f"  {k:10s} {med[k]:9.0f} samples/s  peak RSS {mmed[k]:7.0f} MiB   (runs: {', '.join(f'{x:.0f}' for x in res[k])})")
+    print(json.dumps({"model": a.model, "medians": med, "peak_rss_mib": mmed, "runs": res, "batch": a.batch}))
+
+
 def torch(a, n):
     out = run([sys.executable, PEER, str(n), str(a.epochs), str(a.batch), "0.05"], env={"MOMENTUM": "0.9"})
     rates = [float(m) for m in re.findall(r"samples_s (\d+)", out)]
@@ -60,7 +133,12 @@ def main():
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--parallel", action="store_true", help="threads vs processes (see above)")
+    ap.add_argument("--model", default="lenet")
+    ap.add_argument("--train-limit", type=int, default=0)
     a = ap.parse_args()
+    if a.parallel:
+        return parallel(a)
     have_torch = not a.no_torch and subprocess.run([sys.executable, "-c", "import torch"], capture_output=True).returncode == 0
     if not a.no_torch and not have_torch:
         print("bench_train: PyTorch is not installed; skipping the torch rows (pip install torch)", file=sys.stderr)

@@ -187,6 +187,29 @@ check_train() {
     ok "$name"
 }
 
+# kolo train with replicas: threads of one worker process as ranks (-n 1: the in-process transport;
+# -n 2: four ranks through the rendezvous), learning as well as processes do.
+check_train_replicas() {
+    local n=$1
+    local name="kolo train -n $n --replicas 2: replica threads learn digits"
+    local dir="$TMP/train-replicas-$n"
+    rc=0
+    out=$(timeout 300 "$KOLO" train -n "$n" --replicas 2 --model mlp --dataset digits --epochs 4 \
+        --batch-size 32 --lr 0.05 --no-progress --out "$dir" 2>&1) || rc=$?
+    if ((rc != 0)); then fail "$name" "exit code $rc"; return; fi
+    if ! grep -q "$n workers × 2 replicas" <<<"$out"; then
+        fail "$name" "the banner does not show $n workers × 2 replicas"
+        return
+    fi
+    local acc
+    acc=$(sed -n 's/.*final test accuracy \([0-9.]*\)%.*/\1/p' <<<"$out")
+    if [[ -z $acc ]] || ! awk -v a="$acc" 'BEGIN { exit !(a >= 85) }'; then
+        fail "$name" "final accuracy '${acc}' below 85%"
+        return
+    fi
+    ok "$name (accuracy $acc%)"
+}
+
 # kolo train --max-restarts 2 with a worker SIGKILLed mid-epoch resumes from the last checkpoint and
 # ends within 1 point of the same run undisturbed.
 check_elastic_train() {
@@ -357,6 +380,8 @@ check_two_hosts
 check_partition
 check_elastic_nodes
 check_train
+check_train_replicas 1
+check_train_replicas 2
 check_elastic_train
 check_matrix 2
 check_matrix 4
