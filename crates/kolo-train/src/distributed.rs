@@ -6,7 +6,7 @@ use candle_core::backprop::GradStore;
 use candle_core::Tensor;
 use kolo::{Communicator, ReduceOp};
 
-use crate::ddp::Ddp;
+use crate::ddp::{Ddp, JoinReport};
 use crate::error::{Result, TrainError};
 use crate::optim::DynOptimizer;
 
@@ -163,6 +163,53 @@ impl<O: StepOptimizer> DistributedOptimizer<O> {
         self.steps = steps;
     }
 
+    /// Turns join mode on or off on every rank alike (see [`crate::ddp::join`]): each step then
+    /// averages over the ranks that still have data, and a rank out of data calls
+    /// [`DistributedOptimizer::join`].
+    pub fn set_join(&mut self, on: bool) {
+        self.ddp.set_join(on);
+    }
+
+    /// Out of data (join mode): steps the optimizer with the averaged gradients of every step the
+    /// other ranks still take (learning-rate schedule and step count included), until every rank
+    /// has joined, so parameters and optimizer state stay equal on all ranks. Gradients accumulated
+    /// by an unfinished step (fewer than `backward_passes_per_step` passes) are first averaged and
+    /// applied as a step of their own.
+    pub fn join(&mut self) -> Result<JoinReport> {
+        if !self.ddp.join_enabled() {
+            return Err(TrainError::InvalidArgument {
+                arg: "join",
+                reason: "join mode is off: call set_join(true) on every rank before the first step"
+                    .into(),
+            });
+        }
+        if let Some(mut acc) = self.acc.take() {
+            self.ddp.sync_gradients(&mut acc)?;
+            self.apply(&acc)?;
+        }
+        self.pass = 0;
+        let (ddp, opt, schedule, steps) =
+            (&self.ddp, &mut self.opt, self.schedule, &mut self.steps);
+        ddp.join_with(|grads| {
+            if let Some(s) = schedule {
+                opt.set_learning_rate(s.lr(*steps));
+            }
+            opt.step(grads)?;
+            *steps += 1;
+            Ok(())
+        })
+    }
+
+    fn apply(&mut self, grads: &GradStore) -> Result<()> {
+        if let Some(s) = self.schedule {
+            self.opt.set_learning_rate(s.lr(self.steps));
+        }
+        self.opt.step(grads)?;
+        self.steps += 1;
+        self.pass = 0;
+        Ok(())
+    }
+
     /// Backward pass for `loss`; on the last pass of a step, averages gradients over ranks and steps
     /// the optimizer. Returns whether it stepped.
     pub fn backward_step(&mut self, loss: &Tensor) -> Result<bool> {
@@ -196,12 +243,7 @@ impl<O: StepOptimizer> DistributedOptimizer<O> {
             self.ddp.sync_gradients(&mut acc)?;
             acc
         };
-        if let Some(s) = self.schedule {
-            self.opt.set_learning_rate(s.lr(self.steps));
-        }
-        self.opt.step(&grads)?;
-        self.steps += 1;
-        self.pass = 0;
+        self.apply(&grads)?;
         Ok(true)
     }
 }
