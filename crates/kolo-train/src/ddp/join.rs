@@ -39,10 +39,17 @@
 //! Only synchronizing calls are steps: passes under [`Ddp::no_sync`] communicate nothing, so
 //! accumulation works unchanged; a joined rank shadows the final [`Ddp::sync_gradients`] (or
 //! synchronizing `backward`) of each accumulated step. A rank that runs out of data in the middle
-//! of an accumulation should first synchronize what it has accumulated (an active step), then join.
+//! of an accumulation should first synchronize what it has accumulated (an active step), then join
+//! ([`DistributedOptimizer::join`](crate::distributed::DistributedOptimizer::join) does so). The
+//! `pre_step` hook below runs once per synchronizing step, so with accumulation a loop's own
+//! collectives must come once per step too (not once per pass) for joined ranks to match them.
 //! Collectives other than Ddp's made between steps (metrics, [`Ddp::sync_buffers`],
-//! [`check_loss`](crate::distributed::check_loss)) are not shadowed: in join mode, make them after
-//! `join` returns, or the joined ranks are reported as a mismatch.
+//! [`check_loss`](crate::distributed::check_loss)) are not shadowed by themselves: a joined rank
+//! would be reported as a mismatch. Make them after `join` returns, or have the joined rank make
+//! the matching calls in the `pre_step` hook of [`Ddp::join_with_pre_step`]. For the per-step loss
+//! check there is [`check_loss_active`](crate::distributed::check_loss_active): active ranks pass
+//! their loss, joined ranks `None`, and the mean and the non-finite check cover only the active
+//! ranks.
 //!
 //! # Example
 //!
@@ -69,6 +76,29 @@
 //! // Out of data: apply the others' averaged gradients until every rank is out.
 //! let report = ddp.join_with(|grads| Ok(opt.step(grads)?))?;
 //! println!("shadowed {} steps", report.shadowed_steps);
+//! # Ok(()) }
+//! ```
+//!
+//! With a per-step loss check (and [`DistributedOptimizer`](crate::distributed::DistributedOptimizer),
+//! which has the same `set_join` / `join` / `join_with_pre_step`):
+//!
+//! ```no_run
+//! # use candle_core::Tensor;
+//! # use kolo_train::distributed::{check_loss_active, DistributedOptimizer};
+//! # fn f(comm: &kolo::Communicator, dopt: &mut DistributedOptimizer<kolo_train::optim::Sgd>,
+//! #      losses: Vec<Tensor>) -> kolo_train::Result<()> {
+//! dopt.set_join(true);
+//! let mut step = 0;
+//! for loss in &losses {
+//!     let value = f64::from(loss.to_scalar::<f32>()?);
+//!     let _mean = check_loss_active(comm, step, Some(value))?; // mean over the active ranks
+//!     dopt.backward_step(loss)?;
+//!     step += 1;
+//! }
+//! dopt.join_with_pre_step(|| {
+//!     step += 1;
+//!     check_loss_active(comm, step - 1, None).map(|_| ())
+//! })?;
 //! # Ok(()) }
 //! ```
 
@@ -166,7 +196,20 @@ impl Ddp {
     where
         F: FnMut(&GradStore) -> Result<()>,
     {
-        let report = self.shadow(Some(step))?;
+        self.join_with_pre_step(|| Ok(()), step)
+    }
+
+    /// [`Ddp::join_with`] for training loops that make collectives of their own each step before
+    /// backward (e.g. [`check_loss_active`](crate::distributed::check_loss_active)): `pre_step`
+    /// makes the matching calls on the joined rank, once per step the others take **and once more**
+    /// at the final round, where every rank has joined and calls it together. So the active ranks'
+    /// loop body `own collectives → backward` meets `pre_step → shadowed backward` here.
+    pub fn join_with_pre_step<P, F>(&self, pre_step: P, step: F) -> Result<JoinReport>
+    where
+        P: FnMut() -> Result<()>,
+        F: FnMut(&GradStore) -> Result<()>,
+    {
+        let report = self.shadow(pre_step, Some(step))?;
         self.sync_buffers_from(report.last_active_rank)?;
         Ok(report)
     }
@@ -176,13 +219,14 @@ impl Ddp {
     /// active at the last step, so parameters end equal but this rank's optimizer state has missed
     /// the updates of the steps it shadowed.
     pub fn join(&self) -> Result<JoinReport> {
-        let report = self.shadow(None::<fn(&GradStore) -> Result<()>>)?;
+        let report = self.shadow(|| Ok(()), None::<fn(&GradStore) -> Result<()>>)?;
         self.broadcast_parameters(report.last_active_rank)?;
         Ok(report)
     }
 
-    fn shadow<F>(&self, mut step: Option<F>) -> Result<JoinReport>
+    fn shadow<P, F>(&self, mut pre_step: P, mut step: Option<F>) -> Result<JoinReport>
     where
+        P: FnMut() -> Result<()>,
         F: FnMut(&GradStore) -> Result<()>,
     {
         if !self.join.enabled {
@@ -195,19 +239,13 @@ impl Ddp {
         }
         let active_steps = self.join.active_steps.swap(0, Ordering::Relaxed);
         let (rank, size) = (self.comm.rank(), self.comm.size());
-        if size <= 1 {
-            return Ok(JoinReport {
-                shadowed_steps: 0,
-                active_steps,
-                last_active_rank: rank,
-            });
-        }
         let vars = self.vars();
         let (dtype, device) = vars.first().map_or((DType::F32, Device::Cpu), |v| {
             (v.dtype(), v.device().clone())
         });
         let mut shadowed_steps = 0u64;
         loop {
+            pre_step()?;
             let mut count = [0i64];
             self.comm.all_reduce(&mut count, ReduceOp::Sum)?;
             let n = count[0];
