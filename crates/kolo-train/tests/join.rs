@@ -273,3 +273,13 @@ fn a_rank_without_join_mode_is_reported() {
         "{errors:?}"
     );
 }
+
+#[test]
+fn a_world_of_one_rank_joins_at_once() -> candle_core::Result<()> {
+    let want = reference(&[3], 0.9, 0)?;
+    let got = run(&[3], DdpOptions::default(), 0.9, End::JoinWith, 0);
+    assert!(max_relative_difference(&got[0].0, &want) <= 1e-6);
+    assert_eq!(got[0].1.shadowed_steps, 0);
+    assert_eq!(got[0].1.last_active_rank, 0);
+    Ok(())
+}

@@ -125,7 +125,8 @@ pub(super) struct JoinState {
 pub struct JoinReport {
     /// Steps this rank shadowed after running out of data (0 on a rank that was active to the end).
     pub shadowed_steps: u64,
-    /// Steps this rank took with data since join mode went on (or since the previous join).
+    /// Steps this rank took with data since join mode went on (or since the previous join); 0 in a
+    /// world of one rank, where steps communicate nothing.
     pub active_steps: u64,
     /// A rank that was active at the last step: parameters (for [`Ddp::join`]) and buffers were
     /// broadcast from it. The highest such rank.
@@ -133,7 +134,7 @@ pub struct JoinReport {
 }
 
 impl Ddp {
-    /// Turns join mode on or off (see [`join`](self)). Call it on every rank at the same point,
+    /// Turns join mode on or off (see [`crate::ddp::join`]). Call it on every rank at the same point,
     /// before the first step of the loop that may run out of data unevenly. Turning it on or off
     /// resets the count of active steps.
     pub fn set_join(&mut self, on: bool) {
