@@ -6,7 +6,7 @@ use candle_core::backprop::GradStore;
 use candle_core::Tensor;
 use kolo::{Communicator, ReduceOp};
 
-use crate::ddp::Ddp;
+use crate::ddp::{Ddp, JoinReport};
 use crate::error::{Result, TrainError};
 use crate::optim::DynOptimizer;
 
@@ -87,6 +87,30 @@ pub fn check_loss(comm: &Communicator, step: u64, loss: f64) -> Result<f64> {
     Ok(all.iter().sum::<f64>() / all.len() as f64)
 }
 
+/// [`check_loss`] for join mode (uneven inputs, see [`crate::ddp::join`]): ranks with a batch pass
+/// `Some(loss)`, ranks that have joined pass `None` (from the `pre_step` hook of
+/// [`Ddp::join_with_pre_step`]). If any active rank's loss is NaN or infinite every rank returns
+/// [`TrainError::NonFiniteLoss`] (joined ranks listed with 0); otherwise the mean over the active
+/// ranks, or `None` when no rank is active.
+pub fn check_loss_active(comm: &Communicator, step: u64, loss: Option<f64>) -> Result<Option<f64>> {
+    let mine = [loss.unwrap_or(0.0), f64::from(u8::from(loss.is_some()))];
+    let mut all = vec![0.0f64; 2 * comm.size()];
+    comm.all_gather(&mine, &mut all)?;
+    let active: Vec<f64> = all
+        .chunks_exact(2)
+        .filter(|c| c[1] != 0.0)
+        .map(|c| c[0])
+        .collect();
+    if active.iter().any(|l| !l.is_finite()) {
+        let losses = all.chunks_exact(2).map(|c| c[0]).collect();
+        return Err(TrainError::NonFiniteLoss { step, losses });
+    }
+    if active.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(active.iter().sum::<f64>() / active.len() as f64))
+}
+
 /// An optimizer whose steps use gradients averaged over all ranks.
 ///
 /// With `backward_passes_per_step = k`, gradients of k consecutive backward passes are summed locally
@@ -163,6 +187,62 @@ impl<O: StepOptimizer> DistributedOptimizer<O> {
         self.steps = steps;
     }
 
+    /// Turns join mode on or off on every rank alike (see [`crate::ddp::join`]): each step then
+    /// averages over the ranks that still have data, and a rank out of data calls
+    /// [`DistributedOptimizer::join`].
+    pub fn set_join(&mut self, on: bool) {
+        self.ddp.set_join(on);
+    }
+
+    /// Out of data (join mode): steps the optimizer with the averaged gradients of every step the
+    /// other ranks still take (learning-rate schedule and step count included), until every rank
+    /// has joined, so parameters and optimizer state stay equal on all ranks. Gradients accumulated
+    /// by an unfinished step (fewer than `backward_passes_per_step` passes) are first averaged and
+    /// applied as a step of their own.
+    pub fn join(&mut self) -> Result<JoinReport> {
+        self.join_with_pre_step(|| Ok(()))
+    }
+
+    /// [`DistributedOptimizer::join`] with a hook making, on the joined rank, the collectives the
+    /// training loop makes before each backward (see [`Ddp::join_with_pre_step`]).
+    pub fn join_with_pre_step(
+        &mut self,
+        pre_step: impl FnMut() -> Result<()>,
+    ) -> Result<JoinReport> {
+        if !self.ddp.join_enabled() {
+            return Err(TrainError::InvalidArgument {
+                arg: "join",
+                reason: "join mode is off: call set_join(true) on every rank before the first step"
+                    .into(),
+            });
+        }
+        if let Some(mut acc) = self.acc.take() {
+            self.ddp.sync_gradients(&mut acc)?;
+            self.apply(&acc)?;
+        }
+        self.pass = 0;
+        let (ddp, opt, schedule, steps) =
+            (&self.ddp, &mut self.opt, self.schedule, &mut self.steps);
+        ddp.join_with_pre_step(pre_step, |grads| {
+            if let Some(s) = schedule {
+                opt.set_learning_rate(s.lr(*steps));
+            }
+            opt.step(grads)?;
+            *steps += 1;
+            Ok(())
+        })
+    }
+
+    fn apply(&mut self, grads: &GradStore) -> Result<()> {
+        if let Some(s) = self.schedule {
+            self.opt.set_learning_rate(s.lr(self.steps));
+        }
+        self.opt.step(grads)?;
+        self.steps += 1;
+        self.pass = 0;
+        Ok(())
+    }
+
     /// Backward pass for `loss`; on the last pass of a step, averages gradients over ranks and steps
     /// the optimizer. Returns whether it stepped.
     pub fn backward_step(&mut self, loss: &Tensor) -> Result<bool> {
@@ -196,12 +276,7 @@ impl<O: StepOptimizer> DistributedOptimizer<O> {
             self.ddp.sync_gradients(&mut acc)?;
             acc
         };
-        if let Some(s) = self.schedule {
-            self.opt.set_learning_rate(s.lr(self.steps));
-        }
-        self.opt.step(&grads)?;
-        self.steps += 1;
-        self.pass = 0;
+        self.apply(&grads)?;
         Ok(true)
     }
 }

@@ -52,6 +52,18 @@ pub enum TrainError {
         name: String,
     },
 
+    /// Join mode: the all-reduced count of ranks still training is impossible (a rank that is not in
+    /// join mode, or a corrupted message).
+    #[error("join: rank {rank} counted {count} active ranks in a world of {size} (is join mode on on every rank?)")]
+    JoinCount {
+        /// Rank that saw the count.
+        rank: usize,
+        /// The count.
+        count: i64,
+        /// World size.
+        size: usize,
+    },
+
     /// Unsupported parameter type or layout.
     #[error("unsupported: {what}")]
     Unsupported {

@@ -29,12 +29,16 @@
 //!   buckets in the same order.
 //! - BatchNorm running statistics (names ending in `running_mean`/`running_var`) are buffers: not
 //!   averaged, broadcast from rank 0 by [`Ddp::sync_buffers`].
+//! - Ranks with different numbers of batches: see [`join`] ([`Ddp::set_join`], [`Ddp::join`],
+//!   [`Ddp::join_with`]).
 
 mod bucket;
 mod hook;
+pub mod join;
 mod sync;
 
 pub use bucket::BucketLayout;
+pub use join::JoinReport;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -89,6 +93,7 @@ pub struct Ddp {
     require_sync: bool,
     sync: Arc<Mutex<Synchronizer>>,
     index: HashMap<String, usize>,
+    join: join::JoinState,
 }
 
 impl std::fmt::Debug for Ddp {
@@ -211,6 +216,7 @@ impl Ddp {
             opts,
             require_sync: true,
             index,
+            join: join::JoinState::default(),
         };
         ddp.broadcast_parameters(0)?;
         Ok(ddp)
@@ -277,26 +283,37 @@ impl Ddp {
         self.params.iter().map(|(_, v)| v.clone()).collect()
     }
 
-    /// `loss.backward()`, then (unless sync is off) the gradients averaged over all ranks.
+    /// `loss.backward()`, then (unless sync is off) the gradients averaged over all ranks — in join
+    /// mode, over the ranks that still have data (see [`join`]).
     pub fn backward(&self, loss: &Tensor) -> Result<GradStore> {
+        let sync = self.require_sync && self.comm.size() > 1;
         let hooks = self.hooks_active();
-        self.lock().begin_pass(hooks);
+        // In join mode the count of active ranks goes first, ahead of the buckets backward launches.
+        let count = if sync {
+            self.start_active_count()
+        } else {
+            None
+        };
+        self.lock().begin_pass(hooks, self.reduce_op());
         let mut grads = loss.backward()?;
-        if self.require_sync && self.comm.size() > 1 {
-            self.lock().finish(&mut grads, &self.vars())?;
+        if sync {
+            let divide_by = self.finish_active_count(count)?;
+            self.lock().finish(&mut grads, &self.vars(), divide_by)?;
         }
         Ok(grads)
     }
 
     /// Averages the gradients in `grads` over all ranks (e.g. gradients accumulated over several
-    /// passes), bucket by bucket.
+    /// passes), bucket by bucket — in join mode, over the ranks that still have data.
     pub fn sync_gradients(&self, grads: &mut GradStore) -> Result<()> {
         if self.comm.size() <= 1 {
             return Ok(());
         }
+        let count = self.start_active_count();
+        let divide_by = self.finish_active_count(count)?;
         let mut s = self.lock();
-        s.begin_pass(false);
-        s.finish(grads, &self.vars())
+        s.begin_pass(false, self.reduce_op());
+        s.finish(grads, &self.vars(), divide_by)
     }
 
     fn broadcast_vars(&self, vars: &[(String, Var)], root: usize) -> Result<()> {

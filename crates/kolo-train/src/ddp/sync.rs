@@ -32,6 +32,9 @@ pub(crate) struct Synchronizer {
     dtype: DType,
     /// Whether gradient hooks feed this pass.
     active: bool,
+    /// The reduction of this pass: `Avg` normally, `Sum` in join mode (divided by the active ranks in
+    /// [`Synchronizer::finish`]).
+    op: ReduceOp,
     bufs: Vec<Option<Buf>>,
     have: Vec<bool>,
     missing: Vec<usize>,
@@ -58,6 +61,7 @@ impl Synchronizer {
             names,
             dtype,
             active: false,
+            op: ReduceOp::Avg,
             bufs,
             next: 0,
             pending: (0..n).map(|_| None).collect(),
@@ -68,9 +72,11 @@ impl Synchronizer {
         &self.layout
     }
 
-    /// Starts a pass; with `hooks`, gradients come from [`GradHook`](super::hook::GradHook)s.
-    pub fn begin_pass(&mut self, hooks: bool) {
+    /// Starts a pass reducing with `op`; with `hooks`, gradients come from
+    /// [`GradHook`](super::hook::GradHook)s.
+    pub fn begin_pass(&mut self, hooks: bool, op: ReduceOp) {
         self.active = hooks;
+        self.op = op;
         self.have.iter_mut().for_each(|h| *h = false);
         for (b, m) in self.missing.iter_mut().enumerate() {
             *m = self.layout.buckets[b].len();
@@ -110,8 +116,8 @@ impl Synchronizer {
 
     fn launch(&mut self, b: usize) {
         self.pending[b] = match self.bufs[b].take() {
-            Some(Buf::F32(v)) => Some(Pending::F32(self.comm.all_reduce_async(v, ReduceOp::Avg))),
-            Some(Buf::F64(v)) => Some(Pending::F64(self.comm.all_reduce_async(v, ReduceOp::Avg))),
+            Some(Buf::F32(v)) => Some(Pending::F32(self.comm.all_reduce_async(v, self.op))),
+            Some(Buf::F64(v)) => Some(Pending::F64(self.comm.all_reduce_async(v, self.op))),
             None => None,
         };
     }
@@ -140,8 +146,14 @@ impl Synchronizer {
 
     /// Completes the pass: fills what the hooks did not deliver from `grads` (zeros where a parameter
     /// has no gradient), launches the remaining buckets in order, waits for all, and replaces each
-    /// parameter's gradient in `grads` with the average over ranks.
-    pub fn finish(&mut self, grads: &mut GradStore, vars: &[Var]) -> Result<()> {
+    /// parameter's gradient in `grads` with the average over ranks. With `divide_by` (join mode, where
+    /// the pass reduced with `Sum`), each reduced bucket is divided by that number of active ranks.
+    pub fn finish(
+        &mut self,
+        grads: &mut GradStore,
+        vars: &[Var],
+        divide_by: Option<usize>,
+    ) -> Result<()> {
         self.active = false;
         for b in self.next..self.layout.count() {
             for i in 0..self.layout.buckets[b].len() {
@@ -155,11 +167,19 @@ impl Synchronizer {
             self.next = b + 1;
         }
         for b in 0..self.layout.count() {
-            let done = match self.pending[b].take() {
+            let mut done = match self.pending[b].take() {
                 Some(Pending::F32(w)) => Buf::F32(w.wait()?),
                 Some(Pending::F64(w)) => Buf::F64(w.wait()?),
                 None => continue,
             };
+            if let Some(n) = divide_by {
+                // The same division `ReduceOp::Avg` makes, so join mode with every rank active
+                // gives bit-identical gradients.
+                match &mut done {
+                    Buf::F32(v) => v.iter_mut().for_each(|x| *x /= n as f32),
+                    Buf::F64(v) => v.iter_mut().for_each(|x| *x /= n as f64),
+                }
+            }
             for &p in &self.layout.buckets[b] {
                 let range = self.layout.slot[p].1.clone();
                 let var = &vars[p];
