@@ -210,6 +210,18 @@ check_train_replicas() {
     ok "$name (accuracy $acc%)"
 }
 
+# kolo train --uneven: 100 samples over 3 workers, batch 1: shards of 34, 33 and 33 batches; the
+# ranks out of data join the others' last step instead of hanging.
+check_train_uneven() {
+    local name="kolo train --uneven: workers with 34, 33 and 33 batches finish together"
+    rc=0
+    out=$(timeout 120 "$KOLO" train -n 3 --uneven --model mlp --dataset digits --epochs 2 \
+        --batch-size 1 --train-limit 100 --no-progress --out "$TMP/train-uneven" 2>&1) || rc=$?
+    if ((rc != 0)); then fail "$name" "exit code $rc"; return; fi
+    if ! grep -q "done: 2 epochs" <<<"$out"; then fail "$name" "no summary line"; return; fi
+    ok "$name"
+}
+
 # kolo train --max-restarts 2 with a worker SIGKILLed mid-epoch resumes from the last checkpoint and
 # ends within 1 point of the same run undisturbed.
 check_elastic_train() {
@@ -382,6 +394,7 @@ check_elastic_nodes
 check_train
 check_train_replicas 1
 check_train_replicas 2
+check_train_uneven
 check_elastic_train
 check_matrix 2
 check_matrix 4

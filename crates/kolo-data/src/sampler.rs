@@ -92,6 +92,25 @@ impl DistributedSampler {
         })
     }
 
+    /// An uneven-mode sampler for training with join (`Ddp::set_join`): every
+    /// sample exactly once per epoch, shuffled as the even mode (seed + epoch),
+    /// no padding and no duplicates, so the shards differ in length by at most
+    /// one and ranks may take different numbers of batches. Errors if
+    /// `num_replicas` is 0 or `rank >= num_replicas`.
+    pub fn uneven(
+        len: usize,
+        num_replicas: usize,
+        rank: usize,
+        shuffle: bool,
+        seed: u64,
+    ) -> Result<Self, DataError> {
+        Ok(DistributedSampler {
+            shuffle,
+            seed,
+            ..DistributedSampler::eval(len, num_replicas, rank)?
+        })
+    }
+
     /// Sets the epoch, which (with the seed) determines the shuffle. Call it
     /// with the same value on every rank before each epoch, as in torch.
     pub fn set_epoch(&mut self, epoch: u64) {
@@ -152,7 +171,11 @@ impl DistributedSampler {
     pub fn indices(&self) -> Vec<usize> {
         let (r, rank) = (self.num_replicas, self.rank);
         if !self.even {
-            return (rank..self.len).step_by(r).collect();
+            if !self.shuffle {
+                return (rank..self.len).step_by(r).collect();
+            }
+            let order = permutation(self.len, self.seed.wrapping_add(self.epoch));
+            return (rank..self.len).step_by(r).map(|k| order[k]).collect();
         }
         let order = if self.shuffle {
             permutation(self.len, self.seed.wrapping_add(self.epoch))

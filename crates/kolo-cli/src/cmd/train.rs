@@ -59,6 +59,9 @@ pub struct TrainArgs {
     /// its share of every batch, gradients averaged with the other ranks (N × R ranks in all)
     #[arg(long, default_value = "1", value_name = "R", value_parser = parse_positive)]
     replicas: usize,
+    /// Uneven inputs: no padding of the shards, a rank out of batches joins the others' steps
+    #[arg(long)]
+    uneven: bool,
     /// Test accuracy in percent whose first epoch is reported as the time to reach it
     #[arg(long, default_value = "88", value_name = "PERCENT")]
     target_accuracy: f64,
@@ -155,6 +158,7 @@ impl TrainArgs {
             progress: !self.no_progress,
             replicas: self.replicas,
             target_accuracy: self.target_accuracy / 100.0,
+            uneven: self.uneven,
         }
     }
 }

@@ -229,3 +229,33 @@ fn partitioner_rejects_bad_fractions() {
     }
     assert!(DataPartitioner::new(10, &[0.1; 10], 0).is_ok());
 }
+
+#[test]
+fn uneven_mode_covers_every_sample_once_shuffled_per_epoch() -> TestResult {
+    for len in LENS {
+        for r in REPLICAS {
+            let mut seen = Vec::new();
+            let mut lens = Vec::new();
+            for rank in 0..r {
+                let mut s = DistributedSampler::uneven(len, r, rank, true, 3)?;
+                s.set_epoch(1);
+                let idx = s.indices();
+                assert_eq!(idx.len(), s.num_samples());
+                lens.push(idx.len());
+                seen.extend(idx);
+            }
+            seen.sort_unstable();
+            assert_eq!(seen, (0..len).collect::<Vec<_>>(), "len {len}, {r} ranks");
+            let (lo, hi) = (lens.iter().min(), lens.iter().max());
+            assert!(hi.zip(lo).is_none_or(|(h, l)| h - l <= 1), "{lens:?}");
+        }
+    }
+    // Shuffled, and differently in another epoch.
+    let mut s = DistributedSampler::uneven(100, 2, 0, true, 3)?;
+    let a = s.indices();
+    s.set_epoch(1);
+    assert_ne!(a, s.indices());
+    assert_ne!(a, (0..100).step_by(2).collect::<Vec<_>>());
+    assert!(DistributedSampler::uneven(10, 2, 2, true, 0).is_err());
+    Ok(())
+}

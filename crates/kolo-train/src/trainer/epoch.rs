@@ -9,7 +9,7 @@ use kolo_data::{batches, Dataset, DistributedSampler};
 use kolo_metrics::Progress;
 
 use super::{Placement, TrainConfig};
-use crate::distributed::{check_loss, DistributedOptimizer};
+use crate::distributed::{check_loss, check_loss_active, DistributedOptimizer};
 use crate::error::Result;
 use crate::models;
 use crate::optim::DynOptimizer;
@@ -59,7 +59,11 @@ pub(super) fn train_epoch(
     let t0 = Instant::now();
     let (mut loss_sum, mut steps) = (0.0, 0usize);
     let (mut xs, mut ys) = (Vec::new(), Vec::new());
-    for (i, b) in batches(&indices, cfg.batch_size, true)?.enumerate() {
+    // Uneven inputs keep the last, shorter batch (every sample once per epoch) unless it has fewer
+    // samples than there are replicas to share it.
+    let batches =
+        batches(&indices, cfg.batch_size, !cfg.uneven)?.filter(|b| b.len() >= place.replicas);
+    for (i, b) in batches.enumerate() {
         // A replica's loss is weighted by its share of the batch, so that the average over the
         // replicas is the mean over the whole batch even when the shares differ by one.
         let share = place.share(b.len())?;
@@ -76,7 +80,12 @@ pub(super) fn train_epoch(
         )?;
         let logits = model.forward(&x, true)?;
         let mut loss = candle_nn::loss::cross_entropy(&logits, &y)?;
-        let mean = check_loss(ctx.comm, *step, f64::from(loss.to_scalar::<f32>()?))?;
+        let local = f64::from(loss.to_scalar::<f32>()?);
+        let mean = if cfg.uneven {
+            check_loss_active(ctx.comm, *step, Some(local))?.unwrap_or(local)
+        } else {
+            check_loss(ctx.comm, *step, local)?
+        };
         if place.replicas > 1 {
             loss = loss.affine(weight, 0.0)?;
         }
@@ -92,6 +101,17 @@ pub(super) fn train_epoch(
                 ((i + 1) * cfg.batch_size * place.procs) as f64 / secs,
             );
         }
+    }
+    if cfg.uneven {
+        // Out of batches: shadow the others' steps (their loss check included) until all are out,
+        // stepping with the same averaged gradients.
+        let mut shadow = *step;
+        let report = dopt.join_with_pre_step(|| {
+            check_loss_active(ctx.comm, shadow, None)?;
+            shadow += 1;
+            Ok(())
+        })?;
+        *step += report.shadowed_steps;
     }
     let seconds = t0.elapsed().as_secs_f64();
     if let Some(p) = progress.as_mut() {

@@ -76,6 +76,10 @@ pub struct TrainConfig {
     pub progress: bool,
     /// Test accuracy in (0, 1] whose first epoch is reported as the time to reach it.
     pub target_accuracy: f64,
+    /// Uneven inputs: every sample once per epoch without padding (ranks may take different numbers
+    /// of batches), a rank out of batches joining the others' steps until all are out
+    /// ([`crate::ddp::join`]).
+    pub uneven: bool,
 }
 
 impl Default for TrainConfig {
@@ -104,6 +108,7 @@ impl Default for TrainConfig {
             progress: true,
             replicas: 1,
             target_accuracy: 0.88,
+            uneven: false,
         }
     }
 }
@@ -226,6 +231,13 @@ fn check_config(cfg: &TrainConfig) -> Result<()> {
             ),
         });
     }
+    if cfg.uneven && cfg.backward_passes_per_step > 1 {
+        return bad(
+            "uneven",
+            "cannot be combined with more than one backward pass per step (the per-batch loss \
+             check of a rank out of data could not be shadowed)",
+        );
+    }
     if !(cfg.target_accuracy > 0.0 && cfg.target_accuracy <= 1.0) {
         return bad("target accuracy", "must be in (0, 1]");
     }
@@ -270,14 +282,21 @@ pub fn run_on(comm: &Communicator, cfg: &TrainConfig, device: &Device) -> Result
         None => None,
     };
 
-    let mut sampler = DistributedSampler::new(
-        train.len(),
-        place.procs,
-        place.proc_rank,
-        true,
-        cfg.seed,
-        false,
-    )?;
+    let mut sampler = if cfg.uneven {
+        DistributedSampler::uneven(train.len(), place.procs, place.proc_rank, true, cfg.seed)?
+    } else {
+        DistributedSampler::new(
+            train.len(),
+            place.procs,
+            place.proc_rank,
+            true,
+            cfg.seed,
+            false,
+        )?
+    };
+    if cfg.uneven {
+        dopt.set_join(true);
+    }
     let eval_sampler = DistributedSampler::eval(test.len(), world, rank)?;
     let ctx = EpochCtx {
         comm,
