@@ -13,6 +13,10 @@
 //!
 //! Layers use PyTorch's default initialization (see the `layers` module notes), not
 //! candle-nn's.
+//!
+//! BatchNorm layers are kolo's [`BatchNorm`] (candle-nn's math and names), which can be
+//! synchronized over the ranks of a communicator (PyTorch's `SyncBatchNorm`): see
+//! [`convert_sync_batchnorm`] and [`build_sync_bn`].
 
 use std::fmt;
 use std::str::FromStr;
@@ -20,6 +24,7 @@ use std::str::FromStr;
 use candle_core::{Tensor, Var};
 use candle_nn::{VarBuilder, VarMap};
 
+mod batch_norm;
 mod conv;
 mod layers;
 mod lenet;
@@ -27,13 +32,16 @@ mod mlp;
 mod pool;
 mod resnet;
 mod simple_cnn;
+mod sync_bn;
 
+pub use batch_norm::{BatchNorm, BatchNormConfig};
 pub use conv::conv2d;
 pub use lenet::Lenet;
 pub use mlp::{Mlp, DEFAULT_MLP_HIDDEN};
 pub use pool::{avg_pool2x2, max_pool2x2};
 pub use resnet::Resnet18;
 pub use simple_cnn::SimpleCnn;
+pub use sync_bn::{build_sync_bn, convert_sync_batchnorm};
 
 /// A classifier.
 pub trait Model: Send + Sync {
@@ -42,6 +50,13 @@ pub trait Model: Send + Sync {
     /// `train` switches BatchNorm between batch statistics (updating the running statistics)
     /// and the running statistics; models without BatchNorm ignore it.
     fn forward(&self, x: &Tensor, train: bool) -> candle_core::Result<Tensor>;
+
+    /// Calls `f` on each of the model's [`BatchNorm`] layers, in a fixed order (the same on
+    /// every rank). Models with BatchNorm must override it (the default visits nothing); it is
+    /// what [`convert_sync_batchnorm`] uses.
+    fn visit_batch_norms(&mut self, f: &mut dyn FnMut(&mut BatchNorm)) {
+        let _ = f;
+    }
 }
 
 /// The models [`build`] knows.
@@ -75,6 +90,12 @@ impl ModelKind {
             ModelKind::Mlp => "mlp",
             ModelKind::Resnet18 => "resnet18",
         }
+    }
+
+    /// Whether models of this kind have BatchNorm layers (only those change with
+    /// [`convert_sync_batchnorm`]).
+    pub fn has_batch_norm(self) -> bool {
+        matches!(self, ModelKind::Resnet18)
     }
 }
 
