@@ -1,24 +1,4 @@
 //! Batch normalization, local or synchronized over the ranks of a [`Communicator`].
-//!
-//! The math, parameters and names are those of candle-nn's `BatchNorm` with PyTorch's defaults:
-//! `weight` (γ, ones), `bias` (β, zeros), running statistics `running_mean` (zeros) and
-//! `running_var` (ones) as candle `Var`s, `eps` 1e-5, `momentum` 0.1. In training mode the
-//! batch mean and (biased) variance of each channel normalize the input and the running
-//! statistics move towards the batch mean and the *unbiased* batch variance
-//! (`running = (1 − momentum)·running + momentum·batch`); in eval mode the running statistics
-//! normalize the input.
-//!
-//! A synchronized layer ([`BatchNorm::synchronize`], PyTorch's `SyncBatchNorm`) computes the
-//! statistics of the *global* batch: every rank sums, per channel, its element count, `Σx` and
-//! `Σx²` (in f64) and one [`all_reduce_sum`] per layer combines them; the backward pass of that
-//! all-reduce sums the gradients of the statistics over the ranks, so inputs, weights and
-//! biases get the gradients of one process holding the whole batch. Running statistics are
-//! updated identically on every rank. Eval mode stays local.
-//!
-//! Empty batches are allowed: a rank with no samples contributes zeros to both all-reduces
-//! (and gets an empty output), so the other ranks neither hang nor see NaN. If the global batch
-//! is empty the running statistics are left alone; a global batch of a single value per
-//! channel is an error in training mode (its variance is undefined), as in PyTorch.
 
 use candle_core::{DType, ModuleT, Result, Tensor, Var};
 use candle_nn::{Init, VarBuilder};
@@ -47,7 +27,27 @@ impl Default for BatchNormConfig {
 /// Batch normalization over dimension 1 of `[B, C, …]` inputs (`[B, C]`, `[B, C, H, W]`, …),
 /// PyTorch's `BatchNorm1d`/`BatchNorm2d`, or `SyncBatchNorm` once [synchronized].
 ///
-/// See the [module documentation](self) for the math.
+/// The math, parameters and names are those of candle-nn's `BatchNorm` with PyTorch's defaults:
+/// `weight` (γ, ones), `bias` (β, zeros), running statistics `running_mean` (zeros) and
+/// `running_var` (ones) as candle `Var`s, `eps` 1e-5, `momentum` 0.1. In training mode the
+/// batch mean and (biased) variance of each channel normalize the input and the running
+/// statistics move towards the batch mean and the *unbiased* batch variance
+/// (`running = (1 − momentum)·running + momentum·batch`); in eval mode the running statistics
+/// normalize the input.
+///
+/// A synchronized layer ([`BatchNorm::synchronize`], PyTorch's `SyncBatchNorm`) computes the
+/// statistics of the *global* batch: every rank sums, per channel, its element count, `Σx` and
+/// `Σx²` (in f64) and one [`all_reduce_sum`] per layer combines them; the backward pass of that
+/// all-reduce sums the gradients of the statistics over the ranks, so inputs, weights and
+/// biases get the gradients of one process holding the whole batch. Running statistics are
+/// updated identically on every rank. Eval mode stays local.
+///
+/// Empty batches are allowed: a rank with no samples contributes zeros to both all-reduces
+/// (and gets an empty output), so the other ranks neither hang nor see NaN. If the global batch
+/// is empty the running statistics are left alone; a global batch of a single value per
+/// channel is an error in training mode (its variance is undefined), as in PyTorch. (In a whole
+/// model, the backward pass of an empty rank only reaches the layer if the ops after it keep
+/// empty tensors in the graph; candle's `matmul` of an empty batch returns unconnected zeros.)
 ///
 /// [synchronized]: BatchNorm::synchronize
 #[derive(Clone, Debug)]

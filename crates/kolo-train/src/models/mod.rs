@@ -15,8 +15,49 @@
 //! candle-nn's.
 //!
 //! BatchNorm layers are kolo's [`BatchNorm`] (candle-nn's math and names), which can be
-//! synchronized over the ranks of a communicator (PyTorch's `SyncBatchNorm`): see
-//! [`convert_sync_batchnorm`] and [`build_sync_bn`].
+//! synchronized over the ranks of a communicator (PyTorch's `SyncBatchNorm`).
+//!
+//! # Synchronized BatchNorm
+//!
+//! With data parallelism each rank's BatchNorm layers normally see only the rank's own local
+//! batch. [`convert_sync_batchnorm`] switches every [`BatchNorm`] of a model to statistics of the
+//! global batch (one small all-reduce per layer in the forward pass and one in the backward
+//! pass); [`build_sync_bn`] builds a [`ModelKind`] that way. A model without BatchNorm is left
+//! unchanged and the count is 0, which a caller can report (or ask
+//! [`ModelKind::has_batch_norm`] beforehand):
+//!
+//! ```no_run
+//! # use candle_core::{DType, Device};
+//! # use candle_nn::VarMap;
+//! # use kolo_train::ddp::{Ddp, DdpOptions};
+//! # use kolo_train::models::{self, ModelKind};
+//! # fn main() -> kolo_train::Result<()> {
+//! let comm = kolo::init()?;
+//! let kind = ModelKind::Resnet18;
+//! let varmap = VarMap::new();
+//! models::build(kind, candle_nn::VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu), [3, 32, 32], 10)?;
+//! let ddp = Ddp::new(&comm, &varmap, DdpOptions::default())?;
+//! let sync_bn = true; // e.g. `--sync-bn`
+//! for step in 0..3 {
+//!     // models are rebuilt from the `VarBuilder` every step, and converted every step
+//!     let mut model = models::build(kind, ddp.var_builder(DType::F32, &Device::Cpu), [3, 32, 32], 10)?;
+//!     if sync_bn {
+//!         let converted = models::convert_sync_batchnorm(model.as_mut(), &comm); // 17 for ResNet-18
+//!         if converted == 0 && step == 0 {
+//!             eprintln!("--sync-bn: model {kind} has no batch norm");
+//!         }
+//!     }
+//!     // or, in one call: models::build_sync_bn(kind, vb, [3, 32, 32], 10, &comm)?
+//!     // ... forward (train mode), loss, ddp.backward(&loss)?, optimizer step
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! Conversion only changes how training-mode statistics are computed: the parameters, the
+//! running statistics (still `…running_mean` / `…running_var` buffers of the `VarMap`) and eval
+//! mode are untouched, and it costs nothing to redo on every step. Every rank must convert the
+//! same model and run every forward and backward pass through it (an empty local batch is fine
+//! for the layer itself; see [`BatchNorm`]).
 
 use std::fmt;
 use std::str::FromStr;
