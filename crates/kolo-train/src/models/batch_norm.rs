@@ -4,6 +4,7 @@ use candle_core::{DType, ModuleT, Result, Tensor, Var};
 use candle_nn::{Init, VarBuilder};
 use kolo::Communicator;
 
+use super::channel_stats::channel_sums;
 use crate::autograd::all_reduce_sum;
 
 /// Settings of a [`BatchNorm`]; the default is PyTorch's (`eps` 1e-5, `momentum` 0.1).
@@ -191,12 +192,10 @@ impl BatchNorm {
         let per_channel: usize = dims[2..].iter().product();
         let local_count = batch * per_channel;
 
-        // Per-channel [count, Σx…, Σx²…] in f64: [B, C, S] → sum over S → sum over B.
-        let x64 = x.reshape((batch, c, per_channel))?.to_dtype(DType::F64)?;
-        let sum = x64.sum(2)?.sum(0)?;
-        let sum_sq = x64.sqr()?.sum(2)?.sum(0)?;
+        // Per-channel [count, Σx…, Σx²…] in f64.
+        let sums = channel_sums(&x.reshape((batch, c, per_channel))?)?;
         let count = Tensor::new(&[local_count as f64], x.device())?;
-        let stats = Tensor::cat(&[&count, &sum, &sum_sq], 0)?;
+        let stats = Tensor::cat(&[&count, &sums], 0)?;
         let stats = match &self.comm {
             Some(comm) => all_reduce_sum(&stats, comm)?,
             None => stats,

@@ -66,6 +66,7 @@ use candle_core::{Tensor, Var};
 use candle_nn::{VarBuilder, VarMap};
 
 mod batch_norm;
+mod channel_stats;
 mod conv;
 mod layers;
 mod lenet;
