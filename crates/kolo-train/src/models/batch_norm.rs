@@ -200,7 +200,7 @@ impl BatchNorm {
             Some(comm) => all_reduce_sum(&stats, comm)?,
             None => stats,
         };
-        let n = stats.narrow(0, 0, 1)?.to_vec1::<f64>()?[0];
+        let n = stats.get(0)?.to_scalar::<f64>()?;
         if n == 1.0 {
             candle_core::bail!(
                 "batch norm: expected more than 1 value per channel when training, got input {:?}{}",
