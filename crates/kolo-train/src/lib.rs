@@ -4,6 +4,7 @@
 //! checkpointable state, distributed data parallel ([`ddp`]), and the training loop behind
 //! `kolo train`.
 
+pub mod autograd;
 pub mod checkpoint;
 pub mod ddp;
 pub mod distributed;

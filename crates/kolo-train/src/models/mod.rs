@@ -13,6 +13,51 @@
 //!
 //! Layers use PyTorch's default initialization (see the `layers` module notes), not
 //! candle-nn's.
+//!
+//! BatchNorm layers are kolo's [`BatchNorm`] (candle-nn's math and names), which can be
+//! synchronized over the ranks of a communicator (PyTorch's `SyncBatchNorm`).
+//!
+//! # Synchronized BatchNorm
+//!
+//! With data parallelism each rank's BatchNorm layers normally see only the rank's own local
+//! batch. [`convert_sync_batchnorm`] switches every [`BatchNorm`] of a model to statistics of the
+//! global batch (one small all-reduce per layer in the forward pass and one in the backward
+//! pass); [`build_sync_bn`] builds a [`ModelKind`] that way. A model without BatchNorm is left
+//! unchanged and the count is 0, which a caller can report (or ask
+//! [`ModelKind::has_batch_norm`] beforehand):
+//!
+//! ```no_run
+//! # use candle_core::{DType, Device};
+//! # use candle_nn::VarMap;
+//! # use kolo_train::ddp::{Ddp, DdpOptions};
+//! # use kolo_train::models::{self, ModelKind};
+//! # fn main() -> kolo_train::Result<()> {
+//! let comm = kolo::init()?;
+//! let kind = ModelKind::Resnet18;
+//! let varmap = VarMap::new();
+//! models::build(kind, candle_nn::VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu), [3, 32, 32], 10)?;
+//! let ddp = Ddp::new(&comm, &varmap, DdpOptions::default())?;
+//! let sync_bn = true; // e.g. `--sync-bn`
+//! for step in 0..3 {
+//!     // models are rebuilt from the `VarBuilder` every step, and converted every step
+//!     let mut model = models::build(kind, ddp.var_builder(DType::F32, &Device::Cpu), [3, 32, 32], 10)?;
+//!     if sync_bn {
+//!         let converted = models::convert_sync_batchnorm(model.as_mut(), &comm); // 17 for ResNet-18
+//!         if converted == 0 && step == 0 {
+//!             eprintln!("--sync-bn: model {kind} has no batch norm");
+//!         }
+//!     }
+//!     // or, in one call: models::build_sync_bn(kind, vb, [3, 32, 32], 10, &comm)?
+//!     // ... forward (train mode), loss, ddp.backward(&loss)?, optimizer step
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! Conversion only changes how training-mode statistics are computed: the parameters, the
+//! running statistics (still `…running_mean` / `…running_var` buffers of the `VarMap`) and eval
+//! mode are untouched, and it costs nothing to redo on every step. Every rank must convert the
+//! same model and run every forward and backward pass through it (an empty local batch is fine
+//! for the layer itself; see [`BatchNorm`]).
 
 use std::fmt;
 use std::str::FromStr;
@@ -20,6 +65,8 @@ use std::str::FromStr;
 use candle_core::{Tensor, Var};
 use candle_nn::{VarBuilder, VarMap};
 
+mod batch_norm;
+mod channel_stats;
 mod conv;
 mod layers;
 mod lenet;
@@ -27,13 +74,16 @@ mod mlp;
 mod pool;
 mod resnet;
 mod simple_cnn;
+mod sync_bn;
 
+pub use batch_norm::{BatchNorm, BatchNormConfig};
 pub use conv::conv2d;
 pub use lenet::Lenet;
 pub use mlp::{Mlp, DEFAULT_MLP_HIDDEN};
 pub use pool::{avg_pool2x2, max_pool2x2};
 pub use resnet::Resnet18;
 pub use simple_cnn::SimpleCnn;
+pub use sync_bn::{build_sync_bn, convert_sync_batchnorm};
 
 /// A classifier.
 pub trait Model: Send + Sync {
@@ -42,6 +92,13 @@ pub trait Model: Send + Sync {
     /// `train` switches BatchNorm between batch statistics (updating the running statistics)
     /// and the running statistics; models without BatchNorm ignore it.
     fn forward(&self, x: &Tensor, train: bool) -> candle_core::Result<Tensor>;
+
+    /// Calls `f` on each of the model's [`BatchNorm`] layers, in a fixed order (the same on
+    /// every rank). Models with BatchNorm must override it (the default visits nothing); it is
+    /// what [`convert_sync_batchnorm`] uses.
+    fn visit_batch_norms(&mut self, f: &mut dyn FnMut(&mut BatchNorm)) {
+        let _ = f;
+    }
 }
 
 /// The models [`build`] knows.
@@ -75,6 +132,12 @@ impl ModelKind {
             ModelKind::Mlp => "mlp",
             ModelKind::Resnet18 => "resnet18",
         }
+    }
+
+    /// Whether models of this kind have BatchNorm layers (only those change with
+    /// [`convert_sync_batchnorm`]).
+    pub fn has_batch_norm(self) -> bool {
+        matches!(self, ModelKind::Resnet18)
     }
 }
 

@@ -1,7 +1,9 @@
 //! ResNet-18, the d2l variant for small images.
 
 use candle_core::{Module, ModuleT, Result, Tensor};
-use candle_nn::{BatchNorm, BatchNormConfig, Linear, VarBuilder};
+use candle_nn::{Linear, VarBuilder};
+
+use super::batch_norm::BatchNorm;
 
 use super::conv::Conv2d;
 
@@ -16,7 +18,7 @@ const BLOCKS_PER_STAGE: usize = 2;
 
 fn batch_norm(channels: usize, vb: VarBuilder) -> Result<BatchNorm> {
     // eps 1e-5 and momentum 0.1, as PyTorch's BatchNorm2d.
-    candle_nn::batch_norm(channels, BatchNormConfig::default(), vb)
+    BatchNorm::new(channels, vb)
 }
 
 /// d2l's `Residual`: `conv3×3(stride)-BN-ReLU-conv3×3-BN`, plus a 1×1 convolution (with
@@ -61,6 +63,11 @@ impl Residual {
             None => x.clone(),
         };
         (y + shortcut)?.relu()
+    }
+
+    fn visit_batch_norms(&mut self, f: &mut dyn FnMut(&mut BatchNorm)) {
+        f(&mut self.bn1);
+        f(&mut self.bn2);
     }
 }
 
@@ -122,5 +129,12 @@ impl Model for Resnet18 {
         // Global average pooling: [B, 512, h, w] -> [B, 512].
         let x = x.mean(3)?.mean(2)?;
         self.fc.forward(&x)
+    }
+
+    fn visit_batch_norms(&mut self, f: &mut dyn FnMut(&mut BatchNorm)) {
+        f(&mut self.bn1);
+        for block in &mut self.blocks {
+            block.visit_batch_norms(f);
+        }
     }
 }
