@@ -210,6 +210,29 @@ check_train_replicas() {
     ok "$name (accuracy $acc%)"
 }
 
+# kolo train --sync-bn: ResNet-18's 17 BatchNorm layers on the statistics of both workers' batches.
+check_train_sync_bn() {
+    local name="kolo train --model resnet18 --sync-bn -n 2 learns digits"
+    rc=0
+    out=$(timeout 300 "$KOLO" train --model resnet18 --sync-bn -n 2 --dataset digits \
+        --train-limit 512 --test-limit 200 --epochs 4 --batch-size 16 --lr 0.02 --no-progress \
+        --out "$TMP/train-sync-bn" 2>&1) || rc=$?
+    if ((rc != 0)); then fail "$name" "exit code $rc"; return; fi
+    local acc
+    acc=$(sed -n 's/.*final test accuracy \([0-9.]*\)%.*/\1/p' <<<"$out")
+    if [[ -z $acc ]] || ! awk -v a="$acc" 'BEGIN { exit !(a >= 70) }'; then
+        fail "$name" "final accuracy '${acc}' below 70%"
+        return
+    fi
+    rc=0
+    out=$("$KOLO" train --sync-bn --model lenet 2>&1) || rc=$?
+    if ((rc != 2)) || ! grep -q "model lenet has no batch norm" <<<"$out"; then
+        fail "$name" "--sync-bn with LeNet: exit $rc, '$out'"
+        return
+    fi
+    ok "$name (accuracy $acc%; --sync-bn with LeNet refused)"
+}
+
 # kolo train --uneven: 100 samples over 3 workers, batch 1: shards of 34, 33 and 33 batches; the
 # ranks out of data join the others' last step instead of hanging.
 check_train_uneven() {
@@ -395,6 +418,7 @@ check_train
 check_train_replicas 1
 check_train_replicas 2
 check_train_uneven
+check_train_sync_bn
 check_elastic_train
 check_matrix 2
 check_matrix 4

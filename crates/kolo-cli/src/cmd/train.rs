@@ -59,6 +59,9 @@ pub struct TrainArgs {
     /// its share of every batch, gradients averaged with the other ranks (N × R ranks in all)
     #[arg(long, default_value = "1", value_name = "R", value_parser = parse_positive)]
     replicas: usize,
+    /// Synchronized BatchNorm: statistics over the batches of all workers (resnet18)
+    #[arg(long)]
+    sync_bn: bool,
     /// Uneven inputs: no padding of the shards, a rank out of batches joins the others' steps
     #[arg(long)]
     uneven: bool,
@@ -159,6 +162,7 @@ impl TrainArgs {
             replicas: self.replicas,
             target_accuracy: self.target_accuracy / 100.0,
             uneven: self.uneven,
+            sync_bn: self.sync_bn,
         }
     }
 }
@@ -220,6 +224,13 @@ fn restart_count() -> usize {
 pub fn execute(args: TrainArgs) -> ExitCode {
     if args.worker {
         return worker(&args);
+    }
+    if args.sync_bn && !args.model.has_batch_norm() {
+        eprintln!(
+            "kolo train: --sync-bn: model {} has no batch norm layers to synchronize (resnet18 has)",
+            args.model
+        );
+        return ExitCode::from(2);
     }
     if args.replicas > args.batch_size {
         eprintln!(

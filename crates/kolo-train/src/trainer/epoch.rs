@@ -72,12 +72,12 @@ pub(super) fn train_epoch(
         ctx.train.gather(b, &mut xs, &mut ys)?;
         let x = Tensor::from_slice(&xs, (b.len(), shape[0], shape[1], shape[2]), device)?;
         let y = Tensor::from_slice(&ys, b.len(), device)?;
-        let model = models::build(
-            cfg.model,
-            dopt.ddp().var_builder(DType::F32, device),
-            shape,
-            classes,
-        )?;
+        let vb = dopt.ddp().var_builder(DType::F32, device);
+        let model = if cfg.sync_bn {
+            models::build_sync_bn(cfg.model, vb, shape, classes, ctx.comm)?
+        } else {
+            models::build(cfg.model, vb, shape, classes)?
+        };
         let logits = model.forward(&x, true)?;
         let mut loss = candle_nn::loss::cross_entropy(&logits, &y)?;
         let local = f64::from(loss.to_scalar::<f32>()?);

@@ -80,6 +80,9 @@ pub struct TrainConfig {
     /// of batches), a rank out of batches joining the others' steps until all are out
     /// ([`crate::ddp::join`]).
     pub uneven: bool,
+    /// Synchronized BatchNorm: batch statistics over the global batch of all ranks
+    /// ([`crate::models::convert_sync_batchnorm`]); the model must have BatchNorm layers.
+    pub sync_bn: bool,
 }
 
 impl Default for TrainConfig {
@@ -109,6 +112,7 @@ impl Default for TrainConfig {
             replicas: 1,
             target_accuracy: 0.88,
             uneven: false,
+            sync_bn: false,
         }
     }
 }
@@ -237,6 +241,15 @@ fn check_config(cfg: &TrainConfig) -> Result<()> {
             "cannot be combined with more than one backward pass per step (the per-batch loss \
              check of a rank out of data could not be shadowed)",
         );
+    }
+    if cfg.sync_bn && !cfg.model.has_batch_norm() {
+        return Err(TrainError::InvalidArgument {
+            arg: "sync-bn",
+            reason: format!(
+                "model {} has no batch norm layers to synchronize (resnet18 has)",
+                cfg.model
+            ),
+        });
     }
     if !(cfg.target_accuracy > 0.0 && cfg.target_accuracy <= 1.0) {
         return bad("target accuracy", "must be in (0, 1]");
