@@ -14,7 +14,9 @@ With --parallel (threads vs processes on one machine), instead, for --model (len
   procs-2     `kolo train -n 2`                     two worker processes, one compute thread each
   replicas-2  `kolo train -n 1 --replicas 2`        one process, two replica threads
   intra-2     `kolo train -n 1`, 2 compute threads  one replica, each op on two threads
-with samples/s and the peak memory (RSS summed over the job's processes, sampled every 50 ms).
+all three with the same global batch per step (2 x --batch: 2 workers x B, 1 worker x 2B split in two,
+1 worker x 2B), with samples/s and the peak memory (RSS summed over the job's processes, sampled
+every 50 ms).
 
 Usage: scripts/bench_train.py [--rounds 3] [--batch 64] [--epochs 1] [--no-torch]
        scripts/bench_train.py --parallel [--model resnet18] [--train-limit 2048] [--rounds 3]
@@ -76,13 +78,13 @@ def tree_rss_kb(root):
     return total
 
 
-def kolo_parallel(a, n, replicas, threads):
+def kolo_parallel(a, n, replicas, threads, batch):
     """samples/s and peak RSS (MiB) of one `kolo train` run."""
     d = tempfile.mkdtemp(prefix="kolo-bench-")
     tun = "glibc.malloc.mmap_threshold=4294967295:glibc.malloc.trim_threshold=4294967295"
     env = dict(os.environ, RAYON_NUM_THREADS=str(threads), GLIBC_TUNABLES=tun)
     cmd = ["target/release/kolo", "train", "-n", str(n), "--replicas", str(replicas), "--model", a.model,
-           "--epochs", str(a.epochs), "--batch-size", str(a.batch), "--no-progress", "--out", d,
+           "--epochs", str(a.epochs), "--batch-size", str(batch), "--no-progress", "--out", d,
            "--test-limit", "500"] + (["--train-limit", str(a.train_limit)] if a.train_limit else [])
     try:
         p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -100,20 +102,21 @@ def kolo_parallel(a, n, replicas, threads):
 
 
 def parallel(a):
-    cases = [("procs-2", (2, 1, 1)), ("replicas-2", (1, 2, 1)), ("intra-2", (1, 1, 2))]
+    b = a.batch
+    cases = [("procs-2", (2, 1, 1, b)), ("replicas-2", (1, 2, 1, 2 * b)), ("intra-2", (1, 1, 2, 2 * b))]
     res = {name: [] for name, _ in cases}
     mem = {name: [] for name, _ in cases}
     for r in range(a.rounds):
-        for name, (n, rep, thr) in cases:
+        for name, (n, rep, thr, batch) in cases:
             t = time.time()
-            sps, rss = kolo_parallel(a, n, rep, thr)
+            sps, rss = kolo_parallel(a, n, rep, thr, batch)
             res[name].append(sps)
             mem[name].append(rss)
             print(f"round {r + 1} {name:10s} {sps:9.0f} samples/s  peak {rss:7.0f} MiB  ({time.time() - t:.0f} s)",
                   file=sys.stderr)
     med = {k: statistics.median(v) for k, v in res.items()}
     mmed = {k: statistics.median(v) for k, v in mem.items()}
-    print(f"\n{a.model}, batch {a.batch} per worker process, {a.epochs} epoch(s), medians of {a.rounds} rounds:")
+    print(f"\n{a.model}, global batch {2 * a.batch} per step, {a.epochs} epoch(s), medians of {a.rounds} rounds:")
     for k in med:
         print(f"  {k:10s} {med[k]:9.0f} samples/s  peak RSS {mmed[k]:7.0f} MiB   (runs: {', '.join(f'{x:.0f}' for x in res[k])})")
     print(json.dumps({"model": a.model, "medians": med, "peak_rss_mib": mmed, "runs": res, "batch": a.batch}))
