@@ -1,5 +1,6 @@
 //! The training loop behind `kolo train`: every rank loads the data, takes its shard through a
-//! [`DistributedSampler`], trains a replica with [`Ddp`] and a [`DistributedOptimizer`], and evaluates
+//! [`DistributedSampler`], trains a replica with [`Ddp`](crate::ddp::Ddp) and a
+//! [`DistributedOptimizer`](crate::distributed::DistributedOptimizer), and evaluates
 //! its shard of the test set; rank 0 shows progress, writes metrics (CSV, TensorBoard), the plot, the
 //! checkpoints and a summary into the run directory.
 
