@@ -13,6 +13,7 @@ mod error;
 pub mod fuzzing;
 pub mod models;
 pub mod optim;
+pub mod precision;
 pub mod replicas;
 pub mod trainer;
 

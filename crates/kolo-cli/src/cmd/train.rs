@@ -13,6 +13,7 @@ use clap::Args;
 use kolo_data::DatasetKind;
 use kolo_train::models::ModelKind;
 use kolo_train::optim::OptimizerKind;
+use kolo_train::precision::Precision;
 use kolo_train::trainer::{self, TrainConfig};
 
 mod replicas;
@@ -59,6 +60,9 @@ pub struct TrainArgs {
     /// its share of every batch, gradients averaged with the other ranks (N × R ranks in all)
     #[arg(long, default_value = "1", value_name = "R", value_parser = parse_positive)]
     replicas: usize,
+    /// Compute precision: f32, or bf16 (forward and backward in bf16, f32 master weights)
+    #[arg(long, default_value = "f32")]
+    precision: Precision,
     /// Synchronized BatchNorm: statistics over the batches of all workers (resnet18)
     #[arg(long)]
     sync_bn: bool,
@@ -163,6 +167,7 @@ impl TrainArgs {
             target_accuracy: self.target_accuracy / 100.0,
             uneven: self.uneven,
             sync_bn: self.sync_bn,
+            precision: self.precision,
         }
     }
 }

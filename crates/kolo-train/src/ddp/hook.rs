@@ -65,7 +65,12 @@ pub(crate) struct HookedBackend {
     pub varmap: VarMap,
     /// Parameter name → index, for the trainable parameters.
     pub index: std::collections::HashMap<String, usize>,
-    pub sync: Arc<Mutex<Synchronizer>>,
+    /// `None`: no hooks (gradients are averaged after backward, or not at all).
+    pub sync: Option<Arc<Mutex<Synchronizer>>>,
+    /// Mixed precision: trainable parameters are handed out cast to this type (the `VarMap` keeps
+    /// the f32 master weights, which receive the gradients through the cast); buffers stay as they
+    /// are.
+    pub compute: Option<DType>,
 }
 
 impl SimpleBackend for HookedBackend {
@@ -78,12 +83,19 @@ impl SimpleBackend for HookedBackend {
         dev: &Device,
     ) -> candle_core::Result<Tensor> {
         let t = self.varmap.get(s, name, h, dtype, dev)?;
-        match self.index.get(name) {
-            Some(&index) => t.apply_op1_arc(Arc::new(Box::new(GradHook {
+        let Some(&index) = self.index.get(name) else {
+            return Ok(t);
+        };
+        let t = match &self.sync {
+            Some(sync) => t.apply_op1_arc(Arc::new(Box::new(GradHook {
                 index,
-                sync: self.sync.clone(),
-            }))),
-            None => Ok(t),
+                sync: sync.clone(),
+            })))?,
+            None => t,
+        };
+        match self.compute {
+            Some(d) if d != t.dtype() => t.to_dtype(d),
+            _ => Ok(t),
         }
     }
 

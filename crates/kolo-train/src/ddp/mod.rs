@@ -257,10 +257,28 @@ impl Ddp {
         if !self.hooks_active() {
             return VarBuilder::from_varmap(&self.varmap, dtype, device);
         }
+        self.backend(None, dtype, device)
+    }
+
+    /// Like [`Ddp::var_builder`] for mixed precision: the trainable parameters come cast to
+    /// `compute` (e.g. bf16) so the model computes in it, while the `VarMap` keeps the f32 master
+    /// weights, which get the gradients (cast back to f32) and the optimizer's updates. Buffers
+    /// (BatchNorm running statistics) stay f32. See [`crate::precision`].
+    pub fn var_builder_in(&self, compute: DType, device: &Device) -> VarBuilder<'static> {
+        self.backend(Some(compute), DType::F32, device)
+    }
+
+    fn backend(
+        &self,
+        compute: Option<DType>,
+        dtype: DType,
+        device: &Device,
+    ) -> VarBuilder<'static> {
         let backend = HookedBackend {
             varmap: self.varmap.clone(),
             index: self.index.clone(),
-            sync: self.sync.clone(),
+            sync: self.hooks_active().then(|| self.sync.clone()),
+            compute,
         };
         VarBuilder::from_backend(Box::new(backend), dtype, device.clone())
     }

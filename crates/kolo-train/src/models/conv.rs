@@ -424,6 +424,11 @@ pub fn conv2d(
     stride: usize,
     padding: usize,
 ) -> Result<Tensor> {
+    if let Some(y) = low_precision(x, &[Some(weight), bias], |t| {
+        conv2d(&t[0], &t[1], t.get(2), stride, padding)
+    }) {
+        return y;
+    }
     let (b, c, h, w) = x.dims4()?;
     let (c_out, c_w, k, k2) = weight.dims4()?;
     if c != c_w || k != k2 {
@@ -507,4 +512,27 @@ impl Module for Conv2d {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         conv2d(x, &self.weight, Some(&self.bias), self.stride, self.padding)
     }
+}
+
+/// Mixed precision on CPU (see `crate::precision`): candle has no bf16/f16 matrix products on CPU,
+/// so a layer given 16-bit CPU tensors computes `f` on f32 copies of `x` and `params` (the present
+/// ones, in order) and casts the result back; `None` for other inputs. Gradients flow through the
+/// casts.
+pub(crate) fn low_precision(
+    x: &Tensor,
+    params: &[Option<&Tensor>],
+    f: impl FnOnce(&[Tensor]) -> Result<Tensor>,
+) -> Option<Result<Tensor>> {
+    let dtype = x.dtype();
+    if !(x.device().is_cpu() && matches!(dtype, DType::BF16 | DType::F16)) {
+        return None;
+    }
+    let run = || {
+        let mut ts = vec![x.to_dtype(DType::F32)?];
+        for p in params.iter().flatten() {
+            ts.push(p.to_dtype(DType::F32)?);
+        }
+        f(&ts)?.to_dtype(dtype)
+    };
+    Some(run())
 }

@@ -8,8 +8,9 @@
 //! noticeably worse, so these constructors reproduce PyTorch's defaults exactly (only the
 //! initial values differ; the resulting layers are plain candle-nn layers).
 
+use candle_core::Module;
 use candle_core::{Result, Tensor};
-use candle_nn::{Init, Linear, VarBuilder};
+use candle_nn::{Init, VarBuilder};
 
 use super::conv::Conv2d;
 
@@ -25,6 +26,29 @@ fn torch_default_init(fan_in: usize) -> Init {
 
 /// `nn.Linear(in_dim, out_dim)` with PyTorch's default initialization; parameters are named
 /// `weight` (`[out_dim, in_dim]`) and `bias` (`[out_dim]`) under `vb`'s prefix.
+/// A fully connected layer (candle-nn's `Linear`), computing in f32 when given 16-bit CPU tensors
+/// (see [`super::conv::low_precision`]).
+#[derive(Debug, Clone)]
+pub struct Linear(candle_nn::Linear);
+
+impl Linear {
+    fn new(weight: Tensor, bias: Option<Tensor>) -> Self {
+        Linear(candle_nn::Linear::new(weight, bias))
+    }
+}
+
+impl Module for Linear {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let params = [Some(self.0.weight()), self.0.bias()];
+        match super::conv::low_precision(x, &params, |t| {
+            candle_nn::Linear::new(t[1].clone(), t.get(2).cloned()).forward(&t[0])
+        }) {
+            Some(y) => y,
+            None => self.0.forward(x),
+        }
+    }
+}
+
 pub(crate) fn linear(in_dim: usize, out_dim: usize, vb: VarBuilder) -> Result<Linear> {
     let init = torch_default_init(in_dim);
     let weight = vb.get_with_hints((out_dim, in_dim), "weight", init)?;

@@ -1,7 +1,9 @@
 //! LeNet-5 as defined by d2l (and the PyTorch reference).
 
 use candle_core::{Module, Result, Tensor};
-use candle_nn::{Linear, VarBuilder};
+use candle_nn::VarBuilder;
+
+use super::layers::Linear;
 
 use super::conv::Conv2d;
 

@@ -1,7 +1,9 @@
 //! A multi-layer perceptron on flattened images.
 
 use candle_core::{Module, Result, Tensor};
-use candle_nn::{Linear, VarBuilder};
+use candle_nn::VarBuilder;
+
+use super::layers::Linear;
 
 use super::layers;
 use super::Model;

@@ -1,7 +1,9 @@
 //! ResNet-18, the d2l variant for small images.
 
 use candle_core::{Module, ModuleT, Result, Tensor};
-use candle_nn::{Linear, VarBuilder};
+use candle_nn::VarBuilder;
+
+use super::layers::Linear;
 
 use super::batch_norm::BatchNorm;
 

@@ -1,7 +1,9 @@
 //! A small two-convolution CNN.
 
 use candle_core::{Module, Result, Tensor};
-use candle_nn::{Linear, VarBuilder};
+use candle_nn::VarBuilder;
+
+use super::layers::Linear;
 
 use super::conv::Conv2d;
 

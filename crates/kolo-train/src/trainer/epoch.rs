@@ -70,15 +70,21 @@ pub(super) fn train_epoch(
         let weight = (share.len() * place.replicas) as f64 / b.len() as f64;
         let b = &b[share];
         ctx.train.gather(b, &mut xs, &mut ys)?;
-        let x = Tensor::from_slice(&xs, (b.len(), shape[0], shape[1], shape[2]), device)?;
+        let mut x = Tensor::from_slice(&xs, (b.len(), shape[0], shape[1], shape[2]), device)?;
         let y = Tensor::from_slice(&ys, b.len(), device)?;
-        let vb = dopt.ddp().var_builder(DType::F32, device);
+        let vb = match cfg.precision.compute_dtype() {
+            Some(compute) => {
+                x = x.to_dtype(compute)?;
+                dopt.ddp().var_builder_in(compute, device)
+            }
+            None => dopt.ddp().var_builder(DType::F32, device),
+        };
         let model = if cfg.sync_bn {
             models::build_sync_bn(cfg.model, vb, shape, classes, ctx.comm)?
         } else {
             models::build(cfg.model, vb, shape, classes)?
         };
-        let logits = model.forward(&x, true)?;
+        let logits = model.forward(&x, true)?.to_dtype(DType::F32)?;
         let mut loss = candle_nn::loss::cross_entropy(&logits, &y)?;
         let local = f64::from(loss.to_scalar::<f32>()?);
         let mean = if cfg.uneven {

@@ -84,6 +84,8 @@ pub struct TrainConfig {
     /// Synchronized BatchNorm: batch statistics over the global batch of all ranks
     /// ([`crate::models::convert_sync_batchnorm`]); the model must have BatchNorm layers.
     pub sync_bn: bool,
+    /// What forward and backward compute in ([`crate::precision`]).
+    pub precision: crate::precision::Precision,
 }
 
 impl Default for TrainConfig {
@@ -114,6 +116,7 @@ impl Default for TrainConfig {
             target_accuracy: 0.88,
             uneven: false,
             sync_bn: false,
+            precision: crate::precision::Precision::F32,
         }
     }
 }
