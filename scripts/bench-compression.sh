@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Gradient compression on a slow network: two hosts (network namespaces joined by a veth pair whose
+# both ends are limited to RATE by `tc qdisc ... tbf`), one `kolo train` worker each, ResNet-18 on
+# Fashion-MNIST; for each --compression in turn (none, fp16, bf16), ROUNDS rounds alternating, it
+# prints samples/s and the time per step (global batch / samples/s) of every run, then the medians.
+#
+# Usage: scripts/bench-compression.sh [KOLO] [ROUNDS] [RATE] [TRAIN_LIMIT]
+#        (default target/release/kolo, 3, 1gbit, 1024)
+# Needs root (CAP_NET_ADMIN), iproute2 with tc, and the data (scripts/fetch-data.sh); exits 77 when
+# namespaces cannot be made here. No traffic leaves the machine.
+set -euo pipefail
+KOLO=$(realpath "${1:-target/release/kolo}")
+ROUNDS=${2:-3}
+RATE=${3:-1gbit}
+LIMIT=${4:-1024}
+BATCH=32
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=scripts/netns-lib.sh
+source "$here/netns-lib.sh"
+netns_up "kcmp$$"
+for side in "$ns0 $if0" "$ns1 $if1"; do
+    read -r ns iface <<<"$side"
+    ip netns exec "$ns" tc qdisc add dev "$iface" root tbf rate "$RATE" burst 256kb latency 50ms
+done
+export KOLO_JOB_SECRET=${KOLO_JOB_SECRET:-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')}
+work=$(mktemp -d)
+cleanup() { rm -rf "$work"; netns_down; }
+trap cleanup EXIT
+
+# run COMPRESSION ROUND: one two-host training run; prints its samples/s.
+run() {
+    local comp=$1 round=$2 port=$((29500 + RANDOM % 400)) r pids=()
+    local out="$work/$comp-$round"
+    for r in 0 1; do
+        local ns iface
+        ns=$([[ $r == 0 ]] && echo "$ns0" || echo "$ns1")
+        iface=$([[ $r == 0 ]] && echo "$if0" || echo "$if1")
+        ip netns exec "$ns" env RAYON_NUM_THREADS=1 timeout 900 "$KOLO" train -n 1 --nnodes 2 \
+            --node-rank "$r" --master-addr 10.77.0.1 --master-port "$port" --iface "$iface" \
+            --model resnet18 --dataset fashion-mnist --train-limit "$LIMIT" --test-limit 200 \
+            --epochs 1 --batch-size "$BATCH" --no-progress --compression "$comp" \
+            --out "$out" >"$out.node$r.log" 2>&1 &
+        pids+=($!)
+    done
+    for r in 0 1; do
+        if ! wait "${pids[$r]}"; then
+            echo "bench-compression: node $r of the $comp run failed:" >&2
+            tail -5 "$out.node$r.log" >&2
+            exit 1
+        fi
+    done
+    python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["samples_per_second"])' \
+        "$out/summary.json"
+}
+
+declare -A results
+for round in $(seq "$ROUNDS"); do
+    for comp in none fp16 bf16; do
+        sps=$(run "$comp" "$round")
+        results[$comp]+="$sps "
+        awk -v s="$sps" -v b=$((2 * BATCH)) -v c="$comp" -v r="$round" \
+            'BEGIN { printf "round %d %-5s %7.1f samples/s  %6.3f s/step\n", r, c, s, b / s }'
+    done
+done
+echo
+echo "ResNet-18, 2 hosts x 1 worker, link $RATE (tbf), global batch $((2 * BATCH)), medians of $ROUNDS:"
+for comp in none fp16 bf16; do
+    # shellcheck disable=SC2086
+    printf '%s\n' ${results[$comp]} | sort -g | awk -v c="$comp" -v b=$((2 * BATCH)) '
+        { v[NR] = $1 } END { m = v[int((NR + 1) / 2)]; printf "  %-5s %7.1f samples/s  %6.3f s/step\n", c, m, b / m }'
+done
