@@ -80,6 +80,7 @@ pub fn fixed(op: kolo_core::OpKind, n: usize) -> Algorithm {
         AllGather | AllGatherV | ReduceScatter => Algorithm::Ring,
         AllToAll | AllToAllV => Algorithm::Pairwise,
         Scatter | ScatterV | Gather | GatherV => Algorithm::Linear,
+        AllReduceAdasum => Algorithm::RecursiveDoubling,
         Send | AllReduce => Algorithm::Direct,
     }
 }
