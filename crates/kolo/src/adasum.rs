@@ -1,12 +1,14 @@
 //! Adasum all-reduce on a [`Communicator`]: adaptive summation of gradients (Maleki et al., MLSys
 //! 2021; Horovod's `hvd.Adasum`), per layer, over a binary tree of pairwise combinations.
 //!
-//! The algorithm is `kolo_collectives::algorithms::allreduce_adasum`.
+//! The algorithms are `kolo_collectives::algorithms::allreduce_adasum` (recursive doubling, small
+//! buffers) and `allreduce_adasum_halving` (vector halving, distance doubling, large buffers), chosen
+//! by `kolo_collectives::select::adasum`.
 
-use kolo_collectives::algorithms::allreduce_adasum;
+use kolo_collectives::algorithms::{allreduce_adasum, allreduce_adasum_halving};
 use kolo_collectives::select;
 use kolo_core::call::counts_hash;
-use kolo_core::{Call, Error, OpKind, Result};
+use kolo_core::{Algorithm, Call, Error, OpKind, Result};
 
 pub use allreduce_adasum::AdasumFloat;
 
@@ -66,10 +68,11 @@ impl Inner {
             reduce: None,
             count: counts_hash(layers),
             root: None,
-            algo: select::fixed(OP, self.size()),
+            algo: select::adasum(buf.len(), std::mem::size_of::<T>(), self.size()),
         };
-        self.run(seq, call, |ctx| {
-            allreduce_adasum::all_reduce(ctx, buf, layers)
+        self.run(seq, call, |ctx| match call.algo {
+            Algorithm::HalvingDoubling => allreduce_adasum_halving::all_reduce(ctx, buf, layers),
+            _ => allreduce_adasum::all_reduce(ctx, buf, layers),
         })
     }
 }
@@ -85,7 +88,9 @@ impl Communicator {
     /// `(1 − a·b / (2|a|²)) a + (1 − a·b / (2|b|²)) b` (a zero vector leaves the other one), with dot
     /// products and norms in f64: identical gradients come back unchanged (not multiplied by the
     /// number of ranks), orthogonal ones are added. Ranks combine pairwise up a binary tree — (0,1),
-    /// (2,3), …, then {0,1} with {2,3}, … — the lower ranks' vector as `a`.
+    /// (2,3), …, then {0,1} with {2,3}, … — the lower ranks' vector as `a`. Small buffers go by
+    /// recursive doubling (whole vectors exchanged, log₂ n rounds), large ones by Horovod's vector
+    /// halving with distance doubling (about twice the buffer sent per rank, whatever n).
     ///
     /// Like Horovod, Adasum runs only on groups whose size is a power of two: on other groups every
     /// rank returns [`Error::Unsupported`] naming the size, without communicating and without failing

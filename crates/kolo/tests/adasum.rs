@@ -120,15 +120,26 @@ fn run_adasum<T: AdasumFloat>(
     results[0].iter().map(|x| x.to_f64()).collect()
 }
 
+/// Small enough for recursive doubling.
 const LAYERS: [usize; 6] = [5, 0, 17, 1, 40, 3];
+/// Over 32 KiB in f32 and f64: vector halving from four ranks, with layers that straddle the ranks'
+/// slices.
+const BIG_LAYERS: [usize; 7] = [1, 4095, 0, 3000, 7, 2000, 13];
+
+/// Every transport with both layer sets.
+fn cases() -> impl Iterator<Item = (Kind, &'static [usize])> {
+    KINDS
+        .into_iter()
+        .flat_map(|k| [(k, &LAYERS[..]), (k, &BIG_LAYERS[..])])
+}
 
 #[test]
 fn matches_the_sequential_tree_in_f64_and_f32() {
-    let len: usize = LAYERS.iter().sum();
-    for kind in KINDS {
+    for (kind, layers) in cases() {
+        let len: usize = layers.iter().sum();
         for n in [1, 2, 4, 8] {
             let inputs = gradients(n, len, 7 + n as u64);
-            let want = tree_ref(&inputs, &LAYERS);
+            let want = tree_ref(&inputs, layers);
             if n > 1 {
                 // The check can fail: Adasum is far from both the sum and the average here.
                 let sum: Vec<f64> = (0..len)
@@ -137,7 +148,7 @@ fn matches_the_sequential_tree_in_f64_and_f32() {
                 let avg: Vec<f64> = sum.iter().map(|s| s / n as f64).collect();
                 assert!(rel_err(&sum, &want) > 0.05 && rel_err(&avg, &want) > 0.05);
             }
-            let got = run_adasum::<f64>(kind, n, &inputs, &LAYERS);
+            let got = run_adasum::<f64>(kind, n, &inputs, layers);
             let e = rel_err(&got, &want);
             assert!(e <= 1e-12, "{kind:?} n={n} f64: relative error {e}");
 
@@ -146,8 +157,8 @@ fn matches_the_sequential_tree_in_f64_and_f32() {
                 .iter()
                 .map(|v| v.iter().map(|x| f64::from(*x as f32)).collect())
                 .collect();
-            let want32 = tree_ref(&rounded, &LAYERS);
-            let got = run_adasum::<f32>(kind, n, &inputs, &LAYERS);
+            let want32 = tree_ref(&rounded, layers);
+            let got = run_adasum::<f32>(kind, n, &inputs, layers);
             let e = rel_err(&got, &want32);
             assert!(e <= 1e-5, "{kind:?} n={n} f32: relative error {e}");
         }
@@ -188,12 +199,12 @@ fn large_buffer_in_two_layers() {
 
 #[test]
 fn identical_gradients_come_back_unchanged() {
-    let len: usize = LAYERS.iter().sum();
-    let g = gradients(1, len, 5).remove(0);
-    for kind in KINDS {
+    for (kind, layers) in cases() {
+        let len: usize = layers.iter().sum();
+        let g = gradients(1, len, 5).remove(0);
         for n in [2, 4, 8] {
             let inputs = vec![g.clone(); n];
-            let got = run_adasum::<f64>(kind, n, &inputs, &LAYERS);
+            let got = run_adasum::<f64>(kind, n, &inputs, layers);
             // Not n times it: a·b = |a|² makes both coefficients exactly ½.
             assert_eq!(got, g, "{kind:?} n={n}");
         }
@@ -204,9 +215,9 @@ fn identical_gradients_come_back_unchanged() {
 fn orthogonal_gradients_add() {
     // Rank r is non-zero only at positions ≡ r (mod n): pairwise orthogonal in every segment, and so
     // are the partial results up the tree.
-    for kind in KINDS {
+    for (kind, layers) in cases() {
         for n in [2, 4, 8] {
-            let len: usize = LAYERS.iter().sum();
+            let len: usize = layers.iter().sum();
             let inputs: Vec<Vec<f64>> = (0..n)
                 .map(|r| {
                     (0..len)
@@ -223,7 +234,7 @@ fn orthogonal_gradients_add() {
             let sum: Vec<f64> = (0..len)
                 .map(|i| inputs.iter().map(|v| v[i]).sum())
                 .collect();
-            let got = run_adasum::<f64>(kind, n, &inputs, &LAYERS);
+            let got = run_adasum::<f64>(kind, n, &inputs, layers);
             assert_eq!(got, sum, "{kind:?} n={n}");
         }
     }

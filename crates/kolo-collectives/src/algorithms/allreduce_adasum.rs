@@ -23,6 +23,8 @@
 //! The world size must be a power of two (as in Horovod); the caller checks that before any
 //! communication ([`is_supported`]).
 
+use std::ops::Range;
+
 use kolo_core::dtype::{as_bytes, vec_from_bytes};
 use kolo_core::{Element, Result};
 
@@ -82,22 +84,53 @@ pub fn coefficients(dot: f64, a_sq: f64, b_sq: f64) -> (f64, f64) {
 /// Writes `adasum(a, b)` into `out`, segment by segment (`layers` are segment lengths summing to
 /// `a.len()`; `a`, `b` and `out` have the same length).
 pub fn combine<T: AdasumFloat>(a: &[T], b: &[T], layers: &[usize], out: &mut [T]) {
-    let mut start = 0;
-    for &len in layers {
-        let end = start + len;
-        let (sa, sb) = (&a[start..end], &b[start..end]);
+    let sums = partial_sums(a, b, 0, layers);
+    apply(a, b, 0, layers, &sums, out);
+}
+
+/// The element range of each layer that falls inside `offset..offset + len`, relative to `offset`.
+fn clipped(offset: usize, len: usize, layers: &[usize]) -> impl Iterator<Item = Range<usize>> + '_ {
+    let end = offset + len;
+    layers.iter().scan(0usize, move |start, &l| {
+        let (s, e) = (*start, *start + l);
+        *start = e;
+        let (cs, ce) = (s.clamp(offset, end), e.clamp(offset, end));
+        Some(cs - offset..ce - offset)
+    })
+}
+
+/// Per layer, `[a·b, |a|², |b|²]` (in f64) over the part of the layer inside the slice: `a` and `b`
+/// hold elements `offset..offset + a.len()` of the two whole vectors. Three entries per layer.
+pub fn partial_sums<T: AdasumFloat>(a: &[T], b: &[T], offset: usize, layers: &[usize]) -> Vec<f64> {
+    let mut sums = Vec::with_capacity(3 * layers.len());
+    for r in clipped(offset, a.len(), layers) {
         let (mut dot, mut a_sq, mut b_sq) = (0.0f64, 0.0f64, 0.0f64);
-        for (x, y) in sa.iter().zip(sb) {
+        for (x, y) in a[r.clone()].iter().zip(&b[r]) {
             let (x, y) = (x.to_f64(), y.to_f64());
             dot += x * y;
             a_sq += x * x;
             b_sq += y * y;
         }
-        let (ca, cb) = coefficients(dot, a_sq, b_sq);
-        for ((o, x), y) in out[start..end].iter_mut().zip(sa).zip(sb) {
+        sums.extend([dot, a_sq, b_sq]);
+    }
+    sums
+}
+
+/// Writes `ca·a + cb·b` into `out` for the slice at `offset` (as in [`partial_sums`]), each layer's
+/// coefficients from its whole-layer `sums`.
+pub fn apply<T: AdasumFloat>(
+    a: &[T],
+    b: &[T],
+    offset: usize,
+    layers: &[usize],
+    sums: &[f64],
+    out: &mut [T],
+) {
+    for (r, s) in clipped(offset, a.len(), layers).zip(sums.chunks_exact(3)) {
+        let (ca, cb) = coefficients(s[0], s[1], s[2]);
+        for ((o, x), y) in out[r.clone()].iter_mut().zip(&a[r.clone()]).zip(&b[r]) {
             *o = T::from_f64(ca * x.to_f64() + cb * y.to_f64());
         }
-        start = end;
     }
 }
 
@@ -173,6 +206,26 @@ mod tests {
         let a = [1.0, 2.0];
         let b = [-1.0, -2.0];
         assert_eq!(adasum(&a, &b, &[2]), vec![0.0, 0.0]);
+    }
+
+    #[test]
+    fn slices_sum_to_the_whole() {
+        let a: Vec<f64> = (0..10).map(|i| i as f64 - 3.0).collect();
+        let b: Vec<f64> = (0..10).map(|i| (i * i) as f64 * 0.5).collect();
+        let layers = [3, 0, 6, 1];
+        let whole = partial_sums(&a, &b, 0, &layers);
+        let left = partial_sums(&a[..4], &b[..4], 0, &layers);
+        let right = partial_sums(&a[4..], &b[4..], 4, &layers);
+        assert_eq!(whole.len(), 12);
+        for i in 0..12 {
+            assert_eq!(left[i] + right[i], whole[i], "entry {i}");
+        }
+        let mut out = vec![0.0; 10];
+        combine(&a, &b, &layers, &mut out);
+        let mut halves = vec![0.0; 10];
+        apply(&a[..4], &b[..4], 0, &layers, &whole, &mut halves[..4]);
+        apply(&a[4..], &b[4..], 4, &layers, &whole, &mut halves[4..]);
+        assert_eq!(halves, out);
     }
 
     #[test]
