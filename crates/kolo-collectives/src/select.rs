@@ -7,6 +7,9 @@
 //! All-reduce: recursive doubling below [`SMALL_BYTES`] (fewest rounds), halving-doubling up to
 //! [`MEDIUM_BYTES`] when there are at least four ranks (log rounds, near-optimal bandwidth), ring above
 //! (optimal bandwidth, segments pipelined).
+//!
+//! Adasum ([`adasum`]): recursive doubling up to [`SMALL_BYTES`], vector halving with distance
+//! doubling above, from four ranks.
 
 use kolo_core::{Algorithm, Error, Result};
 

@@ -415,6 +415,24 @@ mod tests {
         );
     }
 
+    #[test]
+    fn adasum_call_round_trips_and_shows_its_layers() {
+        let mut h = sample();
+        h.call = Call {
+            op: OpKind::AllReduceAdasum,
+            dtype: Some(DType::F32),
+            reduce: None,
+            count: 0xabc,
+            root: None,
+            algo: Algorithm::HalvingDoubling,
+        };
+        assert_eq!(Header::decode(&h.encode()), Ok(h));
+        assert_eq!(
+            h.call.to_string(),
+            "all_reduce_adasum(f32, layers#0000000000000abc, algo=halving_doubling)"
+        );
+    }
+
     proptest! {
         #[test]
         fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), HEADER_LEN)) {
