@@ -7,6 +7,9 @@
 //! All-reduce: recursive doubling below [`SMALL_BYTES`] (fewest rounds), halving-doubling up to
 //! [`MEDIUM_BYTES`] when there are at least four ranks (log rounds, near-optimal bandwidth), ring above
 //! (optimal bandwidth, segments pipelined).
+//!
+//! Adasum ([`adasum`]): recursive doubling up to [`SMALL_BYTES`], vector halving with distance
+//! doubling above, from four ranks.
 
 use kolo_core::{Algorithm, Error, Result};
 
@@ -68,6 +71,19 @@ pub fn all_reduce(count: usize, elem: usize, n: usize, ov: &Overrides) -> Algori
     }
 }
 
+/// Chooses the Adasum algorithm for `count` elements of `elem` bytes over `n` ranks (a power of two):
+/// recursive doubling (`allreduce_adasum`) up to [`SMALL_BYTES`], vector halving with distance
+/// doubling (`allreduce_adasum_halving`) above, from four ranks (with two, both send the same).
+pub fn adasum(count: usize, elem: usize, n: usize) -> Algorithm {
+    if n <= 1 {
+        Algorithm::Direct
+    } else if count * elem <= SMALL_BYTES || n < 4 {
+        Algorithm::RecursiveDoubling
+    } else {
+        Algorithm::HalvingDoubling
+    }
+}
+
 /// Algorithm of the collectives that have one schedule.
 pub fn fixed(op: kolo_core::OpKind, n: usize) -> Algorithm {
     use kolo_core::OpKind::*;
@@ -80,6 +96,8 @@ pub fn fixed(op: kolo_core::OpKind, n: usize) -> Algorithm {
         AllGather | AllGatherV | ReduceScatter => Algorithm::Ring,
         AllToAll | AllToAllV => Algorithm::Pairwise,
         Scatter | ScatterV | Gather | GatherV => Algorithm::Linear,
+        // Chosen by size in [`adasum`].
+        AllReduceAdasum => Algorithm::RecursiveDoubling,
         Send | AllReduce => Algorithm::Direct,
     }
 }
@@ -100,6 +118,14 @@ mod tests {
             all_reduce: Some(Algorithm::BinomialTree),
         };
         assert_eq!(all_reduce(10, 4, 4, &forced), Algorithm::BinomialTree);
+    }
+
+    #[test]
+    fn adasum_halves_large_buffers() {
+        assert_eq!(adasum(10, 4, 1), Algorithm::Direct);
+        assert_eq!(adasum(10, 4, 8), Algorithm::RecursiveDoubling);
+        assert_eq!(adasum(1 << 20, 4, 2), Algorithm::RecursiveDoubling);
+        assert_eq!(adasum(1 << 20, 4, 4), Algorithm::HalvingDoubling);
     }
 
     #[test]

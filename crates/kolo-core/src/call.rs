@@ -31,10 +31,12 @@ pub enum OpKind {
     GatherV = 12,
     AllGatherV = 13,
     AllToAllV = 14,
+    /// All-reduce by adaptive summation (Adasum); `count` is a hash of the layer lengths.
+    AllReduceAdasum = 15,
 }
 
 impl OpKind {
-    const ALL: [OpKind; 14] = [
+    const ALL: [OpKind; 15] = [
         OpKind::Send,
         OpKind::Barrier,
         OpKind::Broadcast,
@@ -49,6 +51,7 @@ impl OpKind {
         OpKind::GatherV,
         OpKind::AllGatherV,
         OpKind::AllToAllV,
+        OpKind::AllReduceAdasum,
     ];
 
     /// The name users know the operation by (`all_reduce`, `send`, ...).
@@ -68,6 +71,7 @@ impl OpKind {
             OpKind::GatherV => "gather_v",
             OpKind::AllGatherV => "all_gather_v",
             OpKind::AllToAllV => "all_to_all_v",
+            OpKind::AllReduceAdasum => "all_reduce_adasum",
         }
     }
 
@@ -197,6 +201,8 @@ impl fmt::Display for Call {
             );
             if vform {
                 write!(f, "{d}, counts#{:016x}", self.count)?;
+            } else if self.op == OpKind::AllReduceAdasum {
+                write!(f, "{d}, layers#{:016x}", self.count)?;
             } else {
                 write!(f, "{d} x {}", self.count)?;
             }
@@ -406,6 +412,24 @@ mod tests {
         assert_eq!(
             sample().call.to_string(),
             "all_reduce(bf16 x 1000003, max, algo=ring)"
+        );
+    }
+
+    #[test]
+    fn adasum_call_round_trips_and_shows_its_layers() {
+        let mut h = sample();
+        h.call = Call {
+            op: OpKind::AllReduceAdasum,
+            dtype: Some(DType::F32),
+            reduce: None,
+            count: 0xabc,
+            root: None,
+            algo: Algorithm::HalvingDoubling,
+        };
+        assert_eq!(Header::decode(&h.encode()), Ok(h));
+        assert_eq!(
+            h.call.to_string(),
+            "all_reduce_adasum(f32, layers#0000000000000abc, algo=halving_doubling)"
         );
     }
 

@@ -644,7 +644,7 @@ impl Communicator {
 /// gives the result buffer back. They run on the communicator's worker thread, in issue order, and a
 /// blocking collective issued after them waits for them first.
 impl Communicator {
-    fn spawn<R: Send + 'static>(
+    pub(crate) fn spawn<R: Send + 'static>(
         &self,
         op: OpKind,
         f: impl FnOnce(&Inner, u64) -> Result<R> + Send + 'static,

@@ -25,6 +25,7 @@
 //! error naming it, within the communicator's timeout ([`Config::timeout`], `KOLO_TIMEOUT`) at the
 //! latest and at once when its connection drops.
 
+mod adasum;
 mod collectives;
 mod communicator;
 pub mod config;
@@ -36,6 +37,7 @@ mod p2p;
 mod stop_report;
 mod work;
 
+pub use adasum::AdasumFloat;
 pub use communicator::Communicator;
 pub use config::Config;
 pub use init::{
