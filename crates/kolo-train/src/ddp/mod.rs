@@ -110,6 +110,7 @@ impl std::fmt::Debug for Ddp {
             .field("params", &self.params.len())
             .field("buffers", &self.buffers.len())
             .field("opts", &self.opts)
+            .field("comm_hook", &self.comm_hook_name())
             .finish()
     }
 }
