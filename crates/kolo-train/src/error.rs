@@ -64,6 +64,17 @@ pub enum TrainError {
         size: usize,
     },
 
+    /// A communication hook returned a result that cannot be a bucket's gradients.
+    #[error("communication hook {hook}: bucket {bucket}: {reason}")]
+    CommHook {
+        /// The hook's name.
+        hook: String,
+        /// The bucket.
+        bucket: usize,
+        /// What is wrong.
+        reason: String,
+    },
+
     /// Unsupported parameter type or layout.
     #[error("unsupported: {what}")]
     Unsupported {

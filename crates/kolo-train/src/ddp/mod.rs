@@ -31,13 +31,19 @@
 //!   averaged, broadcast from rank 0 by [`Ddp::sync_buffers`].
 //! - Ranks with different numbers of batches: see [`join`] ([`Ddp::set_join`], [`Ddp::join`],
 //!   [`Ddp::join_with`]).
+//! - What happens to a bucket can be replaced by a communication hook ([`Ddp::register_comm_hook`],
+//!   see [`comm_hook`]), e.g. fp16 or bf16 compression ([`Ddp::set_compression`]).
 
 mod bucket;
+pub mod comm_hook;
 mod hook;
 pub mod join;
 mod sync;
 
 pub use bucket::BucketLayout;
+pub use comm_hook::{
+    AllReduceHook, BucketFuture, CommHook, CompressHook, Compression, GradBucket, Reduction,
+};
 pub use join::JoinReport;
 
 use std::collections::HashMap;
@@ -104,6 +110,7 @@ impl std::fmt::Debug for Ddp {
             .field("params", &self.params.len())
             .field("buffers", &self.buffers.len())
             .field("opts", &self.opts)
+            .field("comm_hook", &self.comm_hook_name())
             .finish()
     }
 }
@@ -220,6 +227,47 @@ impl Ddp {
         };
         ddp.broadcast_parameters(0)?;
         Ok(ddp)
+    }
+
+    /// Replaces the all-reduce of each gradient bucket by `hook` (see [`comm_hook`] for the
+    /// contract), from the next pass on. Every rank registers the same hook. Hooks see f32 buckets:
+    /// a model with f64 parameters is [`TrainError::Unsupported`].
+    pub fn register_comm_hook(&mut self, hook: impl CommHook + 'static) -> Result<()> {
+        self.set_comm_hook(Some(Arc::new(hook)))
+    }
+
+    /// Sets (`Some`) or removes (`None`: the built-in f32/f64 average) the communication hook,
+    /// from the next pass on; see [`Ddp::register_comm_hook`].
+    pub fn set_comm_hook(&mut self, hook: Option<Arc<dyn CommHook>>) -> Result<()> {
+        if hook.is_some() {
+            if let Some((name, v)) = self.params.iter().find(|(_, v)| v.dtype() != DType::F32) {
+                return Err(TrainError::Unsupported {
+                    what: format!(
+                        "communication hooks on {:?} parameters ({name}); hooks reduce f32 buckets",
+                        v.dtype()
+                    ),
+                });
+            }
+        }
+        self.lock().set_hook(hook);
+        Ok(())
+    }
+
+    /// Compresses the gradient all-reduces to 16 bits ([`Compression::Fp16`],
+    /// [`Compression::Bf16`], see [`CompressHook`]), or turns compression off
+    /// ([`Compression::None`]: the built-in average). Every rank sets the same compression.
+    /// ```no_run
+    /// # fn f(ddp: &mut kolo_train::ddp::Ddp) -> kolo_train::Result<()> {
+    /// ddp.set_compression("fp16".parse()?)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn set_compression(&mut self, compression: Compression) -> Result<()> {
+        self.set_comm_hook(compression.hook())
+    }
+
+    /// The name of the registered communication hook (`None`: the built-in average).
+    pub fn comm_hook_name(&self) -> Option<String> {
+        self.lock().hook_name()
     }
 
     /// The communicator.

@@ -6,12 +6,19 @@
 //! gradient on a rank (unused in that step) holds its bucket back until the end of backward, when it
 //! is filled with zeros (or with the gradient candle computed, if the model was not built with hooks).
 //! So every rank issues the same all-reduces in the same order — never a hang, never mixed buckets.
+//!
+//! With a [`CommHook`] registered, the hook replaces the all-reduce of each (f32) bucket: it is
+//! called at the moment the bucket would have been launched, and its [`BucketFuture`] is waited on
+//! where the all-reduce would have been.
+
+use std::sync::Arc;
 
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Tensor, Var};
 use kolo::{Communicator, ReduceOp, Work};
 
 use super::bucket::BucketLayout;
+use super::comm_hook::{BucketFuture, BucketParams, CommHook, GradBucket, Reduction};
 use crate::error::{Result, TrainError};
 
 /// A bucket's buffer, in the parameters' element type.
@@ -23,6 +30,7 @@ enum Buf {
 enum Pending {
     F32(Work<Vec<f32>>),
     F64(Work<Vec<f64>>),
+    Hook(BucketFuture),
 }
 
 pub(crate) struct Synchronizer {
@@ -40,6 +48,10 @@ pub(crate) struct Synchronizer {
     missing: Vec<usize>,
     next: usize,
     pending: Vec<Option<Pending>>,
+    /// The communication hook (f32 buckets only); `None`: the built-in all-reduce.
+    hook: Option<Arc<dyn CommHook>>,
+    /// What each bucket holds, for the hook.
+    params: Vec<Arc<BucketParams>>,
 }
 
 fn zeros(dtype: DType, n: usize) -> Buf {
@@ -53,7 +65,20 @@ impl Synchronizer {
     pub fn new(comm: Communicator, layout: BucketLayout, names: Vec<String>, dtype: DType) -> Self {
         let n = layout.count();
         let bufs = layout.len.iter().map(|&l| Some(zeros(dtype, l))).collect();
+        let params = layout
+            .buckets
+            .iter()
+            .map(|b| {
+                Arc::new(BucketParams {
+                    indices: b.clone(),
+                    lengths: b.iter().map(|&p| layout.slot[p].1.len()).collect(),
+                    names: b.iter().map(|&p| names[p].clone()).collect(),
+                })
+            })
+            .collect();
         Synchronizer {
+            hook: None,
+            params,
             comm,
             missing: layout.buckets.iter().map(Vec::len).collect(),
             layout,
@@ -70,6 +95,16 @@ impl Synchronizer {
 
     pub fn layout_ref(&self) -> &BucketLayout {
         &self.layout
+    }
+
+    /// Sets the communication hook of the next passes (`None`: the built-in all-reduce).
+    pub fn set_hook(&mut self, hook: Option<Arc<dyn CommHook>>) {
+        self.hook = hook;
+    }
+
+    /// The name of the communication hook, if one is set.
+    pub fn hook_name(&self) -> Option<String> {
+        self.hook.as_ref().map(|h| h.name().to_owned())
     }
 
     /// Starts a pass reducing with `op`; with `hooks`, gradients come from
@@ -116,7 +151,26 @@ impl Synchronizer {
 
     fn launch(&mut self, b: usize) {
         self.pending[b] = match self.bufs[b].take() {
-            Some(Buf::F32(v)) => Some(Pending::F32(self.comm.all_reduce_async(v, self.op))),
+            Some(Buf::F32(v)) => Some(match &self.hook {
+                None => Pending::F32(self.comm.all_reduce_async(v, self.op)),
+                Some(hook) => {
+                    let bucket = GradBucket {
+                        index: b,
+                        data: v,
+                        params: self.params[b].clone(),
+                        reduction: if self.op == ReduceOp::Sum {
+                            Reduction::Sum
+                        } else {
+                            Reduction::Average
+                        },
+                    };
+                    // An error surfaces, typed, where the bucket is waited on.
+                    Pending::Hook(
+                        hook.reduce(bucket, &self.comm)
+                            .unwrap_or_else(|e| BucketFuture::ready(Err(e))),
+                    )
+                }
+            }),
             Some(Buf::F64(v)) => Some(Pending::F64(self.comm.all_reduce_async(v, self.op))),
             None => None,
         };
@@ -170,6 +224,21 @@ impl Synchronizer {
             let mut done = match self.pending[b].take() {
                 Some(Pending::F32(w)) => Buf::F32(w.wait()?),
                 Some(Pending::F64(w)) => Buf::F64(w.wait()?),
+                Some(Pending::Hook(f)) => {
+                    let v = f.wait()?;
+                    if v.len() != self.layout.len[b] {
+                        return Err(TrainError::CommHook {
+                            hook: self.hook_name().unwrap_or_default(),
+                            bucket: b,
+                            reason: format!(
+                                "returned {} elements for a bucket of {}",
+                                v.len(),
+                                self.layout.len[b]
+                            ),
+                        });
+                    }
+                    Buf::F32(v)
+                }
                 None => continue,
             };
             if let Some(n) = divide_by {
