@@ -11,6 +11,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 use kolo_data::DatasetKind;
+use kolo_train::ddp::{Compression, GradientReduce};
 use kolo_train::models::ModelKind;
 use kolo_train::optim::OptimizerKind;
 use kolo_train::precision::Precision;
@@ -60,6 +61,12 @@ pub struct TrainArgs {
     /// its share of every batch, gradients averaged with the other ranks (N × R ranks in all)
     #[arg(long, default_value = "1", value_name = "R", value_parser = parse_positive)]
     replicas: usize,
+    /// Gradient compression of the all-reduces: none, fp16, bf16
+    #[arg(long, default_value = "none")]
+    compression: Compression,
+    /// How gradients are combined across workers: average, or adasum (power-of-two worlds)
+    #[arg(long, default_value = "average")]
+    reduce: GradientReduce,
     /// Compute precision: f32, or bf16 (forward and backward in bf16, f32 master weights)
     #[arg(long, default_value = "f32")]
     precision: Precision,
@@ -168,6 +175,8 @@ impl TrainArgs {
             uneven: self.uneven,
             sync_bn: self.sync_bn,
             precision: self.precision,
+            compression: self.compression,
+            reduce: self.reduce,
         }
     }
 }
@@ -236,6 +245,13 @@ pub fn execute(args: TrainArgs) -> ExitCode {
             args.model
         );
         return ExitCode::from(2);
+    }
+    // On one node the world size is known here (elsewhere every worker checks it).
+    if args.launch.nnodes == (1, 1) && !args.launch.on_hosts() {
+        if let Err(e) = args.reduce.check_world(args.nproc * args.replicas) {
+            eprintln!("kolo train: {e}");
+            return ExitCode::from(2);
+        }
     }
     if args.replicas > args.batch_size {
         eprintln!(

@@ -275,7 +275,10 @@ impl CommHook for AllReduceHook {
 }
 
 /// Gradient compression for the bucket all-reduces.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
 pub enum Compression {
     /// None: f32 all-reduce ([`AllReduceHook`]'s behaviour).
     #[default]

@@ -34,12 +34,14 @@
 //! - What happens to a bucket can be replaced by a communication hook ([`Ddp::register_comm_hook`],
 //!   see [`comm_hook`]), e.g. fp16 or bf16 compression ([`Ddp::set_compression`]).
 
+pub mod adasum_hook;
 mod bucket;
 pub mod comm_hook;
 mod hook;
 pub mod join;
 mod sync;
 
+pub use adasum_hook::{AdasumHook, GradientReduce};
 pub use bucket::BucketLayout;
 pub use comm_hook::{
     AllReduceHook, BucketFuture, CommHook, CompressHook, Compression, GradBucket, Reduction,

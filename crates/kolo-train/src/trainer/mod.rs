@@ -86,6 +86,10 @@ pub struct TrainConfig {
     pub sync_bn: bool,
     /// What forward and backward compute in ([`crate::precision`]).
     pub precision: crate::precision::Precision,
+    /// Gradient compression of the bucket all-reduces ([`crate::ddp::comm_hook`]).
+    pub compression: crate::ddp::Compression,
+    /// How gradients are combined: the average, or Adasum ([`crate::ddp::adasum_hook`]).
+    pub reduce: crate::ddp::GradientReduce,
 }
 
 impl Default for TrainConfig {
@@ -117,6 +121,8 @@ impl Default for TrainConfig {
             uneven: false,
             sync_bn: false,
             precision: crate::precision::Precision::F32,
+            compression: crate::ddp::Compression::None,
+            reduce: crate::ddp::GradientReduce::Average,
         }
     }
 }
@@ -254,6 +260,21 @@ fn check_config(cfg: &TrainConfig) -> Result<()> {
                 cfg.model
             ),
         });
+    }
+    if cfg.reduce == crate::ddp::GradientReduce::Adasum {
+        if cfg.compression != crate::ddp::Compression::None {
+            return bad(
+                "reduce",
+                "Adasum and gradient compression cannot be combined (each replaces the average)",
+            );
+        }
+        if cfg.uneven {
+            return bad(
+                "reduce",
+                "Adasum cannot be combined with --uneven (a joined rank's zero gradient is not \
+                 neutral under Adasum)",
+            );
+        }
     }
     if !(cfg.target_accuracy > 0.0 && cfg.target_accuracy <= 1.0) {
         return bad("target accuracy", "must be in (0, 1]");

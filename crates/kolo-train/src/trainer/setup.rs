@@ -92,7 +92,7 @@ pub(super) fn build_optimizer(
         classes,
     )?;
     seeded_init(&varmap, cfg.seed)?;
-    let ddp = Ddp::new(
+    let mut ddp = Ddp::new(
         comm,
         &varmap,
         DdpOptions {
@@ -100,6 +100,13 @@ pub(super) fn build_optimizer(
             overlap: cfg.overlap,
         },
     )?;
+    match cfg.reduce.hook() {
+        Some(hook) => {
+            cfg.reduce.check_world(comm.size())?;
+            ddp.set_comm_hook(Some(hook))?;
+        }
+        None => ddp.set_compression(cfg.compression)?,
+    }
     let opt = optim::build(ddp.params().to_vec(), optimizer_config(cfg))?;
     let dopt = DistributedOptimizer::new(ddp, opt, cfg.backward_passes_per_step)?;
     Ok((varmap, dopt))
