@@ -33,7 +33,10 @@ fn adasum(a: &[f32], b: &[f32]) -> Vec<f32> {
 }
 
 /// Each rank's local gradients (rank-dependent data) and its gradients after Ddp with `hook`.
-fn run(hook: bool) -> Result<Vec<(Vec<Vec<f32>>, Vec<Vec<f32>>)>> {
+/// Per-parameter gradients, flattened.
+type Grads = Vec<Vec<f32>>;
+
+fn run(hook: bool) -> Result<Vec<(Grads, Grads)>> {
     let out = kolo::run_local(2, kolo::Config::default(), |comm| -> Result<_> {
         let dev = Device::Cpu;
         let varmap = VarMap::new();
