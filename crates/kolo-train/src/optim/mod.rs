@@ -34,7 +34,7 @@ use candle_core::{DType, Result, Tensor, Var};
 
 mod adamw;
 mod sgd;
-mod sharded;
+pub mod sharded;
 
 pub use adamw::{AdamW, AdamWConfig};
 pub use sgd::{Sgd, SgdConfig};
