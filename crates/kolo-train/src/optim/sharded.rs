@@ -3,8 +3,8 @@
 //! A [`ShardedOptimizer`] partitions the parameters over the ranks ([`partition`]: whole
 //! parameters, greedily by element count, the same on every rank). Each rank keeps optimizer
 //! state (SGD momentum, AdamW moments, step counts) for its shard only and updates only its
-//! shard; after each step the updated shards are all-gathered so that every rank holds the full
-//! model again.
+//! shard; after each step every rank broadcasts its updated shard (one flat broadcast per rank),
+//! so that every rank holds the full model again.
 //!
 //! # Gradients
 //!
@@ -13,8 +13,8 @@
 //! `ZeroRedundancyOptimizer` is used with DDP; it reads only its shard's gradients. This keeps
 //! Ddp's overlap of communication with backward and works inside
 //! [`crate::distributed::DistributedOptimizer`] (gradient accumulation, learning-rate schedule,
-//! join mode) unchanged. The cost, compared with plain DDP: per step one extra all-gather of the
-//! parameters, so about 3·(N−1)/N·P values sent per rank instead of 2·(N−1)/N·P (an all-reduce is a
+//! join mode) unchanged. The cost, compared with plain DDP: per step the parameters are sent once
+//! more (the shard broadcasts, the volume of an all-gather), so about 3·(N−1)/N·P values sent per rank instead of 2·(N−1)/N·P (an all-reduce is a
 //! reduce-scatter plus an all-gather; a reduce-scatter of the gradients would bring it back to
 //! 2·(N−1)/N·P, which is what ZeRO proper does). Full gradients are still held on every rank
 //! (sharding them is ZeRO stage 2).
@@ -259,7 +259,7 @@ impl ShardedOptimizer {
     }
 
     /// Updates this rank's shard from `grads` (averaged over ranks: see the [module docs](self);
-    /// variables without a gradient are skipped), then all-gathers the updated shards so that every
+    /// variables without a gradient are skipped), then broadcasts the updated shards so that every
     /// rank holds every variable's new value. A collective.
     pub fn step(&mut self, grads: &GradStore) -> Result<()> {
         self.local.step(grads)?;
@@ -277,35 +277,41 @@ impl ShardedOptimizer {
         }
     }
 
+    /// One broadcast per rank of its shard, flat: besides the variables themselves this needs
+    /// memory for one shard at a time (an all-gather would need the whole model once more).
     fn all_gather_vars_as<T: Element + WithDType>(&self) -> Result<()> {
         let rank = self.comm.rank();
-        let mine = &self.shards[rank];
-        let send: Vec<T> = if mine.is_empty() {
-            Vec::new()
-        } else {
-            let flat = mine
-                .iter()
-                .map(|&i| self.vars[i].1.flatten_all())
-                .collect::<candle_core::Result<Vec<_>>>()?;
-            Tensor::cat(&flat, 0)?
-                .to_dtype(self.dtype)?
-                .to_vec1::<T>()?
-        };
-        let total: usize = self.counts.iter().sum();
-        let mut recv = vec![T::zeroed(); total];
-        self.comm.all_gather_v(&send, &mut recv, &self.counts)?;
-        let Some((_, first)) = self.vars.first() else {
-            return Ok(());
-        };
-        let all = Tensor::from_vec(recv, total, first.device())?;
-        let mut at = 0;
         for (r, shard) in self.shards.iter().enumerate() {
+            if self.counts[r] == 0 {
+                continue;
+            }
+            let mut buf: Vec<T> = if r == rank {
+                let mut buf = Vec::with_capacity(self.counts[r]);
+                for &i in shard {
+                    let t = self.vars[i].1.as_tensor().flatten_all()?;
+                    buf.extend(t.to_dtype(self.dtype)?.to_vec1::<T>()?);
+                }
+                buf
+            } else {
+                vec![T::zeroed(); self.counts[r]]
+            };
+            self.comm.broadcast(&mut buf, r)?;
+            if r == rank {
+                continue;
+            }
+            let mut at = 0;
             for &i in shard {
                 let var = &self.vars[i].1;
                 let n = var.elem_count();
-                if r != rank {
-                    var.set(&all.narrow(0, at, n)?.reshape(var.shape())?)?;
-                }
+                let Some(values) = buf.get(at..at + n) else {
+                    return Err(candle_core::Error::Msg(format!(
+                        "{NAME}: rank {r} sent {} values, its shard has {}",
+                        buf.len(),
+                        self.counts[r]
+                    ))
+                    .into());
+                };
+                var.set(&Tensor::from_slice(values, var.shape(), var.device())?)?;
                 at += n;
             }
         }
