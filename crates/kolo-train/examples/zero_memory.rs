@@ -37,15 +37,16 @@ struct Report {
     param_bytes: usize,
     state_bytes: usize,
     vm_hwm_kib: u64,
+    vm_rss_kib: u64,
 }
 
-/// `VmHWM` (peak resident set) of this process, in KiB.
-fn vm_hwm_kib() -> u64 {
+/// `field` of `/proc/self/status` (`VmHWM`: peak resident set, `VmRSS`: resident set), in KiB.
+fn status_kib(field: &str) -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
             s.lines()
-                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .find_map(|l| l.strip_prefix(field))
                 .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         })
         .unwrap_or(0)
@@ -116,7 +117,8 @@ fn child(
         params,
         param_bytes: params * 4,
         state_bytes,
-        vm_hwm_kib: vm_hwm_kib(),
+        vm_hwm_kib: status_kib("VmHWM:"),
+        vm_rss_kib: status_kib("VmRSS:"),
     })
 }
 
@@ -195,7 +197,7 @@ fn run() -> Res<()> {
         reports.first().map_or(0, |r| r.params),
         reports.first().map_or(0.0, |r| mib(r.param_bytes))
     );
-    println!("world  optimizer   state MiB per rank (max)   peak RSS MiB per rank (max)");
+    println!("world  optimizer   state MiB/rank   peak RSS MiB/rank   RSS after steps MiB/rank   (max over ranks)");
     for &world in &worlds {
         for sharded in [false, true] {
             let mine: Vec<&Report> = reports
@@ -203,11 +205,13 @@ fn run() -> Res<()> {
                 .filter(|r| r.world == world && r.sharded == sharded)
                 .collect();
             let state = mine.iter().map(|r| r.state_bytes).max().unwrap_or(0);
-            let rss = mine.iter().map(|r| r.vm_hwm_kib).max().unwrap_or(0);
+            let hwm = mine.iter().map(|r| r.vm_hwm_kib).max().unwrap_or(0);
+            let rss = mine.iter().map(|r| r.vm_rss_kib).max().unwrap_or(0);
             println!(
-                "{world:>5}  {:<10}  {:>24.1}   {:>27.1}",
+                "{world:>5}  {:<10}  {:>14.1}   {:>17.1}   {:>24.1}",
                 if sharded { "sharded" } else { "unsharded" },
                 mib(state),
+                hwm as f64 / 1024.0,
                 rss as f64 / 1024.0
             );
         }
