@@ -355,3 +355,57 @@ fn a_checkpoint_of_one_shard_does_not_load() {
         r.expect("rank thread").expect("rank result");
     }
 }
+
+/// Join mode (uneven inputs): rank r has 2 + r batches, then joins.
+fn join_rank(
+    comm: &kolo::Communicator,
+    sharded: bool,
+    config: OptimizerConfig,
+) -> Result<Params, TrainError> {
+    let n = comm.size();
+    let varmap = VarMap::new();
+    Net::new(VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu))?;
+    if comm.rank() == 0 {
+        init(&varmap)?;
+    }
+    let ddp = Ddp::new(comm, &varmap, DdpOptions::default())?;
+    let vars = ddp.params().to_vec();
+    let opt: Box<dyn DynOptimizer> = if sharded {
+        Box::new(ShardedOptimizer::new(comm, vars, config)?)
+    } else {
+        optim::build(vars, config)?
+    };
+    let mut dopt = DistributedOptimizer::new(ddp, opt, 1)?;
+    dopt.set_join(true);
+    for step in 0..2 + comm.rank() {
+        let net = Net::new(dopt.ddp().var_builder(DType::F32, &Device::Cpu))?;
+        let (x, y) = batch(step, comm.rank(), n)?;
+        dopt.backward_step(&net.loss(&x, &y)?)?;
+    }
+    dopt.join()?;
+    assert_eq!(dopt.steps(), 2 + n as u64 - 1);
+    Ok(params(&varmap)?)
+}
+
+#[test]
+fn join_mode_with_uneven_inputs_matches_unsharded_join() {
+    for (label, config) in [("sgd", sgd()), ("adamw", adamw())] {
+        let run = |sharded: bool| -> Vec<Params> {
+            kolo::run_local(
+                3,
+                Config::default().with_timeout(Duration::from_secs(60)),
+                |comm| join_rank(&comm, sharded, config),
+            )
+            .into_iter()
+            .map(|r| r.expect("rank thread").expect("rank result"))
+            .collect()
+        };
+        let want = run(false);
+        let start = run_ranks(1, &fresh(false, config, 0..0)).remove(0).params;
+        assert!(max_relative_difference(&start, &want[0]) > 1e-3, "{label}");
+        for (rank, got) in run(true).iter().enumerate() {
+            let d = max_relative_difference(got, &want[0]);
+            assert!(d <= 1e-5, "{label} rank {rank}: relative difference {d:e}");
+        }
+    }
+}
