@@ -3,7 +3,8 @@
 //! unsharded on the same global batch — SGD with momentum and weight decay, and AdamW, for
 //! N = 1, 2, 3. Each rank holds state for its shard only. Checkpoints hold the full state: a
 //! sharded checkpoint resumes sharded (same or another world size) or unsharded, and an unsharded
-//! checkpoint resumes sharded, all ending where uninterrupted training does.
+//! checkpoint resumes sharded, all ending where uninterrupted training does. Also join mode
+//! (uneven inputs) and the reduce-scatter gradient path.
 
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
@@ -16,6 +17,7 @@ use kolo::Config;
 use kolo_train::checkpoint::{self, TrainState};
 use kolo_train::ddp::{sorted_vars, Ddp, DdpOptions};
 use kolo_train::distributed::DistributedOptimizer;
+use kolo_train::optim::partition;
 use kolo_train::optim::{
     self, AdamWConfig, DynOptimizer, OptimizerConfig, OptimizerState, SgdConfig, ShardedOptimizer,
 };
@@ -408,4 +410,61 @@ fn join_mode_with_uneven_inputs_matches_unsharded_join() {
             assert!(d <= 1e-5, "{label} rank {rank}: relative difference {d:e}");
         }
     }
+}
+
+/// Without Ddp: local gradients, reduce-scattered by the sharded optimizer.
+fn reduce_scatter_rank(
+    comm: &kolo::Communicator,
+    config: OptimizerConfig,
+) -> Result<Params, TrainError> {
+    let varmap = VarMap::new();
+    let net = Net::new(VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu))?;
+    init(&varmap)?;
+    let mut opt = ShardedOptimizer::new(comm, sorted_vars(&varmap), config)?;
+    for step in 0..STEPS {
+        let (x, y) = batch(step, comm.rank(), comm.size())?;
+        let mut grads = net.loss(&x, &y)?.backward()?;
+        opt.reduce_scatter_step(&mut grads)?;
+    }
+    Ok(params(&varmap)?)
+}
+
+#[test]
+fn reduce_scattered_gradients_equal_unsharded_training() {
+    for (label, config) in [("sgd", sgd()), ("adamw", adamw())] {
+        let want = reference(config);
+        for n in [1, 2, 3] {
+            let res = kolo::run_local(
+                n,
+                Config::default().with_timeout(Duration::from_secs(60)),
+                |comm| reduce_scatter_rank(&comm, config),
+            );
+            for (rank, r) in res.into_iter().enumerate() {
+                let got = r.expect("rank thread").expect("rank result");
+                let d = max_relative_difference(&got, &want);
+                assert!(
+                    d <= 1e-5,
+                    "{label} n={n} rank {rank}: relative difference {d:e}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn partition_balances_by_elements_and_is_deterministic() {
+    let numels = [100, 10, 60, 50, 5, 40];
+    let owner = partition(&numels, 2);
+    assert_eq!(owner, partition(&numels, 2));
+    let mut load = [0usize; 2];
+    for (i, &r) in owner.iter().enumerate() {
+        load[r] += numels[i];
+    }
+    // 100→0, 60→1, 50→1, 40→0, 10→1, 5→1: 140 / 125.
+    assert_eq!(load, [140, 125]);
+    assert_eq!(partition(&numels, 1), vec![0; 6]);
+    assert_eq!(partition(&numels, 0), vec![0; 6]);
+    // More ranks than parameters: some ranks own nothing.
+    let owner = partition(&[3, 2], 4);
+    assert_eq!(owner, vec![0, 1]);
 }

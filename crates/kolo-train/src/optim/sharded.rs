@@ -8,16 +8,22 @@
 //!
 //! # Gradients
 //!
-//! [`ShardedOptimizer::step`] takes the *averaged* gradients of every parameter, e.g. those of
-//! [`crate::ddp::Ddp::backward`] (bucketed, all-reduced while backward runs), exactly as PyTorch's
-//! `ZeroRedundancyOptimizer` is used with DDP; it reads only its shard's gradients. This keeps
-//! Ddp's overlap of communication with backward and works inside
-//! [`crate::distributed::DistributedOptimizer`] (gradient accumulation, learning-rate schedule,
-//! join mode) unchanged. The cost, compared with plain DDP: per step the parameters are sent once
-//! more (the shard broadcasts, the volume of an all-gather), so about 3·(N−1)/N·P values sent per rank instead of 2·(N−1)/N·P (an all-reduce is a
-//! reduce-scatter plus an all-gather; a reduce-scatter of the gradients would bring it back to
-//! 2·(N−1)/N·P, which is what ZeRO proper does). Full gradients are still held on every rank
-//! (sharding them is ZeRO stage 2).
+//! Two ways in:
+//!
+//! - [`ShardedOptimizer::step`] (also [`DynOptimizer::step`]) takes the *averaged* gradients of
+//!   every parameter, e.g. those of [`crate::ddp::Ddp::backward`] (bucketed, all-reduced while
+//!   backward runs), exactly as PyTorch's `ZeroRedundancyOptimizer` is used with DDP; it reads
+//!   only its shard's gradients. This keeps Ddp's overlap of communication with backward and works
+//!   inside [`crate::distributed::DistributedOptimizer`] (gradient accumulation, learning-rate
+//!   schedule, join mode) unchanged; it is what `kolo train` should use. The cost, compared with
+//!   plain DDP: per step the parameters are sent once more (the shard broadcasts, the volume of an
+//!   all-gather), so about 3·(N−1)/N·P values per rank instead of 2·(N−1)/N·P.
+//! - [`ShardedOptimizer::reduce_scatter_step`] takes *local* gradients and reduce-scatters them,
+//!   so each rank receives only its shard's sum: 2·(N−1)/N·P values per rank, as plain DDP, but
+//!   without overlap with backward, gradient accumulation or join mode.
+//!
+//! Either way the full gradients are held on every rank during backward (sharding them is ZeRO
+//! stage 2).
 //!
 //! # Checkpoints
 //!
@@ -266,6 +272,75 @@ impl ShardedOptimizer {
         self.all_gather_vars()
     }
 
+    /// ZeRO's own gradient path, without [`crate::ddp::Ddp`]: `grads` are this rank's *local*
+    /// gradients (e.g. of `loss.backward()`); one reduce-scatter leaves each rank the gradients of
+    /// its shard summed over ranks, which are divided by the number of ranks (a rank without a
+    /// gradient for a variable counts as zeros; a variable no rank has a gradient for is skipped)
+    /// and written into `grads`; then as [`ShardedOptimizer::step`]. Communication per step is
+    /// that of one all-reduce (reduce-scatter plus the shard broadcasts), against one all-reduce
+    /// plus the broadcasts with Ddp's averaged gradients, but nothing overlaps backward and there
+    /// is no gradient accumulation or join mode. A collective.
+    pub fn reduce_scatter_step(&mut self, grads: &mut GradStore) -> Result<()> {
+        match self.dtype {
+            DType::F64 => self.reduce_scatter_as::<f64>(grads)?,
+            _ => self.reduce_scatter_as::<f32>(grads)?,
+        }
+        self.step(grads)
+    }
+
+    fn reduce_scatter_as<T: Element + WithDType>(&self, grads: &mut GradStore) -> Result<()> {
+        let world = self.comm.size();
+        let rank = self.comm.rank();
+        // Block r: rank r's shard (padded to the largest), then one presence flag per variable.
+        let values = self.counts.iter().copied().max().unwrap_or(0);
+        let flags = self.shards.iter().map(Vec::len).max().unwrap_or(0);
+        let block = values + flags;
+        let mut send = vec![T::zeroed(); world * block];
+        for (r, shard) in self.shards.iter().enumerate() {
+            let mut at = r * block;
+            for (j, &i) in shard.iter().enumerate() {
+                let var = &self.vars[i].1;
+                let n = var.elem_count();
+                if let Some(g) = grads.get(var.as_tensor()) {
+                    let g = g.flatten_all()?.to_dtype(self.dtype)?.to_vec1::<T>()?;
+                    if g.len() != n {
+                        return Err(candle_core::Error::Msg(format!(
+                            "{NAME}: gradient of `{}` has {} values, the variable {n}",
+                            self.vars[i].0,
+                            g.len()
+                        ))
+                        .into());
+                    }
+                    send[at..at + n].copy_from_slice(&g);
+                    send[r * block + values + j] = T::from_f64(1.0);
+                }
+                at += n;
+            }
+        }
+        let mut recv = vec![T::zeroed(); block];
+        if world > 1 {
+            self.comm
+                .reduce_scatter(&send, &mut recv, kolo::ReduceOp::Sum)?;
+        } else {
+            recv.copy_from_slice(&send);
+        }
+        drop(send);
+        let mut at = 0;
+        for (j, &i) in self.shards[rank].iter().enumerate() {
+            let var = &self.vars[i].1;
+            let n = var.elem_count();
+            if recv[values + j].to_f64() > 0.0 {
+                let g = Tensor::from_slice(&recv[at..at + n], var.shape(), var.device())?
+                    .affine(1.0 / world as f64, 0.0)?;
+                grads.insert(var.as_tensor(), g);
+            } else {
+                grads.remove(var.as_tensor());
+            }
+            at += n;
+        }
+        Ok(())
+    }
+
     /// Copies every rank's shard of the variables to all ranks.
     fn all_gather_vars(&self) -> Result<()> {
         if self.comm.size() <= 1 {
@@ -503,28 +578,5 @@ impl DynOptimizer for ShardedOptimizer {
     /// [`ShardedOptimizer::gather_full_state`] (a collective): `Some` on rank 0 only.
     fn gather_state(&self) -> candle_core::Result<Option<StateSnapshot>> {
         self.gather_full_state().map_err(candle_err)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn partition_balances_by_elements_and_is_deterministic() {
-        let numels = [100, 10, 60, 50, 5, 40];
-        let owner = partition(&numels, 2);
-        assert_eq!(owner, partition(&numels, 2));
-        let mut load = [0usize; 2];
-        for (i, &r) in owner.iter().enumerate() {
-            load[r] += numels[i];
-        }
-        // 100→0, 60→1, 50→1, 40→0, 10→1, 5→1: 140 / 125.
-        assert_eq!(load, [140, 125]);
-        assert_eq!(partition(&numels, 1), vec![0; 6]);
-        assert_eq!(partition(&numels, 0), vec![0; 6]);
-        // More ranks than parameters: some ranks own nothing.
-        let owner = partition(&[3, 2], 4);
-        assert_eq!(owner, vec![0, 1]);
     }
 }
