@@ -19,6 +19,11 @@
 //! - AdamW: `exp_avg.NAME` and `exp_avg_sq.NAME` (zeros until the first step).
 //!
 //! [`OptimizerState::load_state`] requires exactly that set of names.
+//!
+//! # Sharding
+//!
+//! [`ShardedOptimizer`] keeps the state of only its share of the variables on each rank (ZeRO
+//! stage 1); its checkpoints have the layout above (see [`DynOptimizer::gather_state`]).
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -29,9 +34,11 @@ use candle_core::{DType, Result, Tensor, Var};
 
 mod adamw;
 mod sgd;
+pub mod sharded;
 
 pub use adamw::{AdamW, AdamWConfig};
 pub use sgd::{Sgd, SgdConfig};
+pub use sharded::{partition, ShardedOptimizer, StateSnapshot};
 
 /// Checkpointable optimizer state.
 pub trait OptimizerState {
@@ -58,6 +65,17 @@ pub trait DynOptimizer: OptimizerState + Send {
     fn set_learning_rate(&mut self, lr: f64);
     /// Which algorithm this is.
     fn kind(&self) -> OptimizerKind;
+    /// The full state to checkpoint, where it is to be written: every variable's state named as
+    /// [`OptimizerState::state`] of an unsharded optimizer names it, and the step count. An
+    /// unsharded optimizer returns it on every rank without communicating (this default); a
+    /// [`ShardedOptimizer`] gathers its shards onto rank 0 and returns `None` on the other ranks,
+    /// so it is a collective: call it on every rank, then save on rank 0.
+    fn gather_state(&self) -> Result<Option<StateSnapshot>> {
+        Ok(Some(StateSnapshot {
+            tensors: self.state(),
+            step_count: self.step_count(),
+        }))
+    }
 }
 
 /// The optimizers [`build`] knows.
