@@ -233,6 +233,39 @@ check_train_sync_bn() {
     ok "$name (accuracy $acc%; --sync-bn with LeNet refused)"
 }
 
+# kolo train with the gradient options: compression, Adasum, a sharded optimizer stopped after 2
+# epochs and resumed ends where the uninterrupted unsharded run ends.
+check_train_options() {
+    local name="kolo train --compression bf16 / --reduce adasum / --shard-optimizer (stop and resume)"
+    local a=(--model mlp --dataset digits --epochs 4 --batch-size 32 --no-progress --optimizer adamw
+        --lr 0.002) opt acc want got
+    for opt in "--compression bf16" "--reduce adasum"; do
+        rc=0
+        # shellcheck disable=SC2086
+        out=$(timeout 120 "$KOLO" train -n 2 "${a[@]}" $opt --out "$TMP/opt-${opt##* }" 2>&1) || rc=$?
+        if ((rc != 0)); then fail "$name" "$opt: exit code $rc"; return; fi
+        acc=$(sed -n 's/.*final test accuracy \([0-9.]*\)%.*/\1/p' <<<"$out")
+        if [[ -z $acc ]] || ! awk -v a="$acc" 'BEGIN { exit !(a >= 85) }'; then
+            fail "$name" "$opt: final accuracy '${acc}' below 85%"
+            return
+        fi
+    done
+    want=$(timeout 120 "$KOLO" train -n 2 "${a[@]}" --out "$TMP/opt-plain" 2>&1 |
+        sed -n 's/.*final test accuracy \([0-9.]*\)%.*/\1/p')
+    rc=0
+    timeout 120 "$KOLO" train -n 2 "${a[@]}" --shard-optimizer --stop-after 2 \
+        --out "$TMP/opt-sharded" >/dev/null 2>&1 || rc=$?
+    out=$(timeout 120 "$KOLO" train -n 2 "${a[@]}" --shard-optimizer --resume \
+        --out "$TMP/opt-sharded" 2>&1) || rc=$?
+    if ((rc != 0)); then fail "$name" "--shard-optimizer: exit code $rc"; return; fi
+    got=$(sed -n 's/.*final test accuracy \([0-9.]*\)%.*/\1/p' <<<"$out")
+    if [[ -z $want || $got != "$want" ]]; then
+        fail "$name" "sharded, stopped and resumed: accuracy '$got', uninterrupted unsharded '$want'"
+        return
+    fi
+    ok "$name (sharded resumed $got% = unsharded $want%)"
+}
+
 # kolo train --uneven: 100 samples over 3 workers, batch 1: shards of 34, 33 and 33 batches; the
 # ranks out of data join the others' last step instead of hanging.
 check_train_uneven() {
@@ -419,6 +452,7 @@ check_train_replicas 1
 check_train_replicas 2
 check_train_uneven
 check_train_sync_bn
+check_train_options
 check_elastic_train
 check_matrix 2
 check_matrix 4

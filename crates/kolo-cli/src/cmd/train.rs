@@ -67,6 +67,9 @@ pub struct TrainArgs {
     /// How gradients are combined across workers: average, or adasum (power-of-two worlds)
     #[arg(long, default_value = "average")]
     reduce: GradientReduce,
+    /// Shard the optimizer state over the workers (ZeRO stage 1)
+    #[arg(long)]
+    shard_optimizer: bool,
     /// Compute precision: f32, or bf16 (forward and backward in bf16, f32 master weights)
     #[arg(long, default_value = "f32")]
     precision: Precision,
@@ -177,6 +180,7 @@ impl TrainArgs {
             precision: self.precision,
             compression: self.compression,
             reduce: self.reduce,
+            shard_optimizer: self.shard_optimizer,
         }
     }
 }

@@ -90,6 +90,9 @@ pub struct TrainConfig {
     pub compression: crate::ddp::Compression,
     /// How gradients are combined: the average, or Adasum ([`crate::ddp::adasum_hook`]).
     pub reduce: crate::ddp::GradientReduce,
+    /// Optimizer-state sharding (ZeRO stage 1, [`crate::optim::ShardedOptimizer`]): each rank keeps
+    /// the state of 1/N of the parameters; checkpoints hold the full state.
+    pub shard_optimizer: bool,
 }
 
 impl Default for TrainConfig {
@@ -123,6 +126,7 @@ impl Default for TrainConfig {
             precision: crate::precision::Precision::F32,
             compression: crate::ddp::Compression::None,
             reduce: crate::ddp::GradientReduce::Average,
+            shard_optimizer: false,
         }
     }
 }
@@ -373,7 +377,9 @@ pub fn run_on(comm: &Communicator, cfg: &TrainConfig, device: &Device) -> Result
         if seconds_to_target.is_none() && s.test_accuracy >= cfg.target_accuracy {
             seconds_to_target = Some(started.elapsed().as_secs_f64());
         }
-        if let Some(o) = out.as_mut() {
+        // Every rank takes part in gathering a sharded optimizer's state; rank 0 saves it.
+        let snapshot = dopt.inner().gather_state()?;
+        if let (Some(o), Some(snapshot)) = (out.as_mut(), snapshot.as_ref()) {
             let state = TrainState {
                 epoch: epoch + 1,
                 step,
@@ -384,7 +390,14 @@ pub fn run_on(comm: &Communicator, cfg: &TrainConfig, device: &Device) -> Result
                 world_size: world,
                 batch_size: cfg.batch_size,
             };
-            o.epoch(cfg, &s, &state, &varmap, &dopt, epoch == resumed.epoch)?;
+            o.epoch(
+                cfg,
+                &s,
+                &state,
+                &varmap,
+                dopt.inner().learning_rate(),
+                snapshot,
+            )?;
         }
         stats.push(s);
     }

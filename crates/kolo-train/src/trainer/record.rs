@@ -7,9 +7,8 @@ use kolo_metrics::{MetricsCsv, RunDir, TensorBoardWriter, TrainingSeries, TRAINI
 use super::{EpochStats, Summary, TrainConfig};
 use crate::checkpoint::{self, TrainState};
 use crate::ddp::sorted_vars;
-use crate::distributed::DistributedOptimizer;
 use crate::error::{Result, TrainError};
-use crate::optim::DynOptimizer;
+use crate::optim::StateSnapshot;
 
 /// Rank 0's outputs.
 pub(super) struct Recorder {
@@ -18,6 +17,8 @@ pub(super) struct Recorder {
     tb: Option<TensorBoardWriter>,
     /// Ranks in the job (the plot's title).
     workers: String,
+    /// Whether a plot without text was reported (once per run).
+    plot_warned: bool,
 }
 
 impl Recorder {
@@ -40,6 +41,7 @@ impl Recorder {
             csv,
             tb,
             workers,
+            plot_warned: false,
         })
     }
 
@@ -50,8 +52,8 @@ impl Recorder {
         s: &EpochStats,
         state: &TrainState,
         varmap: &VarMap,
-        dopt: &DistributedOptimizer<Box<dyn DynOptimizer>>,
-        first: bool,
+        lr: f64,
+        optimizer: &StateSnapshot,
     ) -> Result<()> {
         println!(
             "epoch {:>3}/{}  train loss {:.4}  test loss {:.4}  test acc {:6.2}%  {:6.1} s  {:>8.0} samples/s",
@@ -63,7 +65,6 @@ impl Recorder {
             s.epoch_seconds,
             s.samples_per_second
         );
-        let lr = dopt.inner().learning_rate();
         self.csv.append(&[
             s.epoch as f64,
             state.step as f64,
@@ -91,14 +92,15 @@ impl Recorder {
         let series = TrainingSeries::from_csv(&self.dir.metrics_csv())?;
         let title = format!("{} on {} — {}", cfg.model, cfg.dataset, self.workers);
         if let Some(w) = kolo_metrics::plot_training(&series, &self.dir.plot_png(), &title)? {
-            if first {
+            if !self.plot_warned {
+                self.plot_warned = true;
                 eprintln!("kolo train: plot without text: {w}");
             }
         }
         checkpoint::save(
             &self.dir.checkpoint_dir(),
             &sorted_vars(varmap),
-            &**dopt.inner(),
+            optimizer,
             state,
         )?;
         Ok(())

@@ -107,7 +107,15 @@ pub(super) fn build_optimizer(
         }
         None => ddp.set_compression(cfg.compression)?,
     }
-    let opt = optim::build(ddp.params().to_vec(), optimizer_config(cfg))?;
+    let opt: Box<dyn DynOptimizer> = if cfg.shard_optimizer {
+        Box::new(optim::ShardedOptimizer::new(
+            comm,
+            ddp.params().to_vec(),
+            optimizer_config(cfg),
+        )?)
+    } else {
+        optim::build(ddp.params().to_vec(), optimizer_config(cfg))?
+    };
     let dopt = DistributedOptimizer::new(ddp, opt, cfg.backward_passes_per_step)?;
     Ok((varmap, dopt))
 }
