@@ -10,19 +10,24 @@
 //! [`PlotWarning`] is returned instead of an error, so training never fails
 //! because of fonts.
 
-use std::collections::HashMap;
 use std::fmt;
-use std::fs::File;
-use std::io::{BufWriter, Write};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 
-use plotters::coord::ranged1d::{DefaultFormatting, KeyPointHint, KeyPointWeight, Ranged};
 use plotters::prelude::*;
-use plotters::style::{register_font, FontStyle};
 
 use crate::error::{MetricsError, Result};
+
+mod axis;
+mod font;
+mod png;
+mod scaling;
+
+pub use scaling::{plot_scaling, ScalingPoint};
+
+use axis::*;
+use font::{load_any_font, load_font};
+use png::write_png_atomically;
 
 /// Environment variable naming a TTF/OTF file to use for plot text.
 pub const FONT_ENV: &str = "KOLO_PLOT_FONT";
@@ -218,6 +223,16 @@ pub fn plot_training_with(
     title: &str,
     options: &PlotOptions,
 ) -> Result<Option<PlotWarning>> {
+    render(path, options, |root, text| draw(root, series, title, text))
+}
+
+/// Draws with `draw` (given whether text can be drawn) into a `options`-sized image and writes it
+/// to `path` as a PNG, atomically; the warning when there is no font for text.
+fn render(
+    path: &Path,
+    options: &PlotOptions,
+    draw: impl FnOnce(&DrawingArea<BitMapBackend<'_>, plotters::coord::Shift>, bool) -> DrawResult<()>,
+) -> Result<Option<PlotWarning>> {
     let plot_err = |reason: String| MetricsError::Plot {
         path: path.to_path_buf(),
         reason,
@@ -240,14 +255,14 @@ pub fn plot_training_with(
     let mut buf = vec![255u8; w as usize * h as usize * 3];
     {
         let root = BitMapBackend::with_buffer(&mut buf, (w, h)).into_drawing_area();
-        draw(&root, series, title, text).map_err(|e| plot_err(e.to_string()))?;
+        draw(&root, text).map_err(|e| plot_err(e.to_string()))?;
         root.present().map_err(|e| plot_err(e.to_string()))?;
     }
     write_png_atomically(path, &buf, w, h)?;
     Ok(warning)
 }
 
-type DrawResult<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+pub(super) type DrawResult<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
 fn draw<DB: DrawingBackend>(
     root: &DrawingArea<DB, plotters::coord::Shift>,
@@ -291,6 +306,7 @@ where
         &panels[0],
         Panel {
             caption: "Loss",
+            x_desc: "epoch",
             y_desc: "loss",
             x: (x_ticks, x_range),
             y: (y_ticks, y_range),
@@ -337,6 +353,7 @@ where
         &panels[1],
         Panel {
             caption: "Test accuracy",
+            x_desc: "epoch",
             y_desc: "accuracy",
             x: (x_ticks, x_range),
             y: (y_ticks, y_range),
@@ -349,24 +366,25 @@ where
     Ok(())
 }
 
-struct Panel<'a> {
-    caption: &'a str,
-    y_desc: &'a str,
-    x: (Vec<f64>, Range<f64>),
-    y: (Vec<f64>, Range<f64>),
-    y_fmt: &'a dyn Fn(&f64) -> String,
-    lines: &'a [Line<'a>],
-    legend_pos: SeriesLabelPosition,
+pub(super) struct Panel<'a> {
+    pub(super) caption: &'a str,
+    pub(super) x_desc: &'a str,
+    pub(super) y_desc: &'a str,
+    pub(super) x: (Vec<f64>, Range<f64>),
+    pub(super) y: (Vec<f64>, Range<f64>),
+    pub(super) y_fmt: &'a dyn Fn(&f64) -> String,
+    pub(super) lines: &'a [Line<'a>],
+    pub(super) legend_pos: SeriesLabelPosition,
 }
 
 /// One curve of a panel.
-struct Line<'a> {
-    label: &'a str,
-    color: RGBColor,
-    points: &'a [(f64, f64)],
+pub(super) struct Line<'a> {
+    pub(super) label: &'a str,
+    pub(super) color: RGBColor,
+    pub(super) points: &'a [(f64, f64)],
 }
 
-fn draw_panel<DB: DrawingBackend>(
+pub(super) fn draw_panel<DB: DrawingBackend>(
     area: &DrawingArea<DB, plotters::coord::Shift>,
     panel: Panel<'_>,
     text: bool,
@@ -413,7 +431,7 @@ where
             .x_label_formatter(&fmt_number)
             .y_label_formatter(&panel.y_fmt);
         if text {
-            mesh.x_desc("epoch")
+            mesh.x_desc(panel.x_desc)
                 .y_desc(panel.y_desc)
                 .label_style((FAMILY, 14).into_font().color(&AXIS_COLOR))
                 .axis_desc_style((FAMILY, 15).into_font().color(&BLACK));
@@ -461,350 +479,4 @@ where
             .draw()?;
     }
     Ok(())
-}
-
-/// A linear `f64` axis whose grid lines are exactly the given ticks
-/// (bold) and the points between them (light).
-struct TickAxis {
-    range: Range<f64>,
-    bold: Vec<f64>,
-    light: Vec<f64>,
-}
-
-impl Ranged for TickAxis {
-    type FormatOption = DefaultFormatting;
-    type ValueType = f64;
-
-    fn map(&self, value: &f64, limit: (i32, i32)) -> i32 {
-        let span = self.range.end - self.range.start;
-        if span == 0.0 || !span.is_finite() {
-            return (limit.0 + limit.1) / 2;
-        }
-        let frac = ((value - self.range.start) / span).clamp(-10.0, 10.0);
-        let pixels = f64::from(limit.1 - limit.0) * frac;
-        limit.0 + pixels.round() as i32
-    }
-
-    fn key_points<Hint: KeyPointHint>(&self, hint: Hint) -> Vec<f64> {
-        match hint.weight() {
-            KeyPointWeight::Bold => self.bold.clone(),
-            KeyPointWeight::Any => self.light.clone(),
-        }
-    }
-
-    fn range(&self) -> Range<f64> {
-        self.range.clone()
-    }
-}
-
-fn finite_point(p: &(f64, f64)) -> bool {
-    p.0.is_finite() && p.1.is_finite()
-}
-
-/// Formats a tick value compactly: `3`, `0.25`, `1.5e-4`.
-fn fmt_number(v: &f64) -> String {
-    let v = *v;
-    if v == 0.0 {
-        return "0".to_string();
-    }
-    let a = v.abs();
-    if !(1e-3..1e5).contains(&a) {
-        return format!("{v:.1e}");
-    }
-    let s = format!("{v:.4}");
-    let s = s.trim_end_matches('0').trim_end_matches('.');
-    s.to_string()
-}
-
-fn midpoints(ticks: &[f64]) -> Vec<f64> {
-    ticks.windows(2).map(|w| (w[0] + w[1]) / 2.0).collect()
-}
-
-/// A "nice" step (1, 2 or 5 times a power of ten) giving at most about
-/// `max_ticks` ticks over `span`.
-fn nice_step(span: f64, max_ticks: usize) -> f64 {
-    let raw = span / max_ticks.max(1) as f64;
-    if raw <= 0.0 || !raw.is_finite() {
-        return 1.0;
-    }
-    let mag = 10f64.powf(raw.log10().floor());
-    let norm = raw / mag;
-    let nice = if norm <= 1.0 {
-        1.0
-    } else if norm <= 2.0 {
-        2.0
-    } else if norm <= 5.0 {
-        5.0
-    } else {
-        10.0
-    };
-    nice * mag
-}
-
-/// Multiples of `step` inside `range`.
-fn ticks_in(range: &Range<f64>, step: f64) -> Vec<f64> {
-    let first = (range.start / step).ceil() as i64;
-    let last = (range.end / step).floor() as i64;
-    (first..=last.max(first - 1))
-        .take(1000)
-        .map(|k| {
-            let v = k as f64 * step;
-            // Avoid `-0` and float noise such as 0.30000000000000004.
-            let v = (v / step).round() * step;
-            if v == 0.0 {
-                0.0
-            } else {
-                v
-            }
-        })
-        .collect()
-}
-
-/// Epoch axis: integer ticks when the span allows it.
-fn x_axis(points: &[(f64, f64)]) -> (Vec<f64>, Range<f64>) {
-    let xs = points.iter().filter(|p| finite_point(p)).map(|p| p.0);
-    let (lo, hi) = min_max(xs).unwrap_or((0.0, 1.0));
-    let span = hi - lo;
-    let range = if span <= 0.0 {
-        (lo - 1.0)..(hi + 1.0)
-    } else {
-        let pad = span * 0.04;
-        (lo - pad)..(hi + pad)
-    };
-    let mut step = nice_step(range.end - range.start, 12);
-    if span >= 2.0 {
-        step = step.max(1.0);
-    }
-    (ticks_in(&range, step), range)
-}
-
-fn loss_axis(points: &[(f64, f64)]) -> (Vec<f64>, Range<f64>) {
-    let ys = points.iter().filter(|p| finite_point(p)).map(|p| p.1);
-    let (lo, hi) = min_max(ys).unwrap_or((0.0, 1.0));
-    let span = hi - lo;
-    let pad = if span > 0.0 {
-        span * 0.08
-    } else {
-        (hi.abs() * 0.1).max(0.05)
-    };
-    let start = if lo >= 0.0 {
-        (lo - pad).max(0.0)
-    } else {
-        lo - pad
-    };
-    let range = start..(hi + pad);
-    let step = nice_step(range.end - range.start, 8);
-    (ticks_in(&range, step), range)
-}
-
-/// Accuracy axis in data units; returns the decimals for percent labels.
-fn accuracy_axis(points: &[(f64, f64)], percent_scale: f64) -> (Vec<f64>, Range<f64>, usize) {
-    let top = 100.0 / percent_scale;
-    let (lo, hi) = min_max(points.iter().map(|p| p.1)).unwrap_or((0.0, top));
-    let span = hi - lo;
-    let pad = if span > 0.0 { span * 0.1 } else { top * 0.02 };
-    let range = (lo - pad).max(0.0)..(hi + pad).min(top);
-    let range = if range.end > range.start {
-        range
-    } else {
-        0.0..top
-    };
-    let step = nice_step(range.end - range.start, 8);
-    let step_pct = step * percent_scale;
-    let decimals = if step_pct >= 1.0 {
-        0
-    } else if step_pct >= 0.1 {
-        1
-    } else {
-        2
-    };
-    (ticks_in(&range, step), range, decimals)
-}
-
-fn min_max(values: impl Iterator<Item = f64>) -> Option<(f64, f64)> {
-    values.fold(None, |acc, v| match acc {
-        None => Some((v, v)),
-        Some((lo, hi)) => Some((lo.min(v), hi.max(v))),
-    })
-}
-
-fn write_png_atomically(path: &Path, rgb: &[u8], w: u32, h: u32) -> Result<()> {
-    let file_name = path.file_name().ok_or_else(|| MetricsError::Plot {
-        path: path.to_path_buf(),
-        reason: "path has no file name".to_string(),
-    })?;
-    let mut tmp_name = std::ffi::OsString::from(".");
-    tmp_name.push(file_name);
-    tmp_name.push(format!(".{}.tmp", std::process::id()));
-    let tmp = path.with_file_name(tmp_name);
-    let result = encode_png(&tmp, rgb, w, h)
-        .and_then(|()| std::fs::rename(&tmp, path).map_err(|e| MetricsError::io(path, e)));
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
-}
-
-fn encode_png(tmp: &Path, rgb: &[u8], w: u32, h: u32) -> Result<()> {
-    let file = File::create(tmp).map_err(|e| MetricsError::io(tmp, e))?;
-    let mut out = BufWriter::new(file);
-    let png_err = |e: png::EncodingError| match e {
-        png::EncodingError::IoError(io) => MetricsError::io(tmp, io),
-        other => MetricsError::Plot {
-            path: tmp.to_path_buf(),
-            reason: other.to_string(),
-        },
-    };
-    {
-        let mut encoder = png::Encoder::new(&mut out, w, h);
-        encoder.set_color(png::ColorType::Rgb);
-        encoder.set_depth(png::BitDepth::Eight);
-        let mut writer = encoder.write_header().map_err(png_err)?;
-        writer.write_image_data(rgb).map_err(png_err)?;
-        writer.finish().map_err(png_err)?;
-    }
-    out.flush().map_err(|e| MetricsError::io(tmp, e))?;
-    Ok(())
-}
-
-/// Fonts loaded so far. plotters keeps registered fonts as `&'static [u8]`,
-/// so each distinct file is read and leaked at most once per process, and a
-/// file that failed is not retried.
-#[derive(Default)]
-struct FontCache {
-    current: Option<PathBuf>,
-    loaded: HashMap<PathBuf, &'static [u8]>,
-    failed: HashMap<PathBuf, String>,
-}
-
-static FONTS: Mutex<Option<FontCache>> = Mutex::new(None);
-
-/// Makes `path` the font used for plot text, or says why it cannot be.
-fn load_font(path: &Path) -> std::result::Result<(), String> {
-    let mut guard = FONTS.lock().unwrap_or_else(|p| p.into_inner());
-    let cache = guard.get_or_insert_with(FontCache::default);
-    if cache.current.as_deref() == Some(path) {
-        return Ok(());
-    }
-    if let Some(why) = cache.failed.get(path) {
-        return Err(why.clone());
-    }
-    let bytes = match cache.loaded.get(path) {
-        Some(b) => *b,
-        None => match read_font_file(path) {
-            Ok(b) => {
-                let b: &'static [u8] = Box::leak(b.into_boxed_slice());
-                cache.loaded.insert(path.to_path_buf(), b);
-                b
-            }
-            Err(why) => {
-                if why != NOT_FOUND {
-                    cache.failed.insert(path.to_path_buf(), why.clone());
-                }
-                return Err(why);
-            }
-        },
-    };
-    if register_font(FAMILY, FontStyle::Normal, bytes).is_err() {
-        let why = "not a valid TrueType/OpenType font".to_string();
-        cache.failed.insert(path.to_path_buf(), why.clone());
-        return Err(why);
-    }
-    cache.current = Some(path.to_path_buf());
-    Ok(())
-}
-
-fn read_font_file(path: &Path) -> std::result::Result<Vec<u8>, String> {
-    let meta = match std::fs::metadata(path) {
-        Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(NOT_FOUND.to_string()),
-        Err(e) => return Err(e.to_string()),
-    };
-    if !meta.is_file() {
-        return Err("not a regular file".to_string());
-    }
-    if meta.len() > MAX_FONT_BYTES {
-        return Err(format!("larger than {} MiB", MAX_FONT_BYTES >> 20));
-    }
-    std::fs::read(path).map_err(|e| e.to_string())
-}
-
-/// Tries [`FONT_ENV`], then [`FONT_CANDIDATES`].
-fn load_any_font() -> std::result::Result<PathBuf, PlotWarning> {
-    let mut tried = Vec::new();
-    let env = std::env::var_os(FONT_ENV)
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from);
-    let candidates = env
-        .into_iter()
-        .chain(FONT_CANDIDATES.iter().map(PathBuf::from));
-    for path in candidates {
-        match load_font(&path) {
-            Ok(()) => return Ok(path),
-            Err(why) => tried.push((path, why)),
-        }
-    }
-    Err(PlotWarning::NoFont { tried })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn nice_steps() {
-        assert_eq!(nice_step(10.0, 10), 1.0);
-        assert_eq!(nice_step(30.0, 10), 5.0);
-        assert_eq!(nice_step(0.9, 8), 0.2);
-        assert!((nice_step(0.05, 8) - 0.01).abs() < 1e-12);
-    }
-
-    #[test]
-    fn epoch_ticks_are_integers() {
-        let pts: Vec<(f64, f64)> = (1..=7).map(|e| (f64::from(e), 1.0)).collect();
-        let (ticks, range) = x_axis(&pts);
-        assert_eq!(ticks, [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]);
-        assert!(range.start < 1.0 && range.end > 7.0);
-        let pts: Vec<(f64, f64)> = (0..100).map(|e| (f64::from(e), 1.0)).collect();
-        let (ticks, _) = x_axis(&pts);
-        assert_eq!(ticks.first(), Some(&0.0));
-        assert_eq!(ticks.get(1), Some(&10.0));
-        // A single epoch still gives a usable axis.
-        let (ticks, range) = x_axis(&[(3.0, 1.0)]);
-        assert!(ticks.contains(&3.0) && range.start < 3.0 && range.end > 3.0);
-    }
-
-    #[test]
-    fn accuracy_axis_fraction_and_percent() {
-        let pts = [(1.0, 0.90), (2.0, 0.95), (3.0, 0.97)];
-        let (ticks, range, decimals) = accuracy_axis(&pts, 100.0);
-        assert!(range.start >= 0.0 && range.end <= 1.0);
-        assert!(range.start < 0.90 && range.end > 0.97);
-        assert!(!ticks.is_empty());
-        assert_eq!(decimals, 0);
-        let (_, range, _) = accuracy_axis(&[(1.0, 50.0), (2.0, 99.9)], 1.0);
-        assert!(range.end <= 100.0 && range.start < 50.0);
-    }
-
-    #[test]
-    fn number_format() {
-        assert_eq!(fmt_number(&3.0), "3");
-        assert_eq!(fmt_number(&0.25), "0.25");
-        assert_eq!(fmt_number(&0.0), "0");
-        assert_eq!(fmt_number(&1.5e-4), "1.5e-4");
-    }
-
-    #[test]
-    fn warning_messages() {
-        let w = PlotWarning::NoFont {
-            tried: vec![
-                (PathBuf::from("/a.ttf"), NOT_FOUND.to_string()),
-                (PathBuf::from("/b.ttf"), "not a valid font".to_string()),
-            ],
-        };
-        let s = w.to_string();
-        assert!(s.contains("/b.ttf: not a valid font"), "{s}");
-        assert!(!s.contains("/a.ttf"), "{s}");
-        assert!(s.contains(FONT_ENV));
-    }
 }
