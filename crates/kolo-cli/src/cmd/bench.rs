@@ -100,10 +100,14 @@ pub enum Dtype {
 }
 
 #[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 pub struct BenchArgs {
+    /// `kolo bench scaling`: training throughput against the number of workers
+    #[command(subcommand)]
+    scaling: Option<BenchCommand>,
     /// Operation: allreduce, allgather, reduce_scatter, broadcast, alltoall, p2p
-    #[arg(value_name = "OP")]
-    op: Op,
+    #[arg(value_name = "OP", required = true)]
+    op: Option<Op>,
     /// Number of workers
     #[arg(short = 'n', long = "nproc", visible_alias = "nproc-per-node", value_name = "N",
           default_value = "2", value_parser = parse_positive)]
@@ -133,6 +137,22 @@ pub struct BenchArgs {
     /// Run as a worker of a job (set by the launcher)
     #[arg(long, hide = true)]
     worker: bool,
+}
+
+/// `kolo bench` subcommands besides the collectives.
+#[derive(Debug, clap::Subcommand)]
+pub enum BenchCommand {
+    /// Train a model for a fixed amount of data at each worker count; write a CSV and a PNG of
+    /// samples/s against workers (with ideal linear scaling) and the efficiency of each point
+    #[command(long_about = super::scaling::LONG_ABOUT)]
+    Scaling(super::scaling::ScalingArgs),
+}
+
+impl BenchArgs {
+    /// The operation (clap requires one unless a subcommand is given).
+    fn op(&self) -> Op {
+        self.op.unwrap_or(Op::Allreduce)
+    }
 }
 
 fn parse_positive(s: &str) -> Result<usize, String> {
@@ -353,7 +373,7 @@ fn bench_size<T: BenchElement>(
     bytes: u64,
 ) -> kolo::Result<Row> {
     let (n, rank) = (comm.size(), comm.rank());
-    let op = args.op;
+    let op = args.op();
     let mut case = Case::<T>::new(op, n, rank, bytes);
     let stable = !matches!(op, Op::Allreduce);
     let mut wrong = 0u64;
@@ -411,11 +431,11 @@ fn run<T: BenchElement>(comm: &Communicator, args: &BenchArgs) -> kolo::Result<u
         println!(
             "# kolo bench {}: {n} ranks, transport {}, dtype {}, {} warm-up iterations; \
              time = slowest rank's mean per iteration{}",
-            args.op.name(),
+            args.op().name(),
             comm.transport_kind(),
             T::NAME,
             args.warmup,
-            if args.op == Op::P2p {
+            if args.op() == Op::P2p {
                 " (one way, half a round trip)"
             } else {
                 ""
@@ -439,7 +459,7 @@ fn run<T: BenchElement>(comm: &Communicator, args: &BenchArgs) -> kolo::Result<u
                 "{{\"impl\":{},\"op\":\"{}\",\"n\":{n},\"bytes\":{},\"time_us\":{:.3},\
                  \"algbw_gbps\":{:.4},\"busbw_gbps\":{:.4},\"wrong\":{}}}",
                 serde_json::Value::from(implementation.as_str()),
-                args.op.name(),
+                args.op().name(),
                 row.bytes,
                 row.time_us,
                 row.algbw,
@@ -470,7 +490,7 @@ fn worker(args: &BenchArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    if args.op == Op::P2p && comm.size() < 2 {
+    if args.op() == Op::P2p && comm.size() < 2 {
         eprintln!("kolo bench: p2p needs at least 2 ranks");
         return ExitCode::FAILURE;
     }
@@ -498,13 +518,16 @@ fn worker(args: &BenchArgs) -> ExitCode {
 }
 
 pub fn execute(args: BenchArgs) -> ExitCode {
+    if let Some(BenchCommand::Scaling(s)) = &args.scaling {
+        return super::scaling::execute(s);
+    }
     if args.worker {
         return worker(&args);
     }
     if args.launch.on_hosts() {
         return super::launch_args::execute_hosts("bench", args.nproc, &args.launch);
     }
-    if args.op == Op::P2p && args.nproc < 2 {
+    if args.op() == Op::P2p && args.nproc < 2 {
         eprintln!("kolo bench: p2p needs at least 2 workers (-n 2 or more)");
         return ExitCode::from(2);
     }
