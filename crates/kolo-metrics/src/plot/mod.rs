@@ -480,3 +480,66 @@ where
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::axis::*;
+    use super::*;
+
+    #[test]
+    fn nice_steps() {
+        assert_eq!(nice_step(10.0, 10), 1.0);
+        assert_eq!(nice_step(30.0, 10), 5.0);
+        assert_eq!(nice_step(0.9, 8), 0.2);
+        assert!((nice_step(0.05, 8) - 0.01).abs() < 1e-12);
+    }
+
+    #[test]
+    fn epoch_ticks_are_integers() {
+        let pts: Vec<(f64, f64)> = (1..=7).map(|e| (f64::from(e), 1.0)).collect();
+        let (ticks, range) = x_axis(&pts);
+        assert_eq!(ticks, [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]);
+        assert!(range.start < 1.0 && range.end > 7.0);
+        let pts: Vec<(f64, f64)> = (0..100).map(|e| (f64::from(e), 1.0)).collect();
+        let (ticks, _) = x_axis(&pts);
+        assert_eq!(ticks.first(), Some(&0.0));
+        assert_eq!(ticks.get(1), Some(&10.0));
+        // A single epoch still gives a usable axis.
+        let (ticks, range) = x_axis(&[(3.0, 1.0)]);
+        assert!(ticks.contains(&3.0) && range.start < 3.0 && range.end > 3.0);
+    }
+
+    #[test]
+    fn accuracy_axis_fraction_and_percent() {
+        let pts = [(1.0, 0.90), (2.0, 0.95), (3.0, 0.97)];
+        let (ticks, range, decimals) = accuracy_axis(&pts, 100.0);
+        assert!(range.start >= 0.0 && range.end <= 1.0);
+        assert!(range.start < 0.90 && range.end > 0.97);
+        assert!(!ticks.is_empty());
+        assert_eq!(decimals, 0);
+        let (_, range, _) = accuracy_axis(&[(1.0, 50.0), (2.0, 99.9)], 1.0);
+        assert!(range.end <= 100.0 && range.start < 50.0);
+    }
+
+    #[test]
+    fn number_format() {
+        assert_eq!(fmt_number(&3.0), "3");
+        assert_eq!(fmt_number(&0.25), "0.25");
+        assert_eq!(fmt_number(&0.0), "0");
+        assert_eq!(fmt_number(&1.5e-4), "1.5e-4");
+    }
+
+    #[test]
+    fn warning_messages() {
+        let w = PlotWarning::NoFont {
+            tried: vec![
+                (PathBuf::from("/a.ttf"), NOT_FOUND.to_string()),
+                (PathBuf::from("/b.ttf"), "not a valid font".to_string()),
+            ],
+        };
+        let s = w.to_string();
+        assert!(s.contains("/b.ttf: not a valid font"), "{s}");
+        assert!(!s.contains("/a.ttf"), "{s}");
+        assert!(s.contains(FONT_ENV));
+    }
+}
