@@ -4,6 +4,7 @@ pub mod bench;
 pub mod launch_args;
 pub mod mpirun;
 pub mod run;
+pub mod simulate;
 pub mod train;
 
 use std::error::Error;
