@@ -93,6 +93,7 @@ fn synthetic() -> Profile {
         other_s: 0.0,
         elem_bytes: 4,
         gamma_s_per_byte: 0.0,
+        step_sd_s: 0.0,
         params: vec![
             ParamProfile {
                 name: "a".into(),
@@ -168,8 +169,15 @@ fn oversubscription_slows_compute() -> Result<(), SimError> {
             "threads_per_rank": 1, "scalar_allreduces_per_step": 0}"#,
     )?;
     let p = synthetic();
-    assert_eq!(predict(&p, &c, 2)?.compute_s, 1.6);
-    assert!((predict(&p, &c, 8)?.compute_s - 6.4).abs() < 1e-12);
+    let two = predict(&p, &c, 2)?;
+    assert_eq!(two.compute_s, 1.6);
+    assert!(two.exposed_s < 1e-4);
+    let eight = predict(&p, &c, 8)?;
+    assert!((eight.compute_s - 6.4).abs() < 1e-12);
+    // One 25 MiB bucket, no scalar all-reduce: 1 sync × 7 waiting ranks × 1 ms of spinning /
+    // 2 cores = 3.5 ms, plus the (tiny) all-reduce.
+    assert_eq!(eight.buckets, 1);
+    assert!((eight.exposed_s - 3.5e-3).abs() < 2e-4, "{eight:?}");
     Ok(())
 }
 
@@ -211,5 +219,24 @@ fn vgg16_scales_worse_than_resnet101() -> Result<(), SimError> {
     let total = published::builtin("vgg16")?.gradient_bytes() / 4;
     assert!((138_000_000..139_000_000).contains(&total), "{total}");
     assert!(published::builtin("alexnet").is_err());
+    Ok(())
+}
+
+#[test]
+fn jitter_costs_the_expected_maximum() -> Result<(), SimError> {
+    use kolo_train::simulate::predict::expected_max_normal;
+    assert_eq!(expected_max_normal(1), 0.0);
+    assert!((expected_max_normal(2) - 0.5642).abs() < 1e-4);
+    // Blom's approximation beyond the table, increasing.
+    let (e9, e100) = (expected_max_normal(9), expected_max_normal(100));
+    assert!(e9 > 1.4236 && e9 < 1.55, "{e9}");
+    assert!((e100 - 2.5076).abs() < 0.03, "{e100}");
+    let mut p = synthetic();
+    p.step_sd_s = 0.1;
+    let c = ring_cluster(1e6, true)?;
+    let one = predict(&p, &c, 1)?;
+    let two = predict(&p, &c, 2)?;
+    assert_eq!(one.exposed_s, 0.0);
+    assert!(two.exposed_s >= 0.05642 - 1e-9);
     Ok(())
 }

@@ -21,7 +21,8 @@
 //! latencies are in microseconds. Required: `ranks_per_node`, `intra_node`; `inter_node` as soon as a
 //! simulated world spans more than one node. The rest default as above (`nodes` unlimited,
 //! `cores_per_node` unset = no oversubscription, `gamma_ns_per_byte` from the profile,
-//! `scalar_allreduces_per_step` 1: `kolo train`'s loss check).
+//! `scalar_allreduces_per_step` 1: `kolo train`'s loss check, `spin_us` 1000: how long a waiting rank
+//! busy-waits, kolo's `KOLO_SHM_SPIN_US`).
 
 use serde::Deserialize;
 
@@ -70,6 +71,9 @@ pub struct RawCluster {
     pub gamma_ns_per_byte: Option<f64>,
     /// Small blocking all-reduces per step (default 1).
     pub scalar_allreduces_per_step: Option<usize>,
+    /// Microseconds a waiting rank busy-waits before it sleeps (default 1000, kolo's shared-memory
+    /// `KOLO_SHM_SPIN_US`); charged only on an oversubscribed node.
+    pub spin_us: Option<f64>,
 }
 
 /// How all-reduces are scheduled.
@@ -145,6 +149,8 @@ pub struct Cluster {
     pub gamma_s_per_byte: Option<f64>,
     /// Small blocking all-reduces per step.
     pub scalar_allreduces: usize,
+    /// Seconds a waiting rank busy-waits before sleeping.
+    pub spin_s: f64,
 }
 
 fn invalid(field: &str, reason: impl Into<String>) -> SimError {
@@ -235,7 +241,8 @@ impl RawCluster {
             cores_per_node,
             shared_memory,
             gamma_ns_per_byte,
-            scalar_allreduces_per_step
+            scalar_allreduces_per_step,
+            spin_us
         );
         for (mine, theirs) in [
             (&mut self.intra_node, over.intra_node),
@@ -293,6 +300,7 @@ impl RawCluster {
             shared_memory: self.shared_memory.unwrap_or(false),
             gamma_s_per_byte: gamma,
             scalar_allreduces: self.scalar_allreduces_per_step.unwrap_or(1),
+            spin_s: nonneg("spin_us", self.spin_us.unwrap_or(1000.0))? * 1e-6,
         })
     }
 }

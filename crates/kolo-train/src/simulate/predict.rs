@@ -3,6 +3,13 @@
 //! One step is `other + forward + scalar all-reduces + max(backward, last bucket's all-reduce) +
 //! optimizer`, with compute (and the reduction cost γ) slowed down by the node's oversubscription,
 //! bucket all-reduces timed by [`kolo_collectives::cost`] and scheduled by [`overlap::simulate`].
+//! Ranks synchronize every step, so each waits for the slowest: with step-to-step jitter of standard
+//! deviation σ (the profile's `step_sd_s`), the step grows by σ·E[max of N standard normals]
+//! ([`expected_max_normal`]), reported as part of the exposed time.
+//! On an oversubscribed node (more ranks × threads than cores) every blocking synchronization (each
+//! bucket all-reduce and scalar all-reduce) lets the `local − 1` ranks that wait busy-wait for up to
+//! `spin_s`, taking that CPU time from the ranks they wait for: `syncs × (local − 1) × spin / cores`
+//! per step, also reported as exposed time.
 //! Per-rank batch is fixed (weak scaling): the scaling efficiency at N is `step(1) / step(N)`.
 
 use kolo::Algorithm;
@@ -138,19 +145,59 @@ pub fn predict(profile: &Profile, cluster: &Cluster, n: usize) -> Result<Predict
     let scalar =
         cluster.scalar_allreduces as f64 * all_reduce_time(cluster, 1, 8, n, nodes, local, gamma).0;
     let compute_s = profile.compute_s() * slow;
-    let step_s = compute_s + scalar + tl.exposed;
+    let straggler = profile.step_sd_s * slow * expected_max_normal(n);
+    let spinning = match cluster.cores_per_node {
+        Some(cores) if slow > 1.0 => {
+            let syncs = (cluster.scalar_allreduces + layout.count()) as f64;
+            syncs * (local - 1) as f64 * cluster.spin_s / cores as f64
+        }
+        _ => 0.0,
+    };
+    let straggler = straggler + spinning;
+    let step_s = compute_s + scalar + straggler + tl.exposed;
     Ok(Prediction {
         ranks: n,
         nodes,
         step_s,
         compute_s,
         comm_s: tl.comm_total + scalar,
-        exposed_s: tl.exposed + scalar,
+        exposed_s: tl.exposed + scalar + straggler,
         samples_per_s: (profile.batch * n) as f64 / step_s.max(1e-12),
         efficiency: 1.0,
         buckets: layout.count(),
         algorithm: algorithm.to_string(),
     })
+}
+
+/// E[max of `n` independent standard normals]: 0 for one, 0.564 for two, 1.029 for four, 1.424 for
+/// eight (Blom's approximation Φ⁻¹((n − 0.375) / (n + 0.25)) beyond the table).
+pub fn expected_max_normal(n: usize) -> f64 {
+    const EXACT: [f64; 9] = [
+        0.0, 0.0, 0.5642, 0.8463, 1.0294, 1.1630, 1.2672, 1.3522, 1.4236,
+    ];
+    if let Some(&e) = EXACT.get(n) {
+        return e;
+    }
+    // Φ⁻¹ by bisection on the error function's series-free approximation (Abramowitz-Stegun 7.1.26).
+    let p = (n as f64 - 0.375) / (n as f64 + 0.25);
+    let phi = |x: f64| {
+        let t = 1.0 / (1.0 + 0.327_591_1 * x / std::f64::consts::SQRT_2);
+        let poly = t
+            * (0.254_829_592
+                + t * (-0.284_496_736
+                    + t * (1.421_413_741 + t * (-1.453_152_027 + t * 1.061_405_429))));
+        1.0 - 0.5 * poly * (-(x * x) / 2.0).exp()
+    };
+    let (mut lo, mut hi) = (0.0f64, 8.0f64);
+    for _ in 0..60 {
+        let mid = (lo + hi) / 2.0;
+        if phi(mid) < p {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    (lo + hi) / 2.0
 }
 
 /// Predicts every world size in `ranks`, with scaling efficiency against one rank.

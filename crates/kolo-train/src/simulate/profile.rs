@@ -10,7 +10,8 @@
 //! all-reduces — so gradient-ready times are measured per parameter, not apportioned by FLOPs. The
 //! wrapping copies each parameter, as DDP's hook does. Each phase is timed for `steps` steps after one
 //! warm-up; the profile keeps the median of each phase and of each ready time. The reduction cost γ is
-//! the median time per byte of summing two 4 MiB f32 buffers.
+//! the median time per byte of summing two 4 MiB f32 buffers. The standard deviation of the step's
+//! compute time is kept too: ranks wait for the slowest at every step, which costs jitter.
 
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -56,6 +57,9 @@ pub struct Profile {
     pub elem_bytes: usize,
     /// Reduction cost, seconds per byte reduced (γ).
     pub gamma_s_per_byte: f64,
+    /// Standard deviation of one step's compute time, seconds (step-to-step jitter; 0 if unknown).
+    #[serde(default)]
+    pub step_sd_s: f64,
     /// Trainable parameters in DDP's order (sorted by name).
     pub params: Vec<ParamProfile>,
     /// How the numbers were obtained.
@@ -85,6 +89,7 @@ impl Profile {
             ("optimizer_s", self.optimizer_s),
             ("other_s", self.other_s),
             ("gamma_s_per_byte", self.gamma_s_per_byte),
+            ("step_sd_s", self.step_sd_s),
         ] {
             if !v.is_finite() || v < 0.0 {
                 return Err(bad(field, v));
@@ -322,6 +327,11 @@ pub fn measure(
             readies[i].push(at.as_secs_f64());
         }
     }
+    let totals: Vec<f64> = (0..fwd.len())
+        .map(|i| other[i] + fwd[i] + bwd[i] + optim[i])
+        .collect();
+    let mean = totals.iter().sum::<f64>() / totals.len() as f64;
+    let var = totals.iter().map(|t| (t - mean).powi(2)).sum::<f64>() / totals.len() as f64;
     let backward_s = median(&mut bwd);
     Ok(Profile {
         model: kind.to_string(),
@@ -333,6 +343,7 @@ pub fn measure(
         other_s: median(&mut other),
         elem_bytes: 4,
         gamma_s_per_byte: measure_gamma(),
+        step_sd_s: var.sqrt(),
         params: params
             .iter()
             .zip(readies.iter_mut())

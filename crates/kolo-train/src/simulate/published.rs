@@ -116,6 +116,7 @@ fn from_groups(model: &str, groups: &[Group], images_per_s: f64) -> Profile {
         other_s: 0.0,
         elem_bytes: 4,
         gamma_s_per_byte: 2e-12,
+        step_sd_s: 0.0,
         // Names sort in forward order, as DDP orders parameters.
         params: layers
             .into_iter()
