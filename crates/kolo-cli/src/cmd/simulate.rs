@@ -47,9 +47,15 @@ pub struct SimulateArgs {
     /// Compute threads for profiling (sets RAYON_NUM_THREADS)
     #[arg(long)]
     threads: Option<usize>,
-    /// Use this saved profile instead of profiling
-    #[arg(long, value_name = "FILE", conflicts_with = "save_profile")]
-    profile: Option<PathBuf>,
+    /// Use this saved profile instead of profiling (several, comma-separated: their average, e.g.
+    /// profiles taken at once by the ranks that will share a node)
+    #[arg(
+        long,
+        value_name = "FILE",
+        conflicts_with = "save_profile",
+        value_delimiter = ','
+    )]
+    profile: Vec<PathBuf>,
     /// Save the profile as JSON
     #[arg(long, value_name = "FILE")]
     save_profile: Option<PathBuf>,
@@ -150,8 +156,13 @@ impl SimulateArgs {
     }
 
     fn profile(&self) -> Result<Profile, SimError> {
-        if let Some(path) = &self.profile {
-            return Profile::load(path);
+        if !self.profile.is_empty() {
+            let all = self
+                .profile
+                .iter()
+                .map(|p| Profile::load(p))
+                .collect::<Result<Vec<_>, _>>()?;
+            return Profile::average(&all);
         }
         if let Some(p) = published::profile(&self.model) {
             return Ok(p);

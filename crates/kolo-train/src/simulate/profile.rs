@@ -115,6 +115,50 @@ impl Profile {
         Ok(())
     }
 
+    /// The average of profiles of the same model (e.g. taken at the same time by every rank that
+    /// will share a node, so that they include the contention for memory and caches): every time
+    /// is averaged, parameter by parameter.
+    pub fn average(profiles: &[Profile]) -> Result<Profile, SimError> {
+        let Some(first) = profiles.first() else {
+            return Err(SimError::Profile {
+                field: "profiles".into(),
+                reason: "no profile to average".into(),
+            });
+        };
+        let k = profiles.len() as f64;
+        let mut avg = first.clone();
+        for (i, p) in profiles.iter().enumerate().skip(1) {
+            let same = p.params.len() == first.params.len()
+                && p.params
+                    .iter()
+                    .zip(&first.params)
+                    .all(|(a, b)| a.name == b.name && a.numel == b.numel);
+            if !same || p.batch != first.batch || p.elem_bytes != first.elem_bytes {
+                return Err(SimError::Profile {
+                    field: format!("profiles[{i}]"),
+                    reason: format!(
+                        "another model or batch than profiles[0] ({} batch {})",
+                        first.model, first.batch
+                    ),
+                });
+            }
+        }
+        let mean = |f: &dyn Fn(&Profile) -> f64| profiles.iter().map(f).sum::<f64>() / k;
+        avg.forward_s = mean(&|p| p.forward_s);
+        avg.backward_s = mean(&|p| p.backward_s);
+        avg.optimizer_s = mean(&|p| p.optimizer_s);
+        avg.other_s = mean(&|p| p.other_s);
+        avg.gamma_s_per_byte = mean(&|p| p.gamma_s_per_byte);
+        avg.step_sd_s = mean(&|p| p.step_sd_s);
+        for (j, param) in avg.params.iter_mut().enumerate() {
+            param.ready_s = mean(&|p| p.params.get(j).map_or(0.0, |q| q.ready_s));
+        }
+        if profiles.len() > 1 {
+            avg.method = format!("average of {} profiles: {}", profiles.len(), first.method);
+        }
+        Ok(avg)
+    }
+
     /// Reads a profile saved as JSON.
     pub fn load(path: &std::path::Path) -> Result<Profile, SimError> {
         let text = std::fs::read_to_string(path).map_err(|e| SimError::Io {
