@@ -2,10 +2,10 @@
 //! (seconds per message), inverse bandwidth β (seconds per byte) and reduction cost γ (seconds per
 //! byte reduced).
 //!
-//! These are the formulas behind [`select`](crate::select)'s thresholds (recursive doubling has the
+//! These are the formulas behind [`select`]'s thresholds (recursive doubling has the
 //! fewest rounds, halving-doubling logarithmic rounds with ring-like bandwidth, ring the least
 //! bandwidth), and what `kolo simulate` charges for each bucket. [`all_reduce_auto`] costs the
-//! algorithm [`select::all_reduce`](crate::select::all_reduce) picks, so the simulator and the
+//! algorithm [`select::all_reduce`] picks, so the simulator and the
 //! library agree on which algorithm runs.
 //!
 //! For `S` bytes over `n` ranks (`p` the largest power of two ≤ `n`, `r = n − p` extra ranks):

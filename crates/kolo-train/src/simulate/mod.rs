@@ -5,7 +5,7 @@
 //! - [`cluster`]: ranks per node, intra- and inter-node links, algorithm, bucket size, overlap,
 //!   threads and cores.
 //! - [`overlap`]: event simulation of backward with DDP's buckets sent in order on one channel.
-//! - [`predict`]: step time, compute / communication / exposed communication and scaling
+//! - [`predict`](mod@predict): step time, compute / communication / exposed communication and scaling
 //!   efficiency at N ranks, with all-reduce costs from [`kolo_collectives::cost`], the α-β model
 //!   next to kolo's algorithm selection.
 
