@@ -39,6 +39,9 @@ enum Command {
     /// Time a collective on N workers like nccl-tests (allreduce, allgather, reduce_scatter, ...)
     #[command(long_about = cmd::bench::LONG_ABOUT)]
     Bench(Box<cmd::bench::BenchArgs>),
+    /// Predict step time and scaling efficiency of data-parallel training at N ranks
+    #[command(long_about = cmd::simulate::LONG_ABOUT)]
+    Simulate(Box<cmd::simulate::SimulateArgs>),
 }
 
 fn main() -> ExitCode {
@@ -47,6 +50,7 @@ fn main() -> ExitCode {
         Command::Run(args) => cmd::run::execute(*args),
         Command::Train(args) => cmd::train::execute(*args),
         Command::Bench(args) => cmd::bench::execute(*args),
+        Command::Simulate(args) => cmd::simulate::execute(*args),
     }
 }
 

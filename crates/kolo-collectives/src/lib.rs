@@ -2,10 +2,11 @@
 //!
 //! Collective algorithms written once against [`kolo_core::Transport`]: an algorithm is a plain
 //! function of a [`Ctx`] (group, tag, fingerprint, deadline) and byte buffers; it never touches
-//! transport code. [`select`] is the cost model that picks one; [`all_reduce`] dispatches on the
-//! algorithm recorded in the call's fingerprint.
+//! transport code. [`select`] is the cost model that picks one ([`cost`] has its α-β formulas);
+//! [`all_reduce`] dispatches on the algorithm recorded in the call's fingerprint.
 
 pub mod algorithms;
+pub mod cost;
 pub mod ctx;
 pub mod select;
 

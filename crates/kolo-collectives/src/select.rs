@@ -8,6 +8,8 @@
 //! [`MEDIUM_BYTES`] when there are at least four ranks (log rounds, near-optimal bandwidth), ring above
 //! (optimal bandwidth, segments pipelined).
 //!
+//! The α-β-γ time of each algorithm is in [`crate::cost`] (what `kolo simulate` charges).
+//!
 //! Adasum ([`adasum`]): recursive doubling up to [`SMALL_BYTES`], vector halving with distance
 //! doubling above, from four ranks.
 

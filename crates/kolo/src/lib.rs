@@ -38,6 +38,7 @@ mod stop_report;
 mod work;
 
 pub use adasum::AdasumFloat;
+pub use collectives::HIERARCHICAL_MIN_BYTES;
 pub use communicator::Communicator;
 pub use config::Config;
 pub use init::{

@@ -5,6 +5,7 @@ pub mod launch_args;
 pub mod mpirun;
 pub mod run;
 pub mod scaling;
+pub mod simulate;
 pub mod train;
 
 use std::error::Error;
