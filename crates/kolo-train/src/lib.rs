@@ -15,6 +15,7 @@ pub mod models;
 pub mod optim;
 pub mod precision;
 pub mod replicas;
+pub mod timeline;
 pub mod trainer;
 
 pub use error::{Result, TrainError};
