@@ -214,19 +214,18 @@ fn own_loop_spans_with_aligned_clocks() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("own.json");
     let res = kolo::run_local(3, Config::default(), |comm| {
+        // Each rank's clock starts when it calls start: 30 ms apart.
+        std::thread::sleep(Duration::from_millis(30 * comm.rank() as u64));
         let t = Timeline::start(&comm)?;
         assert!(t.is_enabled());
-        // Thread ranks share one clock: the offsets found are those of the start times, small.
-        assert!(
-            t.clock_offset_us().abs() < 1e6,
-            "offset {}",
-            t.clock_offset_us()
-        );
+        let s = t.span("barrier");
+        comm.barrier()?;
+        drop(s);
         for _ in 0..3 {
             let _s = t.span("work");
             std::thread::sleep(Duration::from_millis(2));
         }
-        assert_eq!(t.len(), 3);
+        assert_eq!(t.len(), 4);
         t.write(&path)?;
         assert!(t.is_empty(), "written events leave the buffer");
         let off = Timeline::disabled();
@@ -238,6 +237,15 @@ fn own_loop_spans_with_aligned_clocks() {
         r.expect("no panic").expect("writes");
     }
     let ev = events(&path);
+    // The barrier ends at about the same moment on every rank: so it does on rank 0's clock.
+    let end = |pid| {
+        let b = spans(&ev, pid, 0, "barrier");
+        num(b[0], "ts") + num(b[0], "dur")
+    };
+    for pid in 1..3 {
+        let skew = (end(pid) - end(0)).abs();
+        assert!(skew < 5_000.0, "rank {pid}'s clock is {skew} µs off rank 0's");
+    }
     for pid in 0..3 {
         let work = spans(&ev, pid, 0, "work");
         assert_eq!(work.len(), 3);
