@@ -372,9 +372,9 @@ fn render(s: &Shared, events: &[Event]) -> String {
                 }) = b.times
                 {
                     let ts = s.us(a);
-                    let _ = write!(
+                    let _ = writeln!(
                         out,
-                        "{{\"ph\":\"X\",\"name\":\"allreduce\",\"cat\":\"comm\",\"pid\":{pid},\"tid\":1,\"ts\":{ts:.3},\"dur\":{:.3},\"args\":{args}}},\n",
+                        "{{\"ph\":\"X\",\"name\":\"allreduce\",\"cat\":\"comm\",\"pid\":{pid},\"tid\":1,\"ts\":{ts:.3},\"dur\":{:.3},\"args\":{args}}},",
                         (s.us(z) - ts).max(0.0)
                     );
                 }
