@@ -20,7 +20,7 @@
 //! ```no_run
 //! # fn main() -> kolo_train::Result<()> {
 //! # let comm: kolo::Communicator = todo!();
-//! # let mut ddp: kolo_train::ddp::Ddp = todo!();
+//! # let ddp: kolo_train::ddp::Ddp = todo!();
 //! # let loss: candle_core::Tensor = todo!();
 //! use kolo_train::timeline::Timeline;
 //!
@@ -28,10 +28,10 @@
 //! let timeline = Timeline::create(&comm, "trace.json")?;
 //! ddp.set_timeline(timeline.clone()); // backward, gradient waits and bucket all-reduces
 //! for _step in 0..10 {
-//!     let logits = {
+//!     {
 //!         let _s = timeline.span("forward");
 //!         // ... build the model from ddp.var_builder(...) and run it
-//!     };
+//!     }
 //!     let grads = ddp.backward(&loss)?;
 //!     let _s = timeline.span("step");
 //!     // ... optimizer.step(&grads)
