@@ -244,7 +244,10 @@ fn own_loop_spans_with_aligned_clocks() {
     };
     for pid in 1..3 {
         let skew = (end(pid) - end(0)).abs();
-        assert!(skew < 5_000.0, "rank {pid}'s clock is {skew} µs off rank 0's");
+        assert!(
+            skew < 5_000.0,
+            "rank {pid}'s clock is {skew} µs off rank 0's"
+        );
     }
     for pid in 0..3 {
         let work = spans(&ev, pid, 0, "work");
