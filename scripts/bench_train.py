@@ -18,8 +18,15 @@ all three with the same global batch per step (2 x --batch: 2 workers x B, 1 wor
 1 worker x 2B), with samples/s and the peak memory (RSS summed over the job's processes, sampled
 every 50 ms).
 
+With --timeline (the cost of `kolo train --timeline FILE`), instead, alternating:
+  off  `kolo train -n N`
+  on   `kolo train -n N --timeline FILE`  (and the trace's size and event count)
+with N = --workers (default 2); --bin picks the build (default target/release; target/debug for a
+rough look with a debug build).
+
 Usage: scripts/bench_train.py [--rounds 3] [--batch 64] [--epochs 1] [--no-torch]
        scripts/bench_train.py --parallel [--model resnet18] [--train-limit 2048] [--rounds 3]
+       scripts/bench_train.py --timeline [--workers 2] [--train-limit 12800] [--bin target/debug]
 Needs release builds (cargo build --release -p kolo-cli -p kolo-train --example plain_loop) and the data
 (scripts/fetch-data.sh); PyTorch (pip install torch) for the torch rows.
 """
@@ -122,6 +129,47 @@ def parallel(a):
     print(json.dumps({"model": a.model, "medians": med, "peak_rss_mib": mmed, "runs": res, "batch": a.batch}))
 
 
+def kolo_timeline(a, trace):
+    """samples/s of one `kolo train` run, with a timeline written to `trace` unless it is None."""
+    d = tempfile.mkdtemp(prefix="kolo-bench-")
+    cmd = [os.path.join(a.bin, "kolo"), "train", "-n", str(a.workers), "--model", a.model,
+           "--epochs", str(a.epochs), "--batch-size", str(a.batch), "--no-progress", "--out", d,
+           "--test-limit", "1000"] + (["--train-limit", str(a.train_limit)] if a.train_limit else [])
+    if trace:
+        cmd += ["--timeline", trace]
+    try:
+        run(cmd)
+        with open(os.path.join(d, "summary.json")) as f:
+            return json.load(f)["samples_per_second"]
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def timeline(a):
+    res = {"off": [], "on": []}
+    trace = os.path.join(tempfile.mkdtemp(prefix="kolo-bench-"), "timeline.json")
+    for r in range(a.rounds):
+        # Alternate which goes first, so that a warming or cooling machine favours neither.
+        order = ["off", "on"] if r % 2 == 0 else ["on", "off"]
+        for name in order:
+            t = time.time()
+            res[name].append(kolo_timeline(a, trace if name == "on" else None))
+            print(f"round {r + 1} {name:4s} {res[name][-1]:9.0f} samples/s  ({time.time() - t:.0f} s)", file=sys.stderr)
+    with open(trace) as f:
+        events = len(json.load(f)["traceEvents"])
+    size = os.path.getsize(trace)
+    shutil.rmtree(os.path.dirname(trace), ignore_errors=True)
+    med = {k: statistics.median(v) for k, v in res.items()}
+    print(f"\n{a.model}, {a.workers} workers x batch {a.batch}, {a.epochs} epoch(s), {a.bin}, "
+          f"medians of {a.rounds} rounds (samples/s):")
+    for k, v in med.items():
+        print(f"  timeline {k:4s} {v:9.0f}   (runs: {', '.join(f'{x:.0f}' for x in res[k])})")
+    print(f"  cost of --timeline: {100 * (med['off'] / med['on'] - 1):+.1f} % time per sample; "
+          f"trace {size / 1e6:.1f} MB, {events} events")
+    print(json.dumps({"medians": med, "runs": res, "trace_bytes": size, "trace_events": events,
+                      "workers": a.workers, "batch": a.batch, "train_limit": a.train_limit, "bin": a.bin}))
+
+
 def torch(a, n):
     out = run([sys.executable, PEER, str(n), str(a.epochs), str(a.batch), "0.05"], env={"MOMENTUM": "0.9"})
     rates = [float(m) for m in re.findall(r"samples_s (\d+)", out)]
@@ -139,9 +187,14 @@ def main():
     ap.add_argument("--parallel", action="store_true", help="threads vs processes (see above)")
     ap.add_argument("--model", default="lenet")
     ap.add_argument("--train-limit", type=int, default=0)
+    ap.add_argument("--timeline", action="store_true", help="the cost of --timeline (see above)")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--bin", default="target/release", help="where the kolo binary is (--timeline)")
     a = ap.parse_args()
     if a.parallel:
         return parallel(a)
+    if a.timeline:
+        return timeline(a)
     have_torch = not a.no_torch and subprocess.run([sys.executable, "-c", "import torch"], capture_output=True).returncode == 0
     if not a.no_torch and not have_torch:
         print("bench_train: PyTorch is not installed; skipping the torch rows (pip install torch)", file=sys.stderr)

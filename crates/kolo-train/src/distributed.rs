@@ -237,7 +237,10 @@ impl<O: StepOptimizer> DistributedOptimizer<O> {
         if let Some(s) = self.schedule {
             self.opt.set_learning_rate(s.lr(self.steps));
         }
+        let timeline = self.ddp.timeline();
+        let span = timeline.span("optimizer step");
         self.opt.step(grads)?;
+        drop(span);
         self.steps += 1;
         self.pass = 0;
         Ok(())

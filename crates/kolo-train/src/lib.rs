@@ -16,6 +16,7 @@ pub mod optim;
 pub mod precision;
 pub mod replicas;
 pub mod simulate;
+pub mod timeline;
 pub mod trainer;
 
 pub use error::{Result, TrainError};

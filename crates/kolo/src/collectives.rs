@@ -650,10 +650,10 @@ impl Communicator {
         f: impl FnOnce(&Inner, u64) -> Result<R> + Send + 'static,
     ) -> Work<R> {
         let (work, completer) = Work::new(op.name());
-        match self
-            .inner
-            .submit(move |inner, seq| completer.complete(f(inner, seq)))
-        {
+        match self.inner.submit(move |inner, seq| {
+            completer.start();
+            completer.complete(f(inner, seq))
+        }) {
             Ok(()) => work,
             Err(e) => Work::ready(op.name(), Err(e)),
         }

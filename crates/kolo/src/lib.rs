@@ -51,7 +51,7 @@ pub use kolo_store as store;
 /// The transports kolo ships (local threads, TCP), for building communicators by hand.
 pub use kolo_transport as transport;
 pub use p2p::{Completion, Request};
-pub use work::Work;
+pub use work::{Work, WorkTimes};
 
 /// Half-precision element types.
 pub use half::{bf16, f16};

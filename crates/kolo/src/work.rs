@@ -44,6 +44,17 @@ impl WorkQueue {
 struct Slot<R> {
     result: Mutex<Option<Result<R>>>,
     done: Condvar,
+    times: Mutex<WorkTimes>,
+}
+
+/// When an asynchronous collective started running on the worker thread and when it finished
+/// (`None`: not yet, or it never ran, e.g. an error found when issuing it).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WorkTimes {
+    /// The worker thread took it up (the end of its time in the queue).
+    pub started: Option<Instant>,
+    /// It completed, successfully or not.
+    pub completed: Option<Instant>,
 }
 
 /// The handle of an asynchronous collective: its result once it has completed.
@@ -73,12 +84,26 @@ pub(crate) struct Completer<R> {
 }
 
 impl<R> Completer<R> {
+    /// Notes that the worker thread has taken the collective up.
+    pub fn start(&self) {
+        self.slot
+            .times
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .started = Some(Instant::now());
+    }
+
     pub fn complete(mut self, r: Result<R>) {
         self.set(r);
     }
 
     fn set(&mut self, r: Result<R>) {
         self.done = true;
+        self.slot
+            .times
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .completed = Some(Instant::now());
         *self.slot.result.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
         self.slot.done.notify_all();
     }
@@ -99,6 +124,7 @@ impl<R> Work<R> {
         let slot = Arc::new(Slot {
             result: Mutex::new(None),
             done: Condvar::new(),
+            times: Mutex::new(WorkTimes::default()),
         });
         (
             Work {
@@ -143,6 +169,19 @@ impl<R> Work<R> {
                 .0;
         }
         true
+    }
+
+    /// When the collective started running and when it completed, as far as it has got.
+    pub fn times(&self) -> WorkTimes {
+        *self.slot.times.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// [`Work::wait`], also returning when the collective started running and completed.
+    pub fn wait_timed(self) -> (Result<R>, WorkTimes) {
+        let slot = self.slot.clone();
+        let r = self.wait();
+        let times = *slot.times.lock().unwrap_or_else(|p| p.into_inner());
+        (r, times)
     }
 
     /// Waits for completion and returns the result (the buffer, for collectives that produce one).

@@ -125,6 +125,25 @@ fn async_errors_come_back_through_wait() {
 }
 
 #[test]
+fn async_work_says_when_it_ran() {
+    let res = kolo::run_local(2, cfg(), |c| {
+        let before = std::time::Instant::now();
+        let w = c.all_reduce_async(vec![1.0f32; 1000], ReduceOp::Sum);
+        let (r, t) = w.wait_timed();
+        (before, r, t, std::time::Instant::now())
+    });
+    for r in res {
+        let (before, r, t, after) = r.unwrap_or_else(|p| panic!("{p}"));
+        assert_eq!(r.expect("all-reduce"), vec![2.0f32; 1000]);
+        let (started, completed) = (t.started.expect("started"), t.completed.expect("completed"));
+        assert!(
+            before <= started && started <= completed && completed <= after,
+            "{t:?}"
+        );
+    }
+}
+
+#[test]
 fn split_and_new_group() {
     for kind in KINDS {
         let res = spawn(kind, 5, cfg(), |c| checks::split_and_new_group(&c));

@@ -130,6 +130,10 @@ pub struct TrainArgs {
     /// No progress bar
     #[arg(long)]
     no_progress: bool,
+    /// Write a timeline of the job to FILE: a Chrome trace (one process per rank, main and
+    /// communication tracks) for Perfetto or chrome://tracing
+    #[arg(long, value_name = "FILE")]
+    timeline: Option<PathBuf>,
     /// Run as a worker of a job (set by the launcher)
     #[arg(long, hide = true)]
     worker: bool,
@@ -181,6 +185,7 @@ impl TrainArgs {
             compression: self.compression,
             reduce: self.reduce,
             shard_optimizer: self.shard_optimizer,
+            timeline: self.timeline.clone(),
         }
     }
 }

@@ -230,6 +230,20 @@ impl BucketFuture {
     }
 }
 
+impl BucketFuture {
+    /// [`BucketFuture::wait`]; with `timed`, also when the collective ran (known for a future made
+    /// from a [`Work`]).
+    pub(crate) fn wait_timed(self, timed: bool) -> (Result<Vec<f32>>, Option<kolo::WorkTimes>) {
+        match self.0 {
+            Inner::Work(w) if timed => {
+                let (r, t) = w.wait_timed();
+                (r.map_err(Into::into), Some(t))
+            }
+            other => (BucketFuture(other).wait(), None),
+        }
+    }
+}
+
 impl From<Work<Vec<f32>>> for BucketFuture {
     fn from(w: Work<Vec<f32>>) -> Self {
         BucketFuture(Inner::Work(w))

@@ -362,13 +362,32 @@ impl Ddp {
         } else {
             None
         };
-        self.lock().begin_pass(hooks, self.reduce_op());
-        let mut grads = loss.backward()?;
+        let timeline = {
+            let mut s = self.lock();
+            s.begin_pass(hooks, self.reduce_op());
+            s.timeline().clone()
+        };
+        let mut grads = {
+            let _s = timeline.span("backward");
+            loss.backward()?
+        };
         if sync {
+            let _s = timeline.span("gradient sync");
             let divide_by = self.finish_active_count(count)?;
             self.lock().finish(&mut grads, &self.vars(), divide_by)?;
         }
         Ok(grads)
+    }
+
+    /// Records backward passes, gradient waits and every bucket's reduction on `timeline` (see
+    /// [`crate::timeline`]); [`Timeline::disabled`](crate::timeline::Timeline::disabled) stops.
+    pub fn set_timeline(&self, timeline: crate::timeline::Timeline) {
+        self.lock().set_timeline(timeline);
+    }
+
+    /// The timeline set with [`Ddp::set_timeline`] (disabled by default).
+    pub fn timeline(&self) -> crate::timeline::Timeline {
+        self.lock().timeline().clone()
     }
 
     /// Averages the gradients in `grads` over all ranks (e.g. gradients accumulated over several
@@ -380,6 +399,8 @@ impl Ddp {
         let count = self.start_active_count();
         let divide_by = self.finish_active_count(count)?;
         let mut s = self.lock();
+        let timeline = s.timeline().clone();
+        let _span = timeline.span("gradient sync");
         s.begin_pass(false, self.reduce_op());
         s.finish(grads, &self.vars(), divide_by)
     }

@@ -12,6 +12,7 @@
 //! where the all-reduce would have been.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Tensor, Var};
@@ -20,6 +21,7 @@ use kolo::{Communicator, ReduceOp, Work};
 use super::bucket::BucketLayout;
 use super::comm_hook::{BucketFuture, BucketParams, CommHook, GradBucket, Reduction};
 use crate::error::{Result, TrainError};
+use crate::timeline::{BucketEvent, Timeline};
 
 /// A bucket's buffer, in the parameters' element type.
 enum Buf {
@@ -31,6 +33,16 @@ enum Pending {
     F32(Work<Vec<f32>>),
     F64(Work<Vec<f64>>),
     Hook(BucketFuture),
+}
+
+/// Waits for `w`; with the timeline on, also when it ran.
+fn wait_work<T>(w: Work<Vec<T>>, timed: bool) -> Result<(Vec<T>, Option<kolo::WorkTimes>)> {
+    if timed {
+        let (r, t) = w.wait_timed();
+        Ok((r?, Some(t)))
+    } else {
+        Ok((w.wait()?, None))
+    }
 }
 
 pub(crate) struct Synchronizer {
@@ -52,6 +64,10 @@ pub(crate) struct Synchronizer {
     hook: Option<Arc<dyn CommHook>>,
     /// What each bucket holds, for the hook.
     params: Vec<Arc<BucketParams>>,
+    /// Where bucket reductions are recorded.
+    timeline: Timeline,
+    /// When each bucket was launched (timeline on).
+    launched: Vec<Option<Instant>>,
 }
 
 fn zeros(dtype: DType, n: usize) -> Buf {
@@ -77,6 +93,8 @@ impl Synchronizer {
             })
             .collect();
         Synchronizer {
+            timeline: Timeline::disabled(),
+            launched: vec![None; n],
             hook: None,
             params,
             comm,
@@ -100,6 +118,16 @@ impl Synchronizer {
     /// Sets the communication hook of the next passes (`None`: the built-in all-reduce).
     pub fn set_hook(&mut self, hook: Option<Arc<dyn CommHook>>) {
         self.hook = hook;
+    }
+
+    /// Records bucket reductions on `timeline`.
+    pub fn set_timeline(&mut self, timeline: Timeline) {
+        self.timeline = timeline;
+    }
+
+    /// The timeline bucket reductions are recorded on.
+    pub fn timeline(&self) -> &Timeline {
+        &self.timeline
     }
 
     /// The name of the communication hook, if one is set.
@@ -150,6 +178,7 @@ impl Synchronizer {
     }
 
     fn launch(&mut self, b: usize) {
+        self.launched[b] = self.timeline.now();
         self.pending[b] = match self.bufs[b].take() {
             Some(Buf::F32(v)) => Some(match &self.hook {
                 None => Pending::F32(self.comm.all_reduce_async(v, self.op)),
@@ -220,12 +249,20 @@ impl Synchronizer {
             self.launch(b);
             self.next = b + 1;
         }
+        let timed = self.timeline.is_enabled();
         for b in 0..self.layout.count() {
-            let mut done = match self.pending[b].take() {
-                Some(Pending::F32(w)) => Buf::F32(w.wait()?),
-                Some(Pending::F64(w)) => Buf::F64(w.wait()?),
+            let (mut done, times) = match self.pending[b].take() {
+                Some(Pending::F32(w)) => {
+                    let (v, t) = wait_work(w, timed)?;
+                    (Buf::F32(v), t)
+                }
+                Some(Pending::F64(w)) => {
+                    let (v, t) = wait_work(w, timed)?;
+                    (Buf::F64(v), t)
+                }
                 Some(Pending::Hook(f)) => {
-                    let v = f.wait()?;
+                    let (v, t) = f.wait_timed(timed);
+                    let v = v?;
                     if v.len() != self.layout.len[b] {
                         return Err(TrainError::CommHook {
                             hook: self.hook_name().unwrap_or_default(),
@@ -237,10 +274,23 @@ impl Synchronizer {
                             ),
                         });
                     }
-                    Buf::F32(v)
+                    (Buf::F32(v), t)
                 }
                 None => continue,
             };
+            if let Some(launched) = self.launched[b].take() {
+                self.timeline.bucket(BucketEvent {
+                    bucket: b,
+                    bytes: self.layout.len[b] * self.dtype.size_in_bytes(),
+                    hook: match &self.hook {
+                        Some(h) if matches!(done, Buf::F32(_)) => h.name().to_owned().into(),
+                        _ => "allreduce".into(),
+                    },
+                    launched,
+                    times,
+                    waited: Instant::now(),
+                });
+            }
             if let Some(n) = divide_by {
                 // The same division `ReduceOp::Avg` makes, so join mode with every rank active
                 // gives bit-identical gradients.

@@ -33,6 +33,7 @@ pub(super) struct EpochCtx<'a> {
     pub place: Placement,
     pub train: &'a Dataset,
     pub steps_per_epoch: usize,
+    pub timeline: &'a crate::timeline::Timeline,
 }
 
 /// Trains one epoch: this process's shard of the training set in batches of `cfg.batch_size`, this
@@ -44,7 +45,7 @@ pub(super) fn train_epoch(
     epoch: usize,
     step: &mut u64,
 ) -> Result<Trained> {
-    let (cfg, device, place) = (ctx.cfg, ctx.device, ctx.place);
+    let (cfg, device, place, tl) = (ctx.cfg, ctx.device, ctx.place, ctx.timeline);
     let shape = ctx.train.shape;
     let classes = ctx.train.num_classes;
     sampler.set_epoch(epoch as u64);
@@ -69,9 +70,12 @@ pub(super) fn train_epoch(
         let share = place.share(b.len())?;
         let weight = (share.len() * place.replicas) as f64 / b.len() as f64;
         let b = &b[share];
+        let data = tl.span("data");
         ctx.train.gather(b, &mut xs, &mut ys)?;
         let mut x = Tensor::from_slice(&xs, (b.len(), shape[0], shape[1], shape[2]), device)?;
         let y = Tensor::from_slice(&ys, b.len(), device)?;
+        drop(data);
+        let forward = tl.span("forward");
         let vb = match cfg.precision.compute_dtype() {
             Some(compute) => {
                 x = x.to_dtype(compute)?;
@@ -87,6 +91,8 @@ pub(super) fn train_epoch(
         let logits = model.forward(&x, true)?.to_dtype(DType::F32)?;
         let mut loss = candle_nn::loss::cross_entropy(&logits, &y)?;
         let local = f64::from(loss.to_scalar::<f32>()?);
+        drop(forward);
+        let check = tl.span("loss check");
         let mean = if cfg.uneven {
             check_loss_active(ctx.comm, *step, Some(local))?.unwrap_or(local)
         } else {
@@ -95,6 +101,7 @@ pub(super) fn train_epoch(
         if place.replicas > 1 {
             loss = loss.affine(weight, 0.0)?;
         }
+        drop(check);
         dopt.backward_step(&loss)?;
         *step += 1;
         loss_sum += mean;

@@ -23,6 +23,7 @@ use crate::checkpoint::TrainState;
 use crate::error::{Result, TrainError};
 use crate::models::ModelKind;
 use crate::optim::OptimizerKind;
+use crate::timeline::Timeline;
 use epoch::{EpochCtx, Trained};
 use record::Recorder;
 
@@ -93,6 +94,9 @@ pub struct TrainConfig {
     /// Optimizer-state sharding (ZeRO stage 1, [`crate::optim::ShardedOptimizer`]): each rank keeps
     /// the state of 1/N of the parameters; checkpoints hold the full state.
     pub shard_optimizer: bool,
+    /// Write a timeline of the run (Chrome trace, [`crate::timeline`]) to this file.
+    #[serde(default)]
+    pub timeline: Option<PathBuf>,
 }
 
 impl Default for TrainConfig {
@@ -127,6 +131,7 @@ impl Default for TrainConfig {
             compression: crate::ddp::Compression::None,
             reduce: crate::ddp::GradientReduce::Average,
             shard_optimizer: false,
+            timeline: None,
         }
     }
 }
@@ -298,11 +303,16 @@ pub fn run_on(comm: &Communicator, cfg: &TrainConfig, device: &Device) -> Result
     let (rank, world) = (comm.rank(), comm.size());
     let place = Placement::new(rank, world, cfg.replicas)?;
     let started = Instant::now();
+    let timeline = match &cfg.timeline {
+        Some(path) => Timeline::create(comm, path)?,
+        None => Timeline::disabled(),
+    };
 
     let (train, test) = setup::load_data(cfg)?;
     let (varmap, dopt) = setup::build_optimizer(comm, cfg, device, train.shape, train.num_classes)?;
     let (dir, dir_path) = setup::run_dir(comm, cfg)?;
     let mut dopt = dopt;
+    dopt.ddp().set_timeline(timeline.clone());
     let resumed = if cfg.resume {
         setup::resume(comm, cfg, device, &dir_path, &varmap, &mut dopt)?
     } else {
@@ -347,6 +357,7 @@ pub fn run_on(comm: &Communicator, cfg: &TrainConfig, device: &Device) -> Result
         place,
         train: &train,
         steps_per_epoch,
+        timeline: &timeline,
     };
     let mut stats: Vec<EpochStats> = Vec::new();
     let mut seconds_to_target = None;
@@ -363,9 +374,11 @@ pub fn run_on(comm: &Communicator, cfg: &TrainConfig, device: &Device) -> Result
         trained_samples += samples;
         train_seconds += seconds;
 
+        let eval_span = timeline.span("evaluate");
         dopt.ddp().sync_buffers()?;
         let (test_loss, test_accuracy) =
             epoch::evaluate(comm, cfg, device, &varmap, &test, &eval_sampler)?;
+        drop(eval_span);
         let s = EpochStats {
             epoch: epoch + 1,
             train_loss: loss,
@@ -378,6 +391,7 @@ pub fn run_on(comm: &Communicator, cfg: &TrainConfig, device: &Device) -> Result
             seconds_to_target = Some(started.elapsed().as_secs_f64());
         }
         // Every rank takes part in gathering a sharded optimizer's state; rank 0 saves it.
+        let _checkpoint = timeline.span("checkpoint");
         let snapshot = dopt.inner().gather_state()?;
         if let (Some(o), Some(snapshot)) = (out.as_mut(), snapshot.as_ref()) {
             let state = TrainState {
@@ -415,6 +429,7 @@ pub fn run_on(comm: &Communicator, cfg: &TrainConfig, device: &Device) -> Result
     if let Some(o) = out.as_ref() {
         o.summary(&summary)?;
     }
+    timeline.finish()?;
     Ok(summary)
 }
 
