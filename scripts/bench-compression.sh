@@ -5,7 +5,7 @@
 # prints samples/s and the time per step (global batch / samples/s) of every run, then the medians.
 #
 # Usage: scripts/bench-compression.sh [KOLO] [ROUNDS] [RATE] [TRAIN_LIMIT]
-#        (default target/release/kolo, 3, 1gbit, 1024)
+#        (default target/release/kolo, 3, 1gbit, 1024); COMPRESSIONS="none fp16 bf16" chooses which.
 # Needs root (CAP_NET_ADMIN), iproute2 with tc, and the data (scripts/fetch-data.sh); exits 77 when
 # namespaces cannot be made here. No traffic leaves the machine.
 set -euo pipefail
@@ -13,6 +13,7 @@ KOLO=$(realpath "${1:-target/release/kolo}")
 ROUNDS=${2:-3}
 RATE=${3:-1gbit}
 LIMIT=${4:-1024}
+read -r -a COMPS <<<"${COMPRESSIONS:-none fp16 bf16}"
 BATCH=32
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=scripts/netns-lib.sh
@@ -55,7 +56,7 @@ run() {
 
 declare -A results
 for round in $(seq "$ROUNDS"); do
-    for comp in none fp16 bf16; do
+    for comp in "${COMPS[@]}"; do
         sps=$(run "$comp" "$round")
         results[$comp]+="$sps "
         awk -v s="$sps" -v b=$((2 * BATCH)) -v c="$comp" -v r="$round" \
@@ -64,7 +65,7 @@ for round in $(seq "$ROUNDS"); do
 done
 echo
 echo "ResNet-18, 2 hosts x 1 worker, link $RATE (tbf), global batch $((2 * BATCH)), medians of $ROUNDS:"
-for comp in none fp16 bf16; do
+for comp in "${COMPS[@]}"; do
     # shellcheck disable=SC2086
     printf '%s\n' ${results[$comp]} | sort -g | awk -v c="$comp" -v b=$((2 * BATCH)) '
         { v[NR] = $1 } END { m = v[int((NR + 1) / 2)]; printf "  %-5s %7.1f samples/s  %6.3f s/step\n", c, m, b / m }'
