@@ -212,21 +212,31 @@ fn worker(args: &TrainArgs) -> ExitCode {
     let comm = match kolo::init() {
         Ok(c) => c,
         Err(e) => {
-            let msg = format!("kolo train: worker could not join the job: {e}");
-            eprintln!("{msg}");
-            kolo::error_file::record_error(&msg);
+            report(&format!("kolo train: worker could not join the job: {e}"));
             return ExitCode::FAILURE;
         }
     };
-    match trainer::run(&comm, &args.config()) {
-        Ok(_) => ExitCode::SUCCESS,
+    if train_rank(&comm, &args.config()) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// Prints a worker's error and, under torchrun, writes it to the error file for its summary
+/// (unless the communicator's own failure, the root cause, was written first).
+fn report(msg: &str) {
+    eprintln!("{msg}");
+    kolo::error_file::record_error(msg);
+}
+
+/// Trains on `comm`'s rank; whether it succeeded (a failure is reported).
+fn train_rank(comm: &kolo::Communicator, cfg: &TrainConfig) -> bool {
+    match trainer::run(comm, cfg) {
+        Ok(_) => true,
         Err(e) => {
-            let msg = format!("kolo train: rank {}: {e}", comm.rank());
-            eprintln!("{msg}");
-            // Under torchrun: its summary shows this (unless the communicator's own failure,
-            // the root cause, was written first).
-            kolo::error_file::record_error(&msg);
-            ExitCode::FAILURE
+            report(&format!("kolo train: rank {}: {e}", comm.rank()));
+            false
         }
     }
 }

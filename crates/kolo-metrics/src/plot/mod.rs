@@ -264,12 +264,13 @@ fn render(
 
 pub(super) type DrawResult<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
-fn draw<DB: DrawingBackend>(
+/// Clears `root`, puts `title` on top (when there is text) and returns the left and right panels
+/// below it.
+pub(super) fn two_panels<DB: DrawingBackend>(
     root: &DrawingArea<DB, plotters::coord::Shift>,
-    series: &TrainingSeries,
     title: &str,
     text: bool,
-) -> DrawResult<()>
+) -> DrawResult<Vec<DrawingArea<DB, plotters::coord::Shift>>>
 where
     DB::ErrorType: 'static,
 {
@@ -279,7 +280,19 @@ where
     } else {
         root.margin(8, 0, 0, 0)
     };
-    let panels = body.split_evenly((1, 2));
+    Ok(body.split_evenly((1, 2)))
+}
+
+fn draw<DB: DrawingBackend>(
+    root: &DrawingArea<DB, plotters::coord::Shift>,
+    series: &TrainingSeries,
+    title: &str,
+    text: bool,
+) -> DrawResult<()>
+where
+    DB::ErrorType: 'static,
+{
+    let panels = two_panels(root, title, text)?;
 
     // Left: losses.
     let loss_points: Vec<(f64, f64)> = series

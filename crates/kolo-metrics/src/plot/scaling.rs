@@ -7,7 +7,7 @@ use std::path::Path;
 use plotters::prelude::*;
 
 use super::axis::{fmt_number, loss_axis, x_axis};
-use super::{draw_panel, render, DrawResult, Line, Panel, PlotOptions, PlotWarning, FAMILY};
+use super::{draw_panel, render, two_panels, DrawResult, Line, Panel, PlotOptions, PlotWarning};
 use crate::error::Result;
 
 const MEASURED: RGBColor = RGBColor(31, 119, 180);
@@ -48,13 +48,7 @@ fn draw<DB: DrawingBackend>(
 where
     DB::ErrorType: 'static,
 {
-    root.fill(&WHITE)?;
-    let body = if text {
-        root.titled(title, (FAMILY, 24).into_font().color(&BLACK))?
-    } else {
-        root.margin(8, 0, 0, 0)
-    };
-    let panels = body.split_evenly((1, 2));
+    let panels = two_panels(root, title, text)?;
     let Some(base) = points.first() else {
         return Ok(());
     };

@@ -8,16 +8,14 @@
 use std::process::ExitCode;
 
 use kolo::{Communicator, InitOptions};
-use kolo_train::trainer::{self, TrainConfig};
+use kolo_train::trainer::TrainConfig;
 
 /// Runs the replicas of this worker; fails if any of them fails.
 pub fn worker(replicas: usize, cfg: &TrainConfig) -> ExitCode {
     let comms = match communicators(replicas) {
         Ok(c) => c,
         Err(e) => {
-            let msg = format!("kolo train: worker could not join the job: {e}");
-            eprintln!("{msg}");
-            kolo::error_file::record_error(&msg);
+            super::report(&format!("kolo train: worker could not join the job: {e}"));
             return ExitCode::FAILURE;
         }
     };
@@ -28,7 +26,7 @@ pub fn worker(replicas: usize, cfg: &TrainConfig) -> ExitCode {
             .map(|(i, comm)| {
                 std::thread::Builder::new()
                     .name(format!("kolo-replica-{i}"))
-                    .spawn_scoped(s, move || run_one(comm, cfg))
+                    .spawn_scoped(s, move || super::train_rank(&comm, cfg))
             })
             .collect();
         let mut failed = false;
@@ -47,19 +45,6 @@ pub fn worker(replicas: usize, cfg: &TrainConfig) -> ExitCode {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS
-    }
-}
-
-/// Trains on one replica's rank; whether it succeeded.
-fn run_one(comm: Communicator, cfg: &TrainConfig) -> bool {
-    match trainer::run(&comm, cfg) {
-        Ok(_) => true,
-        Err(e) => {
-            let msg = format!("kolo train: rank {}: {e}", comm.rank());
-            eprintln!("{msg}");
-            kolo::error_file::record_error(&msg);
-            false
-        }
     }
 }
 
