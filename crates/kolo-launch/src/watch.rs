@@ -327,8 +327,10 @@ mod tests {
         store
             .set("kolo-launch/r0/finished/2", b"1")
             .expect("sets in memory");
-        thread::sleep(Duration::from_millis(1300));
-        let silent = me.silent_nodes(Duration::from_millis(700));
+        // Beats come every 500 ms; a threshold of three beats keeps a busy machine's late beat
+        // from looking like silence, while node 3 has said nothing for the whole 2.6 s.
+        thread::sleep(Duration::from_millis(2600));
+        let silent = me.silent_nodes(Duration::from_millis(1500));
         assert_eq!(
             silent.iter().map(|&(n, _)| n).collect::<Vec<_>>(),
             [3],
