@@ -35,6 +35,7 @@ mod init;
 mod object;
 mod p2p;
 mod stop_report;
+mod topology;
 mod work;
 
 pub use adasum::AdasumFloat;
