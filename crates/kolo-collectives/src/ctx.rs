@@ -267,15 +267,17 @@ impl<'a> Ctx<'a> {
 }
 
 impl Ctx<'_> {
-    /// Receives into `buf` what `from` sends with [`Ctx::send_segmented`], running `meanwhile` (the
-    /// sends of the same step) after posting `buf`: a transport that can writes the segments that
-    /// arrive after the posting straight into `buf` ([`Transport::recv_posted`]); segments that came
-    /// earlier are copied. Every segment is checked like [`Ctx::recv_into`]'s message.
+    /// Receives into `buf` what `from` sends with [`Ctx::send_segmented`] — copying each segment, or
+    /// reducing it into `buf` with `red` — running `meanwhile` (the sends of the same step) after
+    /// posting `buf`: a transport that can writes (or reduces) the segments that arrive after the
+    /// posting straight into `buf` ([`Transport::recv_posted`]); segments that came earlier are
+    /// copied (or reduced) here. Every segment is checked like [`Ctx::recv_into`]'s message.
     pub fn recv_segmented_posted(
         &self,
         from: usize,
         buf: &mut [u8],
         elem: usize,
+        red: Option<&Reducer>,
         meanwhile: &mut dyn FnMut() -> Result<()>,
     ) -> Result<()> {
         let seg = (SEGMENT_BYTES / elem).max(1) * elem;
@@ -284,13 +286,17 @@ impl Ctx<'_> {
             &self.header.tag,
             buf,
             seg,
+            red.copied(),
             self.deadline,
             meanwhile,
             &mut |dst, got| match got {
                 Received::Direct(h) => self.accept(from, &h, dst.len(), dst.len()),
                 Received::Message(m) => {
                     self.accept(from, &m.header, dst.len(), m.payload.len())?;
-                    dst.copy_from_slice(&m.payload);
+                    match red {
+                        Some(red) => red.apply(dst, &m.payload),
+                        None => dst.copy_from_slice(&m.payload),
+                    }
                     self.transport.recycle(m.payload);
                     Ok(())
                 }

@@ -31,7 +31,7 @@ pub struct Message {
 #[derive(Debug)]
 pub enum Received {
     /// Its payload was written straight into its place in the posted buffer (it had exactly the
-    /// expected length); the header it came with.
+    /// expected length) — or, for a posting with a reducer, reduced into it; the header it came with.
     Direct(Header),
     /// The whole message, for the caller to check and copy (it arrived before the receive was posted,
     /// or it was not what the posting expected).
@@ -69,9 +69,13 @@ pub trait Transport: Send + Sync + fmt::Debug {
     /// bytes (the last one shorter; one empty message for an empty `buf`). Posts `buf` first, so that
     /// a transport can write payloads arriving later straight into it, then runs `meanwhile` (the sends
     /// that make the peer answer, say), then hands every message to `each` in order with the part of
-    /// `buf` it belongs to, once no transport thread writes into `buf` any more. `recv_error` turns a
-    /// failed wait into the caller's error. The default posts nothing: it receives each message after
-    /// `meanwhile` and hands it over as [`Received::Message`].
+    /// `buf` it belongs to, once no transport thread writes into `buf` any more. With `reduce`, a
+    /// transport may instead reduce payloads arriving later into `buf` as they come off the wire
+    /// (`buf[i] = op(buf[i], payload[i])`, whole elements), so that no payload is buffered whole; a
+    /// message handed over as [`Received::Message`] is still the caller's to reduce. `recv_error`
+    /// turns a failed wait into the caller's error (`buf` then holds partial results). The default
+    /// posts nothing: it receives each message after `meanwhile` and hands it over as
+    /// [`Received::Message`].
     #[allow(clippy::too_many_arguments)]
     fn recv_posted(
         &self,
@@ -79,6 +83,7 @@ pub trait Transport: Send + Sync + fmt::Debug {
         tag: &Tag,
         buf: &mut [u8],
         segment: usize,
+        _reduce: Option<crate::Reducer>,
         deadline: Option<Instant>,
         meanwhile: &mut dyn FnMut() -> crate::Result<()>,
         each: &mut dyn FnMut(&mut [u8], Received) -> crate::Result<()>,

@@ -3,7 +3,9 @@
 
 use std::time::Instant;
 
-use kolo_core::{Error, Header, LinkFailure, Message, Received, RecvError, Tag, Transport};
+use kolo_core::{
+    Error, Header, LinkFailure, Message, Received, RecvError, Reducer, Tag, Transport,
+};
 
 use crate::shm::ShmTransport;
 
@@ -123,23 +125,31 @@ impl Transport for HybridTransport {
         tag: &Tag,
         buf: &mut [u8],
         segment: usize,
+        reduce: Option<Reducer>,
         deadline: Option<Instant>,
         meanwhile: &mut dyn FnMut() -> kolo_core::Result<()>,
         each: &mut dyn FnMut(&mut [u8], Received) -> kolo_core::Result<()>,
         recv_error: &dyn Fn(RecvError) -> Error,
     ) -> kolo_core::Result<()> {
         match self.local_of.get(peer).copied().flatten() {
-            Some(l) => {
-                self.shm
-                    .recv_posted(l, tag, buf, segment, deadline, meanwhile, each, &|e| {
-                        recv_error(match e {
-                            RecvError::Link(f) => RecvError::Link(self.global(f)),
-                            e => e,
-                        })
+            Some(l) => self.shm.recv_posted(
+                l,
+                tag,
+                buf,
+                segment,
+                reduce,
+                deadline,
+                meanwhile,
+                each,
+                &|e| {
+                    recv_error(match e {
+                        RecvError::Link(f) => RecvError::Link(self.global(f)),
+                        e => e,
                     })
-            }
+                },
+            ),
             None => self.remote.recv_posted(
-                peer, tag, buf, segment, deadline, meanwhile, each, recv_error,
+                peer, tag, buf, segment, reduce, deadline, meanwhile, each, recv_error,
             ),
         }
     }

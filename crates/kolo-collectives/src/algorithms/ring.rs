@@ -38,8 +38,11 @@ pub fn reduce_scatter_in_place(
     for s in 0..n.saturating_sub(1) {
         let send_b = (r + 2 * n - s - 1) % n;
         let recv_b = (r + 2 * n - s - 2) % n;
-        ctx.send_segmented(next, &buf[blocks[send_b].clone()], elem)?;
-        ctx.recv_segmented(prev, &mut buf[blocks[recv_b].clone()], elem, Some(red))?;
+        // Posted first, so that a transport can reduce what arrives into place as it comes.
+        let (out, into) = split_pair(buf, blocks[send_b].clone(), blocks[recv_b].clone());
+        ctx.recv_segmented_posted(prev, into, elem, Some(red), &mut || {
+            ctx.send_segmented(next, out, elem)
+        })?;
     }
     Ok(())
 }
@@ -60,7 +63,7 @@ pub fn all_gather_in_place(
         // The block to receive is posted before this step's send, so that a transport can write
         // what arrives straight into it.
         let (out, into) = split_pair(buf, blocks[send_b].clone(), blocks[recv_b].clone());
-        ctx.recv_segmented_posted(prev, into, elem, &mut || {
+        ctx.recv_segmented_posted(prev, into, elem, None, &mut || {
             ctx.send_segmented(next, out, elem)
         })?;
     }

@@ -16,7 +16,7 @@
 //! magic "KOLO" u32 LE | version u16 LE | rank u32 LE | size u32 LE | world id u64 LE
 //! ```
 
-use std::io::{self, Read, Write};
+use std::io::{self, IoSlice, Read, Write};
 
 use kolo_core::{Header, HEADER_LEN};
 
@@ -99,7 +99,8 @@ pub fn encode_prefix(kind: Kind, header: &Header, len: u64) -> [u8; PREFIX_LEN] 
     b
 }
 
-/// Writes one frame; small frames go out in one write.
+/// Writes one frame: prefix and payload in one gathering write (`writev`), so that a frame costs one
+/// system call and goes out without a packet of its own for the prefix, and nothing is copied.
 pub fn write_frame(
     w: &mut impl Write,
     kind: Kind,
@@ -107,15 +108,17 @@ pub fn write_frame(
     payload: &[u8],
 ) -> io::Result<()> {
     let prefix = encode_prefix(kind, header, payload.len() as u64);
-    if payload.len() <= 64 * 1024 {
-        let mut buf = Vec::with_capacity(PREFIX_LEN + payload.len());
-        buf.extend_from_slice(&prefix);
-        buf.extend_from_slice(payload);
-        w.write_all(&buf)
-    } else {
-        w.write_all(&prefix)?;
-        w.write_all(payload)
+    let mut parts = [IoSlice::new(&prefix), IoSlice::new(payload)];
+    let mut rest = &mut parts[..];
+    while !rest.is_empty() {
+        match w.write_vectored(rest) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => IoSlice::advance_slices(&mut rest, n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
     }
+    Ok(())
 }
 
 /// A decoded frame.

@@ -12,7 +12,8 @@
 //! thread per connection drains incoming frames. Because readers always drain, sends never wait for
 //! the peer to post a receive. A payload whose receive is already posted
 //! ([`Transport::recv_posted`], which the ring all-gather uses) is read from the socket straight into
-//! its destination; any other goes into a pooled buffer queued in the rank's [`Mailbox`] (the receiver
+//! its destination, or, when the receive reduces (the ring reduce-scatter), reduced into it from the
+//! reader's socket buffer as it arrives; any other goes into a pooled buffer queued in the rank's [`Mailbox`] (the receiver
 //! gives it back with [`Transport::recycle`] once it has copied or reduced it), so steady traffic
 //! neither allocates nor copies more than once. An unexpected end of stream (the peer died)
 //! fails the mailbox, so every pending and later receive reports the lost rank at once; a `GOODBYE` frame
@@ -35,7 +36,7 @@ use std::time::{Duration, Instant};
 use crate::{check_rank, io_err};
 use kolo_core::{
     call::fnv1a, segment_ranges, Algorithm, Call, Error, Header, LinkFailure, Mailbox, Message,
-    OpKind, Received, RecvError, Tag, TagSpace, Transport,
+    OpKind, Received, RecvError, Reducer, Tag, TagSpace, Transport,
 };
 use kolo_store::{JobSecret, Store};
 
@@ -340,6 +341,7 @@ impl Transport for TcpTransport {
         tag: &Tag,
         buf: &mut [u8],
         segment: usize,
+        reduce: Option<Reducer>,
         deadline: Option<Instant>,
         meanwhile: &mut dyn FnMut() -> kolo_core::Result<()>,
         each: &mut dyn FnMut(&mut [u8], Received) -> kolo_core::Result<()>,
@@ -368,7 +370,7 @@ impl Transport for TcpTransport {
                 let start = r.start;
                 if self
                     .posts
-                    .post(&self.mailbox, peer, tag, &mut buf[start..], segment)
+                    .post(&self.mailbox, peer, tag, &mut buf[start..], segment, reduce)
                 {
                     break true;
                 }

@@ -18,7 +18,7 @@
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use kolo_core::{Header, Mailbox, Message, RecvError, Tag};
+use kolo_core::{Header, Mailbox, Message, RecvError, Reducer, Tag};
 
 /// Payloads shorter than this are read into fresh buffers; longer ones reuse pooled ones.
 const POOLED_MIN: usize = 64 * 1024;
@@ -71,6 +71,8 @@ struct Posting {
     base: *mut u8,
     len: usize,
     segment: usize,
+    /// Reduce payloads into the region instead of writing them there.
+    reduce: Option<Reducer>,
     /// Bytes filled so far (whole segments, from the start).
     filled: usize,
     /// Headers of the filled segments, in order.
@@ -99,10 +101,12 @@ pub(super) struct Posts {
 }
 
 /// A segment of a posted buffer that a reader has claimed: it writes the payload into
-/// [`Claim::buf`], then reports with [`Posts::filled`].
+/// [`Claim::buf`] (or reduces it there with [`Claim::reduce`]), then reports with [`Posts::filled`].
 pub(super) struct Claim {
     ptr: *mut u8,
     len: usize,
+    /// The posting's reducer: the payload is reduced into the segment rather than written over it.
+    pub(super) reduce: Option<Reducer>,
 }
 
 impl Claim {
@@ -152,7 +156,11 @@ impl Posts {
                     p.busy = true;
                     // SAFETY: `filled + want <= len`, so the result stays inside the posted region.
                     let ptr = unsafe { p.base.add(p.filled) };
-                    return Some(Claim { ptr, len });
+                    return Some(Claim {
+                        ptr,
+                        len,
+                        reduce: p.reduce,
+                    });
                 }
                 p.closed = true;
                 drop(s);
@@ -197,8 +205,9 @@ impl Posts {
 
     // --- the receiver's side ---
 
-    /// Posts `buf` for the next messages from `peer` with `tag`, in segments of `segment` bytes, unless
-    /// a message for them is already queued or being read (then `false`: receive that one first).
+    /// Posts `buf` for the next messages from `peer` with `tag`, in segments of `segment` bytes (reduced
+    /// into `buf` with `reduce` rather than written), unless a message for them is already queued or
+    /// being read (then `false`: receive that one first).
     ///
     /// The caller must then call [`Posts::unpost`] before it uses `buf` again or lets it go (the
     /// receive path of the transport does so on every path, errors included), since a reader may
@@ -210,6 +219,7 @@ impl Posts {
         tag: &Tag,
         buf: &mut [u8],
         segment: usize,
+        reduce: Option<Reducer>,
     ) -> bool {
         let mut s = self.lock(peer);
         if s.in_flight == Some(*tag) || mailbox.has_queued(peer, tag) {
@@ -220,6 +230,7 @@ impl Posts {
             base: buf.as_mut_ptr(),
             len: buf.len(),
             segment: segment.max(1),
+            reduce,
             filled: 0,
             headers: Vec::new(),
             busy: false,

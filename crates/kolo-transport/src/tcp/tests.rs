@@ -3,7 +3,10 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use kolo_core::{Algorithm, Call, Error, Header, LinkFailure, Received, Tag, TagSpace, Transport};
+use kolo_core::{
+    Algorithm, Call, DType, Error, Header, LinkFailure, Received, ReduceOp, Reducer, Tag, TagSpace,
+    Transport,
+};
 use kolo_store::MemoryStore;
 
 use super::{TcpOptions, TcpTransport};
@@ -37,8 +40,16 @@ fn header(value: u64) -> Header {
 }
 
 /// One step of a ring between two ranks: a message each way, then post `into`, send `out` in
-/// `seg`-byte messages and receive; returns how many messages went straight into the buffer.
-fn exchange(t: &TcpTransport, value: u64, out: &[u8], into: &mut [u8], seg: usize) -> usize {
+/// `seg`-byte messages and receive (reducing into `into` with `reduce`); returns how many messages
+/// went straight into the buffer.
+fn exchange(
+    t: &TcpTransport,
+    value: u64,
+    out: &[u8],
+    into: &mut [u8],
+    seg: usize,
+    reduce: Option<Reducer>,
+) -> usize {
     let peer = 1 - t.rank();
     let h = header(value);
     let mut direct = 0;
@@ -52,6 +63,7 @@ fn exchange(t: &TcpTransport, value: u64, out: &[u8], into: &mut [u8], seg: usiz
         &h.tag,
         into,
         seg,
+        reduce,
         deadline,
         &mut || {
             for c in out.chunks(seg) {
@@ -63,7 +75,10 @@ fn exchange(t: &TcpTransport, value: u64, out: &[u8], into: &mut [u8], seg: usiz
         &mut |dst, got| {
             match got {
                 Received::Direct(_) => direct += 1,
-                Received::Message(m) => dst.copy_from_slice(&m.payload),
+                Received::Message(m) => match reduce {
+                    Some(red) => red.apply(dst, &m.payload),
+                    None => dst.copy_from_slice(&m.payload),
+                },
             }
             Ok(())
         },
@@ -76,33 +91,50 @@ fn exchange(t: &TcpTransport, value: u64, out: &[u8], into: &mut [u8], seg: usiz
     direct
 }
 
-/// 300 exchanges of 4 full segments and a short one, checking every byte; returns the direct count.
-fn exchanges(t: &TcpTransport) -> usize {
+/// 300 exchanges of 4 full segments and a short one, checking every byte (with `reduce`, a wrapping
+/// u8 sum into a buffer that starts at `3j`); returns the direct count.
+fn exchanges(t: &TcpTransport, reduce: Option<Reducer>) -> usize {
     let (seg, len) = (4096, 4 * 4096 + 100);
     let peer = 1 - t.rank() as u64;
+    let start = |j: usize| if reduce.is_some() { (j * 3) as u8 } else { 0 };
     let mut direct = 0;
     for i in 0..300u64 {
         let out: Vec<u8> = (0..len)
             .map(|j| (j as u64 * 7 + i + t.rank() as u64) as u8)
             .collect();
-        let mut into = vec![0u8; len];
-        direct += exchange(t, i, &out, &mut into, seg);
-        let want: Vec<u8> = (0..len).map(|j| (j as u64 * 7 + i + peer) as u8).collect();
+        let mut into: Vec<u8> = (0..len).map(start).collect();
+        direct += exchange(t, i, &out, &mut into, seg, reduce);
+        let want: Vec<u8> = (0..len)
+            .map(|j| ((j as u64 * 7 + i + peer) as u8).wrapping_add(start(j)))
+            .collect();
         assert!(into == want, "rank {} exchange {i}: wrong bytes", t.rank());
     }
     direct
 }
 
+fn symmetric(reduce: Option<Reducer>) -> usize {
+    let (a, b) = pair();
+    std::thread::scope(|s| {
+        let ha = s.spawn(|| exchanges(&a, reduce));
+        let db = exchanges(&b, reduce);
+        ha.join().unwrap_or(0) + db
+    })
+}
+
 #[test]
 fn symmetric_exchanges_are_exact_in_order_and_mostly_direct() {
-    let (a, b) = pair();
-    let total_direct = std::thread::scope(|s| {
-        let ha = s.spawn(|| exchanges(&a));
-        let db = exchanges(&b);
-        ha.join().unwrap_or(0) + db
-    });
+    let total_direct = symmetric(None);
     // Every exchange has five messages a side; many should skip the copy.
     assert!(total_direct > 300, "only {total_direct} of 3000 direct");
+}
+
+#[test]
+fn symmetric_reducing_exchanges_are_exact_and_mostly_reduced_off_the_wire() {
+    let total_direct = symmetric(Some(Reducer::new(DType::U8, ReduceOp::Sum)));
+    assert!(
+        total_direct > 300,
+        "only {total_direct} of 3000 reduced off the wire"
+    );
 }
 
 #[test]
@@ -122,6 +154,7 @@ fn early_messages_and_misfits_take_the_mailbox_in_order() {
         &h.tag,
         &mut buf,
         8,
+        None,
         None,
         &mut || {
             for payload in [&[3u8; 5][..], &[4u8; 8]] {
@@ -172,6 +205,7 @@ fn a_peer_lost_while_a_receive_is_posted_is_named() {
             &h.tag,
             &mut buf,
             1 << 15,
+            None,
             Some(Instant::now() + Duration::from_secs(20)),
             &mut || Ok(()),
             &mut |_, _| Ok(()),
@@ -202,6 +236,7 @@ fn a_posted_receive_from_no_such_rank_is_an_error() {
         &header(1).tag,
         &mut [0u8; 4],
         4,
+        None,
         None,
         &mut || Ok(()),
         &mut |_, _| Ok(()),
