@@ -19,10 +19,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=scripts/netns-lib.sh
 source "$here/netns-lib.sh"
 netns_up "kcmp$$"
-for side in "$ns0 $if0" "$ns1 $if1"; do
-    read -r ns iface <<<"$side"
-    ip netns exec "$ns" tc qdisc add dev "$iface" root tbf rate "$RATE" burst 256kb latency 50ms
-done
+netns_limit "$RATE"
 export KOLO_JOB_SECRET=${KOLO_JOB_SECRET:-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')}
 work=$(mktemp -d)
 cleanup() { rm -rf "$work"; netns_down; }

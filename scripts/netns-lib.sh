@@ -30,3 +30,13 @@ netns_up() {
         exit 77
     fi
 }
+
+# netns_limit RATE: limits both ends of the veth pair to RATE (tc's units: 1gbit, 200mbit) with a
+# token bucket filter; packets over the rate wait (up to 50 ms) or are dropped, as on a slow link.
+netns_limit() {
+    local rate=$1 side ns iface
+    for side in "$ns0 $if0" "$ns1 $if1"; do
+        read -r ns iface <<<"$side"
+        ip netns exec "$ns" tc qdisc add dev "$iface" root tbf rate "$rate" burst 256kb latency 50ms
+    done
+}

@@ -201,12 +201,9 @@ impl Mailbox {
         }
     }
 
-    /// Whether a message from `src` with `tag` is queued.
-    pub fn has_queued(&self, src: usize, tag: &Tag) -> bool {
-        self.lock()
-            .queues
-            .get(&(src, *tag))
-            .is_some_and(|q| !q.is_empty())
+    /// How many messages from `src` with `tag` are queued.
+    pub fn queued(&self, src: usize, tag: &Tag) -> usize {
+        self.lock().queues.get(&(src, *tag)).map_or(0, |q| q.len())
     }
 
     /// Notes that this rank is now in the collective of `header`: a message with its tag from a

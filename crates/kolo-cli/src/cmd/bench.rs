@@ -527,8 +527,9 @@ pub fn execute(args: BenchArgs) -> ExitCode {
     if args.launch.on_hosts() {
         return super::launch_args::execute_hosts("bench", args.nproc, &args.launch);
     }
-    if args.op() == Op::P2p && args.nproc < 2 {
-        eprintln!("kolo bench: p2p needs at least 2 workers (-n 2 or more)");
+    // With several nodes the world is larger than -n (the workers check the world's size).
+    if args.op() == Op::P2p && args.nproc * args.launch.nnodes.1 < 2 {
+        eprintln!("kolo bench: p2p needs at least 2 workers (-n 2 or more, or several nodes)");
         return ExitCode::from(2);
     }
     let defaults = [("RAYON_NUM_THREADS", "1".to_string())];

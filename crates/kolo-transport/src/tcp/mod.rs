@@ -359,24 +359,17 @@ impl Transport for TcpTransport {
             let m = self.mailbox.recv(peer, tag, deadline).map_err(recv_error)?;
             each(buf, Received::Message(m))
         };
-        let mut next = 0;
-        // Messages already here (or being read) come first; then the rest of `buf` is posted. Only a
-        // reader thread can fill a posting, so messages to this rank itself take the mailbox.
-        let posted = peer != self.rank
-            && loop {
-                let Some(r) = ranges.get(next) else {
-                    break false;
-                };
-                let start = r.start;
-                if self
-                    .posts
-                    .post(&self.mailbox, peer, tag, &mut buf[start..], segment, reduce)
-                {
-                    break true;
-                }
-                recv(each, &mut buf[r.clone()])?;
-                next += 1;
-            };
+        // Messages already here (or being read) take the mailbox; the rest of `buf` is posted. Only
+        // a reader thread can fill a posting, so messages to this rank itself take the mailbox.
+        let (early, posted) = if peer == self.rank {
+            (ranges.len(), false)
+        } else {
+            let early = self
+                .posts
+                .post(&self.mailbox, peer, tag, buf, &ranges, segment, reduce);
+            (early, early < ranges.len())
+        };
+        let mut direct = Vec::new();
         if posted {
             // Until `unpost` returns, a reader may write into `buf`: end the posting on every path,
             // unwinding included.
@@ -392,12 +385,20 @@ impl Transport for TcpTransport {
                 .unpost(&self.mailbox, peer, deadline, ran.is_ok());
             guard.disarm();
             ran?;
-            for header in outcome.map_err(recv_error)?.direct {
-                each(&mut buf[ranges[next].clone()], Received::Direct(header))?;
-                next += 1;
-            }
+            direct = outcome.map_err(recv_error)?.direct;
         } else {
             meanwhile()?;
+        }
+        // In order: the early messages, the segments written in place, then any that came through
+        // the mailbox after the posting closed.
+        let mut next = 0;
+        for r in &ranges[..early] {
+            recv(each, &mut buf[r.clone()])?;
+            next += 1;
+        }
+        for header in direct {
+            each(&mut buf[ranges[next].clone()], Received::Direct(header))?;
+            next += 1;
         }
         for r in &ranges[next..] {
             recv(each, &mut buf[r.clone()])?;

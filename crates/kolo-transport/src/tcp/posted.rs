@@ -15,6 +15,7 @@
 //! is `busy`); a reader stops writing when its frame is complete or its connection fails, and a
 //! silent peer's connection is shut down by the heartbeat watchdog, so the wait ends.
 
+use std::ops::Range;
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -205,30 +206,42 @@ impl Posts {
 
     // --- the receiver's side ---
 
-    /// Posts `buf` for the next messages from `peer` with `tag`, in segments of `segment` bytes (reduced
-    /// into `buf` with `reduce` rather than written), unless a message for them is already queued or
-    /// being read (then `false`: receive that one first).
+    /// Posts the part of `buf` after the messages from `peer` with `tag` that are already queued or
+    /// being read (those take the mailbox), for the next messages, in segments of `segment` bytes
+    /// (reduced into `buf` with `reduce` rather than written). `ranges` are the segments of `buf`.
+    /// Returns how many segments, from the first, belong to messages already here or in flight;
+    /// nothing is posted when that is all of them.
     ///
-    /// The caller must then call [`Posts::unpost`] before it uses `buf` again or lets it go (the
-    /// receive path of the transport does so on every path, errors included), since a reader may
-    /// write into it until then.
+    /// The count and the posting are taken under the slot's lock, which a reader also holds to move
+    /// a frame from in flight to queued and to claim: every later frame with `tag` finds the
+    /// posting. The receiver never waits for a frame here, so it can send at once: on a slow link
+    /// a frame takes long, and waiting for the peer's frames before sending its own would make the
+    /// two directions of the link take turns.
+    ///
+    /// After a posting the caller must call [`Posts::unpost`] before it uses `buf` again or lets it
+    /// go (the receive path of the transport does so on every path, errors included), since a
+    /// reader may write into it until then.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn post(
         &self,
         mailbox: &Mailbox,
         peer: usize,
         tag: &Tag,
         buf: &mut [u8],
+        ranges: &[Range<usize>],
         segment: usize,
         reduce: Option<Reducer>,
-    ) -> bool {
+    ) -> usize {
         let mut s = self.lock(peer);
-        if s.in_flight == Some(*tag) || mailbox.has_queued(peer, tag) {
-            return false;
-        }
+        let here = mailbox.queued(peer, tag) + usize::from(s.in_flight == Some(*tag));
+        let Some(first) = ranges.get(here) else {
+            return ranges.len();
+        };
+        let rest = &mut buf[first.start..];
         s.posting = Some(Posting {
             tag: *tag,
-            base: buf.as_mut_ptr(),
-            len: buf.len(),
+            base: rest.as_mut_ptr(),
+            len: rest.len(),
             segment: segment.max(1),
             reduce,
             filled: 0,
@@ -236,7 +249,7 @@ impl Posts {
             busy: false,
             closed: false,
         });
-        true
+        here
     }
 
     /// Waits until the posting from `peer` is filled or closed, the mailbox fails or `deadline`

@@ -14,9 +14,12 @@ use super::{TcpOptions, TcpTransport};
 static JOB: AtomicU64 = AtomicU64::new(0);
 
 fn pair() -> (TcpTransport, TcpTransport) {
+    pair_with(TcpOptions::default())
+}
+
+fn pair_with(opts: TcpOptions) -> (TcpTransport, TcpTransport) {
     let store = MemoryStore::new();
     let prefix = format!("posted/{}", JOB.fetch_add(1, Ordering::SeqCst));
-    let opts = TcpOptions::default();
     std::thread::scope(|s| {
         let a = s.spawn(|| TcpTransport::connect(&store, &prefix, 0, 2, &opts));
         let b = TcpTransport::connect(&store, &prefix, 1, 2, &opts);
@@ -249,4 +252,71 @@ fn a_posted_receive_from_no_such_rank_is_an_error() {
         },
     );
     assert!(matches!(r, Err(Error::PeerLost { peer: 7, .. })), "{r:?}");
+}
+
+#[test]
+fn a_frame_still_arriving_does_not_hold_back_the_sends() {
+    // On a slow link a frame takes long to arrive. A receive posted while one is partly read must
+    // still run its sends at once (and take that frame from the mailbox later): waiting for the
+    // peer's frames before sending would make the two directions of the link take turns.
+    use std::io::Write;
+    use std::sync::atomic::AtomicBool;
+    // No heartbeats: one could go out between the two halves of the frame written by hand below.
+    let (a, b) = pair_with(TcpOptions {
+        heartbeat_timeout: None,
+        ..TcpOptions::default()
+    });
+    let h = header(4);
+    let payload = [6u8; 64];
+    let prefix = super::frame::encode_prefix(super::frame::Kind::Data, &h, 64);
+    let link = b.links[0].as_ref().expect("rank 1 has a link to rank 0");
+    {
+        let mut w = link.writer.lock().unwrap_or_else(|p| p.into_inner());
+        assert!(w.write_all(&prefix).is_ok() && w.write_all(&payload[..10]).is_ok());
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    let sent = AtomicBool::new(false);
+    let mut buf = [0u8; 128];
+    let (r, sends_first) = std::thread::scope(|s| {
+        let rest = s.spawn(|| {
+            // The rest of the first frame comes once the sends ran (or after 5 s, so that a
+            // receiver that waits for it first finishes, late, and fails the check below).
+            let t = Instant::now();
+            while !sent.load(Ordering::SeqCst) && t.elapsed() < Duration::from_secs(5) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            let sends_first = sent.load(Ordering::SeqCst);
+            let mut w = link.writer.lock().unwrap_or_else(|p| p.into_inner());
+            assert!(w.write_all(&payload[10..]).is_ok());
+            drop(w);
+            assert!(b.send(0, &h, &[7u8; 64]).is_ok());
+            sends_first
+        });
+        let r = a.recv_posted(
+            1,
+            &h.tag,
+            &mut buf,
+            64,
+            None,
+            Some(Instant::now() + Duration::from_secs(20)),
+            &mut || {
+                sent.store(true, Ordering::SeqCst);
+                Ok(())
+            },
+            &mut |dst, got| {
+                if let Received::Message(m) = got {
+                    dst.copy_from_slice(&m.payload);
+                }
+                Ok(())
+            },
+            &|e| Error::Io {
+                context: format!("recv: {e:?}"),
+                source: std::io::Error::other("recv"),
+            },
+        );
+        (r, rest.join().unwrap_or(false))
+    });
+    assert!(r.is_ok(), "{r:?}");
+    assert!(sends_first, "the sends waited for the frame in flight");
+    assert!(buf[..64].iter().all(|&x| x == 6) && buf[64..].iter().all(|&x| x == 7));
 }
