@@ -1,22 +1,26 @@
 //! The arena (`kolo_core::Arena`) over shared memory: each rank posts its steps (with a fingerprint
-//! and inline data) in its control line; the two buffers per rank lie in the segment.
+//! and inline data) in its control line (the protocol is [`super::steps`]); the two buffers per
+//! rank lie in the segment.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use kolo_core::{Arena, Header, LinkFailure, RecvError, HEADER_LEN};
 
+use super::atomics::SharedBytes;
 use super::health::STATE_CLOSED;
-use super::layout::{FP_SLOT, INLINE_AT, INLINE_BYTES, LINE};
+use super::layout::LINE;
+use super::steps::{Steps, FP_SLOT, INLINE_BYTES};
 use super::ShmTransport;
 
 impl ShmTransport {
-    pub(super) fn step_word(&self, r: usize) -> &AtomicU64 {
-        self.u64_at(self.layout.ctrl(r) + 3 * LINE)
-    }
-
-    pub(super) fn fingerprint(&self, r: usize, step: u64) -> *mut u8 {
-        self.at(self.layout.ctrl(r) + 3 * LINE + 8 + (step % 2) as usize * FP_SLOT)
+    /// Rank `r`'s step word and slots: the last line of its control area.
+    fn steps(&self, r: usize) -> Steps<'_> {
+        let line = self.layout.ctrl(r) + 3 * LINE;
+        // SAFETY: the line's slots (after its step word) lie inside the mapping, which lives as
+        // long as `self`.
+        let slots = unsafe { SharedBytes::new(self.at(line + 8), 2 * FP_SLOT) };
+        Steps::new(self.u64_at(line), slots)
     }
 }
 
@@ -45,14 +49,10 @@ impl Arena for ShmTransport {
         assert!(inline.len() <= INLINE_BYTES, "inline data too long");
         let step = self.next_step.fetch_add(1, Ordering::Relaxed);
         let fp = header.encode();
-        let slot = self.fingerprint(self.rank, step);
-        // SAFETY: the slot of this step's parity is ours to write (see kolo_core::arena); header and
-        // inline data fit in it (asserted above).
-        unsafe {
-            std::ptr::copy_nonoverlapping(fp.as_ptr(), slot, HEADER_LEN);
-            std::ptr::copy_nonoverlapping(inline.as_ptr(), slot.add(INLINE_AT), inline.len());
-        };
-        self.step_word(self.rank).store(step, Ordering::Release);
+        // SAFETY: only this rank posts its steps, one at a time (`next_step`); the arena's rounds
+        // (see kolo_core::arena) keep a slot unread before it is rewritten; the header fits before
+        // the inline data (see `layout`) and the inline data fits (asserted above).
+        unsafe { self.steps(self.rank).post(step, &fp, inline) };
         for peer in 0..self.layout.n {
             if peer != self.rank {
                 self.bell(peer).ring();
@@ -69,10 +69,10 @@ impl Arena for ShmTransport {
         inline: &mut [u8],
     ) -> Result<Header, RecvError> {
         assert!(inline.len() <= INLINE_BYTES, "inline data too long");
-        let word = self.step_word(peer);
-        if word.load(Ordering::Acquire) < step {
+        let steps = self.steps(peer);
+        if !steps.posted(step) {
             self.wait_for(deadline, || {
-                if word.load(Ordering::Acquire) >= step {
+                if steps.posted(step) {
                     Some(Ok(()))
                 } else if self.state_word(peer, 0).load(Ordering::Acquire) == STATE_CLOSED {
                     Some(Err(LinkFailure::PeerClosed { peer }))
@@ -83,13 +83,9 @@ impl Arena for ShmTransport {
             .map_err(RecvError::Link)?;
         }
         let mut fp = [0u8; HEADER_LEN];
-        let slot = self.fingerprint(peer, step);
-        // SAFETY: the peer wrote this slot before posting `step` (acquired above) and will not
-        // rewrite it before we post our next step.
-        unsafe {
-            std::ptr::copy_nonoverlapping(slot, fp.as_mut_ptr(), HEADER_LEN);
-            std::ptr::copy_nonoverlapping(slot.add(INLINE_AT), inline.as_mut_ptr(), inline.len());
-        };
+        // SAFETY: the peer posted `step` (acquired above) and will not rewrite its slot before we
+        // post our next step; the header and the inline data (asserted above) fit.
+        unsafe { steps.read(step, &mut fp, inline) };
         Header::decode(&fp).map_err(|e| {
             RecvError::Link(LinkFailure::Protocol {
                 peer,

@@ -3,6 +3,7 @@
 
 use kolo_core::HEADER_LEN;
 
+use super::steps::{FP_SLOT, INLINE_AT};
 use super::ShmOptions;
 
 pub(super) const MAGIC: u64 = u64::from_le_bytes(*b"kolo-shm");
@@ -10,11 +11,8 @@ pub(super) const LINE: usize = 128;
 const HEADER_BYTES: usize = 128;
 const CTRL_BYTES: usize = 4 * LINE;
 pub(super) const REASON_MAX: usize = 2 * LINE - 16;
-/// A step's slot: the fingerprint (`HEADER_LEN` bytes), then inline data from `INLINE_AT`. The step
-/// word and both slots share one 128-byte line.
-pub(super) const FP_SLOT: usize = 56;
-pub(super) const INLINE_AT: usize = 40;
-pub(super) const INLINE_BYTES: usize = FP_SLOT - INLINE_AT;
+/// A step's slot (see `steps`) holds the fingerprint (`HEADER_LEN` bytes), then inline data from
+/// `INLINE_AT`. The step word and both slots share one 128-byte line.
 const _: () = assert!(HEADER_LEN <= INLINE_AT && 8 + 2 * FP_SLOT <= LINE);
 pub(super) const RING_CTRL: usize = 2 * LINE;
 

@@ -33,12 +33,16 @@
 //! launcher (`kolo run`) removes every `/dev/shm/kolo-<job id>-*` when the job ends.
 
 mod arena;
+mod atomics;
+mod doorbell;
 mod health;
 mod layout;
 mod options;
 pub(crate) mod prefix;
 mod ring;
 pub mod segment;
+mod spsc;
+mod steps;
 pub mod sync;
 
 use std::io;

@@ -1,14 +1,16 @@
 //! The single-producer single-consumer byte ring of each ordered pair of ranks: sending into it,
 //! and draining the incoming rings into the mailbox.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::TryLockError;
 
 use kolo_core::{Header, LinkFailure, Message, RecvError};
 
+use super::atomics::SharedBytes;
 use super::health::{STATE_ALIVE, STATE_CLOSED};
 use super::layout::{LINE, RING_CTRL};
 use super::prefix::{decode_prefix, encode_prefix, PREFIX};
+use super::spsc::Spsc;
 use super::{lock, ShmTransport};
 
 /// The receiving side of one incoming ring: a message being assembled.
@@ -20,43 +22,12 @@ pub(super) struct Consumer {
 }
 
 impl ShmTransport {
-    pub(super) fn ring_tail(&self, src: usize, dst: usize) -> &AtomicU64 {
-        self.u64_at(self.layout.ring(src, dst))
-    }
-
-    pub(super) fn ring_head(&self, src: usize, dst: usize) -> &AtomicU64 {
-        self.u64_at(self.layout.ring(src, dst) + LINE)
-    }
-
-    pub(super) fn ring_data(&self, src: usize, dst: usize) -> *mut u8 {
-        self.at(self.layout.ring(src, dst) + RING_CTRL)
-    }
-
-    /// Copies `data` into the ring `src → dst` at stream position `pos` (wrapping).
-    pub(super) fn ring_write(&self, dst: usize, pos: u64, data: &[u8]) {
-        let cap = self.layout.ring;
-        let base = self.ring_data(self.rank, dst);
-        let at = (pos % cap as u64) as usize;
-        let first = data.len().min(cap - at);
-        // SAFETY: the producer owns ring bytes [tail, head + cap) (checked by the caller); the two
-        // pieces stay inside the ring's data area.
-        unsafe {
-            std::ptr::copy_nonoverlapping(data.as_ptr(), base.add(at), first);
-            std::ptr::copy_nonoverlapping(data.as_ptr().add(first), base, data.len() - first);
-        }
-    }
-
-    /// Copies ring bytes of `src → self` at stream position `pos` into `out` (wrapping).
-    pub(super) fn ring_read(&self, src: usize, pos: u64, out: &mut [u8]) {
-        let cap = self.layout.ring;
-        let base = self.ring_data(src, self.rank);
-        let at = (pos % cap as u64) as usize;
-        let first = out.len().min(cap - at);
-        // SAFETY: the consumer owns ring bytes [head, tail) (checked by the caller).
-        unsafe {
-            std::ptr::copy_nonoverlapping(base.add(at), out.as_mut_ptr(), first);
-            std::ptr::copy_nonoverlapping(base, out.as_mut_ptr().add(first), out.len() - first);
-        }
+    /// The ring `src → dst`.
+    pub(super) fn ring(&self, src: usize, dst: usize) -> Spsc<'_> {
+        let at = self.layout.ring(src, dst);
+        // SAFETY: the ring's data area lies inside the mapping, which lives as long as `self`.
+        let data = unsafe { SharedBytes::new(self.at(at + RING_CTRL), self.layout.ring) };
+        Spsc::new(self.u64_at(at), self.u64_at(at + LINE), data)
     }
 
     /// Moves complete (and partial) messages from every incoming ring into the mailbox; returns
@@ -82,17 +53,16 @@ impl ShmTransport {
 
     pub(super) fn drain(&self, src: usize, c: &mut Consumer) -> bool {
         let mut delivered = false;
-        let head_word = self.ring_head(src, self.rank);
-        let mut head = head_word.load(Ordering::Relaxed);
+        let ring = self.ring(src, self.rank);
+        let mut head = ring.consumer_position();
         loop {
-            let tail = self.ring_tail(src, self.rank).load(Ordering::Acquire);
-            let avail = (tail - head) as usize;
+            let avail = ring.available(head);
             if c.partial.is_none() {
                 if avail < PREFIX {
                     if avail == 0 && !c.closed {
                         // A clean close is final only once everything sent before it is read.
                         if self.state_word(src, 0).load(Ordering::Acquire) == STATE_CLOSED
-                            && self.ring_tail(src, self.rank).load(Ordering::Acquire) == head
+                            && ring.available(head) == 0
                         {
                             c.closed = true;
                             self.mailbox.close_peer(src);
@@ -102,7 +72,8 @@ impl ShmTransport {
                     break;
                 }
                 let mut p = [0u8; PREFIX];
-                self.ring_read(src, head, &mut p);
+                // SAFETY: this thread holds the ring's consumer lock; `avail` covers the bytes.
+                unsafe { ring.read(head, &mut p) };
                 head += PREFIX as u64;
                 let (header, len) = match decode_prefix(&p, self.opts.max_message) {
                     Ok(decoded) => decoded,
@@ -123,7 +94,8 @@ impl ShmTransport {
             if take > 0 {
                 let old = buf.len();
                 buf.resize(old + take, 0);
-                self.ring_read(src, head, &mut buf[old..]);
+                // SAFETY: as above.
+                unsafe { ring.read(head, &mut buf[old..]) };
                 head += take as u64;
             }
             if buf.len() == *len {
@@ -137,8 +109,8 @@ impl ShmTransport {
                 break;
             }
         }
-        if head != head_word.load(Ordering::Relaxed) {
-            head_word.store(head, Ordering::Release);
+        if head != ring.consumer_position() {
+            ring.release(head);
             self.bell(src).ring();
         }
         delivered
@@ -151,24 +123,21 @@ impl ShmTransport {
         payload: &[u8],
     ) -> Result<(), LinkFailure> {
         let _g = lock(&self.producers[peer]);
-        let cap = self.layout.ring as u64;
-        let tail_word = self.ring_tail(self.rank, peer);
-        let head_word = self.ring_head(self.rank, peer);
-        let mut tail = tail_word.load(Ordering::Relaxed);
+        let ring = self.ring(self.rank, peer);
+        let mut tail = ring.producer_position();
         let prefix = encode_prefix(header, payload.len());
         let mut pieces: [&[u8]; 2] = [&prefix, payload];
         for (i, piece) in pieces.iter_mut().enumerate() {
             while !piece.is_empty() {
-                let free = |head: u64| (cap - (tail - head)) as usize;
                 let need = if i == 0 { PREFIX } else { 1 };
-                let mut space = free(head_word.load(Ordering::Acquire));
+                let mut space = ring.free(tail);
                 if space < need {
                     space = self
                         .wait_for(None, || {
                             if self.state_word(peer, 0).load(Ordering::Acquire) != STATE_ALIVE {
                                 return Some(0);
                             }
-                            let s = free(head_word.load(Ordering::Acquire));
+                            let s = ring.free(tail);
                             if s >= need {
                                 return Some(s);
                             }
@@ -192,9 +161,8 @@ impl ShmTransport {
                     }
                 }
                 let n = space.min(piece.len());
-                self.ring_write(peer, tail, &piece[..n]);
-                tail += n as u64;
-                tail_word.store(tail, Ordering::Release);
+                // SAFETY: this thread holds the ring's producer lock; `space` covers the bytes.
+                tail = unsafe { ring.push(tail, &piece[..n]) };
                 self.bell(peer).ring();
                 *piece = &piece[n..];
             }
