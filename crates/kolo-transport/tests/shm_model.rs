@@ -1,22 +1,118 @@
 //! Model check (with `loom`: every interleaving and memory-order outcome) of the shared-memory
-//! transport's lock-free protocols, written with the same orderings as `src/shm`:
+//! transport's lock-free protocols, on the shipping code: this test compiles `src/shm/doorbell.rs`,
+//! `src/shm/spsc.rs` and `src/shm/steps.rs` themselves (`#[path]` modules) against the `atomics`
+//! module below, a `loom` version of `src/shm/atomics.rs`, the only module through which those
+//! files reach atomics, the futex and shared bytes. It checks:
 //!
-//! - the single-producer single-consumer ring (`tail` released by the producer after writing data,
-//!   `head` released by the consumer after reading it), including wrap-around and a full ring;
-//! - the doorbell sleep/wake handshake (`src/shm/sync.rs`), with the futex modelled as "sleep while
-//!   the word equals the value read, until a wake": a lost wake-up shows as a deadlock, which loom
-//!   reports. (The real waits also time out to poll liveness, which would hide such a bug.)
-//! - the arena's rounds (`kolo_core::arena`): two buffers per rank alternating by round, no
-//!   synchronization besides the posts.
+//! - the single-producer single-consumer ring (`Spsc`: `tail` released by the producer after
+//!   writing data, `head` released by the consumer after reading it), including wrap-around and a
+//!   full ring;
+//! - the doorbell sleep/wake handshake (`Doorbell`), with the futex modelled as "sleep while the
+//!   word equals the value read, until a wake": a lost wake-up shows as a deadlock, which loom
+//!   reports. (The real waits also time out to poll liveness, which would hide such a bug, so the
+//!   model ignores the timeout.)
+//! - the arena's rounds (`Steps` and `kolo_core::arena`): step posts with their slots, two buffers
+//!   per rank alternating by round, no synchronization besides the posts.
 //!
-//! Data slots are loom `UnsafeCell`s, so a read that could race with a write fails the check.
+//! Data bytes are loom `UnsafeCell`s, so a read that could race with a write fails the check. Two
+//! deliberately broken variants (a `Relaxed` tail store, a sleeper that registers after reading the
+//! doorbell) must be caught, which shows the checks can fail.
+//!
+//! It needs no flag or feature: `cargo nextest run -p kolo-transport` (and the workspace run of
+//! `scripts/test.sh`) runs it like any other test; loom is a dev-dependency.
 
+// Not every function of the shipping files is exercised here.
+#[allow(dead_code)]
+#[path = "../src/shm/doorbell.rs"]
+mod doorbell;
+#[allow(dead_code)]
+#[path = "../src/shm/spsc.rs"]
+mod spsc;
+#[allow(dead_code)]
+#[path = "../src/shm/steps.rs"]
+mod steps;
+
+/// `src/shm/atomics.rs` on loom.
+#[allow(dead_code)]
+mod atomics {
+    use std::time::Duration;
+
+    use loom::cell::UnsafeCell;
+    use loom::sync::{Condvar, Mutex};
+
+    pub(super) use loom::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+
+    loom::lazy_static! {
+        /// The kernel's futex queue: waiters compare the word and sleep under this lock, wakers
+        /// take it to wake them, so no wake-up falls between a waiter's compare and its sleep.
+        static ref FUTEX: (Mutex<()>, Condvar) = (Mutex::new(()), Condvar::new());
+    }
+
+    /// `futex_wait`: sleeps while `*word == expected`, until a wake. The timeout is ignored, so a
+    /// lost wake-up deadlocks.
+    pub(super) fn futex_wait(word: &AtomicU32, expected: u32, _timeout: Duration) {
+        let (lock, cond) = &*FUTEX;
+        let mut g = lock.lock().expect("model futex lock");
+        while word.load(Ordering::SeqCst) == expected {
+            g = cond.wait(g).expect("model futex wait");
+        }
+    }
+
+    /// `futex_wake`: wakes every sleeper (each re-checks its own word).
+    pub(super) fn futex_wake(_word: &AtomicU32) {
+        let (lock, cond) = &*FUTEX;
+        let _g = lock.lock().expect("model futex lock");
+        cond.notify_all();
+    }
+
+    /// Shared bytes as loom cells: every access is checked for races.
+    #[derive(Clone, Copy, Debug)]
+    pub(super) struct SharedBytes<'a> {
+        cells: &'a [UnsafeCell<u8>],
+    }
+
+    impl<'a> SharedBytes<'a> {
+        pub(super) fn new(cells: &'a [UnsafeCell<u8>]) -> SharedBytes<'a> {
+            SharedBytes { cells }
+        }
+
+        pub(super) fn len(&self) -> usize {
+            self.cells.len()
+        }
+
+        /// # Safety
+        ///
+        /// As `src/shm/atomics.rs` (loom checks it).
+        pub(super) unsafe fn write(&self, at: usize, src: &[u8]) {
+            for (cell, &b) in self.cells[at..at + src.len()].iter().zip(src) {
+                // SAFETY (model): loom reports a write that races with another access.
+                cell.with_mut(|p| unsafe { *p = b });
+            }
+        }
+
+        /// # Safety
+        ///
+        /// As `src/shm/atomics.rs` (loom checks it).
+        pub(super) unsafe fn read(&self, at: usize, dst: &mut [u8]) {
+            for (cell, b) in self.cells[at..at + dst.len()].iter().zip(dst) {
+                // SAFETY (model): loom reports a read that races with a write.
+                *b = cell.with(|p| unsafe { *p });
+            }
+        }
+    }
+}
+
+use std::time::Duration;
+
+use atomics::{AtomicU32, AtomicU64, Ordering, SharedBytes};
+use doorbell::Doorbell;
 use loom::cell::UnsafeCell;
-use loom::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
-use loom::sync::{Arc, Condvar, Mutex};
+use loom::sync::Arc;
 use loom::thread;
+use spsc::Spsc;
+use steps::{Steps, FP_SLOT};
 
-const CAP: u64 = 2;
+const CAP: usize = 2;
 
 /// Explores every interleaving with up to three preemptions (loom's usual bound; exhaustive
 /// exploration of these loops does not finish in CI time).
@@ -26,58 +122,37 @@ fn model(f: impl Fn() + Sync + Send + 'static) {
     b.check(f);
 }
 
-struct Futex {
-    word: AtomicU32,
-    sleepers: AtomicU32,
-    lock: Mutex<()>,
-    cond: Condvar,
+fn cells(n: usize) -> Vec<UnsafeCell<u8>> {
+    (0..n).map(|_| UnsafeCell::new(0)).collect()
 }
 
-impl Futex {
-    fn new() -> Self {
-        Futex {
+/// A rank's doorbell words.
+struct Bell {
+    word: AtomicU32,
+    sleepers: AtomicU32,
+}
+
+impl Bell {
+    fn new() -> Bell {
+        Bell {
             word: AtomicU32::new(0),
             sleepers: AtomicU32::new(0),
-            lock: Mutex::new(()),
-            cond: Condvar::new(),
         }
     }
 
-    /// `futex_wait(word, v)`: sleeps while the word is `v`.
-    fn futex_wait(&self, v: u32) {
-        let mut g = self.lock.lock().expect("model lock");
-        while self.word.load(Ordering::SeqCst) == v {
-            g = self.cond.wait(g).expect("model wait");
+    fn doorbell(&self) -> Doorbell<'_> {
+        Doorbell {
+            word: &self.word,
+            sleepers: &self.sleepers,
         }
     }
+}
 
-    /// `Doorbell::ring`.
-    fn ring(&self) {
-        fence(Ordering::SeqCst);
-        if self.sleepers.load(Ordering::Relaxed) > 0 {
-            let _g = self.lock.lock().expect("model lock");
-            self.word.fetch_add(1, Ordering::SeqCst);
-            self.cond.notify_all();
-        }
-    }
-
-    /// `Doorbell::sleep_unless` without the timeout, looping until `ready`.
-    fn wait_until(&self, ready: impl Fn() -> bool) {
-        loop {
-            if ready() {
-                return;
-            }
-            self.sleepers.fetch_add(1, Ordering::SeqCst);
-            fence(Ordering::SeqCst);
-            let v = self.word.load(Ordering::SeqCst);
-            let done = ready();
-            if !done {
-                self.futex_wait(v);
-            }
-            self.sleepers.fetch_sub(1, Ordering::SeqCst);
-            if done {
-                return;
-            }
+/// The transport's wait (`ShmTransport::wait_for` once it sleeps): `sleep_unless` until `ready`.
+fn wait_until(bell: &Doorbell<'_>, mut ready: impl FnMut() -> bool) {
+    while !ready() {
+        if bell.sleep_unless(Duration::MAX, &mut ready) {
+            return;
         }
     }
 }
@@ -85,66 +160,140 @@ impl Futex {
 struct Ring {
     tail: AtomicU64,
     head: AtomicU64,
-    data: [UnsafeCell<u8>; CAP as usize],
-    producer_bell: Futex,
-    consumer_bell: Futex,
+    data: Vec<UnsafeCell<u8>>,
+    producer_bell: Bell,
+    consumer_bell: Bell,
+}
+
+impl Ring {
+    fn new() -> Ring {
+        Ring {
+            tail: AtomicU64::new(0),
+            head: AtomicU64::new(0),
+            data: cells(CAP),
+            producer_bell: Bell::new(),
+            consumer_bell: Bell::new(),
+        }
+    }
+
+    fn spsc(&self) -> Spsc<'_> {
+        Spsc::new(&self.tail, &self.head, SharedBytes::new(&self.data))
+    }
+}
+
+/// The consumer's side of `ShmTransport::drain`: waits for bytes, reads all that are there,
+/// releases them and rings the producer; until `n` bytes have come.
+fn consume(ring: &Ring, n: usize) -> Vec<u8> {
+    let spsc = ring.spsc();
+    let mut head = spsc.consumer_position();
+    let mut got = Vec::new();
+    while got.len() < n {
+        wait_until(&ring.consumer_bell.doorbell(), || spsc.available(head) > 0);
+        let avail = spsc.available(head);
+        let old = got.len();
+        got.resize(old + avail, 0);
+        // SAFETY: the one consumer, reading what `available` saw.
+        unsafe { spsc.read(head, &mut got[old..]) };
+        head += avail as u64;
+        spsc.release(head);
+        ring.producer_bell.doorbell().ring();
+    }
+    got
 }
 
 #[test]
 fn ring_with_doorbells_delivers_in_order_without_races_or_lost_wakeups() {
     model(|| {
-        let ring = Arc::new(Ring {
-            tail: AtomicU64::new(0),
-            head: AtomicU64::new(0),
-            data: [UnsafeCell::new(0), UnsafeCell::new(0)],
-            producer_bell: Futex::new(),
-            consumer_bell: Futex::new(),
-        });
+        let ring = Arc::new(Ring::new());
         let r = ring.clone();
         let producer = thread::spawn(move || {
-            let mut tail = 0u64;
+            // The producer's side of `ShmTransport::send_to_peer`, a byte at a time.
+            let spsc = r.spsc();
+            let mut tail = spsc.producer_position();
             for byte in [1u8, 2, 3] {
                 // Wait for space (the consumer rings the producer's bell after moving `head`).
-                r.producer_bell
-                    .wait_until(|| CAP - (tail - r.head.load(Ordering::Acquire)) > 0);
-                // SAFETY (model): the producer owns slots in [tail, head + CAP).
-                r.data[(tail % CAP) as usize].with_mut(|p| unsafe { *p = byte });
-                tail += 1;
-                r.tail.store(tail, Ordering::Release);
-                r.consumer_bell.ring();
+                wait_until(&r.producer_bell.doorbell(), || spsc.free(tail) > 0);
+                // SAFETY: the one producer, with space for the byte.
+                tail = unsafe { spsc.push(tail, &[byte]) };
+                r.consumer_bell.doorbell().ring();
             }
         });
-        let mut head = 0u64;
-        let mut got = Vec::new();
-        while got.len() < 3 {
-            ring.consumer_bell
-                .wait_until(|| ring.tail.load(Ordering::Acquire) > head);
-            let tail = ring.tail.load(Ordering::Acquire);
-            while head < tail {
-                // SAFETY (model): the consumer owns slots in [head, tail).
-                got.push(ring.data[(head % CAP) as usize].with(|p| unsafe { *p }));
-                head += 1;
-            }
-            ring.head.store(head, Ordering::Release);
-            ring.producer_bell.ring();
-        }
+        let got = consume(&ring, 3);
         producer.join().expect("producer");
         assert_eq!(got, [1, 2, 3]);
     });
 }
 
+/// A producer that publishes its tail with `Relaxed` (the real one releases it): the consumer's
+/// read of the byte races with the write, which loom must report.
+#[test]
+#[should_panic(expected = "Causality violation")]
+fn relaxed_tail_store_is_caught() {
+    model(|| {
+        let ring = Arc::new(Ring::new());
+        let r = ring.clone();
+        let producer = thread::spawn(move || {
+            // SAFETY (model): the producer owns the free ring; loom checks the consumer's reads.
+            unsafe { SharedBytes::new(&r.data).write(0, &[7]) };
+            r.tail.store(1, Ordering::Relaxed);
+            r.consumer_bell.doorbell().ring();
+        });
+        let got = consume(&ring, 1);
+        producer.join().expect("producer");
+        assert_eq!(got, [7]);
+    });
+}
+
+/// A waiter that reads the doorbell and checks its condition before counting itself a sleeper (the
+/// real one registers first): the waker can miss it and it sleeps forever, which loom must report.
+#[test]
+#[should_panic(expected = "deadlock")]
+fn late_sleeper_registration_is_caught() {
+    model(|| {
+        let ring = Arc::new(Ring::new());
+        let r = ring.clone();
+        let producer = thread::spawn(move || {
+            let spsc = r.spsc();
+            // SAFETY: the one producer, with an empty ring.
+            unsafe { spsc.push(0, &[7]) };
+            r.consumer_bell.doorbell().ring();
+        });
+        let spsc = ring.spsc();
+        let bell = &ring.consumer_bell;
+        while spsc.available(0) == 0 {
+            let v = bell.word.load(Ordering::SeqCst);
+            if spsc.available(0) > 0 {
+                break;
+            }
+            bell.sleepers.fetch_add(1, Ordering::SeqCst);
+            atomics::futex_wait(&bell.word, v, Duration::MAX);
+            bell.sleepers.fetch_sub(1, Ordering::SeqCst);
+        }
+        producer.join().expect("producer");
+    });
+}
+
 struct Rank {
     step: AtomicU64,
+    slots: Vec<UnsafeCell<u8>>,
     bufs: [UnsafeCell<u32>; 2],
 }
 
+impl Rank {
+    fn steps(&self) -> Steps<'_> {
+        Steps::new(&self.step, SharedBytes::new(&self.slots))
+    }
+}
+
 /// Two ranks, three rounds of "write my buffer of this round's parity, post, wait for the peer's
-/// post, read its buffer": round 3 reuses round 1's buffers with no extra synchronization.
+/// post, read its slot and its buffer": round 3 reuses round 1's buffers and slots with no extra
+/// synchronization.
 #[test]
 fn arena_rounds_reuse_buffers_safely() {
     model(|| {
         let ranks = Arc::new([0, 1].map(|_| Rank {
             step: AtomicU64::new(0),
+            slots: cells(2 * FP_SLOT),
             bufs: [UnsafeCell::new(0), UnsafeCell::new(0)],
         }));
         let run = |me: usize, ranks: Arc<[Rank; 2]>| {
@@ -155,13 +304,18 @@ fn arena_rounds_reuse_buffers_safely() {
                 let mine = (me as u32 + 1) * 10 + round as u32;
                 // SAFETY (model): the owner writes before posting the round.
                 ranks[me].bufs[parity].with_mut(|p| unsafe { *p = mine });
-                ranks[me].step.store(round, Ordering::Release);
-                while ranks[peer].step.load(Ordering::Acquire) < round {
+                // SAFETY: the owner posts its steps one at a time; small fingerprint and inline data.
+                unsafe { ranks[me].steps().post(round, &[mine as u8], &[me as u8]) };
+                while !ranks[peer].steps().posted(round) {
                     thread::yield_now();
                 }
+                let (mut fp, mut inline) = ([0u8], [0u8]);
+                // SAFETY: posted (checked above); this rank posts its next step only afterwards.
+                unsafe { ranks[peer].steps().read(round, &mut fp, &mut inline) };
                 // SAFETY (model): the peer posted this round and rewrites the buffer only two
                 // rounds later, after our next post.
                 let theirs = ranks[peer].bufs[parity].with(|p| unsafe { *p });
+                assert_eq!((fp[0], inline[0]), (theirs as u8, peer as u8));
                 sums.push(mine + theirs);
             }
             sums

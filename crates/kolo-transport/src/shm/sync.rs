@@ -8,11 +8,13 @@
 //! - waker: publish (release store); fence; if `sleepers > 0`: `doorbell += 1`; `futex_wake(doorbell)`.
 //!
 //! Either the waker sees the sleeper (and changes the doorbell, so a `futex_wait` on the old value
-//! returns at once), or the waiter's check sees the published data. `tests/shm_model.rs` checks this
-//! and the ring protocol with `loom`.
+//! returns at once), or the waiter's check sees the published data. The handshake itself is
+//! [`Doorbell`] (in `doorbell.rs`, which `tests/shm_model.rs` model-checks with `loom`).
 
-use std::sync::atomic::{fence, AtomicU32, Ordering};
+use std::sync::atomic::AtomicU32;
 use std::time::Duration;
+
+pub use super::doorbell::Doorbell;
 
 /// Sleeps while `*word == expected`, at most `timeout` (spurious returns are fine: callers loop).
 pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
@@ -48,47 +50,6 @@ pub fn futex_wake(word: &AtomicU32) {
             std::ptr::null::<u32>(),
             0u32,
         );
-    }
-}
-
-/// A rank's doorbell: the futex word and the count of its threads asleep on it.
-#[derive(Debug)]
-pub struct Doorbell<'a> {
-    /// Futex word.
-    pub word: &'a AtomicU32,
-    /// Threads of the owner asleep (or about to sleep) on `word`.
-    pub sleepers: &'a AtomicU32,
-}
-
-impl Doorbell<'_> {
-    /// Rings if anyone sleeps; call after publishing.
-    #[inline]
-    pub fn ring(&self) {
-        fence(Ordering::SeqCst);
-        if self.sleepers.load(Ordering::Relaxed) > 0 {
-            self.word.fetch_add(1, Ordering::SeqCst);
-            futex_wake(self.word);
-        }
-    }
-
-    /// Rings unconditionally (failure notices).
-    pub fn ring_always(&self) {
-        self.word.fetch_add(1, Ordering::SeqCst);
-        futex_wake(self.word);
-    }
-
-    /// Sleeps up to `timeout` unless `ready()` holds once registered as a sleeper; returns whether it
-    /// held.
-    pub fn sleep_unless(&self, timeout: Duration, ready: &mut dyn FnMut() -> bool) -> bool {
-        self.sleepers.fetch_add(1, Ordering::SeqCst);
-        fence(Ordering::SeqCst);
-        let v = self.word.load(Ordering::SeqCst);
-        let done = ready();
-        if !done {
-            futex_wait(self.word, v, timeout);
-        }
-        self.sleepers.fetch_sub(1, Ordering::SeqCst);
-        done
     }
 }
 

@@ -11,9 +11,14 @@ use std::time::Duration;
 use crate::deadline::{Backoff, Deadline};
 use crate::sys::{self, LockKind};
 use crate::{
-    add_to_counter, validate_key, validate_value, validate_wait_keys, CompareSet, Store,
-    StoreError, MAX_KEY_LEN, MAX_VALUE_LEN,
+    add_to_counter, validate_key, validate_value, validate_wait_keys, CompareSet, Store, StoreError,
 };
+
+mod record;
+#[cfg(test)]
+mod tests;
+
+use record::{encode_record, OP_DELETE, OP_SET};
 
 /// First bytes of a store file.
 const FILE_MAGIC: [u8; 4] = *b"KOLF";
@@ -21,38 +26,10 @@ const FILE_MAGIC: [u8; 4] = *b"KOLF";
 const FILE_VERSION: u16 = 1;
 /// Header: magic, `u16` version, `u16` reserved (zero).
 const HEADER_LEN: u64 = 8;
-/// Record header: `u8` op, `u32` key length, `u64` value length.
-const RECORD_HEADER_LEN: usize = 1 + 4 + 8;
-/// Record trailer: `u32` checksum.
-const RECORD_TRAILER_LEN: usize = 4;
-const OP_SET: u8 = 1;
-const OP_DELETE: u8 = 2;
 /// How long to wait for another process to release the file lock. Locks
 /// are held only for the duration of one small read or append, so hitting
 /// this means the holder is stuck (e.g. a stopped process).
 const LOCK_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// 32-bit FNV-1a, enough to detect torn or garbage records.
-fn checksum(bytes: &[u8]) -> u32 {
-    bytes.iter().fold(0x811c_9dc5_u32, |hash, &b| {
-        (hash ^ u32::from(b)).wrapping_mul(0x0100_0193)
-    })
-}
-
-/// Encodes one log record.
-fn encode_record(op: u8, key: &str, value: &[u8]) -> Vec<u8> {
-    let mut out =
-        Vec::with_capacity(RECORD_HEADER_LEN + key.len() + value.len() + RECORD_TRAILER_LEN);
-    out.push(op);
-    // Keys and values are validated against their limits before encoding.
-    out.extend_from_slice(&(key.len() as u32).to_le_bytes());
-    out.extend_from_slice(&(value.len() as u64).to_le_bytes());
-    out.extend_from_slice(key.as_bytes());
-    out.extend_from_slice(value);
-    let sum = checksum(&out);
-    out.extend_from_slice(&sum.to_le_bytes());
-    out
-}
 
 /// A store shared by processes on one host (or on a shared file system
 /// with working `flock`) through one file, like torch's `FileStore`.
@@ -295,79 +272,6 @@ impl FileStore {
         Ok(())
     }
 
-    /// Parses and applies the record at the start of `bytes` (found at file
-    /// offset `at`); returns its length.
-    fn apply_record(
-        &self,
-        bytes: &[u8],
-        at: u64,
-        map: &mut HashMap<String, Vec<u8>>,
-    ) -> Result<usize, StoreError> {
-        if bytes.len() < RECORD_HEADER_LEN {
-            return Err(self.corrupt(
-                at,
-                format!(
-                    "incomplete record at the end of the file ({} of at least {} bytes); \
-                     a writer probably crashed mid-append",
-                    bytes.len(),
-                    RECORD_HEADER_LEN + RECORD_TRAILER_LEN
-                ),
-            ));
-        }
-        let op = bytes[0];
-        let key_len = u32::from_le_bytes([bytes[1], bytes[2], bytes[3], bytes[4]]) as usize;
-        let mut value_len_bytes = [0u8; 8];
-        value_len_bytes.copy_from_slice(&bytes[5..13]);
-        let value_len = u64::from_le_bytes(value_len_bytes);
-        if op != OP_SET && op != OP_DELETE {
-            return Err(self.corrupt(at, format!("unknown record op {op}")));
-        }
-        if key_len == 0 || key_len > MAX_KEY_LEN {
-            return Err(self.corrupt(at, format!("invalid key length {key_len}")));
-        }
-        if value_len > MAX_VALUE_LEN as u64 {
-            return Err(self.corrupt(
-                at,
-                format!("value length {value_len} exceeds the limit of {MAX_VALUE_LEN}"),
-            ));
-        }
-        if op == OP_DELETE && value_len != 0 {
-            return Err(self.corrupt(at, "delete record with a value"));
-        }
-        // Both lengths are bounded above, so this cannot overflow.
-        let value_len = value_len as usize;
-        let total = RECORD_HEADER_LEN + key_len + value_len + RECORD_TRAILER_LEN;
-        if total > bytes.len() {
-            return Err(self.corrupt(
-                at,
-                format!(
-                    "record of {total} bytes runs past the end of the file ({} bytes left); \
-                     a writer probably crashed mid-append",
-                    bytes.len()
-                ),
-            ));
-        }
-        let body_end = total - RECORD_TRAILER_LEN;
-        let stored = u32::from_le_bytes([
-            bytes[body_end],
-            bytes[body_end + 1],
-            bytes[body_end + 2],
-            bytes[body_end + 3],
-        ]);
-        if stored != checksum(&bytes[..body_end]) {
-            return Err(self.corrupt(at, "record checksum mismatch"));
-        }
-        let key_end = RECORD_HEADER_LEN + key_len;
-        let key = std::str::from_utf8(&bytes[RECORD_HEADER_LEN..key_end])
-            .map_err(|_| self.corrupt(at, "record key is not valid UTF-8"))?;
-        if op == OP_SET {
-            map.insert(key.to_owned(), bytes[key_end..body_end].to_vec());
-        } else {
-            map.remove(key);
-        }
-        Ok(total)
-    }
-
     /// Appends one record and applies it. Called with the exclusive lock
     /// held, right after `catch_up`, so the file ends at `inner.offset`.
     fn append(
@@ -511,168 +415,5 @@ impl Store for FileStore {
 
     fn num_keys(&self) -> Result<usize, StoreError> {
         self.with_state(LockKind::Shared, |_, _, state| Ok(state.map.len()))
-    }
-}
-
-#[cfg(test)]
-#[allow(clippy::unwrap_used)]
-mod tests {
-    use super::*;
-    use std::fs;
-
-    fn store_file() -> (tempfile::TempDir, PathBuf) {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("store");
-        (dir, path)
-    }
-
-    fn append_raw(path: &Path, bytes: &[u8]) {
-        let mut f = OpenOptions::new().append(true).open(path).unwrap();
-        f.write_all(bytes).unwrap();
-    }
-
-    fn expect_corrupt(result: Result<impl std::fmt::Debug, StoreError>, offset: u64, needle: &str) {
-        match result {
-            Err(StoreError::Corrupt {
-                offset: at, reason, ..
-            }) => {
-                assert_eq!(at, offset, "{reason}");
-                assert!(reason.contains(needle), "{reason}");
-            }
-            other => panic!("expected Corrupt, got {other:?}"),
-        }
-    }
-
-    #[test]
-    fn record_layout() {
-        let rec = encode_record(OP_SET, "k", b"vv");
-        assert_eq!(rec.len(), RECORD_HEADER_LEN + 1 + 2 + RECORD_TRAILER_LEN);
-        assert_eq!(rec[0], OP_SET);
-    }
-
-    #[test]
-    fn reopen_replays_log() {
-        let (_dir, path) = store_file();
-        {
-            let s = FileStore::open(&path).unwrap();
-            s.set("a", b"1").unwrap();
-            s.set("b", b"2").unwrap();
-            s.add("c", 5).unwrap();
-            assert!(s.delete("a").unwrap());
-        }
-        let s = FileStore::open(&path).unwrap();
-        assert_eq!(s.try_get("a").unwrap(), None);
-        assert_eq!(s.try_get("b").unwrap(), Some(b"2".to_vec()));
-        assert_eq!(s.try_get("c").unwrap(), Some(b"5".to_vec()));
-        assert_eq!(s.num_keys().unwrap(), 2);
-    }
-
-    #[test]
-    fn not_a_store_file() {
-        let (_dir, path) = store_file();
-        fs::write(&path, b"hello world, not a store").unwrap();
-        expect_corrupt(FileStore::open(&path), 0, "KOLF");
-    }
-
-    #[test]
-    fn short_header() {
-        let (_dir, path) = store_file();
-        fs::write(&path, b"KOL").unwrap();
-        expect_corrupt(FileStore::open(&path), 0, "header");
-    }
-
-    #[test]
-    fn incomplete_tail_is_corrupt() {
-        let (_dir, path) = store_file();
-        let s = FileStore::open(&path).unwrap();
-        s.set("a", b"1").unwrap();
-        let good_end = fs::metadata(&path).unwrap().len();
-        let rec = encode_record(OP_SET, "b", b"2222");
-        append_raw(&path, &rec[..rec.len() - 3]);
-        expect_corrupt(s.try_get("a"), good_end, "crashed");
-        // A fresh handle sees the same.
-        expect_corrupt(FileStore::open(&path), good_end, "crashed");
-    }
-
-    #[test]
-    fn tiny_tail_is_corrupt() {
-        let (_dir, path) = store_file();
-        let s = FileStore::open(&path).unwrap();
-        let end = fs::metadata(&path).unwrap().len();
-        append_raw(&path, &[OP_SET, 1]);
-        expect_corrupt(s.num_keys(), end, "incomplete");
-    }
-
-    #[test]
-    fn bad_checksum_is_corrupt() {
-        let (_dir, path) = store_file();
-        let s = FileStore::open(&path).unwrap();
-        let end = fs::metadata(&path).unwrap().len();
-        let mut rec = encode_record(OP_SET, "b", b"value");
-        rec[RECORD_HEADER_LEN + 2] ^= 0x40;
-        append_raw(&path, &rec);
-        expect_corrupt(s.try_get("b"), end, "checksum");
-    }
-
-    #[test]
-    fn huge_length_is_corrupt_without_allocating() {
-        let (_dir, path) = store_file();
-        let s = FileStore::open(&path).unwrap();
-        let end = fs::metadata(&path).unwrap().len();
-        let mut rec = vec![OP_SET];
-        rec.extend_from_slice(&1u32.to_le_bytes());
-        rec.extend_from_slice(&u64::MAX.to_le_bytes());
-        rec.extend_from_slice(b"k....");
-        append_raw(&path, &rec);
-        expect_corrupt(s.try_get("k"), end, "value length");
-
-        let (_dir2, path2) = store_file();
-        let s2 = FileStore::open(&path2).unwrap();
-        let mut rec = vec![OP_SET];
-        rec.extend_from_slice(&1u32.to_le_bytes());
-        rec.extend_from_slice(&1000u64.to_le_bytes());
-        rec.extend_from_slice(b"k....");
-        append_raw(&path2, &rec);
-        expect_corrupt(s2.try_get("k"), end, "past the end");
-    }
-
-    #[test]
-    fn unknown_op_is_corrupt() {
-        let (_dir, path) = store_file();
-        let s = FileStore::open(&path).unwrap();
-        let end = fs::metadata(&path).unwrap().len();
-        let mut rec = encode_record(OP_SET, "k", b"v");
-        rec[0] = 9;
-        append_raw(&path, &rec);
-        expect_corrupt(s.try_get("k"), end, "op");
-    }
-
-    #[test]
-    fn shrunk_file_is_corrupt() {
-        let (_dir, path) = store_file();
-        let s = FileStore::open(&path).unwrap();
-        s.set("a", b"1").unwrap();
-        OpenOptions::new()
-            .write(true)
-            .open(&path)
-            .unwrap()
-            .set_len(HEADER_LEN)
-            .unwrap();
-        expect_corrupt(s.try_get("a"), HEADER_LEN, "shrank");
-    }
-
-    #[test]
-    fn corruption_after_valid_records_keeps_offset() {
-        let (_dir, path) = store_file();
-        let a = FileStore::open(&path).unwrap();
-        let b = FileStore::open(&path).unwrap();
-        a.set("x", b"1").unwrap();
-        assert_eq!(b.try_get("x").unwrap(), Some(b"1".to_vec()));
-        a.set("y", b"2").unwrap();
-        let end = fs::metadata(&path).unwrap().len();
-        append_raw(&path, b"garbage garbage garbage");
-        // `b` has not seen "y" yet: it applies it, then reports the garbage.
-        expect_corrupt(b.try_get("y"), end, "");
-        expect_corrupt(b.try_get("y"), end, "");
     }
 }

@@ -2,41 +2,18 @@
 
 use std::os::raw::{c_int, c_void};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use kolo_core::call::fnv1a;
-use kolo_core::{DType, Engine, Error, Header, ReduceOp, Reducer, Result, HEADER_LEN};
+use kolo_core::{DType, Engine, Error, Header, ReduceOp, Reducer, Result};
 use mpi::ffi;
 
 use crate::runtime::{self, check, Comm, Watch};
 use crate::types::{datatype, in_place, operator};
 
-/// How f16/bf16 reductions run (`KOLO_MPI_HALF`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum HalfMode {
-    /// User-defined MPI operators on the 16-bit words (half the bytes on the wire; the default).
-    Op,
-    /// Convert to f32, reduce with MPI's built-in f32 operators, convert back.
-    Convert,
-}
+mod agree;
+mod half_precision;
 
-impl HalfMode {
-    fn from_env() -> Result<HalfMode> {
-        match std::env::var("KOLO_MPI_HALF")
-            .ok()
-            .as_deref()
-            .map(str::trim)
-        {
-            None | Some("") | Some("op") => Ok(HalfMode::Op),
-            Some("convert") => Ok(HalfMode::Convert),
-            Some(v) => Err(Error::Config {
-                var: "KOLO_MPI_HALF".into(),
-                value: v.into(),
-                reason: "expected op or convert".into(),
-            }),
-        }
-    }
-}
+use half_precision::{bytes_of, bytes_of_mut, HalfMode};
 
 /// Collectives on an MPI communicator (a duplicate: kolo's calls never mix with the program's own).
 ///
@@ -137,88 +114,6 @@ impl MpiEngine {
         }
         Ok((c, d))
     }
-
-    /// Whether an f16/bf16 reduction of `dtype` goes through f32.
-    fn converts(&self, dtype: DType) -> bool {
-        self.half == HalfMode::Convert && matches!(dtype, DType::F16 | DType::BF16)
-    }
-
-    /// The mismatch behind a failed agreement: every rank's header, first differing rank named.
-    fn explain(&self, header: &Header, mine: &[u8; HEADER_LEN]) -> Error {
-        let mut all = vec![0u8; HEADER_LEN * self.size];
-        // SAFETY: `mine` has HEADER_LEN bytes, `all` HEADER_LEN per rank of the communicator.
-        let rc = unsafe {
-            ffi::MPI_Allgather(
-                at(mine),
-                HEADER_LEN as c_int,
-                ffi::RSMPI_UINT8_T,
-                at_mut(&mut all),
-                HEADER_LEN as c_int,
-                ffi::RSMPI_UINT8_T,
-                self.agree.0,
-            )
-        };
-        if let Err(e) = self.check(header.call.op.name(), rc) {
-            return e;
-        }
-        for (peer, chunk) in all.chunks_exact(HEADER_LEN).enumerate() {
-            if chunk == mine.as_slice() {
-                continue;
-            }
-            let mut b = [0u8; HEADER_LEN];
-            b.copy_from_slice(chunk);
-            return match Header::decode(&b) {
-                Ok(theirs) => Error::Mismatch {
-                    rank: self.rank,
-                    peer,
-                    local: header.call,
-                    remote: theirs.call,
-                    tag: header.tag,
-                },
-                Err(e) => Error::Protocol {
-                    rank: self.rank,
-                    peer,
-                    reason: format!("undecodable call fingerprint: {}", e.0),
-                },
-            };
-        }
-        Error::Protocol {
-            rank: self.rank,
-            peer: self.rank,
-            reason: "the ranks disagreed on a call but every fingerprint is equal".into(),
-        }
-    }
-
-    /// Runs `f` on f32 copies of an f16/bf16 buffer and converts the result back.
-    fn through_f32(
-        dtype: DType,
-        inputs: &[&[u8]],
-        out: &mut [u8],
-        f: impl FnOnce(&[Vec<f32>], &mut [f32]) -> Result<()>,
-    ) -> Result<()> {
-        use half::slice::HalfFloatSliceExt;
-        use half::vec::HalfFloatVecExt;
-        let widen = |b: &[u8]| -> Vec<f32> {
-            let mut wide = vec![0f32; b.len() / 2];
-            match dtype {
-                DType::BF16 => bytes_to_half::<half::bf16>(b).convert_to_f32_slice(&mut wide),
-                _ => bytes_to_half::<half::f16>(b).convert_to_f32_slice(&mut wide),
-            }
-            wide
-        };
-        let ins: Vec<Vec<f32>> = inputs.iter().map(|b| widen(b)).collect();
-        let mut wide = vec![0f32; out.len() / 2];
-        f(&ins, &mut wide)?;
-        match dtype {
-            DType::BF16 => out.copy_from_slice(bytemuck::cast_slice(
-                &Vec::<half::bf16>::from_f32_slice(&wide),
-            )),
-            _ => out.copy_from_slice(bytemuck::cast_slice(&Vec::<half::f16>::from_f32_slice(
-                &wide,
-            ))),
-        }
-        Ok(())
-    }
 }
 
 /// Where an empty buffer points instead of the slice's dangling pointer, which can equal the
@@ -240,21 +135,6 @@ fn at_mut(b: &mut [u8]) -> *mut c_void {
     } else {
         b.as_mut_ptr() as *mut c_void
     }
-}
-
-/// 16-bit values from bytes of any alignment.
-fn bytes_to_half<H: bytemuck::Pod>(b: &[u8]) -> Vec<H> {
-    b.chunks_exact(2)
-        .map(bytemuck::pod_read_unaligned)
-        .collect()
-}
-
-fn bytes_of(v: &[f32]) -> &[u8] {
-    bytemuck::cast_slice(v)
-}
-
-fn bytes_of_mut(v: &mut [f32]) -> &mut [u8] {
-    bytemuck::cast_slice_mut(v)
 }
 
 impl Engine for MpiEngine {
@@ -309,84 +189,7 @@ impl Engine for MpiEngine {
         deadline: Instant,
         interrupted: &dyn Fn() -> Result<()>,
     ) -> Result<()> {
-        let op = header.call.op.name();
-        let mine = header.encode();
-        let h = fnv1a(&[&mine]);
-        // max(h) and max(!h) = !min(h): both equal this rank's values only if every rank has h.
-        // Boxed and leaked if the wait is abandoned: MPI may still write it.
-        let buf: Box<[u64; 2]> = Box::new([h, !h]);
-        let buf = Box::into_raw(buf);
-        // SAFETY: a null handle is only an out-parameter placeholder.
-        let mut req: ffi::MPI_Request = unsafe { ffi::RSMPI_REQUEST_NULL };
-        // SAFETY: `buf` holds two u64 and lives until the request completes (or forever).
-        let rc = unsafe {
-            ffi::MPI_Iallreduce(
-                in_place(),
-                buf as *mut c_void,
-                2,
-                ffi::RSMPI_UINT64_T,
-                ffi::RSMPI_MAX,
-                self.agree.0,
-                &mut req,
-            )
-        };
-        if let Err(e) = self.check(op, rc) {
-            // SAFETY: MPI did not take the buffer.
-            drop(unsafe { Box::from_raw(buf) });
-            return Err(e);
-        }
-        let started = Instant::now();
-        let mut spins = 0u32;
-        // When a member has exited, the call may still complete (it took part before leaving):
-        // give it this long before naming the member.
-        let mut closed_grace: Option<(usize, Instant)> = None;
-        loop {
-            let mut done: c_int = 0;
-            // SAFETY: `req` is the request just started.
-            let rc = unsafe { ffi::MPI_Test(&mut req, &mut done, ffi::RSMPI_STATUS_IGNORE) };
-            self.check(op, rc)?;
-            if done != 0 {
-                break;
-            }
-            spins += 1;
-            if spins % 64 == 0 {
-                interrupted()?;
-                if let Some(peer) = self.watch.closed_among(&self.members) {
-                    let (peer, since) = *closed_grace.get_or_insert((peer, Instant::now()));
-                    if since.elapsed() > Duration::from_secs(1) {
-                        return Err(Error::PeerClosed {
-                            op,
-                            rank: self.rank,
-                            peer,
-                        });
-                    }
-                }
-                if Instant::now() >= deadline {
-                    return Err(Error::Stalled {
-                        op,
-                        rank: self.rank,
-                        call: header.call,
-                        waited: started.elapsed(),
-                    });
-                }
-            }
-            // Poll (MPI progresses the call in MPI_Test), yielding the core after a few hundred
-            // polls; sleep only after a millisecond: a sleep lasts much longer than asked on a
-            // busy or virtual machine, and every rank that sleeps here delays the whole call.
-            if spins <= 256 {
-                std::hint::spin_loop();
-            } else if started.elapsed() < Duration::from_millis(1) {
-                std::thread::yield_now();
-            } else {
-                std::thread::sleep(Duration::from_micros(50));
-            }
-        }
-        // SAFETY: the request completed; the buffer is ours again.
-        let got = *unsafe { Box::from_raw(buf) };
-        if got == [h, !h] {
-            return Ok(());
-        }
-        Err(self.explain(header, &mine))
+        self.agree_on_call(header, deadline, interrupted)
     }
 
     fn barrier(&self) -> Result<()> {

@@ -1,0 +1,70 @@
+//! Settings of the shared-memory transport, and reading them from the environment.
+
+use std::time::Duration;
+
+use kolo_core::Error;
+
+/// Settings of the shared-memory transport.
+#[derive(Clone, Debug)]
+pub struct ShmOptions {
+    /// Bytes of each pair's ring (rounded up to 64; at least 4 KiB).
+    pub ring_bytes: usize,
+    /// Bytes of each of a rank's two arena buffers (rounded up to 64; at least 4 KiB).
+    pub buffer_bytes: usize,
+    /// How long a waiting thread spins before it sleeps.
+    pub spin: Duration,
+    /// How often a sleeping thread checks that its peers are alive.
+    pub poll: Duration,
+    /// Largest payload accepted from a peer.
+    pub max_message: u64,
+    /// How long connecting waits for the other ranks.
+    pub connect_timeout: Duration,
+    /// A peer process whose heartbeat (bumped twice a second) stands still this long is lost: it
+    /// is stopped or hung. `None`: no heartbeats.
+    pub heartbeat_timeout: Option<Duration>,
+}
+
+impl Default for ShmOptions {
+    fn default() -> Self {
+        ShmOptions {
+            ring_bytes: 256 << 10,
+            buffer_bytes: 1 << 20,
+            spin: Duration::from_micros(1000),
+            poll: Duration::from_millis(20),
+            max_message: 1 << 40,
+            connect_timeout: Duration::from_secs(300),
+            heartbeat_timeout: Some(Duration::from_secs(6)),
+        }
+    }
+}
+
+impl ShmOptions {
+    /// Defaults, overridden by `KOLO_SHM_RING_BYTES`, `KOLO_SHM_BUFFER_BYTES` and `KOLO_SHM_SPIN_US`.
+    pub fn from_env() -> Result<ShmOptions, Error> {
+        let mut o = ShmOptions::default();
+        let num = |var: &'static str| -> Result<Option<u64>, Error> {
+            match std::env::var(var) {
+                Err(_) => Ok(None),
+                Ok(v) => v
+                    .trim()
+                    .parse::<u64>()
+                    .map(Some)
+                    .map_err(|_| Error::Config {
+                        var: var.to_string(),
+                        value: v.clone(),
+                        reason: "expected a non-negative integer".into(),
+                    }),
+            }
+        };
+        if let Some(v) = num("KOLO_SHM_RING_BYTES")? {
+            o.ring_bytes = v as usize;
+        }
+        if let Some(v) = num("KOLO_SHM_BUFFER_BYTES")? {
+            o.buffer_bytes = v as usize;
+        }
+        if let Some(v) = num("KOLO_SHM_SPIN_US")? {
+            o.spin = Duration::from_micros(v);
+        }
+        Ok(o)
+    }
+}

@@ -1,0 +1,172 @@
+//! The single-producer single-consumer byte ring of each ordered pair of ranks: sending into it,
+//! and draining the incoming rings into the mailbox.
+
+use std::sync::atomic::Ordering;
+use std::sync::TryLockError;
+
+use kolo_core::{Header, LinkFailure, Message, RecvError};
+
+use super::atomics::SharedBytes;
+use super::health::{STATE_ALIVE, STATE_CLOSED};
+use super::layout::{LINE, RING_CTRL};
+use super::prefix::{decode_prefix, encode_prefix, PREFIX};
+use super::spsc::Spsc;
+use super::{lock, ShmTransport};
+
+/// The receiving side of one incoming ring: a message being assembled.
+#[derive(Debug, Default)]
+pub(super) struct Consumer {
+    partial: Option<(Header, usize, Vec<u8>)>,
+    /// The peer's clean close has been passed to the mailbox.
+    closed: bool,
+}
+
+impl ShmTransport {
+    /// The ring `src → dst`.
+    pub(super) fn ring(&self, src: usize, dst: usize) -> Spsc<'_> {
+        let at = self.layout.ring(src, dst);
+        // SAFETY: the ring's data area lies inside the mapping, which lives as long as `self`.
+        let data = unsafe { SharedBytes::new(self.at(at + RING_CTRL), self.layout.ring) };
+        Spsc::new(self.u64_at(at), self.u64_at(at + LINE), data)
+    }
+
+    /// Moves complete (and partial) messages from every incoming ring into the mailbox; returns
+    /// whether a message was delivered.
+    pub(super) fn progress(&self) -> bool {
+        let mut delivered = false;
+        for src in 0..self.layout.n {
+            if src == self.rank {
+                continue;
+            }
+            match self.consumers[src].try_lock() {
+                Ok(mut c) => delivered |= self.drain(src, &mut c),
+                Err(TryLockError::Poisoned(p)) => delivered |= self.drain(src, &mut p.into_inner()),
+                Err(TryLockError::WouldBlock) => {}
+            }
+        }
+        if delivered {
+            // Another thread of this rank may wait for what was delivered.
+            self.bell(self.rank).ring();
+        }
+        delivered
+    }
+
+    pub(super) fn drain(&self, src: usize, c: &mut Consumer) -> bool {
+        let mut delivered = false;
+        let ring = self.ring(src, self.rank);
+        let mut head = ring.consumer_position();
+        loop {
+            let avail = ring.available(head);
+            if c.partial.is_none() {
+                if avail < PREFIX {
+                    if avail == 0 && !c.closed {
+                        // A clean close is final only once everything sent before it is read.
+                        if self.state_word(src, 0).load(Ordering::Acquire) == STATE_CLOSED
+                            && ring.available(head) == 0
+                        {
+                            c.closed = true;
+                            self.mailbox.close_peer(src);
+                            delivered = true;
+                        }
+                    }
+                    break;
+                }
+                let mut p = [0u8; PREFIX];
+                // SAFETY: this thread holds the ring's consumer lock; `avail` covers the bytes.
+                unsafe { ring.read(head, &mut p) };
+                head += PREFIX as u64;
+                let (header, len) = match decode_prefix(&p, self.opts.max_message) {
+                    Ok(decoded) => decoded,
+                    Err(reason) => {
+                        self.fail_protocol(src, reason);
+                        break;
+                    }
+                };
+                // Never trust the length for the allocation: grow as bytes arrive.
+                let buf = Vec::with_capacity(len.min(self.layout.ring));
+                c.partial = Some((header, len, buf));
+                continue;
+            }
+            let Some((_, len, buf)) = c.partial.as_mut() else {
+                break;
+            };
+            let take = avail.min(*len - buf.len());
+            if take > 0 {
+                let old = buf.len();
+                buf.resize(old + take, 0);
+                // SAFETY: as above.
+                unsafe { ring.read(head, &mut buf[old..]) };
+                head += take as u64;
+            }
+            if buf.len() == *len {
+                if let Some((header, _, payload)) = c.partial.take() {
+                    self.mailbox.deliver(src, Message { header, payload });
+                    delivered = true;
+                }
+                continue;
+            }
+            if take == 0 {
+                break;
+            }
+        }
+        if head != ring.consumer_position() {
+            ring.release(head);
+            self.bell(src).ring();
+        }
+        delivered
+    }
+
+    pub(super) fn send_to_peer(
+        &self,
+        peer: usize,
+        header: &Header,
+        payload: &[u8],
+    ) -> Result<(), LinkFailure> {
+        let _g = lock(&self.producers[peer]);
+        let ring = self.ring(self.rank, peer);
+        let mut tail = ring.producer_position();
+        let prefix = encode_prefix(header, payload.len());
+        let mut pieces: [&[u8]; 2] = [&prefix, payload];
+        for (i, piece) in pieces.iter_mut().enumerate() {
+            while !piece.is_empty() {
+                let need = if i == 0 { PREFIX } else { 1 };
+                let mut space = ring.free(tail);
+                if space < need {
+                    space = self
+                        .wait_for(None, || {
+                            if self.state_word(peer, 0).load(Ordering::Acquire) != STATE_ALIVE {
+                                return Some(0);
+                            }
+                            let s = ring.free(tail);
+                            if s >= need {
+                                return Some(s);
+                            }
+                            // Keep our own incoming rings moving so the peer can finish its sends.
+                            self.progress();
+                            None
+                        })
+                        .map_err(|e| match e {
+                            RecvError::Link(f) => f,
+                            RecvError::Timeout => LinkFailure::PeerLost {
+                                peer,
+                                reason: "timed out waiting for ring space".into(),
+                            },
+                        })?;
+                    if space == 0 {
+                        self.check_peer(peer);
+                        return Err(self
+                            .mailbox
+                            .failure()
+                            .unwrap_or(LinkFailure::PeerClosed { peer }));
+                    }
+                }
+                let n = space.min(piece.len());
+                // SAFETY: this thread holds the ring's producer lock; `space` covers the bytes.
+                tail = unsafe { ring.push(tail, &piece[..n]) };
+                self.bell(peer).ring();
+                *piece = &piece[n..];
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,104 @@
+//! The protocol of one single-producer single-consumer byte ring: `tail` (the producer's stream
+//! position) is released after the bytes it covers are written; `head` (the consumer's) is released
+//! after the bytes it passes are read. The producer owns ring bytes `[tail, head + capacity)`, the
+//! consumer `[head, tail)`; positions only grow, and a byte's place is its position modulo the
+//! capacity.
+//!
+//! Written against [`super::atomics`] only, so `tests/shm_model.rs` model-checks this file with
+//! `loom` (including wrap-around and a full ring).
+
+use super::atomics::{AtomicU64, Ordering, SharedBytes};
+
+/// One ring: its two position words and its data bytes.
+#[derive(Debug)]
+pub(super) struct Spsc<'a> {
+    tail: &'a AtomicU64,
+    head: &'a AtomicU64,
+    data: SharedBytes<'a>,
+}
+
+impl<'a> Spsc<'a> {
+    /// The ring with position words `tail` and `head` and data `data` (the capacity is its length).
+    #[inline]
+    pub(super) fn new(tail: &'a AtomicU64, head: &'a AtomicU64, data: SharedBytes<'a>) -> Spsc<'a> {
+        Spsc { tail, head, data }
+    }
+
+    /// Capacity in bytes.
+    #[inline]
+    pub(super) fn capacity(&self) -> usize {
+        self.data.len()
+    }
+
+    /// The producer's position (only the producer moves it).
+    #[inline]
+    pub(super) fn producer_position(&self) -> u64 {
+        self.tail.load(Ordering::Relaxed)
+    }
+
+    /// Bytes the producer at position `tail` may write now.
+    #[inline]
+    pub(super) fn free(&self, tail: u64) -> usize {
+        (self.capacity() as u64 - (tail - self.head.load(Ordering::Acquire))) as usize
+    }
+
+    /// Writes `bytes` at position `tail` (wrapping) and publishes them; returns the new position.
+    ///
+    /// # Safety
+    ///
+    /// Only the ring's one producer calls this, at its position `tail`, with
+    /// `bytes.len() <= self.free(tail)`.
+    #[inline]
+    pub(super) unsafe fn push(&self, tail: u64, bytes: &[u8]) -> u64 {
+        let cap = self.capacity();
+        let at = (tail % cap as u64) as usize;
+        let first = bytes.len().min(cap - at);
+        // SAFETY: the producer owns ring bytes [tail, head + cap) and `bytes` fits in them (the
+        // caller's contract); the two pieces stay inside the data area.
+        unsafe {
+            self.data.write(at, &bytes[..first]);
+            self.data.write(0, &bytes[first..]);
+        }
+        let tail = tail + bytes.len() as u64;
+        self.tail.store(tail, Ordering::Release);
+        tail
+    }
+
+    /// The consumer's position (only the consumer moves it).
+    #[inline]
+    pub(super) fn consumer_position(&self) -> u64 {
+        self.head.load(Ordering::Relaxed)
+    }
+
+    /// Bytes published beyond the consumer's position `head`.
+    #[inline]
+    pub(super) fn available(&self, head: u64) -> usize {
+        (self.tail.load(Ordering::Acquire) - head) as usize
+    }
+
+    /// Copies the ring bytes at position `head` (wrapping) into `out`.
+    ///
+    /// # Safety
+    ///
+    /// Only the ring's one consumer calls this, with `head` at or past its released position and
+    /// `head + out.len()` at most where [`Spsc::available`] saw the producer's position.
+    #[inline]
+    pub(super) unsafe fn read(&self, head: u64, out: &mut [u8]) {
+        let cap = self.capacity();
+        let at = (head % cap as u64) as usize;
+        let first = out.len().min(cap - at);
+        let (a, b) = out.split_at_mut(first);
+        // SAFETY: the consumer owns ring bytes [head, tail) (the caller's contract); the two pieces
+        // stay inside the data area.
+        unsafe {
+            self.data.read(at, a);
+            self.data.read(0, b);
+        }
+    }
+
+    /// Gives the bytes before position `head` back to the producer.
+    #[inline]
+    pub(super) fn release(&self, head: u64) {
+        self.head.store(head, Ordering::Release);
+    }
+}
