@@ -13,6 +13,11 @@ use std::process::ExitCode;
 
 /// Prints `kolo <command>: <error>: <source>: ...` to stderr, leaving out
 /// sources whose text the message already contains.
+/// glibc's malloc settings `kolo train` gives its workers: glibc hands large tensor buffers back to
+/// the OS after every step and page-faults them in again (a third of LeNet's step time); keep them.
+pub const TRAIN_MALLOC_TUNABLES: &str =
+    "glibc.malloc.mmap_threshold=4294967295:glibc.malloc.trim_threshold=4294967295";
+
 pub fn report_error(command: &str, err: &dyn Error) {
     let mut message = err.to_string();
     let mut source = err.source();

@@ -313,6 +313,24 @@ fn run(args: &SimulateArgs) -> Result<(), SimError> {
 }
 
 pub fn execute(args: SimulateArgs) -> ExitCode {
+    // A profile must time the step as `kolo train`'s workers run it, with their malloc settings
+    // (without them a ResNet-18 step profiled 15-20 % slower than it trains). glibc reads them at
+    // start-up only, so run again with them.
+    let profiles_here = args.profile.is_empty() && published::profile(&args.model).is_none();
+    if profiles_here && std::env::var_os("GLIBC_TUNABLES").is_none() {
+        use std::os::unix::process::CommandExt;
+        let err = std::env::current_exe().map(|exe| {
+            std::process::Command::new(exe)
+                .args(std::env::args_os().skip(1))
+                .env("GLIBC_TUNABLES", super::TRAIN_MALLOC_TUNABLES)
+                .exec()
+        });
+        // Only reached when the program could not be run again: profile as it is.
+        let why = match err {
+            Ok(e) | Err(e) => e,
+        };
+        eprintln!("kolo simulate: profiling without kolo train's malloc settings ({why})");
+    }
     match run(&args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -298,13 +298,7 @@ pub fn execute(args: TrainArgs) -> ExitCode {
     };
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let defaults = [
-        // glibc hands large tensor buffers back to the OS after every step and page-faults them in
-        // again (a third of LeNet's step time); keep them.
-        (
-            "GLIBC_TUNABLES",
-            "glibc.malloc.mmap_threshold=4294967295:glibc.malloc.trim_threshold=4294967295"
-                .to_string(),
-        ),
+        ("GLIBC_TUNABLES", super::TRAIN_MALLOC_TUNABLES.to_string()),
         // One compute thread per core share (like torch.set_num_threads); replicas share their
         // process's.
         (
