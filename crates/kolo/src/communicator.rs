@@ -4,16 +4,18 @@
 //! The operations themselves live in `collectives.rs`, `p2p.rs`, `object.rs` and `group.rs`.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use kolo_collectives::Ctx;
-use kolo_core::{Algorithm, Call, Engine, Error, Header, Result, Tag, TagSpace, Transport};
+use kolo_core::{Call, Engine, Error, Header, Result, Tag, TagSpace, Transport};
 use kolo_store::TcpStoreServer;
 
+use crate::backend::{self, Backend, Members};
 use crate::config::Config;
 pub(crate) use crate::topology::Topology;
+use crate::wait::{Pending, Turn, TurnGuard};
 use crate::work::WorkQueue;
 
 /// The group that owns a transport's arena: the world communicator.
@@ -21,8 +23,8 @@ pub(crate) const ARENA_GROUP: u64 = 1;
 
 pub(crate) struct Inner {
     pub transport: Arc<dyn Transport>,
-    /// A library that runs whole collectives (MPI); `None`: kolo's algorithms over `transport`.
-    pub engine: Option<Arc<dyn Engine>>,
+    /// What runs the collectives: kolo's algorithms over `transport`, or a collective engine (MPI).
+    pub backend: Box<dyn Backend>,
     /// Group rank → transport rank.
     pub members: Vec<usize>,
     /// This process's group rank.
@@ -45,152 +47,8 @@ pub(crate) struct Inner {
     /// With an arena: the sequence number whose turn it is (arena steps must follow issue order even
     /// when several threads call blocking collectives).
     turn: Turn,
-    /// Sub-communicators for hierarchical all-reduce, made on first use.
-    hierarchy: std::sync::OnceLock<Option<Hierarchy>>,
     /// The rendezvous server, when this rank hosts it (kept alive with the world communicator).
     _store_server: Option<TcpStoreServer>,
-}
-
-/// A world's two levels: this rank's host, and its peers of the same local index on other hosts.
-pub(crate) struct Hierarchy {
-    pub local: Communicator,
-    pub cross: Communicator,
-}
-
-impl Hierarchy {
-    fn new(inner: &Inner) -> Option<Hierarchy> {
-        let n = inner.members.len();
-        // An engine (MPI) has its own hierarchy inside its collectives.
-        if inner.engine.is_some()
-            || inner.group != ARENA_GROUP
-            || !inner.members.iter().copied().eq(0..n)
-        {
-            return None;
-        }
-        let node_of = &inner.topology.node_of;
-        let nodes = node_of.iter().max().map_or(1, |m| m + 1);
-        let per_node: Vec<Vec<usize>> = (0..nodes)
-            .map(|k| (0..n).filter(|&r| node_of[r] == k).collect())
-            .collect();
-        let l = per_node[0].len();
-        if nodes < 2 || l < 2 || per_node.iter().any(|p| p.len() != l) {
-            return None;
-        }
-        let me = inner.rank;
-        let node = node_of[me];
-        let local_index = per_node[node].iter().position(|&r| r == me)?;
-        let local: Vec<usize> = per_node[node].clone();
-        let cross: Vec<usize> = per_node.iter().map(|p| p[local_index]).collect();
-        let child = |members: Vec<usize>, rank: usize, what: &[u8], which: usize| {
-            let id = kolo_core::call::fnv1a(&[
-                &inner.group.to_le_bytes(),
-                what,
-                &(which as u64).to_le_bytes(),
-            ]);
-            Communicator::from_parts(
-                inner.transport.clone(),
-                members,
-                rank,
-                id,
-                inner.topology.clone(),
-                inner.config.clone(),
-                None,
-            )
-        };
-        Some(Hierarchy {
-            local: child(local, local_index, b"hier-local", node),
-            cross: child(cross, node, b"hier-cross", local_index),
-        })
-    }
-}
-
-/// Threads waiting for an atomic condition. The condition's owner changes it with atomics and then
-/// calls [`Sleepers::notify`], which touches the lock and the condvar only when someone waits (a
-/// `Condvar` notify is a system call), so the common case costs a few atomic operations.
-#[derive(Default)]
-struct Sleepers {
-    waiters: AtomicUsize,
-    lock: Mutex<()>,
-    cv: Condvar,
-}
-
-impl Sleepers {
-    /// Wakes the waiters, if any; call after changing the condition.
-    fn notify(&self) {
-        if self.waiters.load(Ordering::SeqCst) > 0 {
-            // Taking the lock orders this notify after a waiter's check-then-wait.
-            drop(self.lock.lock().unwrap_or_else(|p| p.into_inner()));
-            self.cv.notify_all();
-        }
-    }
-
-    /// Waits until `ready()` returns `Ok(true)` (or an error), checking it at least every `tick`.
-    fn wait(&self, tick: Duration, mut ready: impl FnMut() -> Result<bool>) -> Result<()> {
-        if ready()? {
-            return Ok(());
-        }
-        self.waiters.fetch_add(1, Ordering::SeqCst);
-        let mut g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
-        let r = loop {
-            match ready() {
-                Ok(true) => break Ok(()),
-                Ok(false) => {}
-                Err(e) => break Err(e),
-            }
-            g = self
-                .cv
-                .wait_timeout(g, tick)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        };
-        drop(g);
-        self.waiters.fetch_sub(1, Ordering::SeqCst);
-        r
-    }
-}
-
-/// Queued async collectives not yet finished; a blocking call with nothing queued takes no lock.
-#[derive(Default)]
-struct Pending {
-    count: AtomicUsize,
-    sleepers: Sleepers,
-}
-
-impl Pending {
-    fn add(&self) {
-        self.count.fetch_add(1, Ordering::SeqCst);
-    }
-
-    fn done(&self) {
-        self.count.fetch_sub(1, Ordering::SeqCst);
-        self.sleepers.notify();
-    }
-
-    fn wait_zero(&self) {
-        let _ = self.sleepers.wait(Duration::from_secs(1), || {
-            Ok(self.count.load(Ordering::SeqCst) == 0)
-        });
-    }
-}
-
-/// The arena turn: the sequence number allowed to use the arena next.
-#[derive(Default)]
-struct Turn {
-    next: AtomicU64,
-    sleepers: Sleepers,
-}
-
-/// Passes the arena turn to the next sequence number when a collective ends (however it ends).
-struct TurnGuard<'a> {
-    turn: &'a Turn,
-    seq: u64,
-}
-
-impl Drop for TurnGuard<'_> {
-    fn drop(&mut self) {
-        self.turn.next.fetch_max(self.seq + 1, Ordering::SeqCst);
-        self.turn.sleepers.notify();
-    }
 }
 
 /// A group of ranks that communicate: point-to-point messages and collectives.
@@ -253,11 +111,20 @@ impl Communicator {
         let uses_arena = group == ARENA_GROUP
             && transport.arena().is_some()
             && members.iter().copied().eq(0..transport.size());
+        let backend = backend::choose(
+            engine,
+            &Members {
+                members: &members,
+                rank,
+                group,
+                topology: &topology,
+                arena: uses_arena,
+            },
+        );
         let comm = Communicator {
             inner: Arc::new(Inner {
                 uses_arena,
-                engine,
-                hierarchy: std::sync::OnceLock::new(),
+                backend,
                 turn: Turn::default(),
                 transport,
                 members,
@@ -352,7 +219,7 @@ impl Communicator {
     /// Who runs the collectives: `kolo` (kolo's own algorithms over the transport) or the name of
     /// the collective engine (`mpi`).
     pub fn backend(&self) -> &'static str {
-        self.inner.engine.as_ref().map_or("kolo", |e| e.name())
+        self.inner.backend.name()
     }
 
     /// The settings this communicator runs with.
@@ -508,7 +375,7 @@ impl Inner {
     }
 
     /// The header of collective number `seq` of this group.
-    fn collective_header(&self, seq: u64, call: Call) -> Header {
+    pub fn collective_header(&self, seq: u64, call: Call) -> Header {
         Header {
             ack: false,
             tag: Tag {
@@ -518,44 +385,6 @@ impl Inner {
             },
             call,
         }
-    }
-
-    /// Runs collective number `seq` on the engine: the ranks first agree on the call (unless
-    /// `KOLO_CONFIRM_CALLS=0`), then `f` runs it. An error poisons the communicator.
-    pub fn run_engine<R>(
-        &self,
-        seq: u64,
-        mut call: Call,
-        engine: &dyn Engine,
-        f: impl FnOnce(&dyn Engine) -> Result<R>,
-    ) -> Result<R> {
-        self.check()?;
-        call.algo = Algorithm::Engine;
-        let header = self.collective_header(seq, call);
-        let agreed = if self.config.confirm_calls {
-            let deadline = Instant::now() + self.config.timeout;
-            // A peer's abort arrives through the transport while this rank waits for the others.
-            let interrupted = || match self.transport.failure() {
-                Some(f) => Err(f.into_error(call.op.name(), self.rank)),
-                None => Ok(()),
-            };
-            engine.agree(&header, deadline, &interrupted)
-        } else {
-            Ok(())
-        };
-        agreed.and_then(|()| f(engine)).map_err(|e| self.poison(e))
-    }
-
-    /// The ranks of this rank's host and the ranks of the same local index on the other hosts, for a
-    /// world on several hosts with the same number of ranks on each; `None` otherwise. Built without
-    /// communication: every rank derives the same groups from the topology.
-    pub fn hierarchy(&self) -> Option<&Hierarchy> {
-        self.hierarchy.get_or_init(|| Hierarchy::new(self)).as_ref()
-    }
-
-    /// Whether collectives use the transport's arena.
-    pub fn uses_arena(&self) -> bool {
-        self.uses_arena
     }
 
     /// Waits until collective `seq` may use the arena; the returned guard passes the turn on.
