@@ -245,7 +245,7 @@ mod tests {
         );
         assert_eq!(
             choose(OpKind::AllReduce, big - 1, 4, &hosts, &ov),
-            Algorithm::RecursiveDoubling
+            Algorithm::HalvingDoubling
         );
         assert_eq!(
             choose(OpKind::AllReduce, big, 4, &Group::plain(1), &ov),
