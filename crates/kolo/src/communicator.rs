@@ -1,7 +1,9 @@
 //! The [`Communicator`]: a group of ranks over a transport, with rank/size/topology queries, the
 //! sequencing that gives every collective its own tag, and the failure state that makes errors stick.
 //!
-//! The operations themselves live in `collectives.rs`, `p2p.rs`, `object.rs` and `group.rs`.
+//! The operations themselves live in `collectives/`, `p2p.rs`, `object.rs` and `group.rs`; what
+//! runs the collectives is the communicator's backend (`backend/`), its waiting primitives are in
+//! `wait.rs`.
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
