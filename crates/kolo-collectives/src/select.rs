@@ -12,13 +12,21 @@
 //!
 //! Adasum ([`adasum`]): recursive doubling up to [`SMALL_BYTES`], vector halving with distance
 //! doubling above, from four ranks.
+//!
+//! [`choose`] is the whole choice for a communicator's collective: it adds what the group offers
+//! beyond messages between its ranks ([`Group`]): a collective engine runs every collective but a
+//! forced all-reduce; an automatic all-reduce goes through shared memory on a group with an arena,
+//! and hierarchical from [`HIERARCHICAL_MIN_BYTES`] on a group spread evenly over several hosts.
 
-use kolo_core::{Algorithm, Error, Result};
+use kolo_core::{Algorithm, Error, OpKind, Result};
 
 /// Up to this many bytes, all-reduce uses recursive doubling.
 pub const SMALL_BYTES: usize = 32 * 1024;
 /// Up to this many bytes (and from four ranks), all-reduce uses halving-doubling.
 pub const MEDIUM_BYTES: usize = 1 << 20;
+
+/// From this size, all-reduce on a world spread over several hosts goes hierarchical.
+pub const HIERARCHICAL_MIN_BYTES: usize = 64 * 1024;
 
 /// Algorithms each collective can run, the first being the default.
 pub const ALL_REDUCE_ALGOS: &[Algorithm] = &[
@@ -52,6 +60,72 @@ impl Overrides {
                         .join(", ")
                 ),
             })
+    }
+}
+
+/// A world spread evenly over several hosts: the two levels of a hierarchical all-reduce.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hosts {
+    /// Ranks on each host (at least two).
+    pub local: usize,
+    /// Hosts (at least two).
+    pub count: usize,
+}
+
+/// What a group runs its collectives over, as far as the choice of algorithm goes. Every rank of
+/// the group derives the same value.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Group {
+    /// Ranks in the group.
+    pub size: usize,
+    /// A collective engine (MPI) runs whole collectives.
+    pub engine: bool,
+    /// The group shares an arena (shared memory): all-reduce can run through it.
+    pub arena: bool,
+    /// The group's hosts, when it can run a hierarchical all-reduce.
+    pub hosts: Option<Hosts>,
+}
+
+impl Group {
+    /// A group of `size` ranks with point-to-point messages only.
+    pub fn plain(size: usize) -> Group {
+        Group {
+            size,
+            ..Group::default()
+        }
+    }
+}
+
+/// Chooses the algorithm of collective `op` on `count` elements of `elem` bytes over `group`.
+///
+/// An engine runs every collective ([`Algorithm::Engine`]) except an all-reduce with a forced
+/// algorithm, which runs kolo's own over the engine's point-to-point transport. An automatic
+/// all-reduce over more than one rank runs hierarchical from [`HIERARCHICAL_MIN_BYTES`] when the
+/// group has [`Group::hosts`], else through shared memory when it has an arena, else by size
+/// ([`all_reduce`]). Other collectives have one schedule ([`fixed`]).
+pub fn choose(op: OpKind, count: usize, elem: usize, group: &Group, ov: &Overrides) -> Algorithm {
+    let n = group.size;
+    if op != OpKind::AllReduce {
+        return if group.engine {
+            Algorithm::Engine
+        } else {
+            fixed(op, n)
+        };
+    }
+    let algo = all_reduce(count, elem, n, ov);
+    if ov.all_reduce.is_some() {
+        return algo;
+    }
+    if group.engine {
+        return Algorithm::Engine;
+    }
+    if n <= 1 {
+        return algo;
+    }
+    match group.hosts {
+        Some(_) if count * elem >= HIERARCHICAL_MIN_BYTES => Algorithm::Hierarchical,
+        _ if group.arena => Algorithm::Shm,
+        _ => algo,
     }
 }
 
@@ -120,6 +194,63 @@ mod tests {
             all_reduce: Some(Algorithm::BinomialTree),
         };
         assert_eq!(all_reduce(10, 4, 4, &forced), Algorithm::BinomialTree);
+    }
+
+    #[test]
+    fn groups_pick_engine_shm_and_hierarchical() {
+        let ov = Overrides::default();
+        let forced = Overrides {
+            all_reduce: Some(Algorithm::Ring),
+        };
+        let engine = Group {
+            engine: true,
+            ..Group::plain(4)
+        };
+        assert_eq!(
+            choose(OpKind::AllReduce, 1, 4, &engine, &ov),
+            Algorithm::Engine
+        );
+        assert_eq!(
+            choose(OpKind::Gather, 1, 4, &engine, &ov),
+            Algorithm::Engine
+        );
+        assert_eq!(
+            choose(OpKind::AllReduce, 1, 4, &engine, &forced),
+            Algorithm::Ring
+        );
+        let shm = Group {
+            arena: true,
+            ..Group::plain(4)
+        };
+        assert_eq!(
+            choose(OpKind::AllReduce, 1 << 20, 4, &shm, &ov),
+            Algorithm::Shm
+        );
+        assert_eq!(
+            choose(OpKind::AllReduce, 8, 4, &shm, &forced),
+            Algorithm::Ring
+        );
+        assert_eq!(
+            choose(OpKind::Broadcast, 8, 4, &shm, &ov),
+            Algorithm::BinomialTree
+        );
+        let hosts = Group {
+            hosts: Some(Hosts { local: 2, count: 2 }),
+            ..Group::plain(4)
+        };
+        let big = HIERARCHICAL_MIN_BYTES / 4;
+        assert_eq!(
+            choose(OpKind::AllReduce, big, 4, &hosts, &ov),
+            Algorithm::Hierarchical
+        );
+        assert_eq!(
+            choose(OpKind::AllReduce, big - 1, 4, &hosts, &ov),
+            Algorithm::HalvingDoubling
+        );
+        assert_eq!(
+            choose(OpKind::AllReduce, big, 4, &Group::plain(1), &ov),
+            Algorithm::Direct
+        );
     }
 
     #[test]

@@ -35,7 +35,7 @@ impl Communicator {
         color: Option<u32>,
         key: i64,
     ) -> Result<Option<std::sync::Arc<dyn kolo_core::Engine>>> {
-        match &self.inner.engine {
+        match self.inner.backend.engine() {
             None => Ok(None),
             Some(e) => e.split(color, key).map_err(|err| self.inner.poison(err)),
         }

@@ -26,6 +26,7 @@
 //! latest and at once when its connection drops.
 
 mod adasum;
+mod backend;
 mod collectives;
 mod communicator;
 pub mod config;
@@ -36,16 +37,17 @@ mod object;
 mod p2p;
 mod stop_report;
 mod topology;
+mod wait;
 mod work;
 
 pub use adasum::AdasumFloat;
-pub use collectives::HIERARCHICAL_MIN_BYTES;
 pub use communicator::Communicator;
 pub use config::Config;
 pub use init::{
     init, init_mpi, init_with, launched_by_mpi, local_communicators, run_local, shm_communicators,
     shm_name_prefix, Backend, InitMethod, InitOptions, TransportChoice,
 };
+pub use kolo_collectives::select::HIERARCHICAL_MIN_BYTES;
 pub use kolo_core::{Algorithm, Call, DType, Element, Error, OpKind, ReduceOp, Result, Transport};
 /// The rendezvous stores.
 pub use kolo_store as store;

@@ -10,6 +10,7 @@
 //! | `allreduce_halving_doubling` | all-reduce | 2 ⌈log₂ n⌉ α | ≈ 2 m |
 //! | `allreduce_adasum` | Adasum all-reduce (power-of-two groups) | log₂ n α | log₂ n m |
 //! | `allreduce_adasum_halving` | Adasum all-reduce (power-of-two groups) | O(log² n) α | ≈ 2 m |
+//! | `allreduce_hierarchical` | all-reduce (several hosts) | intra-host ring + inter-host all-reduce | ≈ 2 m inside a host, 2 m/l across |
 //! | `allreduce_tree` | all-reduce | 2 ⌈log₂ n⌉ α | 2 ⌈log₂ n⌉ m |
 //! | `alltoall_pairwise` | all-to-all(v) | (n−1) α | (n−1)/n m |
 //! | `linear` | gather(v), scatter(v) | (n−1) α at the root | (n−1)/n m at the root |
@@ -17,6 +18,7 @@
 pub mod allreduce_adasum;
 pub mod allreduce_adasum_halving;
 pub mod allreduce_halving_doubling;
+pub mod allreduce_hierarchical;
 pub mod allreduce_recursive_doubling;
 pub mod allreduce_shm;
 pub mod allreduce_tree;

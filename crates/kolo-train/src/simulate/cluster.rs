@@ -79,8 +79,8 @@ pub struct RawCluster {
 /// How all-reduces are scheduled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AlgoChoice {
-    /// What kolo picks: shared memory on one node (if enabled), hierarchical across nodes from
-    /// 64 KiB, otherwise `select::all_reduce` by size.
+    /// What kolo picks (`select::choose`): shared memory on one node (if enabled), hierarchical
+    /// across nodes from `select::HIERARCHICAL_MIN_BYTES`, otherwise by size.
     Auto,
     /// Ring reduce-scatter + all-gather over all ranks.
     Ring,

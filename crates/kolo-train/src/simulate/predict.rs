@@ -12,9 +12,9 @@
 //! per step, also reported as exposed time.
 //! Per-rank batch is fixed (weak scaling): the scaling efficiency at N is `step(1) / step(N)`.
 
-use kolo::Algorithm;
+use kolo::{Algorithm, OpKind};
 use kolo_collectives::cost::{self, Link};
-use kolo_collectives::select::Overrides;
+use kolo_collectives::select::{self, Group, Hosts, Overrides};
 
 use super::cluster::{AlgoChoice, Cluster};
 use super::overlap;
@@ -82,23 +82,31 @@ pub fn all_reduce_time(
             _ => auto_flat(count, elem, n, &link, gamma),
         },
         AlgoChoice::Auto => {
-            if nodes == 1 && cluster.shared_memory {
-                (flat(Algorithm::Shm), "shm")
-            } else if nodes > 1 && local > 1 && count * elem >= kolo_hierarchical_min() {
-                match cluster.inter {
-                    Some(inter) => (hier(&inter), "hierarchical"),
-                    None => auto_flat(count, elem, n, &link, gamma),
-                }
-            } else {
-                auto_flat(count, elem, n, &link, gamma)
+            // kolo's own choice: shared memory needs one node, hierarchical an inter-node link.
+            let hosts = match cluster.inter {
+                Some(_) if nodes > 1 && local > 1 => Some(Hosts {
+                    local,
+                    count: nodes,
+                }),
+                _ => None,
+            };
+            let group = Group {
+                size: n,
+                engine: false,
+                arena: nodes == 1 && cluster.shared_memory,
+                hosts,
+            };
+            let ov = Overrides::default();
+            match (
+                select::choose(OpKind::AllReduce, count, elem, &group, &ov),
+                cluster.inter,
+            ) {
+                (Algorithm::Shm, _) => (flat(Algorithm::Shm), "shm"),
+                (Algorithm::Hierarchical, Some(inter)) => (hier(&inter), "hierarchical"),
+                _ => auto_flat(count, elem, n, &link, gamma),
             }
         }
     }
-}
-
-/// kolo goes hierarchical across hosts from this many bytes (`kolo::collectives`' threshold).
-fn kolo_hierarchical_min() -> usize {
-    kolo::HIERARCHICAL_MIN_BYTES
 }
 
 fn auto_flat(count: usize, elem: usize, n: usize, link: &Link, gamma: f64) -> (f64, &'static str) {

@@ -1,0 +1,135 @@
+//! The seam between a communicator's collectives and what runs them.
+//!
+//! A communicator checks a collective's arguments, builds its fingerprint (the algorithm chosen by
+//! the one cost model, `kolo_collectives::select::choose`) and makes one call on its [`Backend`],
+//! chosen once when the communicator is made ([`choose`]):
+//!
+//! - [`Native`]: kolo's own algorithms (`kolo_collectives::algorithms`) over the transport;
+//! - [`EngineBackend`]: any [`Engine`] (a library that runs whole collectives, MPI today), which
+//!   hands collectives whose algorithm is not [`kolo_core::Algorithm::Engine`] (a forced all-reduce)
+//!   to kolo's own algorithms over the engine's point-to-point transport.
+//!
+//! The methods mirror [`Engine`]'s whole collectives, with the [`Job`] (which collective of the
+//! sequence, and its fingerprint) in front. A new engine implements [`Engine`] in its own crate and is
+//! passed to [`choose`]; nothing here changes.
+
+mod engine;
+mod hierarchy;
+mod native;
+
+use std::sync::Arc;
+
+use kolo_collectives::select::Group;
+use kolo_core::{Call, DType, Engine, ReduceOp, Result};
+
+use crate::communicator::Inner;
+use crate::topology::Topology;
+
+pub(crate) use engine::EngineBackend;
+pub(crate) use native::Native;
+
+/// One collective as the communicator hands it to its backend: the communicator, the collective's
+/// sequence number and its fingerprint (with the chosen algorithm).
+#[derive(Clone, Copy)]
+pub(crate) struct Job<'a> {
+    pub inner: &'a Inner,
+    pub seq: u64,
+    pub call: Call,
+}
+
+/// Whole collectives on raw bytes of one element type, checked by the caller (lengths agree with the
+/// counts and the group). Every method is collective: all ranks of the group call it in the same
+/// order. An error poisons the communicator.
+pub(crate) trait Backend: Send + Sync {
+    /// `kolo`, or the engine's name (`mpi`): the communicator's [`crate::Communicator::backend`].
+    fn name(&self) -> &'static str;
+    /// The engine, if one runs the collectives (sub-groups split it too).
+    fn engine(&self) -> Option<&Arc<dyn Engine>>;
+    /// What the cost model needs to know about the group.
+    fn group(&self) -> &Group;
+
+    /// Waits for every rank.
+    fn barrier(&self, job: Job) -> Result<()>;
+    /// `buf` of `root` into `buf` of every rank.
+    fn broadcast(&self, job: Job, buf: &mut [u8], dtype: DType, root: usize) -> Result<()>;
+    /// Element-wise reduction of `buf` over all ranks, result everywhere.
+    fn all_reduce(&self, job: Job, buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()>;
+    /// Element-wise reduction into `buf` of `root`; other ranks' buffers unchanged.
+    fn reduce(
+        &self,
+        job: Job,
+        buf: &mut [u8],
+        dtype: DType,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()>;
+    /// `send` holds `size()` blocks of `recv.len()` bytes; rank r gets block r reduced.
+    fn reduce_scatter(
+        &self,
+        job: Job,
+        send: &[u8],
+        recv: &mut [u8],
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()>;
+    /// Every rank's `send` in rank order into `recv`; `counts` in elements for the variable form.
+    fn all_gather(
+        &self,
+        job: Job,
+        send: &[u8],
+        recv: &mut [u8],
+        dtype: DType,
+        counts: Option<&[usize]>,
+    ) -> Result<()>;
+    /// Every rank's `send` in rank order into `recv` of `root`.
+    fn gather(
+        &self,
+        job: Job,
+        send: &[u8],
+        recv: &mut [u8],
+        dtype: DType,
+        counts: Option<&[usize]>,
+        root: usize,
+    ) -> Result<()>;
+    /// Block r of `send` on `root` into `recv` of rank r.
+    fn scatter(
+        &self,
+        job: Job,
+        send: &[u8],
+        recv: &mut [u8],
+        dtype: DType,
+        counts: Option<&[usize]>,
+        root: usize,
+    ) -> Result<()>;
+    /// Block d of `send` to rank d; the block from rank s into block s of `recv`. `counts` is
+    /// `(send_counts, recv_counts)` in elements for the variable form.
+    fn all_to_all(
+        &self,
+        job: Job,
+        send: &[u8],
+        recv: &mut [u8],
+        dtype: DType,
+        counts: Option<(&[usize], &[usize])>,
+    ) -> Result<()>;
+}
+
+/// Where a group's members are: what a backend is chosen from.
+pub(crate) struct Members<'a> {
+    /// Group rank → transport rank.
+    pub members: &'a [usize],
+    /// This process's group rank.
+    pub rank: usize,
+    /// Group id.
+    pub group: u64,
+    pub topology: &'a Topology,
+    /// Whether the group uses the transport's arena.
+    pub arena: bool,
+}
+
+/// The backend of a communicator: `engine`'s, when it has one, else kolo's own.
+pub(crate) fn choose(engine: Option<Arc<dyn Engine>>, at: &Members) -> Box<dyn Backend> {
+    match engine {
+        Some(engine) => Box::new(EngineBackend::new(engine, at)),
+        None => Box::new(Native::new(at, false)),
+    }
+}

@@ -1,0 +1,210 @@
+//! [`Native`]: kolo's own algorithms (`kolo_collectives::algorithms`) over the communicator's
+//! transport, run by the communicator's run machinery ([`Inner::run`]: tags, fingerprints, the
+//! arena's turn and fingerprint step, deadlines).
+
+use std::sync::{Arc, OnceLock};
+
+use kolo_collectives::algorithms::{
+    allreduce_hierarchical, alltoall_pairwise, barrier_dissemination, broadcast_binomial, linear,
+    reduce_binomial, ring,
+};
+use kolo_collectives::ctx::{blocks_from_counts, even_blocks};
+use kolo_collectives::select::Group;
+use kolo_core::{Algorithm, DType, Engine, Error, ReduceOp, Reducer, Result};
+
+use super::hierarchy::{Hierarchy, Plan};
+use super::{Backend, Job, Members};
+
+/// kolo's own collectives over the transport.
+pub(crate) struct Native {
+    group: Group,
+    /// The world's two levels, when it spans several hosts evenly.
+    plan: Option<Plan>,
+    /// Their communicators, made on first use.
+    hierarchy: OnceLock<Hierarchy>,
+}
+
+impl Native {
+    /// kolo's collectives for the group at `at`; `engine`: a collective engine runs the group's
+    /// collectives, and this runs only those the cost model gives kolo (then over the engine's
+    /// point-to-point transport, and never hierarchical: an engine has its own hierarchy).
+    pub fn new(at: &Members, engine: bool) -> Native {
+        let plan = if engine { None } else { Plan::new(at) };
+        Native {
+            group: Group {
+                size: at.members.len(),
+                engine,
+                arena: at.arena,
+                hosts: plan.as_ref().map(Plan::hosts),
+            },
+            plan,
+            hierarchy: OnceLock::new(),
+        }
+    }
+
+    fn hierarchy(&self, job: Job) -> Result<&Hierarchy> {
+        match &self.plan {
+            Some(plan) => Ok(self.hierarchy.get_or_init(|| plan.build(job.inner))),
+            None => Err(Error::Unsupported {
+                what: "hierarchical all_reduce on a group on one host".into(),
+            }),
+        }
+    }
+}
+
+impl Backend for Native {
+    fn name(&self) -> &'static str {
+        "kolo"
+    }
+
+    fn engine(&self) -> Option<&Arc<dyn Engine>> {
+        None
+    }
+
+    fn group(&self) -> &Group {
+        &self.group
+    }
+
+    fn barrier(&self, job: Job) -> Result<()> {
+        job.inner
+            .run(job.seq, job.call, barrier_dissemination::barrier)
+    }
+
+    fn broadcast(&self, job: Job, buf: &mut [u8], dtype: DType, root: usize) -> Result<()> {
+        job.inner.run(job.seq, job.call, |ctx| {
+            broadcast_binomial::broadcast(ctx, buf, dtype.size(), root)
+        })
+    }
+
+    fn all_reduce(&self, job: Job, buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
+        if job.call.algo == Algorithm::Hierarchical {
+            let h = self.hierarchy(job).map_err(|e| job.inner.poison(e))?;
+            return job.inner.run(job.seq, job.call, |_| {
+                allreduce_hierarchical::all_reduce(h, buf, dtype, op)
+            });
+        }
+        let red = Reducer::new(dtype, op);
+        job.inner.run(job.seq, job.call, |ctx| {
+            kolo_collectives::all_reduce(ctx, buf, dtype.size(), &red)
+        })
+    }
+
+    fn reduce(
+        &self,
+        job: Job,
+        buf: &mut [u8],
+        dtype: DType,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
+        let red = Reducer::new(dtype, op);
+        job.inner.run(job.seq, job.call, |ctx| {
+            if job.call.algo == Algorithm::Direct {
+                red.finish(buf, 1);
+                return Ok(());
+            }
+            reduce_binomial::reduce(ctx, buf, dtype.size(), &red, root)
+        })
+    }
+
+    fn reduce_scatter(
+        &self,
+        job: Job,
+        send: &[u8],
+        recv: &mut [u8],
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let (e, n) = (dtype.size(), job.inner.size());
+        let red = Reducer::new(dtype, op);
+        let blocks = even_blocks(recv.len() / e * n, n, e);
+        job.inner.run(job.seq, job.call, |ctx| {
+            ring::reduce_scatter(ctx, send, recv, &blocks, e, &red)
+        })
+    }
+
+    fn all_gather(
+        &self,
+        job: Job,
+        send: &[u8],
+        recv: &mut [u8],
+        dtype: DType,
+        counts: Option<&[usize]>,
+    ) -> Result<()> {
+        let (e, n) = (dtype.size(), job.inner.size());
+        let blocks = match counts {
+            None => even_blocks(send.len() / e * n, n, e),
+            Some(counts) => blocks_from_counts(counts, e),
+        };
+        job.inner.run(job.seq, job.call, |ctx| {
+            ring::all_gather(ctx, send, recv, &blocks, e)
+        })
+    }
+
+    fn gather(
+        &self,
+        job: Job,
+        send: &[u8],
+        recv: &mut [u8],
+        dtype: DType,
+        counts: Option<&[usize]>,
+        root: usize,
+    ) -> Result<()> {
+        let e = dtype.size();
+        let blocks = rooted_blocks(job, send.len() / e, counts, e);
+        job.inner.run(job.seq, job.call, |ctx| {
+            linear::gather(ctx, send, recv, &blocks, e, root)
+        })
+    }
+
+    fn scatter(
+        &self,
+        job: Job,
+        send: &[u8],
+        recv: &mut [u8],
+        dtype: DType,
+        counts: Option<&[usize]>,
+        root: usize,
+    ) -> Result<()> {
+        let e = dtype.size();
+        let blocks = rooted_blocks(job, recv.len() / e, counts, e);
+        job.inner.run(job.seq, job.call, |ctx| {
+            linear::scatter(ctx, send, recv, &blocks, e, root)
+        })
+    }
+
+    fn all_to_all(
+        &self,
+        job: Job,
+        send: &[u8],
+        recv: &mut [u8],
+        dtype: DType,
+        counts: Option<(&[usize], &[usize])>,
+    ) -> Result<()> {
+        let (e, n) = (dtype.size(), job.inner.size());
+        let (sb, rb) = match counts {
+            None => {
+                let b = even_blocks(send.len() / e, n, e);
+                (b.clone(), b)
+            }
+            Some((sc, rc)) => (blocks_from_counts(sc, e), blocks_from_counts(rc, e)),
+        };
+        job.inner.run(job.seq, job.call, |ctx| {
+            alltoall_pairwise::all_to_all(ctx, send, &sb, recv, &rb, e)
+        })
+    }
+}
+
+/// The blocks of a gather's or scatter's whole buffer: `piece` elements per rank, or `counts`.
+fn rooted_blocks(
+    job: Job,
+    piece: usize,
+    counts: Option<&[usize]>,
+    e: usize,
+) -> Vec<std::ops::Range<usize>> {
+    let n = job.inner.size();
+    match counts {
+        None => even_blocks(piece * n, n, e),
+        Some(counts) => blocks_from_counts(counts, e),
+    }
+}

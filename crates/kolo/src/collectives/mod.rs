@@ -1,0 +1,257 @@
+//! Collective operations of a [`Communicator`](crate::Communicator), typed over
+//! [`Element`](kolo_core::Element), blocking ([`blocking`]) and asynchronous ([`nonblocking`]).
+//!
+//! Each operation checks its arguments on this rank ([`check`]), builds the call's fingerprint with
+//! the algorithm the cost model chooses (`kolo_collectives::select::choose`) and makes one call on
+//! the communicator's [`Backend`](crate::backend::Backend). Argument errors poison the communicator
+//! just like communication errors, so that the other ranks of the collective fail too instead of
+//! waiting.
+
+mod blocking;
+mod check;
+mod nonblocking;
+
+use kolo_collectives::algorithms::barrier_monitored;
+use kolo_collectives::select;
+use kolo_core::{Algorithm, Call, DType, Error, OpKind, ReduceOp, Result};
+
+use crate::backend::Job;
+use crate::communicator::Inner;
+use check::{Check, Piece};
+
+impl Inner {
+    fn check_args<R>(&self, op: OpKind, f: impl FnOnce(&Check) -> Result<R>) -> Result<R> {
+        self.check()?;
+        f(&Check { inner: self, op }).map_err(|e| self.poison(e))
+    }
+
+    /// The algorithm of `op` on `count` elements of `elem` bytes on this communicator.
+    pub(crate) fn choose(&self, op: OpKind, count: usize, elem: usize) -> Algorithm {
+        select::choose(
+            op,
+            count,
+            elem,
+            self.backend.group(),
+            &self.config.overrides,
+        )
+    }
+
+    fn job(&self, seq: u64, call: Call) -> Job<'_> {
+        Job {
+            inner: self,
+            seq,
+            call,
+        }
+    }
+
+    pub(crate) fn barrier(&self, seq: u64) -> Result<()> {
+        let call = Call::new(OpKind::Barrier, self.choose(OpKind::Barrier, 0, 0));
+        self.backend.barrier(self.job(seq, call))
+    }
+
+    /// kolo's own barrier over the transport, whatever the backend (engines have no such barrier).
+    pub(crate) fn monitored_barrier(&self, seq: u64, timeout: std::time::Duration) -> Result<()> {
+        let call = Call::new(OpKind::Barrier, Algorithm::Direct);
+        self.run_timed(seq, call, timeout, false, barrier_monitored::barrier)
+    }
+
+    pub(crate) fn broadcast(
+        &self,
+        seq: u64,
+        buf: &mut [u8],
+        dtype: DType,
+        root: usize,
+    ) -> Result<()> {
+        let call = self.check_args(OpKind::Broadcast, |c| {
+            Ok(c.call(dtype, buf.len() / dtype.size(), None, Some(c.root(root)?)))
+        })?;
+        self.backend
+            .broadcast(self.job(seq, call), buf, dtype, root)
+    }
+
+    pub(crate) fn all_reduce(
+        &self,
+        seq: u64,
+        buf: &mut [u8],
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let count = buf.len() / dtype.size();
+        let call = self.check_args(OpKind::AllReduce, |c| {
+            Ok(c.call(dtype, count, Some(op), None))
+        })?;
+        self.backend.all_reduce(self.job(seq, call), buf, dtype, op)
+    }
+
+    pub(crate) fn reduce(
+        &self,
+        seq: u64,
+        buf: &mut [u8],
+        dtype: DType,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
+        let call = self.check_args(OpKind::Reduce, |c| {
+            Ok(c.call(
+                dtype,
+                buf.len() / dtype.size(),
+                Some(op),
+                Some(c.root(root)?),
+            ))
+        })?;
+        self.backend
+            .reduce(self.job(seq, call), buf, dtype, op, root)
+    }
+
+    pub(crate) fn reduce_scatter(
+        &self,
+        seq: u64,
+        send: &[u8],
+        recv: &mut [u8],
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let (e, n) = (dtype.size(), self.size());
+        let count = recv.len() / e;
+        let call = self.check_args(OpKind::ReduceScatter, |c| {
+            c.len("send", send.len() / e, count * n)?;
+            Ok(c.call(dtype, count, Some(op), None))
+        })?;
+        self.backend
+            .reduce_scatter(self.job(seq, call), send, recv, dtype, op)
+    }
+
+    /// All-gather; `counts` is `None` for the equal-count form.
+    pub(crate) fn all_gather(
+        &self,
+        seq: u64,
+        send: &[u8],
+        recv: &mut [u8],
+        dtype: DType,
+        counts: Option<&[usize]>,
+    ) -> Result<()> {
+        let (e, n) = (dtype.size(), self.size());
+        let op = if counts.is_some() {
+            OpKind::AllGatherV
+        } else {
+            OpKind::AllGather
+        };
+        let call = self.check_args(op, |c| {
+            let mine = send.len() / e;
+            match counts {
+                None => {
+                    c.len("recv", recv.len() / e, mine * n)?;
+                    Ok(c.call(dtype, mine, None, None))
+                }
+                Some(counts) => {
+                    let total = c.counts("counts", counts)?;
+                    c.len("send", mine, counts[self.rank])?;
+                    c.len("recv", recv.len() / e, total)?;
+                    Ok(c.call_v(dtype, counts, None))
+                }
+            }
+        })?;
+        self.backend
+            .all_gather(self.job(seq, call), send, recv, dtype, counts)
+    }
+
+    /// Gather to `root`; `counts` is `None` for the equal-count form.
+    pub(crate) fn gather(
+        &self,
+        seq: u64,
+        send: &[u8],
+        recv: &mut [u8],
+        dtype: DType,
+        counts: Option<&[usize]>,
+        root: usize,
+    ) -> Result<()> {
+        let op = if counts.is_some() {
+            OpKind::GatherV
+        } else {
+            OpKind::Gather
+        };
+        let e = dtype.size();
+        let piece = Piece {
+            arg: "send",
+            len: send.len() / e,
+        };
+        let whole = Piece {
+            arg: "recv",
+            len: recv.len() / e,
+        };
+        let call = self.check_args(op, |c| c.rooted(dtype, counts, root, piece, whole))?;
+        self.backend
+            .gather(self.job(seq, call), send, recv, dtype, counts, root)
+    }
+
+    /// Scatter from `root`; `counts` is `None` for the equal-count form.
+    pub(crate) fn scatter(
+        &self,
+        seq: u64,
+        send: &[u8],
+        recv: &mut [u8],
+        dtype: DType,
+        counts: Option<&[usize]>,
+        root: usize,
+    ) -> Result<()> {
+        let op = if counts.is_some() {
+            OpKind::ScatterV
+        } else {
+            OpKind::Scatter
+        };
+        let e = dtype.size();
+        let piece = Piece {
+            arg: "recv",
+            len: recv.len() / e,
+        };
+        let whole = Piece {
+            arg: "send",
+            len: send.len() / e,
+        };
+        let call = self.check_args(op, |c| c.rooted(dtype, counts, root, piece, whole))?;
+        self.backend
+            .scatter(self.job(seq, call), send, recv, dtype, counts, root)
+    }
+
+    /// All-to-all; `counts` is `None` for the equal-count form, else `(send_counts, recv_counts)`.
+    pub(crate) fn all_to_all(
+        &self,
+        seq: u64,
+        send: &[u8],
+        recv: &mut [u8],
+        dtype: DType,
+        counts: Option<(&[usize], &[usize])>,
+    ) -> Result<()> {
+        let (e, n) = (dtype.size(), self.size());
+        let op = if counts.is_some() {
+            OpKind::AllToAllV
+        } else {
+            OpKind::AllToAll
+        };
+        let call = self.check_args(op, |c| match counts {
+            None => {
+                let len = send.len() / e;
+                c.len("recv", recv.len() / e, len)?;
+                if len % n != 0 {
+                    return Err(Error::InvalidArgument {
+                        op: op.name(),
+                        rank: self.rank,
+                        arg: "send",
+                        reason: format!("{len} elements do not split evenly among {n} ranks"),
+                    });
+                }
+                Ok(c.call(dtype, len / n, None, None))
+            }
+            Some((sc, rc)) => {
+                let st = c.counts("send_counts", sc)?;
+                let rt = c.counts("recv_counts", rc)?;
+                c.len("send", send.len() / e, st)?;
+                c.len("recv", recv.len() / e, rt)?;
+                // Counts differ per rank by design; message lengths are checked on receipt.
+                Ok(c.call(dtype, 0, None, None))
+            }
+        })?;
+        self.backend
+            .all_to_all(self.job(seq, call), send, recv, dtype, counts)
+    }
+}

@@ -1,0 +1,131 @@
+//! The run machinery of a communicator: sequence numbers for blocking and queued collectives, and
+//! running one collective of kolo's own ([`Inner::run`]): its tag and fingerprint, the arena's turn
+//! and fingerprint step, its deadline, and poisoning on error.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kolo_collectives::Ctx;
+use kolo_core::{Call, Header, Result, Tag, TagSpace};
+
+use super::Inner;
+use crate::wait::TurnGuard;
+use crate::work::WorkQueue;
+
+impl Inner {
+    /// Takes the next collective sequence number for a blocking call, after every queued async
+    /// collective has finished (so collectives complete in issue order).
+    pub fn issue_blocking(&self) -> Result<u64> {
+        self.check()?;
+        let _g = self.issue.lock().unwrap_or_else(|p| p.into_inner());
+        self.pending.wait_zero();
+        Ok(self.seq.fetch_add(1, Ordering::SeqCst))
+    }
+
+    /// Runs `f` as collective number `seq` with fingerprint `call`; an error poisons the communicator.
+    pub fn run<R>(&self, seq: u64, call: Call, f: impl FnOnce(&Ctx) -> Result<R>) -> Result<R> {
+        self.run_timed(seq, call, self.config.timeout, true, f)
+    }
+
+    /// [`Inner::run`] with its own timeout; `confirm: false` skips the arena's fingerprint step (for
+    /// a collective that checks the fingerprints of its own messages and must honour its timeout).
+    pub fn run_timed<R>(
+        &self,
+        seq: u64,
+        call: Call,
+        timeout: Duration,
+        confirm: bool,
+        f: impl FnOnce(&Ctx) -> Result<R>,
+    ) -> Result<R> {
+        self.check()?;
+        let started = Instant::now();
+        let header = self.collective_header(seq, call);
+        let deadline = Some(started + timeout);
+        let ctx = |arena| {
+            Ctx::new(
+                &*self.transport,
+                &self.members,
+                self.rank,
+                header,
+                started,
+                deadline,
+                arena,
+            )
+        };
+        if !self.uses_arena {
+            let mut ctx = ctx(None);
+            if !self.config.confirm_calls {
+                ctx = ctx.without_confirmation();
+            }
+            // A message of this collective from a different call fails it at once, whichever peer
+            // this rank is waiting on.
+            self.transport.expect(&header);
+            return f(&ctx)
+                .and_then(|r| ctx.finish().map(|()| r))
+                .map_err(|e| self.poison(e));
+        }
+        let _turn = self.take_turn(seq)?;
+        let ctx = ctx(self.transport.arena());
+        let r = match (ctx.arena, call.algo) {
+            (Some(_), kolo_core::Algorithm::Shm) => f(&ctx),
+            (Some(_), _) if !confirm || !self.config.confirm_calls => f(&ctx),
+            (Some(arena), _) => kolo_collectives::algorithms::allreduce_shm::confirm(&ctx, arena)
+                .and_then(|()| f(&ctx)),
+            (None, _) => f(&ctx),
+        };
+        r.map_err(|e| self.poison(e))
+    }
+
+    /// The header of collective number `seq` of this group.
+    pub fn collective_header(&self, seq: u64, call: Call) -> Header {
+        Header {
+            ack: false,
+            tag: Tag {
+                group: self.group,
+                space: TagSpace::Collective,
+                value: seq,
+            },
+            call,
+        }
+    }
+
+    /// Waits until collective `seq` may use the arena; the returned guard passes the turn on.
+    fn take_turn(&self, seq: u64) -> Result<TurnGuard<'_>> {
+        let t = &self.turn;
+        // A failed wait returns before the guard exists: not our turn, so nothing to pass on.
+        t.sleepers.wait(Duration::from_millis(10), || {
+            if t.next.load(Ordering::SeqCst) >= seq {
+                return Ok(true);
+            }
+            self.check().map(|()| false)
+        })?;
+        Ok(TurnGuard { turn: t, seq })
+    }
+
+    /// Queues `job` on this communicator's worker thread as collective number `seq`.
+    pub fn submit(
+        self: &Arc<Self>,
+        job: impl FnOnce(&Arc<Inner>, u64) + Send + 'static,
+    ) -> Result<()> {
+        self.check()?;
+        let _g = self.issue.lock().unwrap_or_else(|p| p.into_inner());
+        let seq = self.seq.fetch_add(1, Ordering::SeqCst);
+        self.pending.add();
+        let me = self.clone();
+        let pending = self.pending.clone();
+        let task = Box::new(move || {
+            job(&me, seq);
+            drop(me);
+            pending.done();
+        });
+        let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        if q.is_none() {
+            *q = Some(WorkQueue::start(self.rank)?);
+        }
+        match q.as_ref() {
+            Some(q) => q.push(task),
+            None => Ok(()),
+        }
+    }
+}
