@@ -24,7 +24,10 @@ With --timeline (the cost of `kolo train --timeline FILE`), instead, alternating
 with N = --workers (default 2); --bin picks the build (default target/release; target/debug for a
 rough look with a debug build).
 
-Usage: scripts/bench_train.py [--rounds 3] [--batch 64] [--epochs 1] [--no-torch]
+With --baseline OLD_KOLO, OLD_KOLO's `kolo train -n 1` and `-n 2` run in the same rounds too (base-1,
+base-2), for a before/after comparison under the same load.
+
+Usage: scripts/bench_train.py [--rounds 3] [--batch 64] [--epochs 1] [--no-torch] [--baseline OLD_KOLO]
        scripts/bench_train.py --parallel [--model resnet18] [--train-limit 2048] [--rounds 3]
        scripts/bench_train.py --timeline [--workers 2] [--train-limit 12800] [--bin target/debug]
 Needs release builds (cargo build --release -p kolo-cli -p kolo-train --example plain_loop) and the data
@@ -51,10 +54,10 @@ def plain(a):
     return json.loads(out.strip().splitlines()[-1])["samples_per_s"]
 
 
-def kolo(a, n):
+def kolo(a, n, exe="target/release/kolo"):
     d = tempfile.mkdtemp(prefix="kolo-bench-")
     try:
-        run(["target/release/kolo", "train", "-n", str(n), "--epochs", str(a.epochs), "--batch-size", str(a.batch),
+        run([exe, "train", "-n", str(n), "--epochs", str(a.epochs), "--batch-size", str(a.batch),
              "--no-progress", "--out", d])
         with open(os.path.join(d, "summary.json")) as f:
             return json.load(f)["samples_per_second"]
@@ -190,6 +193,8 @@ def main():
     ap.add_argument("--timeline", action="store_true", help="the cost of --timeline (see above)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--bin", default="target/release", help="where the kolo binary is (--timeline)")
+    ap.add_argument("--baseline", help="an older kolo binary: its kolo-1 and kolo-2 run in the same "
+                                       "rounds, as base-1 and base-2 (a before/after comparison)")
     a = ap.parse_args()
     if a.parallel:
         return parallel(a)
@@ -199,6 +204,8 @@ def main():
     if not a.no_torch and not have_torch:
         print("bench_train: PyTorch is not installed; skipping the torch rows (pip install torch)", file=sys.stderr)
     cases = [("plain", lambda: plain(a)), ("kolo-1", lambda: kolo(a, 1)), ("kolo-2", lambda: kolo(a, 2))]
+    if a.baseline:
+        cases += [("base-1", lambda: kolo(a, 1, a.baseline)), ("base-2", lambda: kolo(a, 2, a.baseline))]
     if have_torch:
         cases += [("torch-1", lambda: torch(a, 1)), ("torch-2", lambda: torch(a, 2))]
     res = {name: [] for name, _ in cases}
@@ -213,6 +220,9 @@ def main():
         print(f"  {k:8s} {v:9.0f}   (runs: {', '.join(f'{x:.0f}' for x in res[k])})")
     print(f"  Ddp overhead, 1 worker vs plain candle loop: {100 * (med['plain'] / med['kolo-1'] - 1):+.1f} %")
     print(f"  scaling efficiency, 2 workers: {100 * med['kolo-2'] / (2 * med['kolo-1']):.0f} %")
+    if a.baseline:
+        print(f"  this build / --baseline: 1 worker {med['kolo-1'] / med['base-1']:.3f}x, "
+              f"2 workers {med['kolo-2'] / med['base-2']:.3f}x")
     if have_torch:
         print(f"  kolo / PyTorch DDP: 1 worker {med['kolo-1'] / med['torch-1']:.2f}x, 2 workers {med['kolo-2'] / med['torch-2']:.2f}x")
         print(f"  PyTorch scaling efficiency, 2 workers: {100 * med['torch-2'] / (2 * med['torch-1']):.0f} %")

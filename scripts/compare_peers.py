@@ -7,7 +7,8 @@
 
 Each round runs, in turn: OpenMPI (../shared/peers/run-openmpi.sh), kolo over shared memory, Gloo
 (../shared/peers/gloo_allreduce.py, run with --python), kolo over TCP, and with --baseline the older
-kolo binary over TCP (kolo-tcp-base: a before/after comparison under the same load). Every
+kolo binary over shared memory and TCP (kolo-shm-base, kolo-tcp-base: a before/after comparison
+under the same load). Every
 implementation prints one JSON line per size; the table shows the median over the rounds and the
 ratios the targets are stated in:
 
@@ -58,7 +59,8 @@ def main():
     ap.add_argument("--skip", default="", help="comma-separated implementations to leave out")
     ap.add_argument("--python", default=sys.executable, help="the Python (with torch) that runs Gloo")
     ap.add_argument("--sizes", default=",".join(str(s) for s in SIZES), help="bytes, comma-separated")
-    ap.add_argument("--baseline", help="an older kolo binary, measured over TCP as kolo-tcp-base")
+    ap.add_argument("--baseline", help="an older kolo binary, measured over shared memory and TCP "
+                                       "as kolo-shm-base and kolo-tcp-base")
     args = ap.parse_args()
     n = str(args.n)
     sizes = [str(int(s)) for s in args.sizes.split(",")]
@@ -71,6 +73,7 @@ def main():
         "kolo-tcp": kolo("tcp"),
     }
     if args.baseline:
+        impls["kolo-shm-base"] = kolo("shm", args.baseline)
         impls["kolo-tcp-base"] = kolo("tcp", args.baseline)
     skip = set(filter(None, args.skip.split(",")))
     results = {k: {} for k in impls}
@@ -137,6 +140,15 @@ def main():
                 cells.append(f"{fmt(t):>14} {ratio(g, t):>8} {spread(k, b):>11}")
             print(f"{b:>10} {fmt(g):>10} " + " ".join(cells))
         print()
+    for t in ("shm", "tcp"):
+        new, base = f"kolo-{t}", f"kolo-{t}-base"
+        if results.get(new) and results.get(base):
+            print(f"\nkolo-{t} against the --baseline build, same rounds: time per all-reduce (us, medians) "
+                  "and the baseline's time / this build's")
+            for b in sizes:
+                n, o = med(new, b, "time_us"), med(base, b, "time_us")
+                if n and o:
+                    print(f"{b:>10} {o:>12.1f} {n:>12.1f} {o / n:8.2f}x")
     lo, ls = med("openmpi", 4, "time_us"), med("kolo-shm", 4, "time_us")
     lg, lt = med("gloo", 4, "time_us"), med("kolo-tcp", 4, "time_us")
     print(f"4-byte latency (us): openmpi {lo}, kolo-shm {ls} ({ratio(ls, lo).strip()} of OpenMPI), "
