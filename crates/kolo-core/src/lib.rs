@@ -11,6 +11,7 @@ pub mod call;
 pub mod dtype;
 pub mod engine;
 pub mod error;
+pub mod host;
 pub mod reduce;
 pub mod transport;
 

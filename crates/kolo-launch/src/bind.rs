@@ -10,6 +10,8 @@
 use std::fmt;
 use std::str::FromStr;
 
+use rustix::thread::CpuSet as RawCpuSet;
+
 /// How workers are bound to CPUs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CpuBind {
@@ -44,17 +46,11 @@ impl fmt::Display for CpuBind {
 
 /// The CPUs this process may run on, in increasing order (empty where that cannot be read).
 pub fn allowed_cpus() -> Vec<usize> {
-    // SAFETY: an all-zero cpu_set_t is a valid empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: pid 0 is this thread; the size is that of `set`.
-    let r = unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
-    if r != 0 {
+    // `None` is this thread.
+    let Ok(set) = rustix::thread::sched_getaffinity(None) else {
         return Vec::new();
-    }
-    (0..libc::CPU_SETSIZE as usize)
-        // SAFETY: the index is below CPU_SETSIZE.
-        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
-        .collect()
+    };
+    (0..RawCpuSet::MAX_CPU).filter(|&c| set.is_set(c)).collect()
 }
 
 /// The CPUs of each of `nproc` workers under `bind`, given the launcher's `cpus`; `None` when the
@@ -73,27 +69,21 @@ pub fn plan(bind: CpuBind, nproc: usize, cpus: &[usize]) -> Option<Vec<Vec<usize
 
 /// A CPU set ready to apply in a forked child (no allocation there).
 #[derive(Clone, Copy)]
-pub(crate) struct CpuSet(libc::cpu_set_t);
+pub(crate) struct CpuSet(RawCpuSet);
 
 impl CpuSet {
     pub(crate) fn new(cpus: &[usize]) -> CpuSet {
-        // SAFETY: an all-zero cpu_set_t is a valid empty set.
-        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-        for &c in cpus.iter().filter(|&&c| c < libc::CPU_SETSIZE as usize) {
-            // SAFETY: the index is below CPU_SETSIZE.
-            unsafe { libc::CPU_SET(c, &mut set) };
+        let mut set = RawCpuSet::new();
+        for &c in cpus.iter().filter(|&&c| c < RawCpuSet::MAX_CPU) {
+            set.set(c);
         }
         CpuSet(set)
     }
 
     /// Binds the calling process (async-signal-safe: one system call).
     pub(crate) fn apply(&self) -> std::io::Result<()> {
-        // SAFETY: pid 0 is the calling process; the set is valid and its size is passed.
-        let r =
-            unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &self.0) };
-        if r != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
+        // `None` is the calling thread (the only one, in a forked child before exec).
+        rustix::thread::sched_setaffinity(None, &self.0)?;
         Ok(())
     }
 }

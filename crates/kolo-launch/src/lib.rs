@@ -136,8 +136,10 @@ fn watch_stdin() {
             let mut sink = [0u8; 256];
             let mut stdin = std::io::stdin();
             while matches!(std::io::Read::read(&mut stdin, &mut sink), Ok(n) if n > 0) {}
-            // SAFETY: sending a signal to this process.
-            unsafe { libc::kill(libc::getpid(), libc::SIGTERM) };
+            let _ = rustix::process::kill_process(
+                rustix::process::getpid(),
+                rustix::process::Signal::TERM,
+            );
         });
 }
 

@@ -5,14 +5,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 /// The host name (`"?"` where it cannot be read).
 pub fn hostname() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: the buffer and its length are valid; gethostname NUL-terminates within it on success.
-    let r = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    if r != 0 {
-        return "?".into();
-    }
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    String::from_utf8_lossy(&buf[..end]).into_owned()
+    kolo_core::host::hostname().unwrap_or_else(|| "?".into())
 }
 
 /// Every (interface name, address) of this host, IPv4 before IPv6.
@@ -58,16 +51,7 @@ pub fn interfaces() -> Vec<(String, IpAddr)> {
 
 /// The local address (and its interface, when known) that traffic to `host:port` leaves from.
 pub fn route_to(host: &str, port: u16) -> Option<(IpAddr, Option<String>)> {
-    use std::net::{ToSocketAddrs, UdpSocket};
-    let target = (host, port).to_socket_addrs().ok()?.next()?;
-    let s = UdpSocket::bind(if target.is_ipv4() {
-        "0.0.0.0:0"
-    } else {
-        "[::]:0"
-    })
-    .ok()?;
-    s.connect(target).ok()?;
-    let ip = s.local_addr().ok()?.ip();
+    let ip = kolo_core::host::route_to(host, port)?;
     let name = interfaces()
         .into_iter()
         .find(|(_, a)| *a == ip)

@@ -7,46 +7,35 @@ use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use rustix::io::Errno;
+use rustix::process::{Pid, Signal};
 use signal_hook::SigId;
 
 /// Makes the child started by `cmd` the leader of a new process group and,
 /// on Linux, ask the kernel to SIGKILL it when the launcher dies.
 pub(crate) fn isolate_child(cmd: &mut Command) {
-    // SAFETY: getpid is always safe to call.
-    let launcher = unsafe { libc::getpid() };
-    let hook = move || -> io::Result<()> {
-        // Runs in the forked child before exec: only async-signal-safe calls.
-        // SAFETY: setpgid(0, 0) only changes this (child) process's group.
-        if unsafe { libc::setpgid(0, 0) } != 0 {
-            return Err(io::Error::last_os_error());
+    cmd.process_group(0);
+    #[cfg(target_os = "linux")]
+    {
+        let launcher = rustix::process::getpid();
+        // SAFETY: the hook runs in the forked child before exec and only makes async-signal-safe
+        // system calls (prctl, getppid, _exit) without allocating (rustix's errors convert to
+        // io::Error without allocating).
+        unsafe {
+            cmd.pre_exec(move || set_parent_death_signal(launcher));
         }
-        set_parent_death_signal(launcher)?;
-        Ok(())
-    };
-    // SAFETY: the hook only makes async-signal-safe system calls and does not
-    // allocate (io::Error::last_os_error does not allocate).
-    unsafe {
-        cmd.pre_exec(hook);
     }
 }
 
 #[cfg(target_os = "linux")]
-fn set_parent_death_signal(launcher: libc::pid_t) -> io::Result<()> {
-    // SAFETY: PR_SET_PDEATHSIG with a valid signal number has no memory effects.
-    if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
+fn set_parent_death_signal(launcher: Pid) -> io::Result<()> {
+    rustix::process::set_parent_process_death_signal(Some(Signal::KILL))?;
     // The launcher may have died between fork and prctl; then no death signal
     // will ever come, so die now.
-    // SAFETY: getppid and _exit are async-signal-safe.
-    if unsafe { libc::getppid() } != launcher {
+    if rustix::process::getppid() != Some(launcher) {
+        // SAFETY: _exit is async-signal-safe and ends this forked child at once.
         unsafe { libc::_exit(128 + libc::SIGKILL) };
     }
-    Ok(())
-}
-
-#[cfg(not(target_os = "linux"))]
-fn set_parent_death_signal(_launcher: libc::pid_t) -> io::Result<()> {
     Ok(())
 }
 
@@ -60,15 +49,20 @@ pub(crate) fn signal_group(pgid: u32, sig: libc::c_int) -> io::Result<()> {
         // kill(0 or -1, ..) would hit the launcher's own group or everything.
         return Err(io::Error::from(io::ErrorKind::InvalidInput));
     }
-    // SAFETY: kill has no memory effects; -pgid targets exactly that group.
-    if unsafe { libc::kill(-pgid, sig) } == 0 {
-        return Ok(());
-    }
-    let err = io::Error::last_os_error();
-    if err.raw_os_error() == Some(libc::ESRCH) {
-        Ok(())
+    let Some(pgid) = Pid::from_raw(pgid) else {
+        return Err(io::Error::from(io::ErrorKind::InvalidInput));
+    };
+    let sent = if sig == 0 {
+        rustix::process::test_kill_process_group(pgid)
     } else {
-        Err(err)
+        match Signal::from_named_raw(sig) {
+            Some(sig) => rustix::process::kill_process_group(pgid, sig),
+            None => Err(Errno::INVAL),
+        }
+    };
+    match sent {
+        Ok(()) | Err(Errno::SRCH) => Ok(()),
+        Err(e) => Err(e.into()),
     }
 }
 

@@ -1,7 +1,5 @@
 //! Starting worker processes with the torchrun environment and piped output.
 
-use std::fs::File;
-use std::io::Read;
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -122,11 +120,11 @@ pub(crate) fn spawn_worker(
     })
 }
 
-/// A fresh random job id: 16 hex digits from /dev/urandom, or from the clock
+/// A fresh random job id: 16 hex digits from the kernel's random source, or from the clock
 /// and the process id where that is unavailable.
 pub(crate) fn new_job_id() -> String {
     let mut bytes = [0u8; 8];
-    let random = File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes));
+    let random = getrandom::fill(&mut bytes);
     if random.is_err() {
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)

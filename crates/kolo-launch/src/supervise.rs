@@ -13,6 +13,9 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use rustix::io::Errno;
+use rustix::process::{waitid, Pid, WaitId, WaitIdOptions};
+
 use crate::process::{signal_group, signal_name, SignalFlags};
 use crate::spawn::Worker;
 use crate::{LaunchError, Termination};
@@ -96,19 +99,19 @@ pub(crate) fn watch(worker: &mut Worker, notices: &Sender<ExitNotice>) {
 /// Blocks until the child `pid` has exited, leaving it a zombie (so its pid
 /// and process group id stay taken) for the supervisor to reap.
 fn wait_for_exit(pid: libc::id_t) -> io::Result<()> {
+    let pid = i32::try_from(pid)
+        .ok()
+        .and_then(Pid::from_raw)
+        .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
     loop {
-        // SAFETY: siginfo_t is plain old data, for which all zeroes is valid.
-        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-        // SAFETY: `info` is a valid siginfo_t for waitid to fill in; WNOWAIT
-        // leaves the child waitable.
-        let rc =
-            unsafe { libc::waitid(libc::P_PID, pid, &mut info, libc::WEXITED | libc::WNOWAIT) };
-        if rc == 0 {
-            return Ok(());
-        }
-        let err = io::Error::last_os_error();
-        if err.kind() != io::ErrorKind::Interrupted {
-            return Err(err);
+        // WNOWAIT leaves the child waitable.
+        match waitid(
+            WaitId::Pid(pid),
+            WaitIdOptions::EXITED | WaitIdOptions::NOWAIT,
+        ) {
+            Ok(_) => return Ok(()),
+            Err(Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
         }
     }
 }

@@ -215,7 +215,7 @@ impl TensorBoardWriter {
 
 /// The host name, reduced to characters that are safe in a file name.
 fn hostname() -> String {
-    let raw = raw_hostname().unwrap_or_default();
+    let raw = kolo_core::host::hostname().unwrap_or_default();
     let cleaned: String = raw
         .chars()
         .map(|c| {
@@ -232,24 +232,6 @@ fn hostname() -> String {
     } else {
         cleaned.to_string()
     }
-}
-
-#[cfg(unix)]
-fn raw_hostname() -> Option<String> {
-    let mut buf = [0u8; 256];
-    // SAFETY: `buf` is valid for writes of `buf.len()` bytes for the duration
-    // of the call; gethostname writes at most that many bytes.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    if rc != 0 {
-        return None;
-    }
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    Some(String::from_utf8_lossy(&buf[..end]).into_owned())
-}
-
-#[cfg(not(unix))]
-fn raw_hostname() -> Option<String> {
-    std::env::var("COMPUTERNAME").ok()
 }
 
 #[cfg(test)]

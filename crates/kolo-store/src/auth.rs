@@ -101,7 +101,7 @@ fn nonce() -> io::Result<[u8; NONCE]> {
 
 /// Fills `out` from the kernel's random source.
 fn random(out: &mut [u8]) -> io::Result<()> {
-    std::fs::File::open("/dev/urandom")?.read_exact(out)
+    crate::sys::random(out)
 }
 
 /// The connecting side's half of the exchange.

@@ -1,9 +1,12 @@
-//! Thin safe wrappers over the few libc calls the crate needs.
+//! The few system calls the crate needs, through rustix's safe wrappers.
 
 use std::fs::File;
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 use std::time::Duration;
+
+use rustix::event::{poll, PollFd, PollFlags, Timespec};
+use rustix::fs::{flock, FlockOperation};
 
 /// Kind of `flock` lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,21 +21,15 @@ pub(crate) enum LockKind {
 /// Returns `Ok(false)` if another open file description holds a conflicting lock.
 pub(crate) fn try_flock(file: &File, kind: LockKind) -> io::Result<bool> {
     let op = match kind {
-        LockKind::Shared => libc::LOCK_SH,
-        LockKind::Exclusive => libc::LOCK_EX,
-    } | libc::LOCK_NB;
+        LockKind::Shared => FlockOperation::NonBlockingLockShared,
+        LockKind::Exclusive => FlockOperation::NonBlockingLockExclusive,
+    };
     loop {
-        // SAFETY: `file` owns a valid open descriptor for the duration of the call;
-        // flock has no memory-safety preconditions.
-        let rc = unsafe { libc::flock(file.as_raw_fd(), op) };
-        if rc == 0 {
-            return Ok(true);
-        }
-        let err = io::Error::last_os_error();
-        match err.raw_os_error() {
-            Some(libc::EINTR) => continue,
-            Some(code) if code == libc::EWOULDBLOCK || code == libc::EAGAIN => return Ok(false),
-            _ => return Err(err),
+        match flock(file, op) {
+            Ok(()) => return Ok(true),
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(rustix::io::Errno::WOULDBLOCK) => return Ok(false),
+            Err(e) => return Err(e.into()),
         }
     }
 }
@@ -40,14 +37,10 @@ pub(crate) fn try_flock(file: &File, kind: LockKind) -> io::Result<bool> {
 /// Releases a `flock` lock.
 pub(crate) fn unlock(file: &File) -> io::Result<()> {
     loop {
-        // SAFETY: as in `try_flock`.
-        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_UN) };
-        if rc == 0 {
-            return Ok(());
-        }
-        let err = io::Error::last_os_error();
-        if err.raw_os_error() != Some(libc::EINTR) {
-            return Err(err);
+        match flock(file, FlockOperation::Unlock) {
+            Ok(()) => return Ok(()),
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
         }
     }
 }
@@ -55,24 +48,22 @@ pub(crate) fn unlock(file: &File) -> io::Result<()> {
 /// Waits up to `timeout` for `fd` to become readable (for a listening socket:
 /// a connection is ready to accept). Returns whether it is readable.
 /// An interrupted wait returns `Ok(false)`; the caller loops anyway.
-pub(crate) fn poll_readable(fd: &impl AsRawFd, timeout: Duration) -> io::Result<bool> {
-    let mut pfd = libc::pollfd {
-        fd: fd.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
+pub(crate) fn poll_readable(fd: &impl AsFd, timeout: Duration) -> io::Result<bool> {
+    let mut fds = [PollFd::new(fd, PollFlags::IN)];
+    let ts = Timespec {
+        tv_sec: timeout.as_secs().min(i64::MAX as u64) as i64,
+        tv_nsec: i64::from(timeout.subsec_nanos()),
     };
-    let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
-    // SAFETY: `pfd` is a valid, initialised pollfd that lives across the call,
-    // and we pass a count of exactly one.
-    let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
-    if rc < 0 {
-        let err = io::Error::last_os_error();
-        if err.raw_os_error() == Some(libc::EINTR) {
-            return Ok(false);
-        }
-        return Err(err);
+    match poll(&mut fds, Some(&ts)) {
+        Ok(n) => Ok(n > 0),
+        Err(rustix::io::Errno::INTR) => Ok(false),
+        Err(e) => Err(e.into()),
     }
-    Ok(rc > 0)
+}
+
+/// Fills `out` from the kernel's random source (`getrandom(2)`).
+pub(crate) fn random(out: &mut [u8]) -> io::Result<()> {
+    getrandom::fill(out).map_err(io::Error::from)
 }
 
 #[cfg(test)]

@@ -5,9 +5,13 @@
 //! removed as soon as every rank has mapped it (see the transport), so a crash afterwards leaves
 //! nothing behind: the memory lives exactly as long as some process maps it.
 
-use std::ffi::CString;
+use std::fs::{File, OpenOptions};
 use std::io;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+
+use memmap2::{MmapOptions, MmapRaw};
+use rustix::fs::{fallocate, FallocateFlags};
 
 /// Directory of the segments.
 pub const SHM_DIR: &str = "/dev/shm";
@@ -15,20 +19,9 @@ pub const SHM_DIR: &str = "/dev/shm";
 /// A mapped segment. Unmapped on drop; the file is removed separately with [`Segment::unlink`].
 #[derive(Debug)]
 pub struct Segment {
-    ptr: *mut u8,
+    map: MmapRaw,
     len: usize,
     path: PathBuf,
-}
-
-// SAFETY: the mapping is plain memory shared by design; all access goes through atomics or through
-// regions the transport's protocol gives to one writer at a time.
-unsafe impl Send for Segment {}
-// SAFETY: as above.
-unsafe impl Sync for Segment {}
-
-fn cpath(path: &Path) -> io::Result<CString> {
-    CString::new(path.as_os_str().as_encoded_bytes())
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "segment name contains NUL"))
 }
 
 impl Segment {
@@ -40,32 +33,21 @@ impl Segment {
     /// Creates segment `name` of `len` bytes (zero-filled); fails if it exists.
     pub fn create(name: &str, len: usize) -> io::Result<Segment> {
         let path = Segment::path_of(name);
-        let c = cpath(&path)?;
-        // SAFETY: a valid NUL-terminated path; the returned descriptor is checked.
-        let fd = unsafe {
-            libc::open(
-                c.as_ptr(),
-                libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC,
-                0o600,
-            )
-        };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
+        // std opens with O_CLOEXEC; `create_new` is O_CREAT | O_EXCL.
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)?;
+        // Reserve the pages now (tmpfs supports fallocate), like posix_fallocate.
+        if let Err(e) = fallocate(&file, FallocateFlags::empty(), 0, len as u64) {
+            let _ = std::fs::remove_file(&path);
+            return Err(e.into());
         }
-        // SAFETY: fd is ours.
-        let r = unsafe { libc::posix_fallocate(fd, 0, len as libc::off_t) };
-        if r != 0 {
-            // SAFETY: fd is ours; the path was created above.
-            unsafe {
-                libc::close(fd);
-                libc::unlink(c.as_ptr());
-            }
-            return Err(io::Error::from_raw_os_error(r));
-        }
-        let seg = Segment::map(fd, len, path.clone());
+        let seg = Segment::map(&file, len, path.clone());
         if seg.is_err() {
-            // SAFETY: the path was created above.
-            unsafe { libc::unlink(c.as_ptr()) };
+            let _ = std::fs::remove_file(&path);
         }
         seg
     }
@@ -73,78 +55,41 @@ impl Segment {
     /// Opens existing segment `name`, which must be `len` bytes long.
     pub fn open(name: &str, len: usize) -> io::Result<Segment> {
         let path = Segment::path_of(name);
-        let c = cpath(&path)?;
-        // SAFETY: a valid NUL-terminated path; the returned descriptor is checked.
-        let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: fd is ours; `st` is written by fstat.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: as above.
-        if unsafe { libc::fstat(fd, &mut st) } != 0 {
-            let e = io::Error::last_os_error();
-            // SAFETY: fd is ours.
-            unsafe { libc::close(fd) };
-            return Err(e);
-        }
-        if st.st_size as u64 != len as u64 {
-            // SAFETY: fd is ours.
-            unsafe { libc::close(fd) };
+        let file = OpenOptions::new().read(true).write(true).open(&path)?;
+        let size = file.metadata()?.len();
+        if size != len as u64 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 format!(
                     "{} is {} bytes, expected {len} (a different kolo version or settings?)",
                     path.display(),
-                    st.st_size
+                    size
                 ),
             ));
         }
-        Segment::map(fd, len, path)
+        Segment::map(&file, len, path)
     }
 
-    fn map(fd: libc::c_int, len: usize, path: PathBuf) -> io::Result<Segment> {
-        // SAFETY: mapping a regular file we opened read-write; the result is checked.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd,
-                0,
-            )
-        };
-        let err = io::Error::last_os_error();
-        // SAFETY: the mapping keeps its own reference to the file.
-        unsafe { libc::close(fd) };
-        if ptr == libc::MAP_FAILED {
-            return Err(err);
-        }
-        Ok(Segment {
-            ptr: ptr.cast(),
-            len,
-            path,
-        })
+    /// Maps `file` shared and read-write; the mapping keeps its own reference to the file, which
+    /// the caller closes.
+    fn map(file: &File, len: usize, path: PathBuf) -> io::Result<Segment> {
+        let map = MmapOptions::new().len(len).map_raw(file)?;
+        Ok(Segment { map, len, path })
     }
 
     /// Removes the segment's name (the mapping stays valid). Errors other than "already gone" are
     /// returned.
     pub fn unlink(&self) -> io::Result<()> {
-        let c = cpath(&self.path)?;
-        // SAFETY: a valid NUL-terminated path.
-        if unsafe { libc::unlink(c.as_ptr()) } != 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::NotFound {
-                return Err(e);
-            }
+        match std::fs::remove_file(&self.path) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
         }
-        Ok(())
     }
 
     /// Start of the mapping.
+    #[inline]
     pub fn ptr(&self) -> *mut u8 {
-        self.ptr
+        self.map.as_mut_ptr()
     }
 
     /// Length in bytes.
@@ -160,13 +105,6 @@ impl Segment {
     /// Path of the segment.
     pub fn path(&self) -> &Path {
         &self.path
-    }
-}
-
-impl Drop for Segment {
-    fn drop(&mut self) {
-        // SAFETY: unmapping exactly what `map` mapped; nothing refers to it after the owner drops.
-        unsafe { libc::munmap(self.ptr.cast(), self.len) };
     }
 }
 

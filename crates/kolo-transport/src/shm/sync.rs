@@ -11,93 +11,65 @@
 //! returns at once), or the waiter's check sees the published data. The handshake itself is
 //! [`Doorbell`] (in `doorbell.rs`, which `tests/shm_model.rs` model-checks with `loom`).
 
+use std::os::fd::OwnedFd;
 use std::sync::atomic::AtomicU32;
 use std::time::Duration;
+
+use rustix::event::{poll, PollFd, PollFlags, Timespec};
+use rustix::io::Errno;
+use rustix::process::{pidfd_open, test_kill_process, Pid, PidfdFlags};
+use rustix::thread::futex;
 
 pub use super::doorbell::Doorbell;
 
 /// Sleeps while `*word == expected`, at most `timeout` (spurious returns are fine: callers loop).
+#[inline]
 pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
-    let ts = libc::timespec {
-        tv_sec: timeout.as_secs().min(i32::MAX as u64) as libc::time_t,
-        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    let ts = Timespec {
+        tv_sec: timeout.as_secs().min(i32::MAX as u64) as i64,
+        tv_nsec: i64::from(timeout.subsec_nanos()),
     };
-    // SAFETY: FUTEX_WAIT on a valid, aligned u32 in memory that stays mapped; the timeout is a valid
-    // relative timespec. Shared (not PRIVATE) futexes work across processes mapping the same page.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAIT,
-            expected,
-            &ts as *const libc::timespec,
-            std::ptr::null::<u32>(),
-            0u32,
-        );
-    }
+    // Shared (not PRIVATE) futexes work across processes mapping the same page. Every outcome
+    // (woken, value changed, timed out, interrupted) means the same to the caller: check again.
+    let _ = futex::wait(word, futex::Flags::empty(), expected, Some(&ts));
 }
 
 /// Wakes every thread sleeping on `word`.
+#[inline]
 pub fn futex_wake(word: &AtomicU32) {
-    // SAFETY: FUTEX_WAKE on a valid, aligned u32.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAKE,
-            i32::MAX,
-            std::ptr::null::<libc::timespec>(),
-            std::ptr::null::<u32>(),
-            0u32,
-        );
-    }
+    let _ = futex::wake(word, futex::Flags::empty(), i32::MAX as u32);
 }
 
 /// Watches a process for exit through a `pidfd` (or, where `pidfd_open` is missing, `kill(pid, 0)`).
 #[derive(Debug)]
 pub struct ProcessWatch {
-    pid: i32,
-    fd: Option<i32>,
+    pid: Option<Pid>,
+    fd: Option<OwnedFd>,
 }
 
 impl ProcessWatch {
     /// Starts watching `pid`.
     pub fn new(pid: i32) -> ProcessWatch {
-        // SAFETY: pidfd_open takes a pid and flags; the result is checked.
-        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-        ProcessWatch {
-            pid,
-            fd: (fd >= 0).then_some(fd as i32),
-        }
+        let pid = Pid::from_raw(pid);
+        let fd = pid.and_then(|p| pidfd_open(p, PidfdFlags::empty()).ok());
+        ProcessWatch { pid, fd }
     }
 
     /// Whether the process has exited (without waiting).
     pub fn exited(&self) -> bool {
-        match self.fd {
-            Some(fd) => {
-                let mut p = libc::pollfd {
-                    fd,
-                    events: libc::POLLIN,
-                    revents: 0,
+        match (&self.fd, self.pid) {
+            (Some(fd), _) => {
+                let mut p = [PollFd::new(fd, PollFlags::IN)];
+                let zero = Timespec {
+                    tv_sec: 0,
+                    tv_nsec: 0,
                 };
-                // SAFETY: one valid pollfd, zero timeout.
-                let r = unsafe { libc::poll(&mut p, 1, 0) };
-                r > 0 && p.revents & libc::POLLIN != 0
+                matches!(poll(&mut p, Some(&zero)), Ok(n) if n > 0)
+                    && p[0].revents().contains(PollFlags::IN)
             }
-            None => {
-                // SAFETY: signal 0 only checks for existence.
-                let r = unsafe { libc::kill(self.pid, 0) };
-                r != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
-            }
-        }
-    }
-}
-
-impl Drop for ProcessWatch {
-    fn drop(&mut self) {
-        if let Some(fd) = self.fd {
-            // SAFETY: our descriptor.
-            unsafe { libc::close(fd) };
+            (None, Some(pid)) => test_kill_process(pid) == Err(Errno::SRCH),
+            // Not a valid process id (zero or negative): nothing to watch.
+            (None, None) => false,
         }
     }
 }

@@ -29,7 +29,7 @@ mod options;
 #[cfg(test)]
 mod tests;
 
-use std::net::{IpAddr, Ipv4Addr, ToSocketAddrs, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
 use kolo_core::{Error, Result, Transport};
@@ -96,19 +96,6 @@ fn is_loopback(host: &str) -> bool {
             .unwrap_or(false)
 }
 
-/// The local address that routes to `host:port` (no packet is sent: a UDP `connect` only picks a route).
-fn route_to(host: &str, port: u16) -> Option<IpAddr> {
-    let target = (host, port).to_socket_addrs().ok()?.next()?;
-    let bind = if target.is_ipv4() {
-        "0.0.0.0:0"
-    } else {
-        "[::]:0"
-    };
-    let s = UdpSocket::bind(bind).ok()?;
-    s.connect(target).ok()?;
-    Some(s.local_addr().ok()?.ip())
-}
-
 /// The world communicator for explicit options.
 pub fn init_with(opts: InitOptions) -> Result<Communicator> {
     if opts.size == 0 || opts.rank >= opts.size {
@@ -164,7 +151,7 @@ pub fn init_with(opts: InitOptions) -> Result<Communicator> {
             let (listen, advertise) = if local {
                 (loopback, loopback)
             } else {
-                let adv = route_to(host, *port).unwrap_or(loopback);
+                let adv = kolo_core::host::route_to(host, *port).unwrap_or(loopback);
                 (IpAddr::V4(Ipv4Addr::UNSPECIFIED), adv)
             };
             (store, server, listen, advertise)

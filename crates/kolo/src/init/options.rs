@@ -341,9 +341,5 @@ impl InitOptions {
 }
 
 fn host_name() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_string())
-        .ok()
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "localhost".into())
+    kolo_core::host::hostname().unwrap_or_else(|| "localhost".into())
 }
