@@ -13,6 +13,7 @@ pub mod engine;
 pub mod error;
 pub mod host;
 pub mod reduce;
+pub mod settings;
 pub mod transport;
 
 pub use arena::Arena;

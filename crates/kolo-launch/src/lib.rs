@@ -45,6 +45,8 @@ pub mod watch;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use kolo_core::settings::{Env, ProcessEnv};
+
 pub use bind::CpuBind;
 pub use config::{LaunchConfig, DEFAULT_GRACE_PERIOD, DEFAULT_MASTER_ADDR};
 pub use error::LaunchError;
@@ -121,8 +123,8 @@ pub fn launch(cfg: &LaunchConfig) -> Result<LaunchOutcome, LaunchError> {
 /// The job secret: the caller's `KOLO_JOB_SECRET` (every node of a job must share it), else a fresh
 /// random one.
 pub fn job_secret() -> Result<String, LaunchError> {
-    match std::env::var(kolo_store::auth::SECRET_ENV) {
-        Ok(s) if !s.is_empty() => Ok(s),
+    match ProcessEnv.lookup(kolo_store::auth::SECRET_ENV) {
+        Some(s) if !s.is_empty() => Ok(s),
         _ => kolo_store::JobSecret::generate_hex().map_err(|source| LaunchError::Secret { source }),
     }
 }
@@ -161,8 +163,8 @@ fn launch_nodes(
     signals: &SignalFlags,
     addr: Option<std::net::IpAddr>,
 ) -> Result<LaunchOutcome, LaunchError> {
-    let secret = match std::env::var(kolo_store::auth::SECRET_ENV) {
-        Ok(s) if !s.is_empty() => s,
+    let secret = match ProcessEnv.lookup(kolo_store::auth::SECRET_ENV) {
+        Some(s) if !s.is_empty() => s,
         _ => {
             supervise::report(format_args!(
                 "KOLO_JOB_SECRET is not set: this job's connections prove an empty secret, so \

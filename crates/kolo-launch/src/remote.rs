@@ -11,6 +11,8 @@ use std::io::Write;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use kolo_core::settings::{Env, ProcessEnv};
+
 use crate::process::SignalFlags;
 use crate::LaunchError;
 
@@ -103,8 +105,9 @@ pub fn run_hosts(
     grace: Duration,
 ) -> Result<i32, LaunchError> {
     let signals = SignalFlags::register().map_err(|source| LaunchError::Signals { source })?;
-    let ssh: Vec<String> = std::env::var("KOLO_SSH")
-        .unwrap_or_else(|_| "ssh -o BatchMode=yes".into())
+    let ssh: Vec<String> = ProcessEnv
+        .lookup("KOLO_SSH")
+        .unwrap_or_else(|| "ssh -o BatchMode=yes".into())
         .split_whitespace()
         .map(str::to_owned)
         .collect();
@@ -122,7 +125,8 @@ pub fn run_hosts(
             shell_quote(&cwd),
             args.join(" ")
         );
-        let (program, mut cmd) = if is_local(&h.host) && std::env::var_os("KOLO_SSH").is_none() {
+        let (program, mut cmd) = if is_local(&h.host) && ProcessEnv.lookup_os("KOLO_SSH").is_none()
+        {
             let mut c = Command::new("sh");
             c.arg("-c").arg(&script);
             ("sh", c)

@@ -51,7 +51,13 @@ impl JobSecret {
 
     /// The secret in `KOLO_JOB_SECRET`, or none.
     pub fn from_env() -> JobSecret {
-        std::env::var_os(SECRET_ENV)
+        JobSecret::from_lookup(|k| std::env::var_os(k))
+    }
+
+    /// The secret in `KOLO_JOB_SECRET` as `get` has it (kolo's settings lookup, or a map in
+    /// tests), or none.
+    pub fn from_lookup(get: impl Fn(&str) -> Option<std::ffi::OsString>) -> JobSecret {
+        get(SECRET_ENV)
             .map(|v| JobSecret(v.into_encoded_bytes()))
             .unwrap_or_default()
     }

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use kolo_collectives::select::Overrides;
+use kolo_core::settings::{Env, ProcessEnv};
 use kolo_core::{Error, Result};
 
 /// Default time a collective may wait for a peer before failing.
@@ -36,11 +37,12 @@ impl Default for Config {
 impl Config {
     /// Defaults overridden by `KOLO_TIMEOUT` and `KOLO_ALGO_ALLREDUCE` where set.
     pub fn from_env() -> Result<Config> {
-        Config::from_lookup(|k| std::env::var(k).ok())
+        Config::from_lookup(ProcessEnv)
     }
 
-    /// Like [`Config::from_env`], reading variables through `get` (for tests).
-    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Config> {
+    /// Like [`Config::from_env`], reading variables from `env` (a map or a closure in tests).
+    pub fn from_lookup(env: impl Env) -> Result<Config> {
+        let get = |k: &str| env.lookup(k);
         let mut c = Config::default();
         if let Some(v) = get("KOLO_TIMEOUT") {
             let secs: f64 = v
@@ -90,7 +92,7 @@ mod tests {
 
     #[test]
     fn env_overrides_and_errors() {
-        let c = Config::from_lookup(|k| match k {
+        let c = Config::from_lookup(|k: &str| match k {
             "KOLO_TIMEOUT" => Some("2.5".into()),
             "KOLO_ALGO_ALLREDUCE" => Some("tree".into()),
             _ => None,
@@ -100,7 +102,10 @@ mod tests {
             c.as_ref().map(|c| c.timeout),
             Some(Duration::from_millis(2500))
         );
-        assert!(Config::from_lookup(|k| (k == "KOLO_TIMEOUT").then(|| "-1".into())).is_err());
-        assert!(Config::from_lookup(|k| (k == "KOLO_ALGO_ALLREDUCE").then(|| "x".into())).is_err());
+        assert!(Config::from_lookup(|k: &str| (k == "KOLO_TIMEOUT").then(|| "-1".into())).is_err());
+        assert!(
+            Config::from_lookup(|k: &str| (k == "KOLO_ALGO_ALLREDUCE").then(|| "x".into()))
+                .is_err()
+        );
     }
 }

@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+use kolo_core::settings::{Env, ProcessEnv};
 use plotters::style::{register_font, FontStyle};
 
 use super::{PlotWarning, FAMILY, FONT_CANDIDATES, FONT_ENV, MAX_FONT_BYTES, NOT_FOUND};
@@ -73,7 +74,8 @@ pub(super) fn read_font_file(path: &Path) -> std::result::Result<Vec<u8>, String
 /// Tries [`FONT_ENV`], then [`FONT_CANDIDATES`].
 pub(super) fn load_any_font() -> std::result::Result<PathBuf, PlotWarning> {
     let mut tried = Vec::new();
-    let env = std::env::var_os(FONT_ENV)
+    let env = ProcessEnv
+        .lookup_os(FONT_ENV)
         .filter(|v| !v.is_empty())
         .map(PathBuf::from);
     let candidates = env

@@ -1,6 +1,7 @@
 //! f16/bf16 reductions: MPI's own operators on the 16-bit words, or (`KOLO_MPI_HALF=convert`)
 //! through f32 copies reduced with MPI's built-in f32 operators.
 
+use kolo_core::settings::Env;
 use kolo_core::{DType, Error, Result};
 
 use super::MpiEngine;
@@ -15,12 +16,9 @@ pub enum HalfMode {
 }
 
 impl HalfMode {
-    pub(super) fn from_env() -> Result<HalfMode> {
-        match std::env::var("KOLO_MPI_HALF")
-            .ok()
-            .as_deref()
-            .map(str::trim)
-        {
+    /// The mode `KOLO_MPI_HALF` in `env` names.
+    pub(super) fn from_lookup(env: impl Env) -> Result<HalfMode> {
+        match env.lookup("KOLO_MPI_HALF").as_deref().map(str::trim) {
             None | Some("") | Some("op") => Ok(HalfMode::Op),
             Some("convert") => Ok(HalfMode::Convert),
             Some(v) => Err(Error::Config {

@@ -4,6 +4,7 @@ use std::os::raw::{c_int, c_void};
 use std::sync::Arc;
 use std::time::Instant;
 
+use kolo_core::settings::{Env, ProcessEnv};
 use kolo_core::{DType, Engine, Error, Header, ReduceOp, Reducer, Result};
 use mpi::ffi;
 
@@ -85,7 +86,7 @@ impl MpiEngine {
             size,
             members: all.into_iter().map(|w| w as usize).collect(),
             watch,
-            half: HalfMode::from_env()?,
+            half: HalfMode::from_lookup(ProcessEnv)?,
         })
     }
 
@@ -152,8 +153,8 @@ impl Engine for MpiEngine {
 
     fn node_ids(&self) -> Result<Vec<String>> {
         const W: usize = 256;
-        let name = std::env::var("KOLO_NODE_ID")
-            .ok()
+        let name = ProcessEnv
+            .lookup("KOLO_NODE_ID")
             .filter(|s| !s.is_empty())
             .or_else(|| mpi::environment::processor_name().ok())
             .unwrap_or_else(|| "localhost".into());

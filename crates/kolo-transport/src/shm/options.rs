@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use kolo_core::settings::{Env, ProcessEnv};
 use kolo_core::Error;
 
 /// Settings of the shared-memory transport.
@@ -41,11 +42,16 @@ impl Default for ShmOptions {
 impl ShmOptions {
     /// Defaults, overridden by `KOLO_SHM_RING_BYTES`, `KOLO_SHM_BUFFER_BYTES` and `KOLO_SHM_SPIN_US`.
     pub fn from_env() -> Result<ShmOptions, Error> {
+        ShmOptions::from_lookup(ProcessEnv)
+    }
+
+    /// Like [`ShmOptions::from_env`], reading variables from `env`.
+    pub fn from_lookup(env: impl Env) -> Result<ShmOptions, Error> {
         let mut o = ShmOptions::default();
         let num = |var: &'static str| -> Result<Option<u64>, Error> {
-            match std::env::var(var) {
-                Err(_) => Ok(None),
-                Ok(v) => v
+            match env.lookup(var) {
+                None => Ok(None),
+                Some(v) => v
                     .trim()
                     .parse::<u64>()
                     .map(Some)

@@ -30,14 +30,15 @@ impl Backend {
         }
     }
 
-    /// The backend `KOLO_BACKEND` and the launcher's variables choose (read through `get`):
+    /// The backend `KOLO_BACKEND` and the launcher's variables choose (read from `env`):
     /// [`Backend::Kolo`] or [`Backend::Mpi`], never `Auto`. Asking for MPI in a build without it
     /// is an error.
-    pub fn choose(get: impl Fn(&str) -> Option<String>) -> Result<Backend> {
+    pub fn choose(env: impl kolo_core::settings::Env) -> Result<Backend> {
+        let get = |k: &str| env.lookup(k);
         let asked = Backend::parse(&get("KOLO_BACKEND").unwrap_or_default())?;
         // Under `kolo run` (which hosts the store) the workers are kolo's even if an MPI launcher
         // started the launcher itself.
-        let under_mpi = launched_by_mpi(&get) && get("KOLO_AGENT_STORE").is_none();
+        let under_mpi = launched_by_mpi(get) && get("KOLO_AGENT_STORE").is_none();
         match asked {
             Backend::Kolo => Ok(Backend::Kolo),
             Backend::Mpi if !cfg!(feature = "mpi") => Err(no_mpi()),

@@ -32,6 +32,7 @@ mod tests;
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
+use kolo_core::settings::{Env, ProcessEnv};
 use kolo_core::{Error, Result, Transport};
 use kolo_store::{C10dStore, FileStore, Store, TcpStore, TcpStoreServer};
 use kolo_transport::{
@@ -53,7 +54,7 @@ const WORLD_GROUP: u64 = crate::communicator::ARENA_GROUP;
 /// world of one when no launcher variables are set. Under `mpirun`/`srun` with the `mpi` feature
 /// (or with `KOLO_BACKEND=mpi`) the world runs on MPI (see [`init_mpi`]).
 pub fn init() -> Result<Communicator> {
-    let get = |k: &str| std::env::var(k).ok();
+    let get = |k: &str| ProcessEnv.lookup(k);
     match Backend::choose(get)? {
         Backend::Mpi => init_mpi(Config::from_lookup(get)?),
         _ => init_with(InitOptions::from_env()?),
@@ -211,7 +212,7 @@ pub fn init_with(opts: InitOptions) -> Result<Communicator> {
             listen: opts.listen.unwrap_or(listen),
             advertise: opts.advertise.unwrap_or(advertise),
             connect_timeout: timeout,
-            secret: kolo_store::JobSecret::from_env(),
+            secret: kolo_store::JobSecret::from_lookup(|k| ProcessEnv.lookup_os(k)),
             heartbeat_timeout: opts.heartbeat_timeout,
             ..TcpOptions::default()
         };

@@ -163,12 +163,13 @@ impl InitOptions {
 
     /// Reads the options from the process environment (see the module documentation).
     pub fn from_env() -> Result<InitOptions> {
-        InitOptions::from_lookup(|k| std::env::var(k).ok())
+        InitOptions::from_lookup(kolo_core::settings::ProcessEnv)
     }
 
-    /// Like [`InitOptions::from_env`], reading variables through `get`.
-    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<InitOptions> {
-        let config = Config::from_lookup(&get)?;
+    /// Like [`InitOptions::from_env`], reading variables from `env` (a map or a closure in tests).
+    pub fn from_lookup(env: impl kolo_core::settings::Env) -> Result<InitOptions> {
+        let get = |k: &str| env.lookup(k);
+        let config = Config::from_lookup(get)?;
         let num = |var: &str| -> Result<Option<usize>> {
             match get(var) {
                 None => Ok(None),
@@ -317,7 +318,7 @@ impl InitOptions {
             listen: parse_ip("KOLO_LISTEN_ADDR")?,
             advertise: parse_ip("KOLO_ADVERTISE_ADDR")?,
             transport: TransportChoice::parse(&get("KOLO_TRANSPORT").unwrap_or_default())?,
-            shm: ShmOptions::from_env()?,
+            shm: ShmOptions::from_lookup(get)?,
             heartbeat_timeout: match get("KOLO_HEARTBEAT_TIMEOUT") {
                 None => Some(std::time::Duration::from_secs(6)),
                 Some(v) => {

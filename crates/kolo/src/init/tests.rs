@@ -8,7 +8,7 @@ fn opts(vars: &[(&str, &str)]) -> Result<InitOptions> {
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
-    InitOptions::from_lookup(|k| m.get(k).cloned())
+    InitOptions::from_lookup(|k: &str| m.get(k).cloned())
 }
 
 fn backend(vars: &[(&str, &str)]) -> Result<Backend> {
@@ -16,7 +16,7 @@ fn backend(vars: &[(&str, &str)]) -> Result<Backend> {
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
-    Backend::choose(|k| m.get(k).cloned())
+    Backend::choose(|k: &str| m.get(k).cloned())
 }
 
 #[test]

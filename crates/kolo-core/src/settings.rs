@@ -1,0 +1,180 @@
+//! kolo's settings: the one table of every `KOLO_*` variable (name, default, meaning) and the one
+//! way they are read, an [`Env`] that is either the process environment ([`ProcessEnv`]) or, in
+//! tests, a map ([`MapEnv`]) or a closure.
+//!
+//! The constructors that read settings (`Config::from_lookup`, `InitOptions::from_lookup`,
+//! `ShmOptions::from_lookup`, …) take an [`Env`]; their `from_env` forms pass [`ProcessEnv`].
+//! README.md's settings table is [`markdown_table`] of [`SETTINGS`] (a test checks it).
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+
+/// Where settings are read from.
+pub trait Env {
+    /// The value of variable `name`, or `None` where it is unset (or, in the process environment,
+    /// not Unicode).
+    fn lookup(&self, name: &str) -> Option<String>;
+
+    /// The value of variable `name` as the operating system has it (for paths and secrets).
+    fn lookup_os(&self, name: &str) -> Option<OsString> {
+        self.lookup(name).map(OsString::from)
+    }
+}
+
+/// The process environment.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ProcessEnv;
+
+impl Env for ProcessEnv {
+    fn lookup(&self, name: &str) -> Option<String> {
+        std::env::var(name).ok()
+    }
+
+    fn lookup_os(&self, name: &str) -> Option<OsString> {
+        std::env::var_os(name)
+    }
+}
+
+/// Variables from a map, for tests.
+#[derive(Debug, Clone, Default)]
+pub struct MapEnv(pub HashMap<String, String>);
+
+impl<K: Into<String>, V: Into<String>> FromIterator<(K, V)> for MapEnv {
+    fn from_iter<I: IntoIterator<Item = (K, V)>>(iter: I) -> Self {
+        MapEnv(
+            iter.into_iter()
+                .map(|(k, v)| (k.into(), v.into()))
+                .collect(),
+        )
+    }
+}
+
+impl Env for MapEnv {
+    fn lookup(&self, name: &str) -> Option<String> {
+        self.0.get(name).cloned()
+    }
+}
+
+impl<F: Fn(&str) -> Option<String>> Env for F {
+    fn lookup(&self, name: &str) -> Option<String> {
+        self(name)
+    }
+}
+
+/// One setting: its variable, its default and what it means (as README.md's table shows them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Setting {
+    /// The environment variable.
+    pub name: &'static str,
+    /// The default, as the table shows it.
+    pub default: &'static str,
+    /// What it does.
+    pub meaning: &'static str,
+}
+
+const fn s(name: &'static str, default: &'static str, meaning: &'static str) -> Setting {
+    Setting {
+        name,
+        default,
+        meaning,
+    }
+}
+
+/// Every `KOLO_*` variable kolo reads (or, for `KOLO_CPUS`, sets for its workers).
+pub const SETTINGS: &[Setting] = &[
+    s("KOLO_TIMEOUT", "`300`", "seconds an operation may wait for a peer before it fails with `Error::Timeout`"),
+    s("KOLO_ALGO_ALLREDUCE", "cost model", "force `ring`, `recursive_doubling`, `halving_doubling` or `tree`"),
+    s("KOLO_CONFIRM_CALLS", "`1`", "`0` skips the fingerprint step every collective on shared memory (and on MPI) starts with; only for measuring what it costs"),
+    s("KOLO_LISTEN_ADDR", "chosen", "the address the TCP transport listens on"),
+    s("KOLO_ADVERTISE_ADDR", "chosen", "the address the TCP transport tells peers"),
+    s("KOLO_NODE_ID", "`NODE_RANK` or host name", "ranks with the same id count as one node (`local_rank`, shared memory)"),
+    s("KOLO_TRANSPORT", "`auto`", "`auto`: shared memory between ranks of a node, TCP between nodes; `tcp`: TCP everywhere; `shm`: shared memory only (all ranks on one node, else an error)"),
+    s("KOLO_SHM_RING_BYTES", "256 KiB", "bytes of each pair's shared-memory ring"),
+    s("KOLO_SHM_BUFFER_BYTES", "1 MiB", "bytes of each of a rank's two shared buffers (the all-reduce chunk)"),
+    s("KOLO_SHM_SPIN_US", "1000", "how long a waiting rank polls (yielding its core after the first microseconds) before it sleeps on its futex"),
+    s("KOLO_HEARTBEAT_TIMEOUT", "`6`", "seconds a shared-memory peer's heartbeat may stand still before the peer counts as lost (`0`: no heartbeats)"),
+    s("KOLO_INIT_METHOD", "from the launcher's variables", "explicit rendezvous: `tcp://HOST:PORT`, `c10d://HOST:PORT` or `file:///PATH`, with `RANK` and `WORLD_SIZE`"),
+    s("KOLO_AGENT_STORE", "unset", "`1`: the launcher hosts the rendezvous store (rank 0 must not start one); set by `kolo run`"),
+    s("KOLO_JOB_ID", "torchrun's or Slurm's job id, else `kolo`", "the job's id (`kolo run` sets a fresh random one per launch)"),
+    s("KOLO_RESTART_COUNT", "`0`", "how often the launcher restarted the worker group (set by `kolo run`)"),
+    s("KOLO_JOB_SECRET", "none", "the job's shared secret for authenticating connections (`kolo run` generates one per job)"),
+    s("KOLO_BIND", "`cores`", "`kolo run`/`train`/`bench`: `cores` binds each worker to its own block of CPUs, `none` does not"),
+    s("KOLO_CPUS", "set by `kolo run`", "the CPUs a bound worker may run on"),
+    s("KOLO_SSH", "`ssh -o BatchMode=yes`", "the command `kolo run` starts the other hosts' launchers with"),
+    s("KOLO_BACKEND", "`auto`", "`auto`: MPI under `mpirun`/`srun` when built with the `mpi` feature, else kolo's; `kolo`; `mpi` (an error in a build without the feature)"),
+    s("KOLO_MPI_HALF", "`op`", "f16/bf16 reductions on MPI: `op` (user-defined MPI operators on the 16-bit values) or `convert` (to f32 and back)"),
+    s("KOLO_MPIRUN", "`mpirun`", "the launcher `--backend mpi` runs"),
+    s("KOLO_MPIRUN_ARGS", "none", "options added to that launcher (hosts, binding)"),
+    s("KOLO_DATA_DIR", "none", "a directory holding the training data sets, searched after `--data-dir` and before the default places"),
+    s("KOLO_TRAIN_RUN_DIR", "set by `kolo train`", "the run directory the launching `kolo train` hands its workers"),
+    s("KOLO_PLOT_FONT", "system fonts", "a TTF/OTF file to use for plot text"),
+];
+
+/// The setting called `name`, if kolo has one.
+pub fn setting(name: &str) -> Option<&'static Setting> {
+    SETTINGS.iter().find(|s| s.name == name)
+}
+
+/// [`SETTINGS`] as a Markdown table (README.md's "Settings" section shows exactly this).
+pub fn markdown_table() -> String {
+    let mut t = String::from("| variable | default | meaning |\n|---|---|---|\n");
+    for s in SETTINGS {
+        t.push_str(&format!(
+            "| `{}` | {} | {} |\n",
+            s.name, s.default, s.meaning
+        ));
+    }
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn readme_settings_table_matches_the_code() {
+        let readme = include_str!("../../../README.md");
+        let section = readme
+            .split_once("\n### Settings\n")
+            .map(|(_, rest)| rest)
+            .expect("README.md has a \"### Settings\" section");
+        let table: String = section
+            .lines()
+            .skip_while(|l| !l.starts_with('|'))
+            .take_while(|l| l.starts_with('|'))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        assert_eq!(
+            table,
+            markdown_table(),
+            "README.md's settings table differs from kolo_core::settings::SETTINGS"
+        );
+    }
+
+    #[test]
+    fn names_are_unique_kolo_variables() {
+        let mut names: Vec<&str> = SETTINGS.iter().map(|s| s.name).collect();
+        assert!(names.iter().all(|n| n.starts_with("KOLO_")));
+        names.sort_unstable();
+        let n = names.len();
+        names.dedup();
+        assert_eq!(names.len(), n, "a setting is listed twice");
+        assert!(setting("KOLO_TIMEOUT").is_some());
+        assert!(setting("KOLO_NO_SUCH").is_none());
+    }
+
+    #[test]
+    fn lookups_from_a_map_a_closure_and_the_process() {
+        let map: MapEnv = [("KOLO_TIMEOUT", "5")].into_iter().collect();
+        assert_eq!(map.lookup("KOLO_TIMEOUT").as_deref(), Some("5"));
+        assert_eq!(map.lookup_os("KOLO_TIMEOUT"), Some(OsString::from("5")));
+        assert_eq!(map.lookup("KOLO_TRANSPORT"), None);
+        let f = |k: &str| (k == "KOLO_TRANSPORT").then(|| "tcp".to_string());
+        assert_eq!(f.lookup("KOLO_TRANSPORT").as_deref(), Some("tcp"));
+        assert_eq!(
+            ProcessEnv.lookup("PATH"),
+            std::env::var("PATH").ok(),
+            "ProcessEnv reads the process environment"
+        );
+    }
+}
