@@ -151,6 +151,51 @@ mod tests {
         );
     }
 
+    /// Every `"KOLO_…"` string literal in the crates' sources (tests' own names aside) is a row
+    /// of [`SETTINGS`], so a variable cannot be added without its row (and README.md's).
+    #[test]
+    fn every_variable_in_the_sources_is_in_the_table() {
+        const TEST_ONLY: &[&str] = &["KOLO_TEST_VAR", "KOLO_NO_SUCH"];
+        fn sources(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+            for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+                let path = entry.path();
+                if path.is_dir() {
+                    sources(&path, out);
+                } else if path.extension().is_some_and(|e| e == "rs") {
+                    out.push(path);
+                }
+            }
+        }
+        let crates = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut files = Vec::new();
+        for krate in std::fs::read_dir(&crates).into_iter().flatten().flatten() {
+            sources(&krate.path().join("src"), &mut files);
+        }
+        assert!(files.len() > 20, "found the crates' sources");
+        let mut unknown = Vec::new();
+        for file in files {
+            let text = std::fs::read_to_string(&file).unwrap_or_default();
+            for (i, _) in text.match_indices("\"KOLO_") {
+                let rest = &text[i + 1..];
+                let len = rest
+                    .find(|c: char| !(c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_'))
+                    .unwrap_or(rest.len());
+                let name = &rest[..len];
+                if rest[len..].starts_with('"')
+                    && name.len() > "KOLO_".len()
+                    && !TEST_ONLY.contains(&name)
+                    && setting(name).is_none()
+                {
+                    unknown.push(format!("{name} ({})", file.display()));
+                }
+            }
+        }
+        assert!(
+            unknown.is_empty(),
+            "variables missing from kolo_core::settings::SETTINGS: {unknown:?}"
+        );
+    }
+
     #[test]
     fn names_are_unique_kolo_variables() {
         let mut names: Vec<&str> = SETTINGS.iter().map(|s| s.name).collect();
