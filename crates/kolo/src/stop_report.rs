@@ -9,14 +9,13 @@
 //! A program that installs its own SIGTERM handler keeps it: kolo only takes SIGTERM when its action
 //! is still the default.
 
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::fs::File;
+use std::io::Read;
 use std::sync::{Mutex, Once, Weak};
 use std::time::{Duration, Instant};
 
 use crate::communicator::Inner;
 
-/// The write end of the pipe the handler wakes the reporting thread through.
-static WAKE: AtomicI32 = AtomicI32::new(-1);
 static INSTALL: Once = Once::new();
 static WORLDS: Mutex<Vec<Weak<Inner>>> = Mutex::new(Vec::new());
 
@@ -38,63 +37,45 @@ pub(crate) fn watch(world: Weak<Inner>) {
     INSTALL.call_once(install);
 }
 
-extern "C" fn on_sigterm(_: libc::c_int) {
-    let fd = WAKE.load(Ordering::Relaxed);
-    if fd >= 0 {
-        // SAFETY: write(2) is async-signal-safe; one byte from a static buffer.
-        unsafe { libc::write(fd, b"t".as_ptr().cast(), 1) };
+/// Whether SIGTERM still has its default action.
+fn sigterm_is_default() -> bool {
+    // SAFETY: sigaction with a null new action only reads the current one into `old`, a zeroed
+    // (valid) sigaction that lives across the call.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(libc::SIGTERM, std::ptr::null(), &mut old) == 0
+            && old.sa_sigaction == libc::SIG_DFL
     }
 }
 
 fn install() {
-    // SAFETY: sigaction with a null new action only reads the current one into `old`.
-    let default = unsafe {
-        let mut old: libc::sigaction = std::mem::zeroed();
-        libc::sigaction(libc::SIGTERM, std::ptr::null(), &mut old) == 0
-            && old.sa_sigaction == libc::SIG_DFL
+    if !sigterm_is_default() {
+        return;
+    }
+    let Ok((read_end, write_end)) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+    else {
+        return;
     };
-    if !default {
-        return;
-    }
-    let mut fds = [0i32; 2];
-    // SAFETY: a two-element array for pipe2's descriptors.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return;
-    }
-    let [read_fd, write_fd] = fds;
+    let read_end = File::from(read_end);
     let spawned = std::thread::Builder::new()
         .name("kolo-sigterm".into())
-        .spawn(move || report_and_exit(read_fd));
+        .spawn(move || report_and_exit(read_end));
     if spawned.is_err() {
-        // SAFETY: our descriptors, unused elsewhere.
-        unsafe {
-            libc::close(read_fd);
-            libc::close(write_fd);
-        }
+        // The thread's closure, and with it the read end, is dropped; so is the write end.
         return;
     }
-    WAKE.store(write_fd, Ordering::Relaxed);
-    // SAFETY: installs a handler that only calls write(2); the mask is emptied first.
-    unsafe {
-        let mut act: libc::sigaction = std::mem::zeroed();
-        act.sa_sigaction = on_sigterm as extern "C" fn(libc::c_int) as usize;
-        libc::sigemptyset(&mut act.sa_mask);
-        act.sa_flags = libc::SA_RESTART;
-        libc::sigaction(libc::SIGTERM, &act, std::ptr::null_mut());
-    }
+    // The handler writes one byte to the pipe (async-signal-safe), waking the thread.
+    let _ = signal_hook::low_level::pipe::register(libc::SIGTERM, write_end);
 }
 
 /// Waits for SIGTERM, records the first transport failure of any live world, then dies of SIGTERM.
-fn report_and_exit(read_fd: i32) {
+fn report_and_exit(mut read_end: File) {
     let mut b = [0u8; 1];
     loop {
-        // SAFETY: reads one byte into a local buffer from our pipe.
-        let n = unsafe { libc::read(read_fd, b.as_mut_ptr().cast(), 1) };
-        if n == 1 {
-            break;
-        }
-        if n == 0 || std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
-            return;
+        match read_end.read(&mut b) {
+            Ok(1) => break,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            _ => return,
         }
     }
     let worlds: Vec<_> = WORLDS
@@ -111,10 +92,7 @@ fn report_and_exit(read_fd: i32) {
         std::thread::sleep(Duration::from_millis(10));
     }
     drop(worlds);
-    // SAFETY: restores the default action and re-raises: the process ends by SIGTERM, as it would
-    // have without kolo's handler (torchrun reads the signal from the exit status).
-    unsafe {
-        libc::signal(libc::SIGTERM, libc::SIG_DFL);
-        libc::raise(libc::SIGTERM);
-    }
+    // Restores the default action and re-raises: the process ends by SIGTERM, as it would have
+    // without kolo's handler (torchrun reads the signal from the exit status).
+    let _ = signal_hook::low_level::emulate_default_handler(libc::SIGTERM);
 }
