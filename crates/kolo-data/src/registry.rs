@@ -5,6 +5,8 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
+use kolo_core::settings::{Env, ProcessEnv};
+
 use crate::dataset::{Dataset, Split};
 use crate::error::DataError;
 use crate::synthetic::SyntheticSpec;
@@ -181,7 +183,7 @@ fn candidate_dirs(
 /// The directories [`load`] would search for `kind` with this `data_dir`
 /// and the current environment, in order.
 pub fn search_dirs(kind: DatasetKind, data_dir: Option<&Path>) -> Vec<PathBuf> {
-    candidate_dirs(kind, data_dir, std::env::var_os(DATA_DIR_ENV))
+    candidate_dirs(kind, data_dir, ProcessEnv.lookup_os(DATA_DIR_ENV))
 }
 
 /// Loads one split of a dataset.
@@ -207,7 +209,7 @@ pub fn load(
     split: Split,
     data_dir: Option<&Path>,
 ) -> Result<Dataset, DataError> {
-    load_with_env(kind, split, data_dir, std::env::var_os(DATA_DIR_ENV))
+    load_with_env(kind, split, data_dir, ProcessEnv.lookup_os(DATA_DIR_ENV))
 }
 
 fn load_with_env(
