@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use kolo::prelude::*;
 use kolo::store::TcpStoreServer;
+use rustix::process::{kill_process, Pid, Signal};
 
 /// Entry point of the worker processes (ignored in normal runs).
 #[test]
@@ -351,9 +352,8 @@ fn stopped_worker(transport: &str) {
     let (_server, _job, mut children) = loop_workers("stop-test", transport);
     std::thread::sleep(Duration::from_millis(1500));
     let victim = children.pop().expect("three workers");
-    let pid = victim.id() as i32;
-    // SAFETY: plain kill(2) on a child this test started.
-    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let pid = Pid::from_child(&victim);
+    kill_process(pid, Signal::STOP).expect("stop the victim");
     let stopped_at = Instant::now();
     for (r, c) in children.into_iter().enumerate() {
         let e = finish(c, Duration::from_secs(15));
@@ -369,8 +369,8 @@ fn stopped_worker(transport: &str) {
             e.stderr
         );
     }
-    // SAFETY: as above; the stopped worker is killed so it does not linger.
-    unsafe { libc::kill(pid, libc::SIGKILL) };
+    // The stopped worker is killed so it does not linger.
+    let _ = kill_process(pid, Signal::KILL);
     let _ = finish(victim, Duration::from_secs(10));
 }
 
@@ -379,9 +379,7 @@ fn killed_worker(transport: &str) {
     // Let them get into the loop.
     std::thread::sleep(Duration::from_millis(1500));
     let victim = children.pop().expect("three workers");
-    let pid = victim.id() as i32;
-    // SAFETY: plain kill(2) on a child this test started.
-    unsafe { libc::kill(pid, libc::SIGKILL) };
+    kill_process(Pid::from_child(&victim), Signal::KILL).expect("kill the victim");
     let killed_at = Instant::now();
     let v = finish(victim, Duration::from_secs(10));
     assert_eq!(v.code, None, "killed by a signal");
