@@ -1,4 +1,5 @@
-//! Communicator settings, with their environment variables read in one place.
+//! Communicator settings, read through [`kolo_core::settings::Env`] (every `KOLO_*` variable is
+//! listed, with its default and meaning, in [`kolo_core::settings::SETTINGS`]).
 
 use std::time::Duration;
 
