@@ -8,8 +8,6 @@ use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kolo_store::StoreError;
-
 use crate::call::{Call, Tag};
 
 /// Result with kolo's [`Error`].
@@ -191,9 +189,10 @@ pub enum Error {
         source: Arc<io::Error>,
     },
 
-    /// The rendezvous store failed.
+    /// The rendezvous store failed. The source is the store's own error (`kolo_store::StoreError`,
+    /// which converts into this variant); reach it with `downcast_ref`.
     #[error("rendezvous store: {0}")]
-    Store(#[source] Arc<StoreError>),
+    Store(#[source] Arc<dyn std::error::Error + Send + Sync>),
 
     /// An environment variable or init option is missing or malformed.
     #[error("init: {var} = {value:?}: {reason}")]
@@ -271,11 +270,10 @@ impl Error {
             source: Arc::new(source),
         }
     }
-}
 
-impl From<StoreError> for Error {
-    fn from(e: StoreError) -> Error {
-        Error::Store(Arc::new(e))
+    /// Builds an [`Error::Store`] from the store's error.
+    pub fn store(source: impl std::error::Error + Send + Sync + 'static) -> Error {
+        Error::Store(Arc::new(source))
     }
 }
 
