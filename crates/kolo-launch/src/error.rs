@@ -75,6 +75,16 @@ pub enum LaunchError {
         reason: String,
     },
 
+    /// The launchers' rendezvous store failed or could not be reached.
+    #[error("multi-node rendezvous: {what}: {source}")]
+    RendezvousStore {
+        /// What the launcher was doing (`joining the round`, `cannot reach the store at ...`).
+        what: String,
+        /// What the store reported.
+        #[source]
+        source: kolo_store::StoreError,
+    },
+
     /// No random job secret could be generated.
     #[error("cannot generate the job secret (reading /dev/urandom)")]
     Secret {
