@@ -8,15 +8,13 @@ use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kolo_store::StoreError;
-
 use crate::call::{Call, Tag};
 
 /// Result with kolo's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Everything that can go wrong in kolo's communication layer.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// A root, peer or member rank outside the group.
@@ -186,14 +184,15 @@ pub enum Error {
     Io {
         /// What was being done.
         context: String,
-        /// The OS error.
+        /// The OS error (shared, so that the error can be cloned).
         #[source]
-        source: io::Error,
+        source: Arc<io::Error>,
     },
 
-    /// The rendezvous store failed.
+    /// The rendezvous store failed. The source is the store's own error (`kolo_store::StoreError`,
+    /// which converts into this variant); reach it with `downcast_ref`.
     #[error("rendezvous store: {0}")]
-    Store(#[from] StoreError),
+    Store(#[source] Arc<dyn std::error::Error + Send + Sync>),
 
     /// An environment variable or init option is missing or malformed.
     #[error("init: {var} = {value:?}: {reason}")]
@@ -264,180 +263,17 @@ impl Error {
         }
     }
 
-    /// A copy of this error, for keeping as a communicator's sticky failure while the original is
-    /// returned. OS and store errors are copied by kind and message.
-    pub fn duplicate(&self) -> Error {
-        use Error::*;
-        match self {
-            RankOutOfRange {
-                op,
-                rank,
-                arg,
-                value,
-                size,
-            } => RankOutOfRange {
-                op,
-                rank: *rank,
-                arg,
-                value: *value,
-                size: *size,
-            },
-            BufferLength {
-                op,
-                rank,
-                arg,
-                expected,
-                actual,
-            } => BufferLength {
-                op,
-                rank: *rank,
-                arg,
-                expected: *expected,
-                actual: *actual,
-            },
-            InvalidArgument {
-                op,
-                rank,
-                arg,
-                reason,
-            } => InvalidArgument {
-                op,
-                rank: *rank,
-                arg,
-                reason: reason.clone(),
-            },
-            Mismatch {
-                rank,
-                peer,
-                local,
-                remote,
-                tag,
-            } => Mismatch {
-                rank: *rank,
-                peer: *peer,
-                local: *local,
-                remote: *remote,
-                tag: *tag,
-            },
-            MessageLength {
-                op,
-                rank,
-                peer,
-                expected,
-                actual,
-            } => MessageLength {
-                op,
-                rank: *rank,
-                peer: *peer,
-                expected: *expected,
-                actual: *actual,
-            },
-            Timeout {
-                op,
-                rank,
-                peer,
-                waited,
-            } => Timeout {
-                op,
-                rank: *rank,
-                peer: *peer,
-                waited: *waited,
-            },
-            BarrierTimeout {
-                rank,
-                missing,
-                waited,
-            } => BarrierTimeout {
-                rank: *rank,
-                missing: missing.clone(),
-                waited: *waited,
-            },
-            PeerLost {
-                op,
-                rank,
-                peer,
-                reason,
-            } => PeerLost {
-                op,
-                rank: *rank,
-                peer: *peer,
-                reason: reason.clone(),
-            },
-            PeerClosed { op, rank, peer } => PeerClosed {
-                op,
-                rank: *rank,
-                peer: *peer,
-            },
-            Aborted {
-                op,
-                rank,
-                by,
-                reason,
-            } => Aborted {
-                op,
-                rank: *rank,
-                by: *by,
-                reason: reason.clone(),
-            },
-            Protocol { rank, peer, reason } => Protocol {
-                rank: *rank,
-                peer: *peer,
-                reason: reason.clone(),
-            },
-            Failed { rank, first } => Failed {
-                rank: *rank,
-                first: first.clone(),
-            },
-            Io { context, source } => Io {
-                context: context.clone(),
-                source: io::Error::new(source.kind(), source.to_string()),
-            },
-            Store(e) => Io {
-                context: "rendezvous store".into(),
-                source: io::Error::other(e.to_string()),
-            },
-            Config { var, value, reason } => Config {
-                var: var.clone(),
-                value: value.clone(),
-                reason: reason.clone(),
-            },
-            Serialize { op, rank, reason } => Serialize {
-                op,
-                rank: *rank,
-                reason: reason.clone(),
-            },
-            Unsupported { what } => Unsupported { what: what.clone() },
-            Stalled {
-                op,
-                rank,
-                call,
-                waited,
-            } => Stalled {
-                op,
-                rank: *rank,
-                call: *call,
-                waited: *waited,
-            },
-            Backend {
-                op,
-                rank,
-                backend,
-                reason,
-            } => Backend {
-                op,
-                rank: *rank,
-                backend,
-                reason: reason.clone(),
-            },
-        }
-    }
-
     /// Builds an [`Error::Io`].
     pub fn io(context: impl Into<String>, source: io::Error) -> Error {
         Error::Io {
             context: context.into(),
-            source,
+            source: Arc::new(source),
         }
+    }
+
+    /// Builds an [`Error::Store`] from the store's error.
+    pub fn store(source: impl std::error::Error + Send + Sync + 'static) -> Error {
+        Error::Store(Arc::new(source))
     }
 }
 

@@ -75,6 +75,29 @@ pub enum LaunchError {
         reason: String,
     },
 
+    /// The launchers' rendezvous store failed or could not be reached.
+    #[error("multi-node rendezvous: {what}: {source}")]
+    RendezvousStore {
+        /// What the launcher was doing (`joining the round`, `cannot reach the store at ...`).
+        what: String,
+        /// What the store reported.
+        #[source]
+        source: kolo_store::StoreError,
+    },
+
+    /// mpirun (or the launcher `KOLO_MPIRUN` names) could not be started.
+    #[error(
+        "cannot start {program:?}: {source} (install OpenMPI or MPICH, or name the launcher in \
+         KOLO_MPIRUN)"
+    )]
+    Mpirun {
+        /// The launcher's program.
+        program: OsString,
+        /// Why starting it failed.
+        #[source]
+        source: io::Error,
+    },
+
     /// No random job secret could be generated.
     #[error("cannot generate the job secret (reading /dev/urandom)")]
     Secret {

@@ -32,6 +32,7 @@ pub mod bind;
 mod config;
 pub mod env;
 mod error;
+pub mod mpirun;
 pub mod net;
 mod outcome;
 mod output;

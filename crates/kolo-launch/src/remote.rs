@@ -8,6 +8,7 @@
 
 use std::ffi::OsString;
 use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -83,6 +84,95 @@ fn parse_one(p: &str, sep: char) -> Result<HostSpec, String> {
         host: host.to_owned(),
         slots,
     })
+}
+
+/// Why the hosts given with `--hosts`/`--hostfile` cannot run a job.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum HostsError {
+    /// The host file could not be read.
+    #[error("--hosts/--hostfile: cannot read {}: {source}", .path.display())]
+    Read {
+        /// The host file.
+        path: PathBuf,
+        /// Why reading it failed.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// The host list or file is malformed (or there is none).
+    #[error("--hosts/--hostfile: {0}")]
+    Parse(String),
+
+    /// The hosts do not all run the same number of workers.
+    #[error("every host must run the same number of workers (got {listed})")]
+    UnevenSlots {
+        /// The hosts as `host:slots,...`.
+        listed: String,
+    },
+
+    /// The hosts' slots do not add up to the number of workers.
+    #[error("-n {nproc} must equal the hosts' slots, {total} in all ({listed})")]
+    SlotCount {
+        /// Workers asked for.
+        nproc: usize,
+        /// The hosts' slots together.
+        total: usize,
+        /// The hosts as `host:slots,...`.
+        listed: String,
+    },
+
+    /// `--nnodes` or `--node-rank` was given too; the host list sets them.
+    #[error("--hosts chooses --nnodes and --node-rank itself; give one or the other")]
+    NodeOptions,
+}
+
+/// The hosts of a job of `nproc` workers, from a `--hosts` list or else a `--hostfile`, checked:
+/// every host runs the same number of workers, their slots add up to `nproc`, and neither
+/// `nnodes` (other than 1) nor `node_rank` is given. The list is never empty.
+pub fn job_hosts(
+    hosts: Option<&str>,
+    hostfile: Option<&Path>,
+    nproc: usize,
+    nnodes: (usize, usize),
+    node_rank: Option<usize>,
+) -> Result<Vec<HostSpec>, HostsError> {
+    let hosts = match (hosts, hostfile) {
+        (Some(list), _) => parse_hosts(list).map_err(HostsError::Parse)?,
+        (None, Some(path)) => {
+            let text = std::fs::read_to_string(path).map_err(|source| HostsError::Read {
+                path: path.to_path_buf(),
+                source,
+            })?;
+            parse_hostfile(&text).map_err(HostsError::Parse)?
+        }
+        (None, None) => return Err(HostsError::Parse("no hosts".into())),
+    };
+    let Some(per) = hosts.first().map(|h| h.slots) else {
+        return Err(HostsError::Parse("no hosts".into()));
+    };
+    let total: usize = hosts.iter().map(|h| h.slots).sum();
+    let listed = || {
+        hosts
+            .iter()
+            .map(|h| format!("{}:{}", h.host, h.slots))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    if hosts.iter().any(|h| h.slots != per) {
+        return Err(HostsError::UnevenSlots { listed: listed() });
+    }
+    if total != nproc {
+        return Err(HostsError::SlotCount {
+            nproc,
+            total,
+            listed: listed(),
+        });
+    }
+    if nnodes != (1, 1) || node_rank.is_some() {
+        return Err(HostsError::NodeOptions);
+    }
+    Ok(hosts)
 }
 
 /// Quotes `s` for a POSIX shell.
@@ -202,6 +292,35 @@ pub fn run_hosts(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn job_hosts_are_checked_against_the_job() {
+        let hosts = job_hosts(Some("a:2,b:2"), None, 4, (1, 1), None).expect("valid hosts");
+        assert_eq!(hosts.len(), 2);
+        let err = |r: Result<Vec<HostSpec>, HostsError>| r.expect_err("invalid").to_string();
+        assert_eq!(
+            err(job_hosts(Some("a:2,b:1"), None, 3, (1, 1), None)),
+            "every host must run the same number of workers (got a:2,b:1)"
+        );
+        assert_eq!(
+            err(job_hosts(Some("a:2,b:2"), None, 8, (1, 1), None)),
+            "-n 8 must equal the hosts' slots, 4 in all (a:2,b:2)"
+        );
+        assert_eq!(
+            err(job_hosts(Some("a:2,b:2"), None, 4, (2, 2), None)),
+            "--hosts chooses --nnodes and --node-rank itself; give one or the other"
+        );
+        assert_eq!(
+            err(job_hosts(None, None, 4, (1, 1), None)),
+            "--hosts/--hostfile: no hosts"
+        );
+        let missing = Path::new("/nonexistent/kolo-hostfile");
+        let e = err(job_hosts(None, Some(missing), 4, (1, 1), None));
+        assert!(
+            e.starts_with("--hosts/--hostfile: cannot read /nonexistent/kolo-hostfile: "),
+            "{e}"
+        );
+    }
 
     #[test]
     fn host_lists_and_files() {

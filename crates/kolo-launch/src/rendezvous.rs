@@ -30,8 +30,9 @@ pub(crate) fn key(s: String) -> String {
 }
 
 fn store_err(what: &str) -> impl FnOnce(StoreError) -> LaunchError + '_ {
-    move |source| LaunchError::Rendezvous {
-        reason: format!("{what}: {source}"),
+    move |source| LaunchError::RendezvousStore {
+        what: what.to_string(),
+        source,
     }
 }
 

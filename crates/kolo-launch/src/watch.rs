@@ -33,8 +33,9 @@ const POLL: Duration = Duration::from_millis(100);
 pub fn connect(endpoint: &str, timeout: Duration, secret: &str) -> Result<TcpStore, LaunchError> {
     TcpStore::connect_with_secret(endpoint, timeout, JobSecret::new(secret.as_bytes()))
         .map(|store| store.with_io_timeout(STORE_TIMEOUT))
-        .map_err(|source| LaunchError::Rendezvous {
-            reason: format!("cannot reach the store at {endpoint}: {source}"),
+        .map_err(|source| LaunchError::RendezvousStore {
+            what: format!("cannot reach the store at {endpoint}"),
+            source,
         })
 }
 

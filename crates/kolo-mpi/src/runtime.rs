@@ -4,13 +4,12 @@
 use std::os::raw::{c_char, c_int};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock, Weak};
+use std::time::Duration;
 
 use kolo_core::{Error, Result};
 use mpi::environment::Universe;
 use mpi::ffi;
 use mpi::Threading;
-
-use crate::transport::Shared;
 
 /// An MPI communicator handle. MPI is initialized with `MPI_THREAD_MULTIPLE`, so handles may be used
 /// from any thread.
@@ -30,7 +29,15 @@ static FAILED: AtomicBool = AtomicBool::new(false);
 /// Set when MPI is finalized (nothing may call MPI after that).
 static FINALIZED: AtomicBool = AtomicBool::new(false);
 /// Live transports, whose buffered sends are completed before MPI is finalized.
-static TRANSPORTS: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
+static TRANSPORTS: Mutex<Vec<Weak<dyn AtExit>>> = Mutex::new(Vec::new());
+
+/// What MPI's exit needs of a live transport.
+pub(crate) trait AtExit: Send + Sync {
+    /// Tells the peers this rank is done (once).
+    fn close(&self);
+    /// Waits (up to `limit`) for the buffered sends to complete.
+    fn drain(&self, limit: Duration);
+}
 
 fn backend_error(op: &'static str, rank: usize, reason: String) -> Error {
     Error::Backend {
@@ -95,7 +102,7 @@ extern "C" fn at_exit() {
         .collect();
     if FAILED.load(Ordering::SeqCst) {
         for t in &live {
-            t.drain(std::time::Duration::from_millis(500));
+            t.drain(Duration::from_millis(500));
         }
         use std::io::Write;
         let _ = std::io::stdout().flush();
@@ -107,7 +114,7 @@ extern "C" fn at_exit() {
         t.close();
     }
     for t in live {
-        t.drain(std::time::Duration::from_secs(2));
+        t.drain(Duration::from_secs(2));
     }
     FINALIZED.store(true, Ordering::SeqCst);
     // Dropping the universe calls MPI_Finalize.
@@ -147,7 +154,8 @@ pub(crate) fn live() -> bool {
     !FINALIZED.load(Ordering::SeqCst)
 }
 
-pub(crate) fn register(t: Weak<Shared>) {
+/// Registers a transport whose sends are completed before MPI is finalized.
+pub(crate) fn register(t: Weak<dyn AtExit>) {
     let mut list = TRANSPORTS.lock().unwrap_or_else(|p| p.into_inner());
     list.retain(|w| w.strong_count() > 0);
     list.push(t);

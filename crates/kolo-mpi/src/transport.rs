@@ -4,7 +4,7 @@
 
 use std::os::raw::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use kolo_core::{
@@ -219,6 +219,16 @@ impl Shared {
     }
 }
 
+impl runtime::AtExit for Shared {
+    fn close(&self) {
+        Shared::close(self);
+    }
+
+    fn drain(&self, limit: Duration) {
+        Shared::drain(self, limit);
+    }
+}
+
 impl Drop for Shared {
     fn drop(&mut self) {
         if runtime::live() {
@@ -260,7 +270,8 @@ impl MpiTransport {
             closed: AtomicBool::new(false),
             watch,
         });
-        runtime::register(Arc::downgrade(&shared));
+        let at_exit: Weak<Shared> = Arc::downgrade(&shared);
+        runtime::register(at_exit);
         Ok(MpiTransport { shared })
     }
 }

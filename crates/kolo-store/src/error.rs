@@ -185,6 +185,13 @@ fn shorten(key: &str) -> String {
     format!("{:?}... ({} bytes)", &key[..cut], key.len())
 }
 
+/// A store failure seen by the communication layer is a [`kolo_core::Error::Store`].
+impl From<StoreError> for kolo_core::Error {
+    fn from(e: StoreError) -> kolo_core::Error {
+        kolo_core::Error::store(e)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -66,6 +66,20 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> TrainError + '_ {
     }
 }
 
+fn tensors_err(path: &Path) -> impl FnOnce(candle_core::Error) -> TrainError + '_ {
+    move |source| TrainError::CheckpointTensors {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn json_err(path: &Path) -> impl FnOnce(serde_json::Error) -> TrainError + '_ {
+    move |source| TrainError::CheckpointJson {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
 fn bad(path: &Path, reason: impl Into<String>) -> TrainError {
     TrainError::Checkpoint {
         path: path.to_path_buf(),
@@ -93,12 +107,12 @@ pub fn save(
         .map(|(n, v)| (n.clone(), v.as_tensor().clone()))
         .collect();
     let mpath = tmp.join("model.safetensors");
-    candle_core::safetensors::save(&model, &mpath).map_err(|e| bad(&mpath, e.to_string()))?;
+    candle_core::safetensors::save(&model, &mpath).map_err(tensors_err(&mpath))?;
     let opt: HashMap<String, Tensor> = optimizer.state().into_iter().collect();
     let opath = tmp.join("optimizer.safetensors");
-    candle_core::safetensors::save(&opt, &opath).map_err(|e| bad(&opath, e.to_string()))?;
+    candle_core::safetensors::save(&opt, &opath).map_err(tensors_err(&opath))?;
     let spath = tmp.join("state.json");
-    let json = serde_json::to_vec_pretty(state).map_err(|e| bad(&spath, e.to_string()))?;
+    let json = serde_json::to_vec_pretty(state).map_err(json_err(&spath))?;
     fs::write(&spath, json).map_err(io(&spath))?;
     if dir.exists() {
         fs::remove_dir_all(&dir).map_err(io(&dir))?;
@@ -180,12 +194,12 @@ pub(crate) fn parse_tensors(
     bytes: &[u8],
     device: &Device,
 ) -> Result<HashMap<String, Tensor>> {
-    candle_core::safetensors::load_buffer(bytes, device).map_err(|e| bad(path, e.to_string()))
+    candle_core::safetensors::load_buffer(bytes, device).map_err(tensors_err(path))
 }
 
 /// The training state in the JSON file at `path`, whose contents are `bytes`.
 pub(crate) fn parse_state(path: &Path, bytes: &[u8]) -> Result<TrainState> {
-    serde_json::from_slice(bytes).map_err(|e| bad(path, e.to_string()))
+    serde_json::from_slice(bytes).map_err(json_err(path))
 }
 
 /// Copies saved values into `vars` (every variable must be present with its shape).

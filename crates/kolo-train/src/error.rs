@@ -91,6 +91,26 @@ pub enum TrainError {
         reason: String,
     },
 
+    /// A checkpoint's tensors could not be encoded or decoded.
+    #[error("checkpoint {path}: {source}")]
+    CheckpointTensors {
+        /// File.
+        path: PathBuf,
+        /// What safetensors (through candle) reported.
+        #[source]
+        source: candle_core::Error,
+    },
+
+    /// A checkpoint's or a run's JSON could not be encoded or decoded.
+    #[error("checkpoint {path}: {source}")]
+    CheckpointJson {
+        /// File.
+        path: PathBuf,
+        /// What serde_json reported.
+        #[source]
+        source: serde_json::Error,
+    },
+
     /// A file could not be read or written.
     #[error("{path}: {source}")]
     Io {

@@ -82,10 +82,11 @@ pub fn seeds(dir: &Path) -> crate::Result<Vec<(&'static str, Vec<u8>)>> {
         world_size: 2,
         batch_size: 64,
     };
-    let json = serde_json::to_vec_pretty(&state).map_err(|e| crate::TrainError::Checkpoint {
-        path: "state.json".into(),
-        reason: e.to_string(),
-    })?;
+    let json =
+        serde_json::to_vec_pretty(&state).map_err(|source| crate::TrainError::CheckpointJson {
+            path: "state.json".into(),
+            source,
+        })?;
     Ok(vec![
         ("latest", b"epoch-0003".to_vec()),
         ("safetensors", safetensors),

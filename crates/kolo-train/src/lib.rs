@@ -12,6 +12,7 @@ mod error;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod models;
+mod ops;
 pub mod optim;
 pub mod precision;
 pub mod replicas;

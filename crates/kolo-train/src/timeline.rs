@@ -14,8 +14,11 @@
 //! microseconds since rank 0 started the timeline.
 //!
 //! A disabled timeline ([`Timeline::disabled`]) is a `None`: a span costs one branch, no clock read
-//! and no allocation. An enabled one buffers events in memory and writes them at the end
-//! ([`Timeline::write`], a collective: rank 0 gathers every rank's events and writes the file).
+//! and no allocation. An enabled one buffers events in memory; [`Timeline::flush`] (a collective:
+//! rank 0 gathers every rank's new events) appends them to the file given to [`Timeline::create`],
+//! which is a complete trace after every flush — `kolo train` flushes after each epoch, so a long
+//! job's buffer stays small and a job that dies keeps the trace of its finished epochs.
+//! [`Timeline::write`] writes all buffered events to a file of one's choice at once.
 //!
 //! ```no_run
 //! # fn main() -> kolo_train::Result<()> {
@@ -89,7 +92,23 @@ struct Shared {
     /// Set by [`Timeline::create`].
     path: Option<PathBuf>,
     events: Mutex<Vec<Event>>,
+    /// What earlier flushes wrote.
+    flushed: Mutex<Flushed>,
 }
+
+/// The state of incremental writing.
+#[derive(Debug, Default)]
+struct Flushed {
+    /// This rank's metadata events (track names) are in the file.
+    meta: bool,
+    /// Async slice ids used so far on this rank.
+    queue_id: u64,
+    /// Rank 0: where the file's closing `]}` starts (`None`: nothing written yet).
+    tail_at: Option<u64>,
+}
+
+/// How the trace file ends; a flush writes over it and puts it back.
+const TAIL: &str = "\n]}\n";
 
 /// A recorder of the job's timeline; cheap to clone (clones record into the same buffer). See the
 /// [module documentation](self).
@@ -187,6 +206,7 @@ impl Timeline {
             offset_us,
             path,
             events: Mutex::new(Vec::new()),
+            flushed: Mutex::new(Flushed::default()),
         }))))
     }
 
@@ -242,41 +262,84 @@ impl Timeline {
         self.len() == 0
     }
 
-    /// Writes the path given to [`Timeline::create`] (collective, see [`Timeline::write`]); nothing
-    /// when disabled or started without a path.
-    pub fn finish(&self) -> Result<()> {
-        match self.0.as_ref().and_then(|s| s.path.clone()) {
-            Some(p) => self.write(p),
-            None => Ok(()),
-        }
+    /// Appends the events recorded since the last flush to the path given to [`Timeline::create`]
+    /// (collective: rank 0 gathers every rank's new events and writes them); the file is a complete
+    /// trace afterwards. Nothing when disabled or started without a path.
+    pub fn flush(&self) -> Result<()> {
+        let Some(s) = self.0.as_deref() else {
+            return Ok(());
+        };
+        let Some(path) = s.path.as_deref() else {
+            return Ok(());
+        };
+        let events = std::mem::take(&mut *s.events.lock().unwrap_or_else(|p| p.into_inner()));
+        let mut f = s.flushed.lock().unwrap_or_else(|p| p.into_inner());
+        let with_meta = !f.meta;
+        let mine = render(s, &events, with_meta, &mut f.queue_id);
+        f.meta = true;
+        drop(events);
+        let Some(all) = s.comm.gather_object(&mine, 0)? else {
+            return Ok(());
+        };
+        append(path, &all, &mut f.tail_at).map_err(|e| io_error(path, e))
     }
 
-    /// Collective: every rank hands its events (taken out of the buffer) to rank 0, which writes
-    /// the Chrome trace of all ranks to `path`. Nothing when disabled.
+    /// Flushes the last events to the path given to [`Timeline::create`] (see [`Timeline::flush`]).
+    pub fn finish(&self) -> Result<()> {
+        self.flush()
+    }
+
+    /// Collective: every rank hands its buffered events (taken out of the buffer) to rank 0, which
+    /// writes the Chrome trace of all ranks to `path`. Nothing when disabled.
     pub fn write(&self, path: impl AsRef<Path>) -> Result<()> {
         let Some(s) = self.0.as_deref() else {
             return Ok(());
         };
         let events = std::mem::take(&mut *s.events.lock().unwrap_or_else(|p| p.into_inner()));
-        let mine = render(s, &events);
+        let mut queue_id = s.flushed.lock().unwrap_or_else(|p| p.into_inner()).queue_id;
+        let mine = render(s, &events, true, &mut queue_id);
         drop(events);
         let Some(all) = s.comm.gather_object(&mine, 0)? else {
             return Ok(());
         };
         let path = path.as_ref();
-        let mut out = String::with_capacity(all.iter().map(String::len).sum::<usize>() + 64);
-        out.push_str("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
-        let mut first = true;
-        for part in all.iter().filter(|p| !p.is_empty()) {
-            if !first {
-                out.push_str(",\n");
-            }
-            out.push_str(part);
-            first = false;
-        }
-        out.push_str("\n]}\n");
-        std::fs::write(path, out).map_err(|e| io_error(path, e))
+        append(path, &all, &mut None).map_err(|e| io_error(path, e))
     }
+}
+
+/// Rank 0: adds the ranks' rendered `parts` to the trace at `path` over its closing bracket (at
+/// `tail_at`; a new file when `None`) and closes it again, so the file is a complete trace after
+/// every call.
+fn append(path: &Path, parts: &[String], tail_at: &mut Option<u64>) -> std::io::Result<()> {
+    use std::io::{Seek, SeekFrom, Write};
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(tail_at.is_none())
+        .open(path)?;
+    let mut out = String::with_capacity(parts.iter().map(String::len).sum::<usize>() + 64);
+    let mut first = match *tail_at {
+        None => {
+            out.push_str("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
+            true
+        }
+        Some(at) => {
+            file.seek(SeekFrom::Start(at))?;
+            false
+        }
+    };
+    for part in parts.iter().filter(|p| !p.is_empty()) {
+        if !first {
+            out.push_str(",\n");
+        }
+        out.push_str(part);
+        first = false;
+    }
+    let at = tail_at.unwrap_or(0) + out.len() as u64;
+    out.push_str(TAIL);
+    file.write_all(out.as_bytes())?;
+    *tail_at = Some(at);
+    Ok(())
 }
 
 /// Rank 0's clock minus this rank's, µs since each rank's `origin`: rank 0 sends a ping, the rank
@@ -318,7 +381,9 @@ fn json_str(out: &mut String, s: &str) {
 }
 
 /// This rank's events as comma-separated JSON objects.
-fn render(s: &Shared, events: &[Event]) -> String {
+/// This rank's `events` as trace JSON objects (comma-separated), after its track names when
+/// `with_meta`; async slice ids continue from `queue_id`.
+fn render(s: &Shared, events: &[Event], with_meta: bool, queue_id: &mut u64) -> String {
     let pid = s.rank;
     let mut out = String::new();
     let sep = |out: &mut String| {
@@ -326,14 +391,15 @@ fn render(s: &Shared, events: &[Event]) -> String {
             out.push_str(",\n");
         }
     };
-    let _ = write!(
+    if with_meta {
+        let _ = write!(
         out,
         "{{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":{pid},\"tid\":0,\"args\":{{\"name\":\"rank {pid}\"}}}},\n\
          {{\"ph\":\"M\",\"name\":\"process_sort_index\",\"pid\":{pid},\"tid\":0,\"args\":{{\"sort_index\":{pid}}}}},\n\
          {{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":{pid},\"tid\":0,\"args\":{{\"name\":\"main\"}}}},\n\
          {{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":{pid},\"tid\":1,\"args\":{{\"name\":\"comm\"}}}}"
-    );
-    let mut queue_id = 0u64;
+        );
+    }
     for e in events {
         sep(&mut out);
         match e {
@@ -378,8 +444,8 @@ fn render(s: &Shared, events: &[Event]) -> String {
                         (s.us(z) - ts).max(0.0)
                     );
                 }
-                queue_id += 1;
-                let id = (pid as u64) << 32 | queue_id;
+                *queue_id += 1;
+                let id = (pid as u64) << 32 | *queue_id;
                 let _ = write!(
                     out,
                     "{{\"ph\":\"b\",\"name\":\"bucket {}\",\"cat\":\"bucket\",\"id\":{id},\"pid\":{pid},\"tid\":1,\"ts\":{launched:.3},\"args\":{args}}},\n\

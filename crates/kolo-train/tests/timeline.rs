@@ -255,3 +255,43 @@ fn own_loop_spans_with_aligned_clocks() {
         assert!(work.iter().all(|e| num(e, "dur") >= 1900.0), "{work:?}");
     }
 }
+
+#[test]
+fn flushes_append_and_leave_a_complete_trace_each_time() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("flushed.json");
+    let res = kolo::run_local(2, Config::default(), |comm| {
+        let t = Timeline::create(&comm, &path)?;
+        for round in 0..3 {
+            for _ in 0..=round {
+                let _s = t.span("work");
+            }
+            t.flush()?;
+            assert!(t.is_empty(), "flushed events leave the buffer");
+            comm.barrier()?;
+            if comm.rank() == 0 {
+                // A complete trace after every flush, holding every span so far (1, 3, 6 a rank).
+                let ev = events(&path);
+                let want = (round + 1) * (round + 2) / 2;
+                for pid in 0..2 {
+                    assert_eq!(spans(&ev, pid, 0, "work").len(), want, "round {round}");
+                }
+            }
+            comm.barrier()?;
+        }
+        t.finish()?;
+        Ok::<_, TrainError>(())
+    });
+    for r in res {
+        r.expect("no panic").expect("flushes");
+    }
+    let ev = events(&path);
+    for pid in 0..2u64 {
+        assert_eq!(spans(&ev, pid, 0, "work").len(), 6);
+        let names = ev
+            .iter()
+            .filter(|e| e["ph"] == "M" && e["pid"] == pid && e["name"] == "thread_name")
+            .count();
+        assert_eq!(names, 2, "track names written once per rank");
+    }
+}

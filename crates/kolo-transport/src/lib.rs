@@ -15,7 +15,7 @@ pub mod hybrid;
 
 /// The error for a failed set-up step, with its context.
 pub(crate) fn io_err(context: String) -> impl FnOnce(std::io::Error) -> kolo_core::Error {
-    move |source| kolo_core::Error::Io { context, source }
+    move |source| kolo_core::Error::io(context, source)
 }
 
 /// Checks a rank given to a transport's set-up.

@@ -524,13 +524,19 @@ pub fn execute(args: BenchArgs) -> ExitCode {
     if args.worker {
         return worker(&args);
     }
+    super::finish("bench", launch_job(&args))
+}
+
+/// Checks the options and starts the workers; returns the job's exit code.
+fn launch_job(args: &BenchArgs) -> Result<ExitCode, super::error::CliError> {
     if args.launch.on_hosts() {
         return super::launch_args::execute_hosts("bench", args.nproc, &args.launch);
     }
     // With several nodes the world is larger than -n (the workers check the world's size).
     if args.op() == Op::P2p && args.nproc * args.launch.nnodes.1 < 2 {
-        eprintln!("kolo bench: p2p needs at least 2 workers (-n 2 or more, or several nodes)");
-        return ExitCode::from(2);
+        return Err(super::error::CliError::Usage(
+            "p2p needs at least 2 workers (-n 2 or more, or several nodes)".into(),
+        ));
     }
     let defaults = [("RAYON_NUM_THREADS", "1".to_string())];
     super::launch_workers("bench", args.nproc, &args.launch, &defaults)

@@ -5,7 +5,20 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
-use kolo_launch::{CpuBind, LaunchConfig, DEFAULT_MASTER_ADDR};
+use clap::ValueEnum;
+use kolo_launch::{mpirun, CpuBind, LaunchConfig, DEFAULT_MASTER_ADDR};
+
+use super::error::CliError;
+
+/// Who starts the workers and runs their collectives (`--backend`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub enum LaunchBackend {
+    /// kolo's launcher and transports (shared memory, TCP)
+    #[default]
+    Kolo,
+    /// `mpirun -n N` starts the workers, which run on the installed MPI library
+    Mpi,
+}
 
 /// How workers are started and supervised (everything but their number).
 #[derive(Debug, Clone, Args)]
@@ -66,7 +79,7 @@ pub struct LaunchArgs {
     /// them and they run on the installed MPI library; needs kolo built with `--features mpi`;
     /// KOLO_MPIRUN names the launcher, KOLO_MPIRUN_ARGS adds options to it)
     #[arg(long, value_name = "kolo|mpi", value_enum, default_value = "kolo")]
-    pub backend: super::mpirun::LaunchBackend,
+    pub backend: LaunchBackend,
 
     /// Stop the workers when standard input ends (set on the launchers --hosts starts)
     #[arg(long, hide = true)]
@@ -109,8 +122,8 @@ pub fn parse_seconds(s: &str) -> Result<Duration, String> {
 
 impl LaunchArgs {
     /// Applies these options (and `KOLO_BIND` where `--bind-to` is absent) to `cfg`; a bad
-    /// `KOLO_BIND` is reported as `kolo COMMAND: ...` and returned as the exit code.
-    pub fn apply(&self, command: &str, cfg: &mut LaunchConfig) -> Result<(), ExitCode> {
+    /// `KOLO_BIND` is an error.
+    pub fn apply(&self, cfg: &mut LaunchConfig) -> Result<(), CliError> {
         cfg.master_addr = self.master_addr.clone();
         cfg.master_port = self.master_port;
         cfg.max_restarts = self.max_restarts;
@@ -124,10 +137,7 @@ impl LaunchArgs {
             (Some(bind), _) => cfg.cpu_bind = bind,
             (None, Ok(v)) => match v.parse() {
                 Ok(bind) => cfg.cpu_bind = bind,
-                Err(e) => {
-                    eprintln!("kolo {command}: KOLO_BIND: {e}");
-                    return Err(ExitCode::FAILURE);
-                }
+                Err(e) => return Err(CliError::Failed(format!("KOLO_BIND: {e}"))),
             },
             (None, Err(_)) => {}
         }
@@ -185,71 +195,25 @@ fn forwarded_args(all: impl Iterator<Item = OsString>) -> (Vec<OsString>, Option
 
 /// `kolo COMMAND --hosts ...`: runs `kolo COMMAND --nnodes H --node-rank i ...` (with this command's
 /// other arguments) on every host, over ssh; returns the job's exit code.
-pub fn execute_hosts(command: &str, nproc: usize, l: &LaunchArgs) -> ExitCode {
+pub fn execute_hosts(command: &str, nproc: usize, l: &LaunchArgs) -> Result<ExitCode, CliError> {
     use kolo_launch::remote;
-    let hosts = match (&l.hosts, &l.hostfile) {
-        (Some(list), _) => remote::parse_hosts(list),
-        (None, Some(path)) => std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read {}: {e}", path.display()))
-            .and_then(|t| remote::parse_hostfile(&t)),
-        (None, None) => Err("no hosts".into()),
-    };
-    let hosts = match hosts {
-        Ok(h) => h,
-        Err(e) => {
-            eprintln!("kolo {command}: --hosts/--hostfile: {e}");
-            return ExitCode::from(2);
-        }
-    };
+    let hosts = remote::job_hosts(
+        l.hosts.as_deref(),
+        l.hostfile.as_deref(),
+        nproc,
+        l.nnodes,
+        l.node_rank,
+    )?;
     let per = hosts[0].slots;
-    let total: usize = hosts.iter().map(|h| h.slots).sum();
-    let listed = || {
-        hosts
-            .iter()
-            .map(|h| format!("{}:{}", h.host, h.slots))
-            .collect::<Vec<_>>()
-            .join(",")
-    };
-    if hosts.iter().any(|h| h.slots != per) {
-        eprintln!(
-            "kolo {command}: every host must run the same number of workers (got {})",
-            listed()
-        );
-        return ExitCode::from(2);
-    }
-    if total != nproc {
-        eprintln!(
-            "kolo {command}: -n {nproc} must equal the hosts' slots, {total} in all ({})",
-            listed()
-        );
-        return ExitCode::from(2);
-    }
-    if l.nnodes != (1, 1) || l.node_rank.is_some() {
-        eprintln!(
-            "kolo {command}: --hosts chooses --nnodes and --node-rank itself; give one or the other"
-        );
-        return ExitCode::from(2);
-    }
-    let exe = match std::env::current_exe() {
-        Ok(p) => p,
-        Err(e) => {
-            eprintln!("kolo {command}: cannot find the kolo executable: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
+    let exe = std::env::current_exe()
+        .map_err(|e| CliError::Failed(format!("cannot find the kolo executable: {e}")))?;
     let master = if l.master_addr == DEFAULT_MASTER_ADDR {
         hosts[0].host.clone()
     } else {
         l.master_addr.clone()
     };
     let port = l.master_port.unwrap_or(29500);
-    let secret = match kolo_launch::job_secret() {
-        Ok(s) => s,
-        Err(e) => {
-            super::report_error(command, &e);
-            return ExitCode::FAILURE;
-        }
-    };
+    let secret = kolo_launch::job_secret()?;
     let (rest, dashdash) = forwarded_args(std::env::args_os());
     let node_command = |i: usize| -> Vec<OsString> {
         let mut node: Vec<OsString> = Vec::new();
@@ -280,12 +244,41 @@ pub fn execute_hosts(command: &str, nproc: usize, l: &LaunchArgs) -> ExitCode {
         }
         c
     };
-    match remote::run_hosts(&hosts, &node_command, &secret, l.grace_period) {
-        Ok(code) => super::exit_code(code),
-        Err(e) => {
-            super::report_error(command, &e);
-            ExitCode::FAILURE
-        }
+    let code = remote::run_hosts(&hosts, &node_command, &secret, l.grace_period)?;
+    Ok(super::exit_code(code))
+}
+
+/// `--backend mpi`: starts the job through mpirun (which places and supervises the workers) and
+/// returns its exit code. `defaults` are set for the workers unless this process's environment
+/// already has them.
+pub fn launch_mpi(
+    nproc: usize,
+    launch: &LaunchArgs,
+    program: OsString,
+    args: &[OsString],
+    defaults: &[(&str, String)],
+) -> Result<ExitCode, CliError> {
+    if !cfg!(feature = "mpi") {
+        return Err(CliError::Usage(
+            "--backend mpi: this kolo was built without the MPI backend; build it with `cargo \
+             build --release --features mpi` (needs an MPI library, e.g. Debian's libopenmpi-dev \
+             openmpi-bin libclang-dev)"
+                .into(),
+        ));
+    }
+    if let Some(what) = mpirun::unsupported_option(
+        launch.on_hosts(),
+        launch.nnodes,
+        launch.node_rank,
+        launch.max_restarts,
+    ) {
+        return Err(CliError::Usage(format!(
+            "--backend mpi: mpirun places and supervises the workers, so {what} does not apply"
+        )));
+    }
+    match mpirun::run(nproc, program, args, defaults).map_err(CliError::Mpirun)? {
+        Some(code) => Ok(super::exit_code(code)),
+        None => Ok(ExitCode::FAILURE),
     }
 }
 

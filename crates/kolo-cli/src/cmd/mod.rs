@@ -1,8 +1,8 @@
 //! One module per `kolo` subcommand.
 
 pub mod bench;
+pub mod error;
 pub mod launch_args;
-pub mod mpirun;
 pub mod run;
 pub mod scaling;
 pub mod simulate;
@@ -10,6 +10,9 @@ pub mod train;
 
 use std::error::Error;
 use std::process::ExitCode;
+
+pub use error::finish;
+use error::CliError;
 
 /// Prints `kolo <command>: <error>: <source>: ...` to stderr, leaving out
 /// sources whose text the message already contains.
@@ -40,39 +43,33 @@ pub fn exit_code(code: i32) -> ExitCode {
     }
 }
 
+/// Starts `nproc` workers running `kolo COMMAND --worker` with this process's arguments after
+/// `COMMAND` (through mpirun with `--backend mpi`) and returns the job's exit code. `defaults` are
+/// set for the workers unless this process's environment already has them.
 pub fn launch_workers(
     command: &str,
     nproc: usize,
     launch: &launch_args::LaunchArgs,
     defaults: &[(&str, String)],
-) -> ExitCode {
-    let exe = match std::env::current_exe() {
-        Ok(p) => p,
-        Err(e) => {
-            eprintln!("kolo {command}: cannot find the kolo executable to start workers: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
+) -> Result<ExitCode, CliError> {
+    let exe = std::env::current_exe().map_err(|e| {
+        CliError::Failed(format!(
+            "cannot find the kolo executable to start workers: {e}"
+        ))
+    })?;
     let mut worker_args: Vec<std::ffi::OsString> = vec![command.into(), "--worker".into()];
     worker_args.extend(std::env::args_os().skip_while(|a| a != command).skip(1));
-    if launch.backend == mpirun::LaunchBackend::Mpi {
-        return mpirun::launch(command, nproc, launch, exe.into(), &worker_args, defaults);
+    if launch.backend == launch_args::LaunchBackend::Mpi {
+        return launch_args::launch_mpi(nproc, launch, exe.into(), &worker_args, defaults);
     }
     let mut cfg = kolo_launch::LaunchConfig::new(nproc, exe, worker_args);
     cfg.direct_output_rank = Some(0);
-    if let Err(code) = launch.apply(command, &mut cfg) {
-        return code;
-    }
+    launch.apply(&mut cfg)?;
     for (k, v) in defaults {
         if std::env::var_os(k).is_none() {
             cfg.extra_env.push(((*k).into(), v.into()));
         }
     }
-    match kolo_launch::launch(&cfg) {
-        Ok(outcome) => exit_code(outcome.exit_code()),
-        Err(err) => {
-            report_error(command, &err);
-            ExitCode::FAILURE
-        }
-    }
+    let outcome = kolo_launch::launch(&cfg)?;
+    Ok(exit_code(outcome.exit_code()))
 }

@@ -6,7 +6,8 @@ use std::process::ExitCode;
 use clap::Args;
 use kolo_launch::{launch, LaunchConfig};
 
-use super::launch_args::LaunchArgs;
+use super::error::CliError;
+use super::launch_args::{LaunchArgs, LaunchBackend};
 
 /// Long help for `kolo run --help`.
 pub const LONG_ABOUT: &str = "\
@@ -90,27 +91,24 @@ impl RunArgs {
 /// Runs `kolo run` and returns the exit code: the job's, or 1 if it could not
 /// be launched.
 pub fn execute(args: RunArgs) -> ExitCode {
+    super::finish("run", run(args))
+}
+
+fn run(args: RunArgs) -> Result<ExitCode, CliError> {
     if args.launch.on_hosts() {
         return super::launch_args::execute_hosts("run", args.nproc, &args.launch);
     }
-    if args.launch.backend == super::mpirun::LaunchBackend::Mpi {
+    if args.launch.backend == LaunchBackend::Mpi {
         let mut command = args.command.into_iter();
         let program = command.next().unwrap_or_default();
         let rest: Vec<OsString> = command.collect();
-        return super::mpirun::launch("run", args.nproc, &args.launch, program, &rest, &[]);
+        return super::launch_args::launch_mpi(args.nproc, &args.launch, program, &rest, &[]);
     }
     let launch_args = args.launch.clone();
     let mut cfg = args.into_config();
-    if let Err(code) = launch_args.apply("run", &mut cfg) {
-        return code;
-    }
-    match launch(&cfg) {
-        Ok(outcome) => super::exit_code(outcome.exit_code()),
-        Err(err) => {
-            super::report_error("run", &err);
-            ExitCode::FAILURE
-        }
-    }
+    launch_args.apply(&mut cfg)?;
+    let outcome = launch(&cfg)?;
+    Ok(super::exit_code(outcome.exit_code()))
 }
 
 #[cfg(test)]

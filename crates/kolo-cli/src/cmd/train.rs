@@ -17,6 +17,8 @@ use kolo_train::optim::OptimizerKind;
 use kolo_train::precision::Precision;
 use kolo_train::trainer::{self, TrainConfig};
 
+use super::error::CliError;
+
 mod replicas;
 
 pub const LONG_ABOUT: &str = "\
@@ -258,27 +260,29 @@ pub fn execute(args: TrainArgs) -> ExitCode {
     if args.worker {
         return worker(&args);
     }
+    super::finish("train", launch_job(&args))
+}
+
+/// Checks the options and starts the workers; returns the job's exit code.
+fn launch_job(args: &TrainArgs) -> Result<ExitCode, CliError> {
     if args.sync_bn && !args.model.has_batch_norm() {
-        eprintln!(
-            "kolo train: --sync-bn: model {} has no batch norm layers to synchronize (resnet18 has)",
+        return Err(CliError::Usage(format!(
+            "--sync-bn: model {} has no batch norm layers to synchronize (resnet18 has)",
             args.model
-        );
-        return ExitCode::from(2);
+        )));
     }
     // On one node the world size is known here (elsewhere every worker checks it).
     if args.launch.nnodes == (1, 1) && !args.launch.on_hosts() {
-        if let Err(e) = args.reduce.check_world(args.nproc * args.replicas) {
-            eprintln!("kolo train: {e}");
-            return ExitCode::from(2);
-        }
+        args.reduce
+            .check_world(args.nproc * args.replicas)
+            .map_err(|e| CliError::Usage(e.to_string()))?;
     }
     if args.replicas > args.batch_size {
-        eprintln!(
-            "kolo train: --replicas {} is more than the {} samples of a batch (--batch-size): each \
-             replica takes a share of every batch of its worker",
+        return Err(CliError::Usage(format!(
+            "--replicas {} is more than the {} samples of a batch (--batch-size): each replica \
+             takes a share of every batch of its worker",
             args.replicas, args.batch_size
-        );
-        return ExitCode::from(2);
+        )));
     }
     if args.launch.on_hosts() {
         return super::launch_args::execute_hosts("train", args.nproc, &args.launch);
@@ -287,13 +291,10 @@ pub fn execute(args: TrainArgs) -> ExitCode {
         Some(dir) => dir.clone(),
         None => {
             let name = format!("{}-{}", args.model, args.dataset);
-            match kolo_metrics::RunDir::create(None, std::path::Path::new("runs"), &name) {
-                Ok(d) => d.path().to_path_buf(),
-                Err(e) => {
-                    eprintln!("kolo train: cannot create the run directory: {e}");
-                    return ExitCode::FAILURE;
-                }
-            }
+            kolo_metrics::RunDir::create(None, std::path::Path::new("runs"), &name)
+                .map_err(|e| CliError::Failed(format!("cannot create the run directory: {e}")))?
+                .path()
+                .to_path_buf()
         }
     };
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());

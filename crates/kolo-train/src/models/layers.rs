@@ -12,8 +12,6 @@ use candle_core::Module;
 use candle_core::{Result, Tensor};
 use candle_nn::{Init, VarBuilder};
 
-use super::conv::Conv2d;
-
 /// `U(-1/√fan_in, 1/√fan_in)`: PyTorch's default for both weights and biases of `nn.Linear`
 /// and `nn.Conv2d`.
 fn torch_default_init(fan_in: usize) -> Init {
@@ -27,7 +25,7 @@ fn torch_default_init(fan_in: usize) -> Init {
 /// `nn.Linear(in_dim, out_dim)` with PyTorch's default initialization; parameters are named
 /// `weight` (`[out_dim, in_dim]`) and `bias` (`[out_dim]`) under `vb`'s prefix.
 /// A fully connected layer (candle-nn's `Linear`), computing in f32 when given 16-bit CPU tensors
-/// (see [`super::conv::low_precision`]).
+/// (see [`crate::ops::low_precision`]).
 #[derive(Debug, Clone)]
 pub struct Linear(candle_nn::Linear);
 
@@ -40,7 +38,7 @@ impl Linear {
 impl Module for Linear {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let params = [Some(self.0.weight()), self.0.bias()];
-        match super::conv::low_precision(x, &params, |t| {
+        match crate::ops::low_precision(x, &params, |t| {
             candle_nn::Linear::new(t[1].clone(), t.get(2).cloned()).forward(&t[0])
         }) {
             Some(y) => y,
@@ -73,14 +71,30 @@ pub(crate) fn conv2d(
     Ok(Conv2d::new(weight, bias, stride, padding))
 }
 
-/// Spatial output size of a convolution / pooling window, or `None` when the window does not
-/// fit (PyTorch's floor semantics).
-pub(crate) fn conv_out(size: usize, kernel: usize, stride: usize, padding: usize) -> Option<usize> {
-    let padded = size + 2 * padding;
-    if padded < kernel || stride == 0 {
-        None
-    } else {
-        Some((padded - kernel) / stride + 1)
+/// A convolution layer with bias using [`super::conv2d`]; the same parameters as
+/// `candle_nn::Conv2d`.
+#[derive(Debug, Clone)]
+pub(crate) struct Conv2d {
+    weight: Tensor,
+    bias: Tensor,
+    stride: usize,
+    padding: usize,
+}
+
+impl Conv2d {
+    pub(crate) fn new(weight: Tensor, bias: Tensor, stride: usize, padding: usize) -> Self {
+        Self {
+            weight,
+            bias,
+            stride,
+            padding,
+        }
+    }
+}
+
+impl Module for Conv2d {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        crate::ops::conv2d(x, &self.weight, Some(&self.bias), self.stride, self.padding)
     }
 }
 

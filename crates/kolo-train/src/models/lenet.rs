@@ -5,11 +5,11 @@ use candle_nn::VarBuilder;
 
 use super::layers::Linear;
 
-use super::conv::Conv2d;
+use super::layers::Conv2d;
 
 use super::layers;
-use super::pool::{pool2x2, Pool};
 use super::Model;
+use crate::ops::{pool2x2, Pool};
 
 const NAME: &str = "lenet";
 
@@ -36,8 +36,8 @@ impl Lenet {
         layers::check_dims(NAME, input_shape, classes)?;
         let [c, h, w] = input_shape;
         let spatial = |s: usize| -> Option<usize> {
-            let s = layers::conv_out(s, 5, 1, 2)? / 2;
-            let s = layers::conv_out(s, 5, 1, 0)? / 2;
+            let s = crate::ops::conv_out(s, 5, 1, 2)? / 2;
+            let s = crate::ops::conv_out(s, 5, 1, 0)? / 2;
             (s > 0).then_some(s)
         };
         let (Some(oh), Some(ow)) = (spatial(h), spatial(w)) else {

@@ -67,20 +67,17 @@ use candle_nn::{VarBuilder, VarMap};
 
 mod batch_norm;
 mod channel_stats;
-mod conv;
 mod layers;
 mod lenet;
 mod mlp;
-mod pool;
 mod resnet;
 mod simple_cnn;
 mod sync_bn;
 
+pub use crate::ops::{avg_pool2x2, conv2d, max_pool2x2};
 pub use batch_norm::{BatchNorm, BatchNormConfig};
-pub use conv::conv2d;
 pub use lenet::Lenet;
 pub use mlp::{Mlp, DEFAULT_MLP_HIDDEN};
-pub use pool::{avg_pool2x2, max_pool2x2};
 pub use resnet::Resnet18;
 pub use simple_cnn::SimpleCnn;
 pub use sync_bn::{build_sync_bn, convert_sync_batchnorm};

@@ -7,7 +7,7 @@ use super::layers::Linear;
 
 use super::batch_norm::BatchNorm;
 
-use super::conv::Conv2d;
+use super::layers::Conv2d;
 
 use super::layers;
 use super::Model;

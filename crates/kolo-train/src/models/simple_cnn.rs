@@ -5,11 +5,11 @@ use candle_nn::VarBuilder;
 
 use super::layers::Linear;
 
-use super::conv::Conv2d;
+use super::layers::Conv2d;
 
 use super::layers;
-use super::pool::{pool2x2, Pool};
 use super::Model;
+use crate::ops::{pool2x2, Pool};
 
 const NAME: &str = "simple-cnn";
 

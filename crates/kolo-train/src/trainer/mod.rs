@@ -414,6 +414,10 @@ pub fn run_on(comm: &Communicator, cfg: &TrainConfig, device: &Device) -> Result
             )?;
         }
         stats.push(s);
+        drop(_checkpoint);
+        // The epoch's events go to the file now: a long job's buffer stays small, and a job that
+        // dies keeps the trace of its finished epochs.
+        timeline.flush()?;
     }
 
     let summary = Summary {

@@ -109,10 +109,11 @@ impl Recorder {
     /// Writes `summary.json` and prints the closing line.
     pub fn summary(&self, summary: &Summary) -> Result<()> {
         let path = self.dir.summary_json();
-        let json = serde_json::to_vec_pretty(summary).map_err(|e| TrainError::Checkpoint {
-            path: path.clone(),
-            reason: e.to_string(),
-        })?;
+        let json =
+            serde_json::to_vec_pretty(summary).map_err(|source| TrainError::CheckpointJson {
+                path: path.clone(),
+                source,
+            })?;
         std::fs::write(&path, json).map_err(|source| TrainError::Io { path, source })?;
         println!(
             "done: {} epochs, final test accuracy {:.2}%, {:.0} samples/s, {:.1} s{}; outputs in {}",

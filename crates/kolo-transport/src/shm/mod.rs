@@ -198,7 +198,7 @@ impl ShmTransport {
             if magic != MAGIC {
                 return Err(Error::Io {
                     context: format!("rank {rank}: /dev/shm/{name}"),
-                    source: io::Error::new(io::ErrorKind::InvalidData, "not a kolo segment"),
+                    source: io::Error::new(io::ErrorKind::InvalidData, "not a kolo segment").into(),
                 });
             }
             seg

@@ -155,7 +155,7 @@ impl TcpTransport {
         let accepted = acceptor.join().unwrap_or_else(|_| {
             Err(Error::Io {
                 context: format!("rank {rank}: accept thread panicked"),
-                source: std::io::Error::other("panic"),
+                source: std::io::Error::other("panic").into(),
             })
         });
         if let Some(e) = first_err {

@@ -87,7 +87,7 @@ fn exchange(
         },
         &|e| Error::Io {
             context: format!("receive failed: {e:?}"),
-            source: std::io::Error::other("recv"),
+            source: std::io::Error::other("recv").into(),
         },
     );
     assert!(r.is_ok(), "rank {}: {r:?}", t.rank());
@@ -176,7 +176,7 @@ fn early_messages_and_misfits_take_the_mailbox_in_order() {
         },
         &|_| Error::Io {
             context: "recv".into(),
-            source: std::io::Error::other("recv"),
+            source: std::io::Error::other("recv").into(),
         },
     );
     assert!(r.is_ok());
@@ -216,7 +216,7 @@ fn a_peer_lost_while_a_receive_is_posted_is_named() {
                 kolo_core::RecvError::Link(f) => f.into_error("test", 0),
                 kolo_core::RecvError::Timeout => Error::Io {
                     context: "timed out".into(),
-                    source: std::io::Error::other("timeout"),
+                    source: std::io::Error::other("timeout").into(),
                 },
             },
         )
@@ -247,7 +247,7 @@ fn a_posted_receive_from_no_such_rank_is_an_error() {
             kolo_core::RecvError::Link(f) => f.into_error("test", 0),
             kolo_core::RecvError::Timeout => Error::Io {
                 context: "timed out".into(),
-                source: std::io::Error::other("timeout"),
+                source: std::io::Error::other("timeout").into(),
             },
         },
     );
@@ -311,7 +311,7 @@ fn a_frame_still_arriving_does_not_hold_back_the_sends() {
             },
             &|e| Error::Io {
                 context: format!("recv: {e:?}"),
-                source: std::io::Error::other("recv"),
+                source: std::io::Error::other("recv").into(),
             },
         );
         (r, rest.join().unwrap_or(false))

@@ -302,7 +302,7 @@ impl Inner {
         if f.is_some() {
             return e;
         }
-        *f = Some(Arc::new(e.duplicate()));
+        *f = Some(Arc::new(e.clone()));
         self.has_failed.store(true, Ordering::Release);
         drop(f);
         // Under torchrun, the first failure is what its summary shows as the root cause.

@@ -1,21 +1,34 @@
-//! `--backend mpi`: the workers are started by the MPI library's own launcher (`mpirun -n N`), which
-//! places and supervises them, and they run kolo on MPI.
+//! Jobs started by the MPI library's own launcher (`mpirun -n N`), which places and supervises the
+//! workers; they run kolo on MPI (`kolo run/train/bench --backend mpi`).
 
 use std::ffi::OsString;
-use std::process::{Command, ExitCode};
+use std::process::Command;
 
-use clap::ValueEnum;
+use kolo_core::settings::{Env, ProcessEnv};
 
-use super::launch_args::LaunchArgs;
+use crate::LaunchError;
 
-/// Who starts the workers and runs their collectives (`--backend`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
-pub enum LaunchBackend {
-    /// kolo's launcher and transports (shared memory, TCP)
-    #[default]
-    Kolo,
-    /// `mpirun -n N` starts the workers, which run on the installed MPI library
-    Mpi,
+/// The first launch option that does not apply when mpirun places and supervises the workers, in
+/// the words of the command line, or `None` if every option given applies.
+pub fn unsupported_option(
+    on_hosts: bool,
+    nnodes: (usize, usize),
+    node_rank: Option<usize>,
+    max_restarts: usize,
+) -> Option<&'static str> {
+    let unsupported = [
+        (
+            on_hosts,
+            "--hosts/--hostfile (give mpirun its hosts in KOLO_MPIRUN_ARGS)",
+        ),
+        (nnodes != (1, 1), "--nnodes"),
+        (node_rank.is_some(), "--node-rank"),
+        (max_restarts > 0, "--max-restarts"),
+    ];
+    unsupported
+        .iter()
+        .find(|(set, _)| *set)
+        .map(|(_, what)| *what)
 }
 
 /// The `mpirun` command line for `nproc` workers running `program args`: `KOLO_MPIRUN` (default
@@ -54,49 +67,23 @@ pub fn command_line(
     line
 }
 
-/// Starts the job through mpirun and returns its exit code. `defaults` are set for the workers
-/// unless this process's environment already has them.
-pub fn launch(
-    command: &str,
+/// Runs `program args` on `nproc` workers through mpirun and returns mpirun's exit code (`None`
+/// when a signal ended it). The workers get `KOLO_BACKEND=mpi` and `defaults`, except those this
+/// process's environment already has.
+pub fn run(
     nproc: usize,
-    launch: &LaunchArgs,
     program: OsString,
     args: &[OsString],
     defaults: &[(&str, String)],
-) -> ExitCode {
-    if !cfg!(feature = "mpi") {
-        eprintln!(
-            "kolo {command}: --backend mpi: this kolo was built without the MPI backend; build it \
-             with `cargo build --release --features mpi` (needs an MPI library, e.g. Debian's \
-             libopenmpi-dev openmpi-bin libclang-dev)"
-        );
-        return ExitCode::from(2);
-    }
-    let unsupported = [
-        (
-            launch.on_hosts(),
-            "--hosts/--hostfile (give mpirun its hosts in KOLO_MPIRUN_ARGS)",
-        ),
-        (launch.nnodes != (1, 1), "--nnodes"),
-        (launch.node_rank.is_some(), "--node-rank"),
-        (launch.max_restarts > 0, "--max-restarts"),
-    ];
-    if let Some((_, what)) = unsupported.iter().find(|(set, _)| *set) {
-        eprintln!(
-            "kolo {command}: --backend mpi: mpirun places and supervises the workers, so {what} \
-             does not apply"
-        );
-        return ExitCode::from(2);
-    }
-    let get = |k: &str| std::env::var(k).ok();
+) -> Result<Option<i32>, LaunchError> {
+    let get = |k: &str| ProcessEnv.lookup(k);
     let mut env: Vec<(&str, String)> = vec![("KOLO_BACKEND", "mpi".into())];
     for (k, v) in defaults {
         if get(k).is_none() {
             env.push((k, v.clone()));
         }
     }
-    // SAFETY: geteuid has no preconditions.
-    let is_root = unsafe { libc::geteuid() } == 0;
+    let is_root = rustix::process::geteuid().is_root();
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let line = command_line(nproc, program, args, &env, get, is_root, cpus);
     let mut cmd = Command::new(&line[0]);
@@ -105,18 +92,11 @@ pub fn launch(
         cmd.env(k, v);
     }
     match cmd.status() {
-        Ok(status) => match status.code() {
-            Some(code) => super::exit_code(code),
-            None => ExitCode::FAILURE,
-        },
-        Err(e) => {
-            eprintln!(
-                "kolo {command}: --backend mpi: cannot start {:?}: {e} (install OpenMPI or MPICH, \
-                 or name the launcher in KOLO_MPIRUN)",
-                line[0]
-            );
-            ExitCode::FAILURE
-        }
+        Ok(status) => Ok(status.code()),
+        Err(source) => Err(LaunchError::Mpirun {
+            program: line[0].clone(),
+            source,
+        }),
     }
 }
 
@@ -160,5 +140,36 @@ mod tests {
                 "prog"
             ]
         );
+    }
+
+    #[test]
+    fn a_missing_mpirun_is_named_with_a_hint() {
+        let err = LaunchError::Mpirun {
+            program: "mpirun".into(),
+            source: std::io::Error::from(std::io::ErrorKind::NotFound),
+        };
+        assert_eq!(
+            err.to_string(),
+            "cannot start \"mpirun\": entity not found (install OpenMPI or MPICH, or name the \
+             launcher in KOLO_MPIRUN)"
+        );
+    }
+
+    #[test]
+    fn options_mpirun_does_not_take() {
+        assert_eq!(unsupported_option(false, (1, 1), None, 0), None);
+        assert_eq!(
+            unsupported_option(false, (1, 2), Some(0), 1),
+            Some("--nnodes")
+        );
+        assert_eq!(
+            unsupported_option(false, (1, 1), Some(0), 1),
+            Some("--node-rank")
+        );
+        assert_eq!(
+            unsupported_option(false, (1, 1), None, 1),
+            Some("--max-restarts")
+        );
+        assert!(unsupported_option(true, (1, 1), None, 0).is_some_and(|w| w.starts_with("--hosts")));
     }
 }

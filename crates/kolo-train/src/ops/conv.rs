@@ -14,8 +14,7 @@
 
 use candle_core::backend::BackendStorage;
 use candle_core::{
-    CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Module, Result, Shape, Tensor,
-    WithDType,
+    CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor, WithDType,
 };
 
 /// Geometry of one convolution (square kernel, symmetric padding, no dilation or groups).
@@ -447,7 +446,7 @@ pub fn conv2d(
             );
         }
     }
-    let out = |size: usize| super::layers::conv_out(size, k, stride, padding).filter(|&o| o > 0);
+    let out = |size: usize| conv_out(size, k, stride, padding).filter(|&o| o > 0);
     let (Some(oh), Some(ow)) = (out(h), out(w)) else {
         candle_core::bail!(
             "conv2d: input {:?} too small for a {k}x{k} kernel with padding {padding}",
@@ -488,32 +487,6 @@ pub fn conv2d(
     }
 }
 
-/// A convolution layer with bias using [`conv2d`]; the same parameters as `candle_nn::Conv2d`.
-#[derive(Debug, Clone)]
-pub(crate) struct Conv2d {
-    weight: Tensor,
-    bias: Tensor,
-    stride: usize,
-    padding: usize,
-}
-
-impl Conv2d {
-    pub(crate) fn new(weight: Tensor, bias: Tensor, stride: usize, padding: usize) -> Self {
-        Self {
-            weight,
-            bias,
-            stride,
-            padding,
-        }
-    }
-}
-
-impl Module for Conv2d {
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        conv2d(x, &self.weight, Some(&self.bias), self.stride, self.padding)
-    }
-}
-
 /// Mixed precision on CPU (see `crate::precision`): candle has no bf16/f16 matrix products on CPU,
 /// so a layer given 16-bit CPU tensors computes `f` on f32 copies of `x` and `params` (the present
 /// ones, in order) and casts the result back; `None` for other inputs. Gradients flow through the
@@ -535,4 +508,15 @@ pub(crate) fn low_precision(
         f(&ts)?.to_dtype(dtype)
     };
     Some(run())
+}
+
+/// Spatial output size of a convolution / pooling window, or `None` when the window does not
+/// fit (PyTorch's floor semantics).
+pub(crate) fn conv_out(size: usize, kernel: usize, stride: usize, padding: usize) -> Option<usize> {
+    let padded = size + 2 * padding;
+    if padded < kernel || stride == 0 {
+        None
+    } else {
+        Some((padded - kernel) / stride + 1)
+    }
 }
