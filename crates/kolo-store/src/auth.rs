@@ -51,13 +51,12 @@ impl JobSecret {
 
     /// The secret in `KOLO_JOB_SECRET`, or none.
     pub fn from_env() -> JobSecret {
-        JobSecret::from_lookup(|k| std::env::var_os(k))
+        JobSecret::from_lookup(kolo_core::settings::ProcessEnv)
     }
 
-    /// The secret in `KOLO_JOB_SECRET` as `get` has it (kolo's settings lookup, or a map in
-    /// tests), or none.
-    pub fn from_lookup(get: impl Fn(&str) -> Option<std::ffi::OsString>) -> JobSecret {
-        get(SECRET_ENV)
+    /// The secret in `KOLO_JOB_SECRET` as `env` has it, or none.
+    pub fn from_lookup(env: impl kolo_core::settings::Env) -> JobSecret {
+        env.lookup_os(SECRET_ENV)
             .map(|v| JobSecret(v.into_encoded_bytes()))
             .unwrap_or_default()
     }

@@ -212,7 +212,7 @@ pub fn init_with(opts: InitOptions) -> Result<Communicator> {
             listen: opts.listen.unwrap_or(listen),
             advertise: opts.advertise.unwrap_or(advertise),
             connect_timeout: timeout,
-            secret: kolo_store::JobSecret::from_lookup(|k| ProcessEnv.lookup_os(k)),
+            secret: kolo_store::JobSecret::from_lookup(ProcessEnv),
             heartbeat_timeout: opts.heartbeat_timeout,
             ..TcpOptions::default()
         };
