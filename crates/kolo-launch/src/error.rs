@@ -99,7 +99,7 @@ pub enum LaunchError {
     },
 
     /// No random job secret could be generated.
-    #[error("cannot generate the job secret (reading /dev/urandom)")]
+    #[error("cannot generate the job secret (the system random source, getrandom(2), failed)")]
     Secret {
         /// The underlying error.
         #[source]
