@@ -34,6 +34,7 @@ pub mod env;
 mod error;
 pub mod mpirun;
 pub mod net;
+pub mod node_args;
 mod outcome;
 mod output;
 mod process;

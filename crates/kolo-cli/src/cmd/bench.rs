@@ -12,6 +12,8 @@ use std::time::Instant;
 use clap::{Args, ValueEnum};
 use kolo::{bf16, f16, Communicator, Element, ReduceOp};
 
+use super::error::CliError;
+
 pub const LONG_ABOUT: &str = "\
 Time one of kolo's collectives (or point-to-point ping-pong) on N workers, like nccl-tests, \
 for a range of message sizes; kolo bench starts the workers itself.
@@ -482,17 +484,11 @@ fn run<T: BenchElement>(comm: &Communicator, args: &BenchArgs) -> kolo::Result<u
     Ok(total_wrong)
 }
 
-fn worker(args: &BenchArgs) -> ExitCode {
-    let comm = match kolo::init() {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("kolo bench: worker could not join the job: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
+fn worker(args: &BenchArgs) -> Result<ExitCode, CliError> {
+    let comm = kolo::init()
+        .map_err(|e| CliError::Failed(format!("worker could not join the job: {e}")))?;
     if args.op() == Op::P2p && comm.size() < 2 {
-        eprintln!("kolo bench: p2p needs at least 2 ranks");
-        return ExitCode::FAILURE;
+        return Err(CliError::Failed("p2p needs at least 2 ranks".into()));
     }
     let result = match args.dtype {
         Dtype::F32 => run::<f32>(&comm, args),
@@ -503,17 +499,15 @@ fn worker(args: &BenchArgs) -> ExitCode {
         Dtype::I64 => run::<i64>(&comm, args),
     };
     match result {
-        Ok(0) => ExitCode::SUCCESS,
+        Ok(0) => Ok(ExitCode::SUCCESS),
         Ok(wrong) => {
+            // Every rank knows the count; one reports it.
             if comm.rank() == 0 {
                 eprintln!("kolo bench: {wrong} wrong elements");
             }
-            ExitCode::FAILURE
+            Ok(ExitCode::FAILURE)
         }
-        Err(e) => {
-            eprintln!("kolo bench: rank {}: {e}", comm.rank());
-            ExitCode::FAILURE
-        }
+        Err(e) => Err(CliError::Failed(format!("rank {}: {e}", comm.rank()))),
     }
 }
 
@@ -522,7 +516,7 @@ pub fn execute(args: BenchArgs) -> ExitCode {
         return super::scaling::execute(s);
     }
     if args.worker {
-        return worker(&args);
+        return super::error::finish("bench", worker(&args));
     }
     super::finish("bench", launch_job(&args))
 }

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use kolo_launch::remote::HostsError;
 use kolo_launch::LaunchError;
+use kolo_train::simulate::SimError;
 
 /// Why a command could not run its job.
 #[derive(Debug, thiserror::Error)]
@@ -25,16 +26,21 @@ pub enum CliError {
     #[error("--backend mpi: {0}")]
     Mpirun(#[source] LaunchError),
 
-    /// Anything else that stopped the command before its job ran.
+    /// `kolo simulate`: the profile, the cluster description or a flag is unusable.
+    #[error(transparent)]
+    Simulate(#[from] SimError),
+
+    /// Anything else that stopped the command or its job.
     #[error("{0}")]
     Failed(String),
 }
 
 impl CliError {
-    /// The process's exit code for this error: 2 for a usage error, else 1.
+    /// The process's exit code for this error: 2 for a usage error (bad hosts and simulator inputs
+    /// included), else 1.
     pub fn exit_code(&self) -> ExitCode {
         match self {
-            CliError::Usage(_) | CliError::Hosts(_) => ExitCode::from(2),
+            CliError::Usage(_) | CliError::Hosts(_) | CliError::Simulate(_) => ExitCode::from(2),
             CliError::Launch(_) | CliError::Mpirun(_) | CliError::Failed(_) => ExitCode::FAILURE,
         }
     }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use clap::Args;
 use clap::ValueEnum;
+use kolo_core::settings::{Env, ProcessEnv};
 use kolo_launch::{mpirun, CpuBind, LaunchConfig, DEFAULT_MASTER_ADDR};
 
 use super::error::CliError;
@@ -133,13 +134,8 @@ impl LaunchArgs {
         cfg.iface = self.iface.clone();
         cfg.rdzv_timeout = self.rdzv_timeout;
         cfg.stop_on_stdin_eof = self.watch_stdin;
-        match (self.bind_to, std::env::var("KOLO_BIND")) {
-            (Some(bind), _) => cfg.cpu_bind = bind,
-            (None, Ok(v)) => match v.parse() {
-                Ok(bind) => cfg.cpu_bind = bind,
-                Err(e) => return Err(CliError::Failed(format!("KOLO_BIND: {e}"))),
-            },
-            (None, Err(_)) => {}
+        if let Some(bind) = cpu_bind(self.bind_to, &ProcessEnv)? {
+            cfg.cpu_bind = bind;
         }
         Ok(())
     }
@@ -152,51 +148,10 @@ impl LaunchArgs {
     }
 }
 
-/// Options the node command sets itself, with whether they take a value.
-const NODE_SET: [(&str, bool); 9] = [
-    ("-n", true),
-    ("--nproc", true),
-    ("--nproc-per-node", true),
-    ("--hosts", true),
-    ("--hostfile", true),
-    ("--master-addr", true),
-    ("--master-port", true),
-    ("--nnodes", true),
-    ("--node-rank", true),
-];
-
-/// This process's arguments after `kolo COMMAND`, without the options a node's command sets itself,
-/// and the position of `--` in them (where the node options go), if any.
-fn forwarded_args(all: impl Iterator<Item = OsString>) -> (Vec<OsString>, Option<usize>) {
-    let mut out = Vec::new();
-    let mut args = all.skip(2);
-    let mut dashdash = None;
-    while let Some(a) = args.next() {
-        if a == "--" {
-            dashdash = Some(out.len());
-            out.push(a);
-            out.extend(args.by_ref());
-            break;
-        }
-        let text = a.to_string_lossy();
-        let name = text.split('=').next().unwrap_or("");
-        match NODE_SET.iter().find(|(n, _)| *n == name) {
-            Some((_, takes_value)) => {
-                if *takes_value && !text.contains('=') {
-                    args.next();
-                }
-            }
-            None if text.starts_with("-n") && text.len() > 2 && !text.starts_with("--") => {}
-            None => out.push(a),
-        }
-    }
-    (out, dashdash)
-}
-
 /// `kolo COMMAND --hosts ...`: runs `kolo COMMAND --nnodes H --node-rank i ...` (with this command's
 /// other arguments) on every host, over ssh; returns the job's exit code.
 pub fn execute_hosts(command: &str, nproc: usize, l: &LaunchArgs) -> Result<ExitCode, CliError> {
-    use kolo_launch::remote;
+    use kolo_launch::{node_args, remote};
     let hosts = remote::job_hosts(
         l.hosts.as_deref(),
         l.hostfile.as_deref(),
@@ -214,36 +169,18 @@ pub fn execute_hosts(command: &str, nproc: usize, l: &LaunchArgs) -> Result<Exit
     };
     let port = l.master_port.unwrap_or(29500);
     let secret = kolo_launch::job_secret()?;
-    let (rest, dashdash) = forwarded_args(std::env::args_os());
-    let node_command = |i: usize| -> Vec<OsString> {
-        let mut node: Vec<OsString> = Vec::new();
-        for (k, v) in [
-            ("-n", per.to_string()),
-            ("--nnodes", hosts.len().to_string()),
-            ("--node-rank", i.to_string()),
-            ("--master-addr", master.clone()),
-            ("--master-port", port.to_string()),
-        ] {
-            node.push(k.into());
-            node.push(v.into());
-        }
-        if !rest.iter().any(|a| a == "--watch-stdin") {
-            node.push("--watch-stdin".into());
-        }
-        let mut c: Vec<OsString> = vec![exe.clone().into(), command.into()];
-        match dashdash {
-            Some(at) => {
-                c.extend(rest[..at].iter().cloned());
-                c.extend(node);
-                c.extend(rest[at..].iter().cloned());
-            }
-            None => {
-                c.extend(rest.iter().cloned());
-                c.extend(node);
-            }
-        }
-        c
+    let (rest, dashdash) = node_args::forwarded_args(std::env::args_os());
+    let node = node_args::NodeCommand {
+        exe,
+        command: command.to_owned(),
+        per_node: per,
+        nodes: hosts.len(),
+        master_addr: master,
+        master_port: port,
+        rest,
+        dashdash,
     };
+    let node_command = |i: usize| node.for_node(i);
     let code = remote::run_hosts(&hosts, &node_command, &secret, l.grace_period)?;
     Ok(super::exit_code(code))
 }
@@ -282,23 +219,34 @@ pub fn launch_mpi(
     }
 }
 
+/// The CPU binding: `--bind-to`, else `KOLO_BIND` from `env`, else `None` (the launcher's default).
+fn cpu_bind(flag: Option<CpuBind>, env: &impl Env) -> Result<Option<CpuBind>, CliError> {
+    match (flag, env.lookup("KOLO_BIND")) {
+        (Some(bind), _) => Ok(Some(bind)),
+        (None, Some(v)) => v
+            .parse()
+            .map(Some)
+            .map_err(|e| CliError::Failed(format!("KOLO_BIND: {e}"))),
+        (None, None) => Ok(None),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kolo_core::settings::MapEnv;
 
     #[test]
-    fn node_commands_keep_everything_but_the_placement() {
-        let argv = |s: &str| s.split(' ').map(OsString::from).collect::<Vec<_>>();
-        let (rest, dd) = forwarded_args(
-            argv("kolo run -n 8 --hosts a:4,b:4 --max-restarts 2 --master-port=7 -- prog -n 3 --hosts x")
-                .into_iter(),
+    fn cpu_binding_from_the_flag_then_kolo_bind() {
+        let env: MapEnv = [("KOLO_BIND", "none")].into_iter().collect();
+        let none = MapEnv::default();
+        let bad: MapEnv = [("KOLO_BIND", "sockets")].into_iter().collect();
+        assert!(matches!(cpu_bind(Some(CpuBind::Cores), &env), Ok(Some(CpuBind::Cores))));
+        assert!(matches!(cpu_bind(None, &env), Ok(Some(CpuBind::None))));
+        assert!(matches!(cpu_bind(None, &none), Ok(None)));
+        assert!(
+            matches!(cpu_bind(None, &bad), Err(CliError::Failed(m)) if m.starts_with("KOLO_BIND: "))
         );
-        assert_eq!(rest, argv("--max-restarts 2 -- prog -n 3 --hosts x"));
-        assert_eq!(dd, Some(2));
-        let (rest, dd) =
-            forwarded_args(argv("kolo train -n4 --hostfile h --model mlp --epochs 3").into_iter());
-        assert_eq!(rest, argv("--model mlp --epochs 3"));
-        assert_eq!(dd, None);
     }
 
     #[test]

@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
 use clap::Args;
+
+use super::error::CliError;
 use kolo_data::DatasetKind;
 use kolo_metrics::{plot_scaling, RunDir, ScalingPoint};
 use kolo_train::models::ModelKind;
@@ -72,13 +74,8 @@ struct Row {
 }
 
 pub fn execute(args: &ScalingArgs) -> ExitCode {
-    match run(args) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("kolo bench scaling: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    let outcome = run(args).map(|()| ExitCode::SUCCESS).map_err(CliError::Failed);
+    super::error::finish("bench scaling", outcome)
 }
 
 fn run(args: &ScalingArgs) -> Result<(), String> {

@@ -4,6 +4,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
+
+use super::error::CliError;
 use kolo_train::models::ModelKind;
 use kolo_train::simulate::{
     predict_all, profile, published, Prediction, Profile, RawCluster, RawLink, SimError,
@@ -331,11 +333,6 @@ pub fn execute(args: SimulateArgs) -> ExitCode {
         };
         eprintln!("kolo simulate: profiling without kolo train's malloc settings ({why})");
     }
-    match run(&args) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            super::report_error("simulate", &e);
-            ExitCode::from(2)
-        }
-    }
+    let outcome = run(&args).map(|()| ExitCode::SUCCESS).map_err(CliError::from);
+    super::error::finish("simulate", outcome)
 }

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
+use kolo_core::settings::{Env, ProcessEnv};
 use kolo_data::DatasetKind;
 use kolo_train::ddp::{Compression, GradientReduce};
 use kolo_train::models::ModelKind;
@@ -151,6 +152,11 @@ fn parse_positive(s: &str) -> Result<usize, String> {
 
 impl TrainArgs {
     fn config(&self) -> TrainConfig {
+        self.config_in(&ProcessEnv)
+    }
+
+    /// The training configuration, with the settings the launcher hands its workers read from `env`.
+    fn config_in(&self, env: &impl Env) -> TrainConfig {
         TrainConfig {
             model: self.model,
             dataset: self.dataset,
@@ -172,9 +178,9 @@ impl TrainArgs {
             out: self
                 .out
                 .clone()
-                .or_else(|| std::env::var_os(RUN_DIR_ENV).map(PathBuf::from))
+                .or_else(|| env.lookup_os(RUN_DIR_ENV).map(PathBuf::from))
                 .or_else(|| self.torchrun_run_dir()),
-            resume: self.resume || restart_count() > 0,
+            resume: self.resume || restart_count(env) > 0,
             train_limit: self.train_limit,
             test_limit: self.test_limit,
             stop_after: self.stop_after,
@@ -248,10 +254,10 @@ const RUN_DIR_ENV: &str = "KOLO_TRAIN_RUN_DIR";
 
 /// How many times the launcher restarted the worker group: `kolo run`'s `KOLO_RESTART_COUNT` or
 /// torchrun's `TORCHELASTIC_RESTART_COUNT` (a restarted group resumes from its checkpoint).
-fn restart_count() -> usize {
+fn restart_count(env: &impl Env) -> usize {
     ["KOLO_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT"]
         .iter()
-        .find_map(|v| std::env::var(v).ok())
+        .find_map(|v| env.lookup(v))
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(0)
 }
@@ -309,4 +315,23 @@ fn launch_job(args: &TrainArgs) -> Result<ExitCode, CliError> {
         (RUN_DIR_ENV, run_dir.to_string_lossy().into_owned()),
     ];
     super::launch_workers("train", args.nproc, &args.launch, &defaults)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kolo_core::settings::MapEnv;
+
+    #[test]
+    fn restarts_are_counted_from_kolo_run_or_torchrun() {
+        let env = |pairs: &[(&str, &str)]| pairs.iter().copied().collect::<MapEnv>();
+        assert_eq!(restart_count(&env(&[])), 0);
+        assert_eq!(restart_count(&env(&[("KOLO_RESTART_COUNT", "2")])), 2);
+        assert_eq!(restart_count(&env(&[("TORCHELASTIC_RESTART_COUNT", " 3 ")])), 3);
+        assert_eq!(
+            restart_count(&env(&[("KOLO_RESTART_COUNT", "1"), ("TORCHELASTIC_RESTART_COUNT", "5")])),
+            1
+        );
+        assert_eq!(restart_count(&env(&[("KOLO_RESTART_COUNT", "x")])), 0);
+    }
 }

@@ -1,0 +1,233 @@
+//! The CPU kernels behind the models (`kolo_train::ops`, exported as `models::conv2d`,
+//! `max_pool2x2`, `avg_pool2x2`) against candle's reference ops: forward and gradients, odd sizes,
+//! strides, padding, strided inputs; pooling with PyTorch's floor semantics.
+
+use candle_core::{DType, Device, Result, Tensor};
+use kolo_train::models;
+
+fn max_abs_diff(a: &Tensor, b: &Tensor) -> Result<f64> {
+    (a - b)?
+        .abs()?
+        .flatten_all()?
+        .max(0)?
+        .to_dtype(DType::F64)?
+        .to_scalar::<f64>()
+}
+
+#[test]
+fn gemm_conv2d_matches_candle_conv2d_forward_and_backward() -> Result<()> {
+    // (batch, c_in, h, w, c_out, k, stride, padding)
+    let cases = [
+        (2, 3, 7, 6, 4, 3, 1, 1),
+        (2, 3, 9, 8, 5, 3, 2, 1),
+        (2, 3, 9, 9, 5, 3, 2, 1),
+        (2, 3, 8, 8, 5, 3, 2, 1),
+        (3, 1, 12, 12, 6, 5, 1, 2),
+        (2, 6, 14, 14, 16, 5, 1, 0),
+        (2, 4, 7, 7, 8, 1, 2, 0),
+        (1, 2, 5, 5, 3, 1, 1, 0),
+        (1, 2, 4, 5, 3, 3, 1, 2),
+        (2, 2, 6, 7, 3, 3, 3, 1),
+        (2, 2, 8, 8, 3, 2, 2, 0),
+    ];
+    for dtype in [DType::F64, DType::F32] {
+        let tol = if dtype == DType::F64 { 1e-10 } else { 1e-4 };
+        for &(b, c, h, w, c_out, k, stride, padding) in &cases {
+            let case = format!("{dtype:?} {:?}", (b, c, h, w, c_out, k, stride, padding));
+            let x = candle_core::Var::from_tensor(
+                &Tensor::randn(0f64, 1., (b, c, h, w), &Device::Cpu)?.to_dtype(dtype)?,
+            )?;
+            let wt = candle_core::Var::from_tensor(
+                &Tensor::randn(0f64, 1., (c_out, c, k, k), &Device::Cpu)?.to_dtype(dtype)?,
+            )?;
+            let bias = candle_core::Var::from_tensor(
+                &Tensor::randn(0f64, 1., c_out, &Device::Cpu)?.to_dtype(dtype)?,
+            )?;
+            let ours = models::conv2d(&x, &wt, Some(&bias), stride, padding)?;
+            let reference = x
+                .conv2d(&wt, padding, stride, 1, 1)?
+                .broadcast_add(&bias.reshape((1, c_out, 1, 1))?)?;
+            assert_eq!(ours.dims(), reference.dims(), "{case}");
+            assert!(max_abs_diff(&ours, &reference)? < tol, "{case}: forward");
+            // Inference path (nothing tracked) gives the same result.
+            let detached = models::conv2d(
+                &x.as_detached_tensor(),
+                &wt.as_detached_tensor(),
+                Some(&bias.as_detached_tensor()),
+                stride,
+                padding,
+            )?;
+            assert!(
+                max_abs_diff(&detached, &reference)? < tol,
+                "{case}: inference forward"
+            );
+
+            // A non-trivial upstream gradient r: the gradients of <conv(x, w), r>.
+            let r = Tensor::randn(0f64, 1., reference.shape(), &Device::Cpu)?.to_dtype(dtype)?;
+            let g_ours = (&ours * &r)?.sum_all()?.backward()?;
+            let (Some(gx), Some(gw), Some(gb)) =
+                (g_ours.get(&x), g_ours.get(&wt), g_ours.get(&bias))
+            else {
+                panic!("{case}: missing gradient");
+            };
+            // <conv(x, w), r> is linear in x and in w, so for any direction d:
+            // <grad_x, d> = <conv(d, w), r> and <grad_w, d> = <conv(x, d), r>.
+            let dot = |a: &Tensor, b: &Tensor| -> Result<f64> {
+                (a * b)?.sum_all()?.to_dtype(DType::F64)?.to_scalar::<f64>()
+            };
+            let dx = Tensor::randn(0f64, 1., x.shape(), &Device::Cpu)?.to_dtype(dtype)?;
+            let dw = Tensor::randn(0f64, 1., wt.shape(), &Device::Cpu)?.to_dtype(dtype)?;
+            let lhs_x = dot(gx, &dx)?;
+            let rhs_x = dot(&dx.conv2d(&wt, padding, stride, 1, 1)?, &r)?;
+            assert!(
+                (lhs_x - rhs_x).abs() < tol * 100.0 * (1.0 + rhs_x.abs()),
+                "{case}: input gradient {lhs_x} vs {rhs_x}"
+            );
+            let lhs_w = dot(gw, &dw)?;
+            let rhs_w = dot(&x.conv2d(&dw, padding, stride, 1, 1)?, &r)?;
+            assert!(
+                (lhs_w - rhs_w).abs() < tol * 100.0 * (1.0 + rhs_w.abs()),
+                "{case}: kernel gradient {lhs_w} vs {rhs_w}"
+            );
+            // The bias gradient is r summed over batch and pixels.
+            let expected_gb = r.sum((0, 2, 3))?;
+            assert!(
+                max_abs_diff(gb, &expected_gb)? < tol * 10.0,
+                "{case}: bias gradient"
+            );
+            // And against candle's own backward pass where that one works (candle 0.11 derives
+            // the transposed-convolution output padding from the height only, so it fails for
+            // strided convolutions of non-square inputs such as 9x8).
+            if h == w {
+                let g_ref = (reference * &r)?.sum_all()?.backward()?;
+                for (name, var) in [("input", &x), ("kernel", &wt), ("bias", &bias)] {
+                    let (Some(a), Some(e)) = (g_ours.get(var), g_ref.get(var)) else {
+                        panic!("{case}: missing {name} gradient");
+                    };
+                    assert!(max_abs_diff(a, e)? < tol * 10.0, "{case}: {name} gradient");
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn gemm_conv2d_handles_strided_inputs_and_constant_inputs() -> Result<()> {
+    // A transposed (non-contiguous) input, and an input that needs no gradient.
+    let base = Tensor::randn(0f32, 1., (5, 2, 4, 6), &Device::Cpu)?;
+    let x = base.transpose(2, 3)?; // [5, 2, 6, 4], strided
+    assert!(!x.is_contiguous());
+    let wt = candle_core::Var::from_tensor(&Tensor::randn(0f32, 1., (3, 2, 3, 3), &Device::Cpu)?)?;
+    let ours = models::conv2d(&x, &wt, None, 1, 1)?;
+    let reference = x.contiguous()?.conv2d(&wt, 1, 1, 1, 1)?;
+    assert!(max_abs_diff(&ours, &reference)? < 1e-4);
+    let grads = ours.sum_all()?.backward()?;
+    assert!(grads.get(&x).is_none());
+    let (Some(a), Some(e)) = (
+        grads.get(&wt),
+        reference.sum_all()?.backward()?.get(&wt).cloned(),
+    ) else {
+        panic!("missing kernel gradient");
+    };
+    assert!(max_abs_diff(a, &e)? < 1e-3);
+    // Shape errors are reported, not panics.
+    assert!(models::conv2d(&x, &wt.as_detached_tensor().narrow(1, 0, 1)?, None, 1, 1).is_err());
+    let bad_bias = Tensor::zeros(4, DType::F32, &Device::Cpu)?;
+    assert!(models::conv2d(&x, &wt, Some(&bad_bias), 1, 1).is_err());
+    assert!(models::conv2d(
+        &x,
+        &Tensor::zeros((3, 2, 9, 9), DType::F32, &Device::Cpu)?,
+        None,
+        1,
+        1
+    )
+    .is_err());
+    Ok(())
+}
+
+#[test]
+fn pooling_matches_candle_and_pytorch_semantics() -> Result<()> {
+    for (h, w) in [(6, 8), (7, 5), (2, 3)] {
+        for dtype in [DType::F32, DType::F64] {
+            let x = candle_core::Var::from_tensor(
+                &Tensor::randn(0f64, 1., (2, 3, h, w), &Device::Cpu)?.to_dtype(dtype)?,
+            )?;
+            // Reference: candle's ops on the even crop (PyTorch's floor mode).
+            let cropped = x.narrow(2, 0, h / 2 * 2)?.narrow(3, 0, w / 2 * 2)?;
+            let (h2, w2) = (h / 2 * 2, w / 2 * 2);
+            for (name, ours, reference) in [
+                ("max", models::max_pool2x2(&x)?, cropped.max_pool2d(2)?),
+                ("avg", models::avg_pool2x2(&x)?, cropped.avg_pool2d(2)?),
+            ] {
+                let case = format!("{name} {dtype:?} {h}x{w}");
+                assert_eq!(ours.dims(), [2, 3, h / 2, w / 2], "{case}");
+                assert!(max_abs_diff(&ours, &reference)? < 1e-6, "{case}: forward");
+                let r = Tensor::randn(0f64, 1., ours.shape(), &Device::Cpu)?.to_dtype(dtype)?;
+                let g = (&ours * &r)?.sum_all()?.backward()?;
+                let Some(got) = g.get(&x) else {
+                    panic!("{case}: missing gradient");
+                };
+                // Expected: r spread over each window (avg: r/4 everywhere; max: r at the
+                // maximum, no ties with random inputs), zero on a dropped odd row / column.
+                let up = r.upsample_nearest2d(h2, w2)?;
+                let expected = if name == "max" {
+                    let mask = cropped
+                        .eq(&ours.upsample_nearest2d(h2, w2)?)?
+                        .to_dtype(dtype)?;
+                    (up * mask)?
+                } else {
+                    (up * 0.25)?
+                };
+                let expected = expected
+                    .pad_with_zeros(2, 0, h % 2)?
+                    .pad_with_zeros(3, 0, w % 2)?;
+                assert!(max_abs_diff(got, &expected)? < 1e-6, "{case}: gradient");
+                // candle's own backward agrees for average pooling only: its max_pool2d
+                // gradient is scaled by 1/4 (candle 0.11 multiplies by the window's mask mean
+                // instead of dividing by the tie count).
+                if name == "avg" {
+                    let g_ref = (reference * &r)?.sum_all()?.backward()?;
+                    let Some(e) = g_ref.get(&x) else {
+                        panic!("{case}: missing reference gradient");
+                    };
+                    assert!(max_abs_diff(got, e)? < 1e-6, "{case}: candle gradient");
+                }
+            }
+        }
+    }
+    // Ties: PyTorch sends the whole gradient to the first maximum of the window.
+    let x = candle_core::Var::from_tensor(&Tensor::ones((1, 1, 2, 2), DType::F32, &Device::Cpu)?)?;
+    let g = models::max_pool2x2(&x)?.sum_all()?.backward()?;
+    let grad = g.get(&x).map(|t| t.flatten_all()?.to_vec1::<f32>());
+    match grad {
+        Some(v) => assert_eq!(v?, [1.0, 0.0, 0.0, 0.0]),
+        None => panic!("missing gradient"),
+    }
+    // NaN is the maximum (as in PyTorch) and gets the gradient.
+    let x = candle_core::Var::from_tensor(&Tensor::new(
+        &[[[[1f32, f32::NAN], [3.0, 2.0]]]],
+        &Device::Cpu,
+    )?)?;
+    let y = models::max_pool2x2(&x)?;
+    assert!(y.flatten_all()?.to_vec1::<f32>()?[0].is_nan());
+    let g = y.sum_all()?.backward()?;
+    let grad = g.get(&x).map(|t| t.flatten_all()?.to_vec1::<f32>());
+    match grad {
+        Some(v) => assert_eq!(v?, [0.0, 1.0, 0.0, 0.0]),
+        None => panic!("missing gradient"),
+    }
+    // Strided input and too-small input.
+    let base = Tensor::randn(0f32, 1., (1, 2, 4, 6), &Device::Cpu)?;
+    let t = base.transpose(2, 3)?;
+    assert!(max_abs_diff(&models::max_pool2x2(&t)?, &t.contiguous()?.max_pool2d(2)?)? < 1e-6);
+    assert!(models::avg_pool2x2(&Tensor::zeros((1, 1, 1, 4), DType::F32, &Device::Cpu)?).is_err());
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Learning sanity checks.
+
+/// Class templates plus Gaussian noise (σ 1): a synthetic 10-class task LeNet must learn
+/// quickly.
+/// `n` noisy copies of `templates` (unit Gaussian noise from `seed`, so every run sees the same data).
