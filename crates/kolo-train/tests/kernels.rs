@@ -224,10 +224,3 @@ fn pooling_matches_candle_and_pytorch_semantics() -> Result<()> {
     assert!(models::avg_pool2x2(&Tensor::zeros((1, 1, 1, 4), DType::F32, &Device::Cpu)?).is_err());
     Ok(())
 }
-
-// ---------------------------------------------------------------------------------------------
-// Learning sanity checks.
-
-/// Class templates plus Gaussian noise (σ 1): a synthetic 10-class task LeNet must learn
-/// quickly.
-/// `n` noisy copies of `templates` (unit Gaussian noise from `seed`, so every run sees the same data).

@@ -335,6 +335,12 @@ fn models_load_from_saved_variables() -> Result<()> {
     Ok(())
 }
 
+// ---------------------------------------------------------------------------------------------
+// Learning sanity checks.
+
+/// Class templates plus Gaussian noise (σ 1): a synthetic 10-class task LeNet must learn
+/// quickly.
+/// `n` noisy copies of `templates` (unit Gaussian noise from `seed`, so every run sees the same data).
 fn synthetic(n: usize, templates: &Tensor, seed: u64) -> Result<(Tensor, Tensor)> {
     let labels: Vec<u32> = (0..n as u32).map(|i| (i * 7 + i / 3) % 10).collect();
     let labels = Tensor::new(labels.as_slice(), &Device::Cpu)?;

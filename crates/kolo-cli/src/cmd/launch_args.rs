@@ -241,7 +241,10 @@ mod tests {
         let env: MapEnv = [("KOLO_BIND", "none")].into_iter().collect();
         let none = MapEnv::default();
         let bad: MapEnv = [("KOLO_BIND", "sockets")].into_iter().collect();
-        assert!(matches!(cpu_bind(Some(CpuBind::Cores), &env), Ok(Some(CpuBind::Cores))));
+        assert!(matches!(
+            cpu_bind(Some(CpuBind::Cores), &env),
+            Ok(Some(CpuBind::Cores))
+        ));
         assert!(matches!(cpu_bind(None, &env), Ok(Some(CpuBind::None))));
         assert!(matches!(cpu_bind(None, &none), Ok(None)));
         assert!(

@@ -74,7 +74,9 @@ struct Row {
 }
 
 pub fn execute(args: &ScalingArgs) -> ExitCode {
-    let outcome = run(args).map(|()| ExitCode::SUCCESS).map_err(CliError::Failed);
+    let outcome = run(args)
+        .map(|()| ExitCode::SUCCESS)
+        .map_err(CliError::Failed);
     super::error::finish("bench scaling", outcome)
 }
 

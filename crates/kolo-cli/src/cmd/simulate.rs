@@ -333,6 +333,8 @@ pub fn execute(args: SimulateArgs) -> ExitCode {
         };
         eprintln!("kolo simulate: profiling without kolo train's malloc settings ({why})");
     }
-    let outcome = run(&args).map(|()| ExitCode::SUCCESS).map_err(CliError::from);
+    let outcome = run(&args)
+        .map(|()| ExitCode::SUCCESS)
+        .map_err(CliError::from);
     super::error::finish("simulate", outcome)
 }

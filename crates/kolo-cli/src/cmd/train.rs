@@ -327,9 +327,15 @@ mod tests {
         let env = |pairs: &[(&str, &str)]| pairs.iter().copied().collect::<MapEnv>();
         assert_eq!(restart_count(&env(&[])), 0);
         assert_eq!(restart_count(&env(&[("KOLO_RESTART_COUNT", "2")])), 2);
-        assert_eq!(restart_count(&env(&[("TORCHELASTIC_RESTART_COUNT", " 3 ")])), 3);
         assert_eq!(
-            restart_count(&env(&[("KOLO_RESTART_COUNT", "1"), ("TORCHELASTIC_RESTART_COUNT", "5")])),
+            restart_count(&env(&[("TORCHELASTIC_RESTART_COUNT", " 3 ")])),
+            3
+        );
+        assert_eq!(
+            restart_count(&env(&[
+                ("KOLO_RESTART_COUNT", "1"),
+                ("TORCHELASTIC_RESTART_COUNT", "5")
+            ])),
             1
         );
         assert_eq!(restart_count(&env(&[("KOLO_RESTART_COUNT", "x")])), 0);
