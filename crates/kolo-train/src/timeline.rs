@@ -143,6 +143,15 @@ impl Shared {
             .push(e);
     }
 
+    /// Collective: takes this rank's buffered events out, renders them (see [`render`]) and gathers
+    /// every rank's on rank 0 (`None` elsewhere).
+    fn gather(&self, with_meta: bool, queue_id: &mut u64) -> Result<Option<Vec<String>>> {
+        let events = std::mem::take(&mut *self.events.lock().unwrap_or_else(|p| p.into_inner()));
+        let mine = render(self, &events, with_meta, queue_id);
+        drop(events);
+        Ok(self.comm.gather_object(&mine, 0)?)
+    }
+
     fn us(&self, t: Instant) -> f64 {
         t.saturating_duration_since(self.origin).as_secs_f64() * 1e6 + self.offset_us
     }
@@ -272,13 +281,11 @@ impl Timeline {
         let Some(path) = s.path.as_deref() else {
             return Ok(());
         };
-        let events = std::mem::take(&mut *s.events.lock().unwrap_or_else(|p| p.into_inner()));
         let mut f = s.flushed.lock().unwrap_or_else(|p| p.into_inner());
         let with_meta = !f.meta;
-        let mine = render(s, &events, with_meta, &mut f.queue_id);
+        let gathered = s.gather(with_meta, &mut f.queue_id)?;
         f.meta = true;
-        drop(events);
-        let Some(all) = s.comm.gather_object(&mine, 0)? else {
+        let Some(all) = gathered else {
             return Ok(());
         };
         append(path, &all, &mut f.tail_at).map_err(|e| io_error(path, e))
@@ -295,11 +302,8 @@ impl Timeline {
         let Some(s) = self.0.as_deref() else {
             return Ok(());
         };
-        let events = std::mem::take(&mut *s.events.lock().unwrap_or_else(|p| p.into_inner()));
         let mut queue_id = s.flushed.lock().unwrap_or_else(|p| p.into_inner()).queue_id;
-        let mine = render(s, &events, true, &mut queue_id);
-        drop(events);
-        let Some(all) = s.comm.gather_object(&mine, 0)? else {
+        let Some(all) = s.gather(true, &mut queue_id)? else {
             return Ok(());
         };
         let path = path.as_ref();
