@@ -27,26 +27,10 @@ trap cleanup EXIT
 
 # run COMPRESSION ROUND: one two-host training run; prints its samples/s.
 run() {
-    local comp=$1 round=$2 port=$((29500 + RANDOM % 400)) r pids=()
-    local out="$work/$comp-$round"
-    for r in 0 1; do
-        local ns iface
-        ns=$([[ $r == 0 ]] && echo "$ns0" || echo "$ns1")
-        iface=$([[ $r == 0 ]] && echo "$if0" || echo "$if1")
-        ip netns exec "$ns" env RAYON_NUM_THREADS=1 timeout 900 "$KOLO" train -n 1 --nnodes 2 \
-            --node-rank "$r" --master-addr 10.77.0.1 --master-port "$port" --iface "$iface" \
-            --model resnet18 --dataset fashion-mnist --train-limit "$LIMIT" --test-limit 200 \
-            --epochs 1 --batch-size "$BATCH" --no-progress --compression "$comp" \
-            --out "$out" >"$out.node$r.log" 2>&1 &
-        pids+=($!)
-    done
-    for r in 0 1; do
-        if ! wait "${pids[$r]}"; then
-            echo "bench-compression: node $r of the $comp run failed:" >&2
-            tail -5 "$out.node$r.log" >&2
-            exit 1
-        fi
-    done
+    local out="$work/$1-$2"
+    netns_on_both "$out" "$KOLO" train -n 1 --model resnet18 --dataset fashion-mnist \
+        --train-limit "$LIMIT" --test-limit 200 --epochs 1 --batch-size "$BATCH" --no-progress \
+        --compression "$1" --out "$out"
     python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["samples_per_second"])' \
         "$out/summary.json"
 }

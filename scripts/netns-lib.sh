@@ -3,6 +3,7 @@
 # namespaces $ns0 (10.77.0.1 on $if0) and $ns1 (10.77.0.2 on $if1) joined by a veth pair, no other
 # interface but their own loopback. `netns_up TAG` makes them (deleted again on exit); it exits the
 # calling script with 77 when namespaces cannot be made here (needs root and iproute2).
+# `netns_limit RATE` slows their link; `netns_on_both OUT CMD...` runs a two-node kolo job on them.
 
 netns_down() {
     ip netns del "$ns0" 2>/dev/null || true
@@ -38,5 +39,27 @@ netns_limit() {
     for side in "$ns0 $if0" "$ns1 $if1"; do
         read -r ns iface <<<"$side"
         ip netns exec "$ns" tc qdisc add dev "$iface" root tbf rate "$rate" burst 256kb latency 50ms
+    done
+}
+
+# netns_on_both OUT CMD...: runs `CMD --nnodes 2 --node-rank R ...` on both hosts at once; node R's
+# output goes to OUT.nodeR.log. Fails (showing the log) if either fails.
+netns_on_both() {
+    local out=$1 port=$((29500 + RANDOM % 400)) r pids=()
+    shift
+    for r in 0 1; do
+        local ns iface
+        ns=$([[ $r == 0 ]] && echo "$ns0" || echo "$ns1")
+        iface=$([[ $r == 0 ]] && echo "$if0" || echo "$if1")
+        ip netns exec "$ns" env RAYON_NUM_THREADS=1 timeout 900 "$@" --nnodes 2 --node-rank "$r" \
+            --master-addr 10.77.0.1 --master-port "$port" --iface "$iface" >"$out.node$r.log" 2>&1 &
+        pids+=($!)
+    done
+    for r in 0 1; do
+        if ! wait "${pids[$r]}"; then
+            echo "netns: node $r failed ($*):" >&2
+            tail -5 "$out.node$r.log" >&2
+            exit 1
+        fi
     done
 }

@@ -30,28 +30,6 @@ source "$here/netns-lib.sh"
 export KOLO_JOB_SECRET=${KOLO_JOB_SECRET:-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')}
 work=$(mktemp -d)
 
-# on_both OUT CMD...: runs `CMD --nnodes 2 --node-rank R ...` on both hosts at once; node R's
-# output goes to OUT.nodeR.log. Fails (showing the log) if either fails.
-on_both() {
-    local out=$1 port=$((29500 + RANDOM % 400)) r pids=()
-    shift
-    for r in 0 1; do
-        local ns iface
-        ns=$([[ $r == 0 ]] && echo "$ns0" || echo "$ns1")
-        iface=$([[ $r == 0 ]] && echo "$if0" || echo "$if1")
-        ip netns exec "$ns" env RAYON_NUM_THREADS=1 timeout 900 "$@" --nnodes 2 --node-rank "$r" \
-            --master-addr 10.77.0.1 --master-port "$port" --iface "$iface" >"$out.node$r.log" 2>&1 &
-        pids+=($!)
-    done
-    for r in 0 1; do
-        if ! wait "${pids[$r]}"; then
-            echo "validate-simulate-link: node $r failed ($*):" >&2
-            tail -5 "$out.node$r.log" >&2
-            exit 1
-        fi
-    done
-}
-
 median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 json() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$@"; }
 
@@ -64,7 +42,7 @@ for rate in "${RATES[@]}"; do
 print(float(m[1]) * {'':1e-9,'k':1e-6,'m':1e-3,'g':1}[m[2]])" "$rate")
 
     # 1. The link, through kolo: latency from 4-byte all-reduces, rate from 16 MiB ones.
-    on_both "$work/link-$rate" "$KOLO" bench allreduce -n 1 --sizes 4,16M --iters 5 --warmup 2 --json
+    netns_on_both "$work/link-$rate" "$KOLO" bench allreduce -n 1 --sizes 4,16M --iters 5 --warmup 2 --json
     lat_us=$(grep '"bytes":4,' "$work/link-$rate.node0.log" |
         python3 -c 'import json,sys; print(json.loads(sys.stdin.read())["time_us"] / 2)')
     gbps=$(grep '"bytes":16777216' "$work/link-$rate.node0.log" |
@@ -94,7 +72,7 @@ print(float(m[1]) * {'':1e-9,'k':1e-6,'m':1e-3,'g':1}[m[2]])" "$rate")
     ms=()
     for round in $(seq "$ROUNDS"); do
         out="$work/train-$rate-$round"
-        on_both "$out" "$KOLO" train -n 1 --model resnet18 --dataset fashion-mnist \
+        netns_on_both "$out" "$KOLO" train -n 1 --model resnet18 --dataset fashion-mnist \
             --train-limit "$LIMIT" --test-limit 200 --epochs 1 --batch-size "$BATCH" --no-progress \
             --out "$out"
         sps=$(json "$out/summary.json" samples_per_second)
