@@ -211,11 +211,13 @@ check_train_replicas() {
 }
 
 # kolo train --sync-bn: ResNet-18's 17 BatchNorm layers on the statistics of both workers' batches.
+# Momentum 0.5: with 0.9, this short run ends between 63 % and 93 % depending on the seed (and on
+# the GEMM kernels' rounding); with 0.5, 90-96 % over seeds 0, 2, 4, 5 with either kernel set.
 check_train_sync_bn() {
     local name="kolo train --model resnet18 --sync-bn -n 2 learns digits"
     rc=0
     out=$(timeout 300 "$KOLO" train --model resnet18 --sync-bn -n 2 --dataset digits \
-        --train-limit 512 --test-limit 200 --epochs 4 --batch-size 16 --lr 0.02 --no-progress \
+        --train-limit 512 --test-limit 200 --epochs 4 --batch-size 16 --lr 0.02 --momentum 0.5 --no-progress \
         --out "$TMP/train-sync-bn" 2>&1) || rc=$?
     if ((rc != 0)); then fail "$name" "exit code $rc"; return; fi
     local acc

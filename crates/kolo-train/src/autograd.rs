@@ -36,6 +36,21 @@ pub fn all_reduce_sum(x: &Tensor, comm: &Communicator) -> candle_core::Result<Te
     }
 }
 
+/// Sums `buf` over all ranks in place (the collective inside the differentiable ops); the
+/// error names the rank and the `pass` ("forward" / "backward").
+pub(crate) fn reduce_sum_in_place<T: kolo::Element>(
+    comm: &Communicator,
+    buf: &mut [T],
+    pass: &str,
+) -> candle_core::Result<()> {
+    comm.all_reduce(buf, ReduceOp::Sum).map_err(|e| {
+        candle_core::Error::Msg(format!(
+            "kolo all_reduce_sum ({pass} pass) on rank {}: {e}",
+            comm.rank()
+        ))
+    })
+}
+
 fn check_dtype(dtype: DType) -> candle_core::Result<()> {
     match dtype {
         DType::F32 | DType::F64 => Ok(()),
@@ -52,12 +67,7 @@ struct AllReduceSum {
 
 impl AllReduceSum {
     fn reduce<T: kolo::Element>(&self, buf: &mut [T], pass: &str) -> candle_core::Result<()> {
-        self.comm.all_reduce(buf, ReduceOp::Sum).map_err(|e| {
-            candle_core::Error::Msg(format!(
-                "kolo all_reduce_sum ({pass} pass) on rank {}: {e}",
-                self.comm.rank()
-            ))
-        })
+        reduce_sum_in_place(&self.comm, buf, pass)
     }
 }
 

@@ -185,6 +185,69 @@ impl BatchNorm {
     /// Normalizes with the batch statistics (global ones if synchronized) and updates the
     /// running statistics.
     pub fn forward_train(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_fused(x, None, false, true)
+    }
+
+    /// `act(bn(x) + residual)`: this layer (training or evaluation mode per `train`), then the
+    /// optional `residual` (`x`'s shape) added and ReLU applied when `relu` — a ResNet block's
+    /// tail in one op on CPU f32 / f64 (see [`crate::ops`]), the same as
+    /// `relu(bn.forward_t(x, train)? + residual)` but without the intermediate tensors.
+    pub fn forward_fused(
+        &self,
+        x: &Tensor,
+        residual: Option<&Tensor>,
+        relu: bool,
+        train: bool,
+    ) -> Result<Tensor> {
+        if train {
+            self.check_input(x)?;
+            if let Some((y, stats)) = crate::ops::batch_norm_train(
+                x,
+                &self.weight,
+                &self.bias,
+                residual,
+                relu,
+                self.config.eps,
+                self.comm.as_ref(),
+            )? {
+                self.update_from(&stats, x.device())?;
+                return Ok(y);
+            }
+        }
+        let y = if train {
+            self.forward_train_composed(x)?
+        } else {
+            self.forward_eval(x)?
+        };
+        let y = match residual {
+            Some(r) => (y + r)?,
+            None => y,
+        };
+        if relu {
+            crate::ops::relu(&y)
+        } else {
+            Ok(y)
+        }
+    }
+
+    /// The running statistics updated from a batch's.
+    fn update_from(
+        &self,
+        stats: &crate::ops::BatchStats,
+        device: &candle_core::Device,
+    ) -> Result<()> {
+        let n = stats.count;
+        if n > 1.0 {
+            let c = self.num_features;
+            let mean = Tensor::from_vec(stats.mean.clone(), c, device)?;
+            let unbiased: Vec<f64> = stats.var.iter().map(|v| v * n / (n - 1.0)).collect();
+            self.update_running_stats(&mean, &Tensor::from_vec(unbiased, c, device)?)?;
+        }
+        Ok(())
+    }
+
+    /// Training mode composed from candle ops (devices and dtypes the fused op does not take).
+    fn forward_train_composed(&self, x: &Tensor) -> Result<Tensor> {
         self.check_input(x)?;
         let c = self.num_features;
         let dims = x.dims();

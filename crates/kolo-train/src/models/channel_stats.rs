@@ -30,6 +30,18 @@ pub(crate) fn channel_sums(x: &Tensor) -> candle_core::Result<Tensor> {
     }
 }
 
+/// Per-channel `[Σx…, Σx²…]` (f64) of a `[B, C, S]` tensor, outside the graph.
+pub(crate) fn channel_sums_no_grad(x: &Tensor) -> candle_core::Result<Vec<f64>> {
+    let (batch, channels, per_channel) = x.dims3()?;
+    x.contiguous()?
+        .apply_op1_no_bwd(&ChannelSums {
+            batch,
+            channels,
+            per_channel,
+        })?
+        .to_vec1()
+}
+
 struct ChannelSums {
     batch: usize,
     channels: usize,

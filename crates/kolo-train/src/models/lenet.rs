@@ -4,6 +4,7 @@ use candle_core::{Module, Result, Tensor};
 use candle_nn::VarBuilder;
 
 use super::layers::Linear;
+use crate::ops::relu;
 
 use super::layers::Conv2d;
 
@@ -57,11 +58,11 @@ impl Lenet {
 impl Model for Lenet {
     fn forward(&self, x: &Tensor, _train: bool) -> Result<Tensor> {
         layers::check_input(NAME, x, self.input_shape)?;
-        let x = pool2x2(&self.conv1.forward(x)?.relu()?, Pool::Avg)?;
-        let x = pool2x2(&self.conv2.forward(&x)?.relu()?, Pool::Avg)?;
+        let x = pool2x2(&relu(&self.conv1.forward(x)?)?, Pool::Avg)?;
+        let x = pool2x2(&relu(&self.conv2.forward(&x)?)?, Pool::Avg)?;
         let x = x.flatten_from(1)?;
-        let x = self.fc1.forward(&x)?.relu()?;
-        let x = self.fc2.forward(&x)?.relu()?;
+        let x = relu(&self.fc1.forward(&x)?)?;
+        let x = relu(&self.fc2.forward(&x)?)?;
         self.fc3.forward(&x)
     }
 }

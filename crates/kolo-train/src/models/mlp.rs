@@ -4,6 +4,7 @@ use candle_core::{Module, Result, Tensor};
 use candle_nn::VarBuilder;
 
 use super::layers::Linear;
+use crate::ops::relu;
 
 use super::layers;
 use super::Model;
@@ -61,7 +62,7 @@ impl Model for Mlp {
         for (i, layer) in self.layers.iter().enumerate() {
             x = layer.forward(&x)?;
             if i < last {
-                x = x.relu()?;
+                x = relu(&x)?;
             }
         }
         Ok(x)

@@ -74,8 +74,9 @@ mod resnet;
 mod simple_cnn;
 mod sync_bn;
 
-pub use crate::ops::{avg_pool2x2, conv2d, max_pool2x2};
+pub use crate::ops::{avg_pool2x2, conv2d, max_pool2x2, relu};
 pub use batch_norm::{BatchNorm, BatchNormConfig};
+pub(crate) use channel_stats::channel_sums_no_grad;
 pub use lenet::Lenet;
 pub use mlp::{Mlp, DEFAULT_MLP_HIDDEN};
 pub use resnet::Resnet18;

@@ -1,6 +1,6 @@
 //! ResNet-18, the d2l variant for small images.
 
-use candle_core::{Module, ModuleT, Result, Tensor};
+use candle_core::{Module, Result, Tensor};
 use candle_nn::VarBuilder;
 
 use super::layers::Linear;
@@ -58,13 +58,16 @@ impl Residual {
     }
 
     fn forward(&self, x: &Tensor, train: bool) -> Result<Tensor> {
-        let y = self.bn1.forward_t(&self.conv1.forward(x)?, train)?.relu()?;
-        let y = self.bn2.forward_t(&self.conv2.forward(&y)?, train)?;
+        let y = self
+            .bn1
+            .forward_fused(&self.conv1.forward(x)?, None, true, train)?;
         let shortcut = match &self.shortcut {
             Some(conv) => conv.forward(x)?,
             None => x.clone(),
         };
-        (y + shortcut)?.relu()
+        // relu(bn2(conv2(y)) + shortcut) in one op.
+        self.bn2
+            .forward_fused(&self.conv2.forward(&y)?, Some(&shortcut), true, train)
     }
 
     fn visit_batch_norms(&mut self, f: &mut dyn FnMut(&mut BatchNorm)) {
@@ -124,7 +127,9 @@ impl Resnet18 {
 impl Model for Resnet18 {
     fn forward(&self, x: &Tensor, train: bool) -> Result<Tensor> {
         layers::check_input(NAME, x, self.input_shape)?;
-        let mut x = self.bn1.forward_t(&self.conv1.forward(x)?, train)?.relu()?;
+        let mut x = self
+            .bn1
+            .forward_fused(&self.conv1.forward(x)?, None, true, train)?;
         for block in &self.blocks {
             x = block.forward(&x, train)?;
         }

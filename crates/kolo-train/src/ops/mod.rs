@@ -1,10 +1,16 @@
-//! CPU kernels with their own backward passes, faster than candle's: convolution (im2col + GEMM)
-//! and 2×2 pooling. The layers in [`crate::models`] are built on them.
+//! CPU kernels with their own backward passes, faster than candle's: convolution (im2col + GEMM),
+//! 2×2 pooling, ReLU and training-mode batch normalization with its epilogue (residual add,
+//! ReLU). The layers in [`crate::models`] are built on them.
 
+mod batch_norm;
 mod conv;
 mod pool;
+mod relu;
+mod slices;
 
+pub(crate) use batch_norm::{batch_norm_train, BatchStats};
 pub use conv::conv2d;
 pub(crate) use conv::{conv_out, low_precision};
 pub use pool::{avg_pool2x2, max_pool2x2};
 pub(crate) use pool::{pool2x2, Pool};
+pub use relu::relu;
