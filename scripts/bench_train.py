@@ -5,10 +5,25 @@ Runs, alternating, ROUNDS times each (default 3) and reports medians:
   plain    the plain candle loop (crates/kolo-train/examples/plain_loop.rs), one process, no kolo
   kolo-1   `kolo train -n 1`   (Ddp, loss check, sampler: the cost of kolo's layer with one worker)
   kolo-2   `kolo train -n 2`
-  torch-1  ../shared/peers/torch_ddp_lenet.py 1   (PyTorch DDP, Gloo, one thread per worker)
-  torch-2  ../shared/peers/torch_ddp_lenet.py 2
-All use LeNet on Fashion-MNIST, SGD lr 0.05 momentum 0.9, one compute thread per worker, the same
-per-worker batch, one epoch; samples/s counts training only (no evaluation), all workers together.
+  torch-1  PyTorch DDP (Gloo, one thread per worker), 1 worker: --model lenet runs
+           ../shared/peers/torch_ddp_lenet.py (needs numpy too), resnet18 scripts/torch_ddp_resnet18.py
+  torch-2  the same with 2 workers
+All use --model (lenet, the default, or resnet18) on Fashion-MNIST, SGD with the same --lr and --momentum
+(default 0.05 and 0.9; the plain loop always uses these), one compute thread per worker, the same per-worker
+batch (--batch, default 64 for lenet, 32 for resnet18), one epoch of the first --train-limit samples (default:
+all 60,000 for lenet, 2048 for resnet18; the LeNet peer always trains on all of them), evaluation on the first
+--test-limit test samples (default: all for lenet, 256 for resnet18); samples/s counts training only (no
+evaluation), all workers together.
+
+Besides the medians it reports kolo / PyTorch (samples/s of kolo-N over torch-N, N = 1, 2) and, for every
+row, the achieved GFLOP/s per core: samples/s x training FLOPs per sample / busy cores (workers x 1 thread),
+also as a share of the CPU's per-core f32 FMA peak. The FLOPs per sample (forward and backward, convolutions
+and matrix products) are counted by torch's FlopCounterMode on the peer's model (the same layers as kolo's,
+so the count applies to every row; `scripts/torch_ddp_resnet18.py --flops MODEL`); without PyTorch the
+GFLOP/s are left out. The peak is --peak-flops GFLOPS (per core) or, when that is not given, the
+`peak_gflops_per_core` of the probe BIN/examples/peak_flops (the better of its one-thread AVX2 and AVX-512
+figures), run once before the rounds if it is built (cargo build --release -p kolo-train --example
+peak_flops); otherwise no peak column.
 
 With --parallel (threads vs processes on one machine), instead, for --model (lenet or resnet18):
   procs-2     `kolo train -n 2`                     two worker processes, one compute thread each
@@ -27,16 +42,20 @@ rough look with a debug build).
 With --baseline OLD_KOLO, OLD_KOLO's `kolo train -n 1` and `-n 2` run in the same rounds too (base-1,
 base-2), for a before/after comparison under the same load.
 
-Usage: scripts/bench_train.py [--rounds 3] [--batch 64] [--epochs 1] [--no-torch] [--baseline OLD_KOLO]
+Usage: scripts/bench_train.py [--model lenet|resnet18] [--rounds 3] [--batch B] [--epochs 1] [--train-limit N]
+                              [--test-limit N] [--lr 0.05] [--momentum 0.9] [--peak-flops GFLOPS] [--no-torch]
+                              [--baseline OLD_KOLO] [--bin target/release]
        scripts/bench_train.py --parallel [--model resnet18] [--train-limit 2048] [--rounds 3]
        scripts/bench_train.py --timeline [--workers 2] [--train-limit 12800] [--bin target/debug]
-Needs release builds (cargo build --release -p kolo-cli -p kolo-train --example plain_loop) and the data
-(scripts/fetch-data.sh); PyTorch (pip install torch) for the torch rows.
+Needs release builds (cargo build --release -p kolo-cli -p kolo-train --example plain_loop --example peak_flops)
+and the data (scripts/fetch-data.sh); PyTorch (pip install torch; numpy too for the LeNet peer) for the torch
+rows: run the script with that Python (e.g. ~/.cache/kolo/torch-2.15.0/bin/python scripts/bench_train.py).
 """
 import argparse, json, os, re, shutil, statistics, subprocess, sys, tempfile, time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEER = os.path.join(ROOT, "..", "shared", "peers", "torch_ddp_lenet.py")
+PEER_RESNET = os.path.join(ROOT, "scripts", "torch_ddp_resnet18.py")
 
 
 def run(cmd, env=None):
@@ -50,15 +69,19 @@ def run(cmd, env=None):
 
 
 def plain(a):
-    out = run(["target/release/examples/plain_loop", "--batch-size", str(a.batch), "--epochs", str(a.epochs)])
+    out = run([os.path.join(a.bin, "examples", "plain_loop"), "--model", a.model, "--batch-size", str(a.batch),
+               "--epochs", str(a.epochs)] + (["--train-limit", str(a.train_limit)] if a.train_limit else []))
     return json.loads(out.strip().splitlines()[-1])["samples_per_s"]
 
 
-def kolo(a, n, exe="target/release/kolo"):
+def kolo(a, n, exe=None):
     d = tempfile.mkdtemp(prefix="kolo-bench-")
+    limits = (["--train-limit", str(a.train_limit)] if a.train_limit else []) + \
+             (["--test-limit", str(a.test_limit)] if a.test_limit else [])
     try:
-        run([exe, "train", "-n", str(n), "--epochs", str(a.epochs), "--batch-size", str(a.batch),
-             "--no-progress", "--out", d])
+        run([exe or os.path.join(a.bin, "kolo"), "train", "-n", str(n), "--model", a.model, "--epochs", str(a.epochs),
+             "--batch-size", str(a.batch), "--lr", str(a.lr), "--momentum", str(a.momentum), "--no-progress",
+             "--out", d] + limits)
         with open(os.path.join(d, "summary.json")) as f:
             return json.load(f)["samples_per_second"]
     finally:
@@ -93,7 +116,7 @@ def kolo_parallel(a, n, replicas, threads, batch):
     d = tempfile.mkdtemp(prefix="kolo-bench-")
     tun = "glibc.malloc.mmap_threshold=4294967295:glibc.malloc.trim_threshold=4294967295"
     env = dict(os.environ, RAYON_NUM_THREADS=str(threads), GLIBC_TUNABLES=tun)
-    cmd = ["target/release/kolo", "train", "-n", str(n), "--replicas", str(replicas), "--model", a.model,
+    cmd = [os.path.join(a.bin, "kolo"), "train", "-n", str(n), "--replicas", str(replicas), "--model", a.model,
            "--epochs", str(a.epochs), "--batch-size", str(batch), "--no-progress", "--out", d,
            "--test-limit", "500"] + (["--train-limit", str(a.train_limit)] if a.train_limit else [])
     try:
@@ -174,35 +197,83 @@ def timeline(a):
 
 
 def torch(a, n):
-    out = run([sys.executable, PEER, str(n), str(a.epochs), str(a.batch), "0.05"], env={"MOMENTUM": "0.9"})
-    rates = [float(m) for m in re.findall(r"samples_s (\d+)", out)]
+    env = {"MOMENTUM": str(a.momentum)}
+    if a.model == "resnet18":
+        env.update(TRAIN_LIMIT=str(a.train_limit or 0), TEST_LIMIT=str(a.test_limit or 0))
+    out = run([sys.executable, PEER_RESNET if a.model == "resnet18" else PEER, str(n), str(a.epochs), str(a.batch),
+               str(a.lr)], env=env)
+    rates = [float(m) for m in re.findall(r"samples_s (\d+(?:\.\d+)?)", out)]
     if not rates:
         sys.exit(f"bench_train: no samples/s in the torch peer's output:\n{out}")
     return statistics.median(rates)
 
 
+def flops_per_sample(model):
+    """Training FLOPs per sample of `model`, counted by the ResNet-18 peer (FlopCounterMode; it also has the LeNet)."""
+    out = run([sys.executable, PEER_RESNET, "--flops", model])
+    return json.loads(out.strip().splitlines()[-1])["train_flops_per_sample"]
+
+
+def peak_per_core(a):
+    """(per-core f32 FMA peak in GFLOP/s, where it comes from), or (None, why not)."""
+    if a.peak_flops:
+        return a.peak_flops, "--peak-flops"
+    probe = os.path.join(a.bin, "examples", "peak_flops")
+    if not os.path.exists(os.path.join(ROOT, probe)):
+        return None, f"no {probe} (cargo build --release -p kolo-train --example peak_flops) and no --peak-flops"
+    line = run([probe, "--repeats", "3"]).strip().splitlines()[-1]
+    return json.loads(line)["peak_gflops_per_core"], probe
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--batch", type=int, help="per worker (default 64; 32 for resnet18 without --parallel or "
+                                              "--timeline)")
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--parallel", action="store_true", help="threads vs processes (see above)")
-    ap.add_argument("--model", default="lenet")
-    ap.add_argument("--train-limit", type=int, default=0)
+    ap.add_argument("--model", default="lenet", help="lenet or resnet18 (--parallel, --timeline: any kolo model)")
+    ap.add_argument("--train-limit", type=int, help="train on the first N samples (default: all; 2048 for "
+                                                    "resnet18 without --parallel or --timeline)")
+    ap.add_argument("--test-limit", type=int, help="evaluate on the first N test samples (default: all; 256 "
+                                                   "for resnet18; --parallel and --timeline use 500 and 1000)")
+    ap.add_argument("--lr", type=float, default=0.05, help="SGD learning rate of kolo and torch (default 0.05)")
+    ap.add_argument("--momentum", type=float, default=0.9, help="SGD momentum of kolo and torch (default 0.9)")
+    ap.add_argument("--peak-flops", type=float, metavar="GFLOPS",
+                    help="per-core f32 peak in GFLOP/s (default: run BIN/examples/peak_flops if built)")
     ap.add_argument("--timeline", action="store_true", help="the cost of --timeline (see above)")
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--bin", default="target/release", help="where the kolo binary is (--timeline)")
+    ap.add_argument("--bin", default="target/release", help="where the kolo binary and the examples are")
     ap.add_argument("--baseline", help="an older kolo binary: its kolo-1 and kolo-2 run in the same "
                                        "rounds, as base-1 and base-2 (a before/after comparison)")
     a = ap.parse_args()
+    compare = not (a.parallel or a.timeline)
+    if a.batch is None:
+        a.batch = 32 if compare and a.model == "resnet18" else 64
+    if a.train_limit is None:
+        a.train_limit = 2048 if compare and a.model == "resnet18" else 0
+    if a.test_limit is None:
+        a.test_limit = 256 if compare and a.model == "resnet18" else 0
     if a.parallel:
         return parallel(a)
     if a.timeline:
         return timeline(a)
-    have_torch = not a.no_torch and subprocess.run([sys.executable, "-c", "import torch"], capture_output=True).returncode == 0
+    if a.model not in ("lenet", "resnet18"):
+        ap.error(f"--model {a.model}: the comparison with PyTorch has lenet and resnet18")
+    # The LeNet peer reads the data with numpy; the ResNet-18 peer needs torch only.
+    need = "torch" if a.model == "resnet18" else "torch, numpy"
+    have_torch = not a.no_torch and subprocess.run([sys.executable, "-c", f"import {need}"],
+                                                   capture_output=True).returncode == 0
     if not a.no_torch and not have_torch:
-        print("bench_train: PyTorch is not installed; skipping the torch rows (pip install torch)", file=sys.stderr)
+        print(f"bench_train: {sys.executable} cannot import {need}; skipping the torch rows and the FLOPs count "
+              "(pip install torch numpy, or run this script with the Python that has them)", file=sys.stderr)
+    if a.model == "lenet" and a.train_limit and have_torch:
+        print("bench_train: the LeNet peer ignores --train-limit (trains on all 60,000 samples)", file=sys.stderr)
+    flops = flops_per_sample(a.model) if have_torch else None
+    peak, peak_src = peak_per_core(a) if flops else (None, "no FLOPs count")
+    if flops and peak is None:
+        print(f"bench_train: no FMA peak: {peak_src}", file=sys.stderr)
     cases = [("plain", lambda: plain(a)), ("kolo-1", lambda: kolo(a, 1)), ("kolo-2", lambda: kolo(a, 2))]
     if a.baseline:
         cases += [("base-1", lambda: kolo(a, 1, a.baseline)), ("base-2", lambda: kolo(a, 2, a.baseline))]
@@ -215,18 +286,36 @@ def main():
             res[name].append(f())
             print(f"round {r + 1} {name:8s} {res[name][-1]:9.0f} samples/s  ({time.time() - t:.0f} s)", file=sys.stderr)
     med = {k: statistics.median(v) for k, v in res.items()}
-    print(f"\nLeNet / Fashion-MNIST, batch {a.batch} per worker, {a.epochs} epoch(s), medians of {a.rounds} rounds (samples/s):")
+    # Busy cores of a row: its workers, one compute thread each.
+    busy = {k: 2 if k.endswith("-2") else 1 for k in med}
+    gflops = {k: v * flops / busy[k] / 1e9 for k, v in med.items()} if flops else {}
+    name = {"lenet": "LeNet", "resnet18": "ResNet-18"}[a.model]
+    limit = f"first {a.train_limit} samples" if a.train_limit else "all samples"
+    print(f"\n{name} / Fashion-MNIST, batch {a.batch} per worker, {a.epochs} epoch(s) of the {limit}, SGD lr {a.lr} "
+          f"momentum {a.momentum}, medians of {a.rounds} rounds (samples/s):")
+    if flops:
+        print(f"  training FLOPs per sample {flops / 1e6:.2f} M; "
+              + (f"f32 FMA peak {peak:.1f} GFLOP/s per core ({peak_src})" if peak else "no FMA peak"))
     for k, v in med.items():
-        print(f"  {k:8s} {v:9.0f}   (runs: {', '.join(f'{x:.0f}' for x in res[k])})")
+        g = ""
+        if flops:
+            g = f"  {gflops[k]:7.2f} GFLOP/s per core" + (f" ({100 * gflops[k] / peak:4.1f} % of peak)" if peak else "")
+        print(f"  {k:8s} {v:9.0f}{g}   (runs: {', '.join(f'{x:.0f}' for x in res[k])})")
     print(f"  Ddp overhead, 1 worker vs plain candle loop: {100 * (med['plain'] / med['kolo-1'] - 1):+.1f} %")
     print(f"  scaling efficiency, 2 workers: {100 * med['kolo-2'] / (2 * med['kolo-1']):.0f} %")
     if a.baseline:
         print(f"  this build / --baseline: 1 worker {med['kolo-1'] / med['base-1']:.3f}x, "
               f"2 workers {med['kolo-2'] / med['base-2']:.3f}x")
+    ratios = {}
     if have_torch:
-        print(f"  kolo / PyTorch DDP: 1 worker {med['kolo-1'] / med['torch-1']:.2f}x, 2 workers {med['kolo-2'] / med['torch-2']:.2f}x")
+        ratios = {"1": med["kolo-1"] / med["torch-1"], "2": med["kolo-2"] / med["torch-2"]}
+        print(f"  kolo / PyTorch DDP ({name}): 1 worker {ratios['1']:.2f}x, 2 workers {ratios['2']:.2f}x")
         print(f"  PyTorch scaling efficiency, 2 workers: {100 * med['torch-2'] / (2 * med['torch-1']):.0f} %")
-    print(json.dumps({"medians": med, "runs": res, "batch": a.batch, "epochs": a.epochs}))
+    print(json.dumps({"model": a.model, "medians": med, "runs": res, "batch": a.batch, "epochs": a.epochs,
+                      "train_limit": a.train_limit, "test_limit": a.test_limit, "lr": a.lr, "momentum": a.momentum,
+                      "kolo_over_torch": ratios, "train_flops_per_sample": flops, "gflops_per_core": gflops,
+                      "busy_cores": busy, "peak_gflops_per_core": peak,
+                      "peak_source": peak_src if peak else None}))
 
 
 if __name__ == "__main__":
