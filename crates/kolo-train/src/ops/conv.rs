@@ -37,6 +37,27 @@ impl Geom {
         self.c * self.k * self.k
     }
 
+    /// For a stride-1 convolution, the geometry of its input gradient computed as a convolution
+    /// of the output gradient (`[B, c_out, H', W']`) with the flipped, transposed kernel: padding
+    /// `k − 1 − p`, output `[B, C, H, W]`. `None` for strides > 1 (or padding ≥ k), which take
+    /// the GEMM + col2im path.
+    fn input_grad(&self, c_out: usize) -> Option<Geom> {
+        if self.stride != 1 || self.padding >= self.k {
+            return None;
+        }
+        Some(Geom {
+            b: self.b,
+            c: c_out,
+            h: self.oh,
+            w: self.ow,
+            k: self.k,
+            stride: 1,
+            padding: self.k - 1 - self.padding,
+            oh: self.h,
+            ow: self.w,
+        })
+    }
+
     /// Output pixels per sample.
     fn pixels(&self) -> usize {
         self.oh * self.ow
@@ -297,6 +318,7 @@ impl ConvGemm {
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let g = &self.0;
         let c_out = weight.dim(0)?;
+        let grad_nchw = grad.detach();
         // [B, c_out, H', W'] -> [c_out, B·H'·W'].
         let grad = grad
             .detach()
@@ -310,11 +332,38 @@ impl ConvGemm {
         };
         let grad_weight = if weight.track_op() {
             let cols = x.detach().apply_op1_no_bwd(&Im2Col(*g))?;
-            Some(grad.matmul(&cols.t()?)?.reshape(weight.shape())?)
+            // grad_wᵀ = cols [C·k·k, B·H'·W'] @ gradᵀ: the long B·H'·W' reduction runs along
+            // the rows of both operands as stored, which the GEMM packs much faster than
+            // grad @ colsᵀ (2.2x for ResNet-18's 64-channel layers, 0.9-1.1x elsewhere).
+            Some(
+                cols.matmul(&grad.t()?)?
+                    .t()?
+                    .contiguous()?
+                    .reshape(weight.shape())?,
+            )
         } else {
             None
         };
-        let grad_x = if x.track_op() {
+        let grad_x = if !x.track_op() {
+            None
+        } else if let Some(gt) = g.input_grad(c_out) {
+            // Stride 1: the input gradient is the convolution of the output gradient with the
+            // kernel flipped in space and transposed in channels — one GEMM of the forward
+            // pass's shape, without the [C·k·k, B·H·W] patch gradient and its col2im scatter.
+            let k = g.k;
+            let rev = Tensor::from_vec(
+                (0..k as u32).rev().collect::<Vec<u32>>(),
+                k,
+                weight.device(),
+            )?;
+            let flipped = weight
+                .detach()
+                .index_select(&rev, 2)?
+                .index_select(&rev, 3)?
+                .transpose(0, 1)?
+                .contiguous()?;
+            Some(ConvGemm(gt).forward_tensors(&grad_nchw, &flipped, None)?)
+        } else {
             let grad_cols = weight
                 .detach()
                 .reshape((c_out, g.rows()))?
@@ -322,8 +371,6 @@ impl ConvGemm {
                 .matmul(&grad)?
                 .contiguous()?;
             Some(grad_cols.apply_op1_no_bwd(&Col2Im(*g))?)
-        } else {
-            None
         };
         Ok((grad_x, grad_weight, grad_bias))
     }
