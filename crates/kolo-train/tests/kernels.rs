@@ -414,3 +414,36 @@ fn fused_batch_norm_matches_candle_ops_forward_and_backward() -> Result<()> {
     }
     Ok(())
 }
+
+#[test]
+fn gemm_conv2d_works_chunk_by_chunk() -> Result<()> {
+    // 64 input channels on 24x24 outputs: one sample's patch matrix fills a chunk, so forward
+    // and backward run chunk by chunk (three chunks), for stride 1 (input gradient as a
+    // convolution) and stride 2 (GEMM + col2im); a 1x1 convolution with two samples per chunk.
+    let cases = [
+        (3, 64, 24, 4, 3, 1, 1),
+        (3, 64, 47, 4, 3, 2, 1),
+        (3, 64, 24, 3, 1, 1, 0),
+    ];
+    for &(b, c, h, c_out, k, stride, padding) in &cases {
+        let case = format!("{:?}", (b, c, h, c_out, k, stride, padding));
+        let x = var(&[b, c, h, h], DType::F32)?;
+        let wt = var(&[c_out, c, k, k], DType::F32)?;
+        let bias = var(&[c_out], DType::F32)?;
+        let ours = models::conv2d(&x, &wt, Some(&bias), stride, padding)?;
+        let reference = x
+            .conv2d(&wt, padding, stride, 1, 1)?
+            .broadcast_add(&bias.reshape((1, c_out, 1, 1))?)?;
+        assert!(rel_diff(&ours, &reference)? < 1e-5, "{case}: forward");
+        let r = Tensor::randn(0f32, 1., reference.shape(), &Device::Cpu)?;
+        let g_ours = (&ours * &r)?.sum_all()?.backward()?;
+        let g_ref = (&reference * &r)?.sum_all()?.backward()?;
+        for (name, v) in [("input", &x), ("kernel", &wt), ("bias", &bias)] {
+            let (Some(a), Some(e)) = (g_ours.get(v), g_ref.get(v)) else {
+                panic!("{case}: missing {name} gradient");
+            };
+            assert!(rel_diff(a, e)? < 1e-4, "{case}: {name} gradient");
+        }
+    }
+    Ok(())
+}

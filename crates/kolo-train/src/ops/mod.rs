@@ -4,6 +4,7 @@
 
 mod batch_norm;
 mod conv;
+mod im2col;
 mod pool;
 mod relu;
 mod slices;

@@ -1,0 +1,213 @@
+//! The patch matrices of the GEMM convolution ([`super::conv`]): geometry, im2col and its
+//! adjoint col2im, chunk by chunk of samples.
+
+use candle_core::{Layout, Result, WithDType};
+
+/// Geometry of one convolution (square kernel, symmetric padding, no dilation or groups).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Geom {
+    pub(super) b: usize,
+    pub(super) c: usize,
+    pub(super) h: usize,
+    pub(super) w: usize,
+    pub(super) k: usize,
+    pub(super) stride: usize,
+    pub(super) padding: usize,
+    pub(super) oh: usize,
+    pub(super) ow: usize,
+}
+
+impl Geom {
+    /// Rows of the patch matrix.
+    pub(super) fn rows(&self) -> usize {
+        self.c * self.k * self.k
+    }
+
+    /// For a stride-1 convolution, the geometry of its input gradient computed as a convolution
+    /// of the output gradient (`[B, c_out, H', W']`) with the flipped, transposed kernel: padding
+    /// `k − 1 − p`, output `[B, C, H, W]`. `None` for strides > 1 (or padding ≥ k), which take
+    /// the GEMM + col2im path.
+    pub(super) fn input_grad(&self, c_out: usize) -> Option<Geom> {
+        if self.stride != 1 || self.padding >= self.k {
+            return None;
+        }
+        Some(Geom {
+            b: self.b,
+            c: c_out,
+            h: self.oh,
+            w: self.ow,
+            k: self.k,
+            stride: 1,
+            padding: self.k - 1 - self.padding,
+            oh: self.h,
+            ow: self.w,
+        })
+    }
+
+    /// Output pixels per sample.
+    pub(super) fn pixels(&self) -> usize {
+        self.oh * self.ow
+    }
+
+    /// Samples per chunk of the patch matrix: enough columns (≥ 512) for an efficient GEMM,
+    /// more while the chunk's patch matrix stays within about an L2 cache (2 MiB of f32). Working
+    /// chunk by chunk keeps that matrix in cache between im2col and the GEMM that reads it.
+    pub(super) fn chunk(&self) -> usize {
+        const MIN_COLS: usize = 512;
+        const CACHE_BYTES: usize = 2 << 20;
+        let p = self.pixels().max(1);
+        let by_cols = MIN_COLS.div_ceil(p);
+        let by_cache = CACHE_BYTES / (4 * self.rows() * p).max(1);
+        by_cols.max(by_cache).clamp(1, self.b.max(1))
+    }
+
+    /// For kernel offset `kk` along an axis of input size `size` and output size `out`: the
+    /// range `lo..hi` of output positions whose input position `o·stride + kk − padding` lies
+    /// inside the input (the others read padding), and the input position of `lo`.
+    fn valid(&self, kk: usize, size: usize, out: usize) -> (usize, usize, usize) {
+        let lo = if kk >= self.padding {
+            0
+        } else {
+            (self.padding - kk).div_ceil(self.stride)
+        };
+        let hi = if size + self.padding <= kk {
+            0
+        } else {
+            out.min((size + self.padding - kk - 1) / self.stride + 1)
+        };
+        let first = (lo * self.stride + kk).saturating_sub(self.padding);
+        (lo, hi.max(lo), first)
+    }
+}
+
+/// Splits `data` into chunks of `chunk` elements and runs `f(chunk_index, chunk)` on them,
+/// spread over up to candle's thread count when there is enough work.
+fn par_chunks_mut<T: Send>(data: &mut [T], chunk: usize, f: impl Fn(usize, &mut [T]) + Sync) {
+    const MIN_PARALLEL_ELEMS: usize = 1 << 16;
+    let chunk = chunk.max(1);
+    let n_chunks = data.len().div_ceil(chunk);
+    let threads = candle_core::utils::get_num_threads().clamp(1, n_chunks.max(1));
+    if threads == 1 || data.len() < MIN_PARALLEL_ELEMS {
+        for (i, c) in data.chunks_mut(chunk).enumerate() {
+            f(i, c);
+        }
+        return;
+    }
+    let per_thread = n_chunks.div_ceil(threads);
+    std::thread::scope(|s| {
+        for (t, part) in data.chunks_mut(per_thread * chunk).enumerate() {
+            let f = &f;
+            s.spawn(move || {
+                for (i, c) in part.chunks_mut(chunk).enumerate() {
+                    f(t * per_thread + i, c);
+                }
+            });
+        }
+    });
+}
+
+/// Samples `b0..b0 + bc` of `[B, C, H, W]` (any strides) -> patch matrix `[C·k·k, bc·H'·W']`
+/// in `dst`, which must hold zeros (the padding is not written).
+pub(super) fn im2col_into<T: WithDType>(
+    src: &[T],
+    layout: &Layout,
+    g: &Geom,
+    (b0, bc): (usize, usize),
+    dst: &mut [T],
+) -> Result<()> {
+    let src = &src[layout.start_offset()..];
+    let [s0, s1, s2, s3]: [usize; 4] = match layout.stride().try_into() {
+        Ok(s) => s,
+        Err(_) => candle_core::bail!("im2col: expected a rank-4 input"),
+    };
+    let n = bc * g.pixels();
+    if dst.len() != g.rows() * n || b0 + bc > g.b {
+        candle_core::bail!("im2col: a chunk of {bc} samples from {b0} does not fit");
+    }
+    let (stride, pixels) = (g.stride, g.pixels());
+    par_chunks_mut(dst, n, |r, row| {
+        let (ci, ky, kx) = (r / (g.k * g.k), (r / g.k) % g.k, r % g.k);
+        let (y_lo, y_hi, iy_lo) = g.valid(ky, g.h, g.oh);
+        let (x_lo, x_hi, ix_lo) = g.valid(kx, g.w, g.ow);
+        let len = x_hi - x_lo;
+        if len == 0 {
+            return;
+        }
+        for bi in 0..bc {
+            let base = (b0 + bi) * s0 + ci * s1 + ix_lo * s3;
+            let out = &mut row[bi * pixels..(bi + 1) * pixels];
+            for (j, oy) in (y_lo..y_hi).enumerate() {
+                let start = base + (iy_lo + j * stride) * s2;
+                let line = &mut out[oy * g.ow + x_lo..oy * g.ow + x_hi];
+                if stride == 1 && s3 == 1 {
+                    line.copy_from_slice(&src[start..start + len]);
+                } else {
+                    for (i, v) in line.iter_mut().enumerate() {
+                        *v = src[start + i * stride * s3];
+                    }
+                }
+            }
+        }
+    });
+    Ok(())
+}
+
+/// Patch-matrix gradient `[C·k·k, bc·H'·W']` of a chunk of `bc` samples -> their input gradient
+/// added into `dst` (`[bc, C, H, W]`; the adjoint of [`im2col_into`]: overlapping patches add up).
+pub(super) fn col2im_into<T: WithDType>(cols: &[T], g: &Geom, bc: usize, dst: &mut [T]) {
+    let n = bc * g.pixels();
+    let (stride, pixels) = (g.stride, g.pixels());
+    par_chunks_mut(dst, g.h * g.w, |plane_idx, plane| {
+        let (bi, ci) = (plane_idx / g.c, plane_idx % g.c);
+        for ky in 0..g.k {
+            let (y_lo, y_hi, iy_lo) = g.valid(ky, g.h, g.oh);
+            for kx in 0..g.k {
+                let (x_lo, x_hi, ix_lo) = g.valid(kx, g.w, g.ow);
+                let len = x_hi - x_lo;
+                if len == 0 {
+                    continue;
+                }
+                let r = (ci * g.k + ky) * g.k + kx;
+                let row = &cols[r * n + bi * pixels..r * n + (bi + 1) * pixels];
+                for (j, oy) in (y_lo..y_hi).enumerate() {
+                    let src = &row[oy * g.ow + x_lo..oy * g.ow + x_hi];
+                    let start = (iy_lo + j * stride) * g.w + ix_lo;
+                    if stride == 1 {
+                        for (p, v) in plane[start..start + len].iter_mut().zip(src) {
+                            *p += *v;
+                        }
+                    } else {
+                        for (i, v) in src.iter().enumerate() {
+                            plane[start + i * stride] += *v;
+                        }
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// The elements of a strided view of rank 1 or 4, in row-major order.
+pub(super) fn gather<T: WithDType>(src: &[T], layout: &Layout) -> Result<Vec<T>> {
+    if let Some((start, end)) = layout.contiguous_offsets() {
+        return Ok(src[start..end].to_vec());
+    }
+    let src = &src[layout.start_offset()..];
+    match (layout.dims(), layout.stride()) {
+        (&[d0], &[s0]) => Ok((0..d0).map(|i| src[i * s0]).collect()),
+        (&[d0, d1, d2, d3], &[s0, s1, s2, s3]) => {
+            let mut out = Vec::with_capacity(d0 * d1 * d2 * d3);
+            for i0 in 0..d0 {
+                for i1 in 0..d1 {
+                    for i2 in 0..d2 {
+                        for i3 in 0..d3 {
+                            out.push(src[i0 * s0 + i1 * s1 + i2 * s2 + i3 * s3]);
+                        }
+                    }
+                }
+            }
+            Ok(out)
+        }
+        (dims, _) => candle_core::bail!("kolo-conv2d: unexpected operand shape {dims:?}"),
+    }
+}
