@@ -190,7 +190,7 @@ impl BatchNorm {
 
     /// `act(bn(x) + residual)`: this layer (training or evaluation mode per `train`), then the
     /// optional `residual` (`x`'s shape) added and ReLU applied when `relu` — a ResNet block's
-    /// tail in one op on CPU f32 / f64 (see [`crate::ops`]), the same as
+    /// tail in one op on CPU f32 / f64 (kolo-train's kernels), the same as
     /// `relu(bn.forward_t(x, train)? + residual)` but without the intermediate tensors.
     pub fn forward_fused(
         &self,
