@@ -68,11 +68,12 @@ struct ConvGemm(Geom);
 
 impl ConvGemm {
     /// `y[b, co] = weight[co] · patches(x[b]) (+ bias[co])` as a contiguous
-    /// `[B, c_out, H', W']`; `w` is the contiguous `[c_out, C·k·k]` kernel.
+    /// `[B, c_out, H', W']`; `w` is the contiguous `[c_out, C·k·k]` kernel (moved into the GEMM's
+    /// operand, not copied).
     fn forward_slices<T: WithDType>(
         &self,
         x: (&[T], &Layout),
-        w: &[T],
+        w: Vec<T>,
         bias: Option<&[T]>,
     ) -> Result<Vec<T>> {
         let g = &self.0;
@@ -82,7 +83,7 @@ impl ConvGemm {
             candle_core::bail!("kolo-conv2d: kernel of {} values for {rows} rows", w.len());
         }
         let dev = Device::Cpu;
-        let wt = Tensor::from_slice(w, (c_out, rows), &dev)?;
+        let wt = Tensor::from_vec(w, (c_out, rows), &dev)?;
         let mut out = Vec::with_capacity(g.b * c_out * p);
         let chunk = g.chunk();
         for b0 in (0..g.b).step_by(chunk) {
@@ -172,7 +173,7 @@ impl ConvGemm {
         if let Some(gt) = flipped {
             let layout = Layout::contiguous((g.b, c_out, g.oh, g.ow));
             let wf = flip_transpose(w, c_out, g.c, g.k);
-            dx = ConvGemm(gt).forward_slices((grad, &layout), &wf, None)?;
+            dx = ConvGemm(gt).forward_slices((grad, &layout), wf, None)?;
         }
         let mut out = dx;
         if want.weight {
@@ -211,7 +212,7 @@ impl ConvGemm {
             Some((b, l)) => Some(gather(b, l)?),
             None => None,
         };
-        self.forward_slices(x, &w, b.as_deref())
+        self.forward_slices(x, w, b.as_deref())
     }
 
     /// Gradients of `x`, `weight` and `bias` (each only if it is tracked).
@@ -287,11 +288,8 @@ impl CustomOp3 for ConvBackward {
             }
             (x, w, g) => return Err(unsupported(&[x, w, g])),
         };
-        let n = match &out {
-            CpuStorage::F32(v) => v.len(),
-            CpuStorage::F64(v) => v.len(),
-            _ => 0,
-        };
+        let n = out.as_slice::<f32>().map(<[f32]>::len);
+        let n = n.or_else(|_| out.as_slice::<f64>().map(<[f64]>::len))?;
         Ok((out, Shape::from(n)))
     }
 }
