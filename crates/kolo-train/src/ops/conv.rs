@@ -26,6 +26,7 @@ use candle_core::{
 
 use super::im2col::{col2im_into, gather, im2col_into, Geom};
 use super::slices::contiguous;
+use super::winograd;
 
 /// Runs `f` on the elements of the contiguous CPU tensor `t`.
 fn with_slice<T: WithDType, R>(t: &Tensor, f: impl FnOnce(&[T]) -> R) -> Result<R> {
@@ -82,6 +83,9 @@ impl ConvGemm {
         if c_out * rows != w.len() || bias.is_some_and(|b| b.len() != c_out) {
             candle_core::bail!("kolo-conv2d: kernel of {} values for {rows} rows", w.len());
         }
+        if winograd::eligible(g, c_out) {
+            return winograd::forward(x, g, &w, bias);
+        }
         let dev = Device::Cpu;
         let wt = Tensor::from_vec(w, (c_out, rows), &dev)?;
         let mut out = Vec::with_capacity(g.b * c_out * p);
@@ -133,9 +137,11 @@ impl ConvGemm {
         } else {
             Vec::new()
         };
-        // dweightᵀ, [C·k·k, c_out], accumulated over the chunks.
-        let mut dw_t = vec![T::zero(); if want.weight { rows * c_out } else { 0 }];
-        if want.weight || scatter {
+        // Winograd's kernel gradient, or dweightᵀ ([C·k·k, c_out]) accumulated over the chunks.
+        let wino_dw = want.weight && winograd::eligible(g, c_out);
+        let gemm_dw = want.weight && !wino_dw;
+        let mut dw_t = vec![T::zero(); if gemm_dw { rows * c_out } else { 0 }];
+        if gemm_dw || scatter {
             let wt = Tensor::from_slice(w, (c_out, rows), &dev)?;
             let chunk = g.chunk();
             for b0 in (0..g.b).step_by(chunk) {
@@ -150,7 +156,7 @@ impl ConvGemm {
                     }
                 }
                 let gc = Tensor::from_vec(gc, (c_out, n), &dev)?;
-                if want.weight {
+                if gemm_dw {
                     let mut cols = vec![T::zero(); rows * n];
                     im2col_into(x.0, x.1, g, (b0, bc), &mut cols)?;
                     // cols @ gcᵀ: the long reduction runs along the rows of both operands as
@@ -176,7 +182,9 @@ impl ConvGemm {
             dx = ConvGemm(gt).forward_slices((grad, &layout), wf, None)?;
         }
         let mut out = dx;
-        if want.weight {
+        if wino_dw {
+            out.extend(winograd::kernel_grad(x, g, grad, c_out)?);
+        } else if gemm_dw {
             for co in 0..c_out {
                 out.extend((0..rows).map(|r| dw_t[r * c_out + co]));
             }

@@ -4,10 +4,13 @@
 
 mod batch_norm;
 mod conv;
+mod gemm;
 mod im2col;
 mod pool;
 mod relu;
+mod simd;
 mod slices;
+mod winograd;
 
 pub(crate) use batch_norm::{batch_norm_train, BatchStats};
 pub use conv::conv2d;

@@ -1,0 +1,116 @@
+//! A safe front to the `gemm` crate's matrix product on strided slices: the GEMMs of the kernels
+//! that read and write their own buffers instead of going through candle tensors (no operand or
+//! result copies).
+
+use candle_core::{DType, Result, WithDType};
+
+/// A strided `rows × cols` matrix view: element `(i, j)` at `data[i·rs + j·cs]`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct MatRef<'a, T> {
+    data: &'a [T],
+    rows: usize,
+    cols: usize,
+    rs: usize,
+    cs: usize,
+}
+
+impl<'a, T> MatRef<'a, T> {
+    /// The row-major `rows × cols` matrix at the start of `data`.
+    pub(super) fn row_major(data: &'a [T], rows: usize, cols: usize) -> Self {
+        MatRef {
+            data,
+            rows,
+            cols,
+            rs: cols,
+            cs: 1,
+        }
+    }
+
+    /// The transposed view (no copy).
+    pub(super) fn t(self) -> Self {
+        MatRef {
+            rows: self.cols,
+            cols: self.rows,
+            rs: self.cs,
+            cs: self.rs,
+            ..self
+        }
+    }
+
+    /// Whether every element lies inside `data`.
+    fn fits(&self) -> bool {
+        self.rows == 0
+            || self.cols == 0
+            || (self.rows - 1) * self.rs + (self.cols - 1) * self.cs < self.data.len()
+    }
+}
+
+/// `dst = lhs @ rhs`, or `dst += lhs @ rhs` when `accumulate`; `dst` is the row-major
+/// `lhs.rows × rhs.cols` matrix at the start of the slice, rows `dst_rs` apart. Runs on candle's
+/// thread count. Errors (naming `op`) on mismatched shapes, views that leave their slices, or a
+/// dtype other than f32 / f64.
+pub(super) fn matmul_into<T: WithDType>(
+    op: &str,
+    dst: &mut [T],
+    dst_rs: usize,
+    lhs: MatRef<T>,
+    rhs: MatRef<T>,
+    accumulate: bool,
+) -> Result<()> {
+    if !matches!(T::DTYPE, DType::F32 | DType::F64) {
+        candle_core::bail!("{op}: no GEMM for {:?}", T::DTYPE);
+    }
+    let (m, k, n) = (lhs.rows, lhs.cols, rhs.cols);
+    let dst_fits = m == 0 || n == 0 || (dst_rs >= n && (m - 1) * dst_rs + n <= dst.len());
+    if rhs.rows != k || !lhs.fits() || !rhs.fits() || !dst_fits {
+        candle_core::bail!(
+            "{op}: GEMM of [{m}, {k}] @ [{}, {n}] into {} values does not fit",
+            rhs.rows,
+            dst.len()
+        );
+    }
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    if k == 0 {
+        if !accumulate {
+            for row in dst.chunks_mut(dst_rs).take(m) {
+                row[..n].fill(T::zero());
+            }
+        }
+        return Ok(());
+    }
+    let threads = candle_core::utils::get_num_threads();
+    let parallelism = if threads > 1 {
+        gemm::Parallelism::Rayon(threads)
+    } else {
+        gemm::Parallelism::None
+    };
+    // SAFETY: the three views were checked to lie inside their slices (`fits`, `dst_fits`), `dst`
+    // is borrowed mutably so it aliases neither operand, and `T` is f32 or f64, which `gemm`
+    // supports.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            dst_rs as isize,
+            accumulate,
+            lhs.data.as_ptr(),
+            lhs.cs as isize,
+            lhs.rs as isize,
+            rhs.data.as_ptr(),
+            rhs.cs as isize,
+            rhs.rs as isize,
+            T::one(),
+            T::one(),
+            false,
+            false,
+            false,
+            parallelism,
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,47 @@
+//! Compiling a kernel's loops for the CPU's best vector extension.
+//!
+//! kolo is built for the baseline x86-64 (SSE2) so that one binary runs everywhere; the `gemm`
+//! crate picks AVX2 / AVX-512 kernels at run time, and [`vectorized_fn`] does the same for kolo's
+//! own element-wise loops: it compiles the function's body three times — with AVX-512F, with
+//! AVX2 + FMA, and as built — and calls the best one the CPU supports. The body and every
+//! `#[inline(always)]` function it calls are inlined into each copy and vectorized for its
+//! registers (a closure passed to a `#[target_feature]` function would not be: it stays a
+//! separate, baseline function).
+
+/// `vectorized_fn! { fn name<T: WithDType>(args…) -> R { body } }` defines `name` with the body
+/// compiled for AVX-512F, AVX2 + FMA and the baseline, dispatched at run time (see the module
+/// notes).
+macro_rules! vectorized_fn {
+    (
+        $(#[$meta:meta])*
+        fn $name:ident<T: WithDType>($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block
+    ) => {
+        $(#[$meta])*
+        fn $name<T: WithDType>($($arg: $ty),*) $(-> $ret)? {
+            #[inline(always)]
+            fn body<T: WithDType>($($arg: $ty),*) $(-> $ret)? $body
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f")]
+                unsafe fn avx512<T: WithDType>($($arg: $ty),*) $(-> $ret)? {
+                    body($($arg),*)
+                }
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn avx2<T: WithDType>($($arg: $ty),*) $(-> $ret)? {
+                    body($($arg),*)
+                }
+                if std::is_x86_feature_detected!("avx512f") {
+                    // SAFETY: the CPU supports AVX-512F (checked just above).
+                    return unsafe { avx512($($arg),*) };
+                }
+                if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                    // SAFETY: the CPU supports AVX2 and FMA (checked just above).
+                    return unsafe { avx2($($arg),*) };
+                }
+            }
+            body($($arg),*)
+        }
+    };
+}
+
+pub(super) use vectorized_fn;
