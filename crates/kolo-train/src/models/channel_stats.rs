@@ -49,24 +49,8 @@ struct ChannelSums {
 }
 
 impl ChannelSums {
-    fn sums<T: Copy + Into<f64>>(&self, x: &[T]) -> Vec<f64> {
-        let c = self.channels;
-        let mut out = vec![0f64; 2 * c];
-        if self.per_channel == 0 {
-            return out;
-        }
-        for (i, row) in x.chunks_exact(self.per_channel).enumerate() {
-            let ch = i % c;
-            let (mut s, mut s2) = (0f64, 0f64);
-            for &v in row {
-                let v: f64 = v.into();
-                s += v;
-                s2 += v * v;
-            }
-            out[ch] += s;
-            out[c + ch] += s2;
-        }
-        out
+    fn sums<T: candle_core::WithDType>(&self, x: &[T]) -> Vec<f64> {
+        crate::ops::channel_sums(x, self.per_channel, self.channels)
     }
 }
 

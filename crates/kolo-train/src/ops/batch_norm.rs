@@ -25,6 +25,7 @@ use candle_core::{
 };
 use kolo::Communicator;
 
+use super::bn_loops;
 use super::relu::ReluGrad;
 use super::slices::{contiguous, same_len};
 use crate::autograd::reduce_sum_in_place;
@@ -155,11 +156,6 @@ struct Inner {
 #[derive(Clone)]
 struct BnTrain(Arc<Inner>);
 
-/// Row `i` of a `[B·C, s]` array belongs to channel `i mod C`.
-fn rows<T>(v: &[T], s: usize) -> std::slice::ChunksExact<'_, T> {
-    v.chunks_exact(s.max(1))
-}
-
 impl Inner {
     /// `act(x·scale + shift [+ r])` with `scale`, `shift` from the statistics and `params`
     /// (`[weight…, bias…]`).
@@ -168,7 +164,6 @@ impl Inner {
         if p.len() != 2 * c {
             candle_core::bail!("kolo-batch-norm: {} parameters for {c} channels", p.len());
         }
-        let zero = T::from_f64(0.0);
         let scale: Vec<T> = (0..c)
             .map(|ch| T::from_f64(p[ch].to_f64() * self.inv_std[ch]))
             .collect();
@@ -177,82 +172,20 @@ impl Inner {
                 T::from_f64(p[c + ch].to_f64() - self.mean[ch] * self.inv_std[ch] * p[ch].to_f64())
             })
             .collect();
-        let mut y = Vec::with_capacity(x.len());
-        for (i, row) in rows(x, self.s).enumerate() {
-            let (a, b) = (scale[i % c], shift[i % c]);
-            let start = y.len();
-            match r {
-                None => y.extend(row.iter().map(|&v| v * a + b)),
-                Some(r) => {
-                    let res = &r[start..start + row.len()];
-                    y.extend(row.iter().zip(res).map(|(&v, &q)| v * a + b + q));
-                }
-            }
-            if self.relu {
-                // NaN (unordered) stays.
-                for v in &mut y[start..] {
-                    if *v <= zero {
-                        *v = zero;
-                    }
-                }
-            }
+        if r.is_some_and(|r| r.len() != x.len()) {
+            candle_core::bail!("kolo-batch-norm: residual and input differ in length");
         }
-        Ok(y)
+        Ok(bn_loops::normalize(x, r, &scale, &shift, self.s, self.relu))
     }
 
     /// Per channel `[Σg'…, Σg'·x…]` in f64, `g'` the gradient masked by `y > 0` under ReLU.
     fn grad_sums<T: WithDType>(&self, g: &[T], x: &[T], y: &[T]) -> Vec<f64> {
-        let c = self.c;
-        let zero = T::from_f64(0.0);
-        let mut out = vec![0f64; 2 * c];
-        for (i, ((g, x), y)) in rows(g, self.s)
-            .zip(rows(x, self.s))
-            .zip(rows(y, self.s))
-            .enumerate()
-        {
-            let (mut sa, mut sb) = (0f64, 0f64);
-            if self.relu {
-                for ((&g, &x), &y) in g.iter().zip(x).zip(y) {
-                    if y > zero {
-                        sa += g.to_f64();
-                        sb += g.to_f64() * x.to_f64();
-                    }
-                }
-            } else {
-                for (&g, &x) in g.iter().zip(x) {
-                    sa += g.to_f64();
-                    sb += g.to_f64() * x.to_f64();
-                }
-            }
-            out[i % c] += sa;
-            out[c + i % c] += sb;
-        }
-        out
+        bn_loops::grad_sums(g, x, y, self.s, self.c, self.relu)
     }
 
     /// `dx = k1·g' − k2·(x − mean) − k3` per channel (`coef` holds k1, k2, k3 for each).
     fn grad_input<T: WithDType>(&self, g: &[T], x: &[T], y: &[T], coef: &[f64]) -> Vec<T> {
-        let c = self.c;
-        let zero = T::from_f64(0.0);
-        let mut dx = Vec::with_capacity(x.len());
-        for (i, ((g, x), y)) in rows(g, self.s)
-            .zip(rows(x, self.s))
-            .zip(rows(y, self.s))
-            .enumerate()
-        {
-            let ch = i % c;
-            let [k1, k2, k3] = [coef[3 * ch], coef[3 * ch + 1], coef[3 * ch + 2]].map(T::from_f64);
-            let m = T::from_f64(self.mean[ch]);
-            if self.relu {
-                dx.extend(g.iter().zip(x).zip(y).map(|((&g, &x), &y)| {
-                    let g = if y > zero { g } else { zero };
-                    k1 * g - k2 * (x - m) - k3
-                }));
-            } else {
-                dx.extend(g.iter().zip(x).map(|(&g, &x)| k1 * g - k2 * (x - m) - k3));
-            }
-        }
-        dx
+        bn_loops::grad_input(g, x, y, coef, &self.mean, self.s, self.relu)
     }
 }
 

@@ -20,26 +20,13 @@
 
 use candle_core::backend::BackendStorage;
 use candle_core::{
-    CpuStorage, CustomOp2, CustomOp3, DType, Device, Layout, Result, Shape, Storage, Tensor,
-    WithDType,
+    CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor, WithDType,
 };
 
+use super::gemm::{matmul_into, MatRef};
 use super::im2col::{col2im_into, gather, im2col_into, Geom};
 use super::slices::contiguous;
 use super::winograd;
-
-/// Runs `f` on the elements of the contiguous CPU tensor `t`.
-fn with_slice<T: WithDType, R>(t: &Tensor, f: impl FnOnce(&[T]) -> R) -> Result<R> {
-    let (storage, layout) = t.storage_and_layout();
-    let Storage::Cpu(cpu) = &*storage else {
-        candle_core::bail!("kolo-conv2d: expected a CPU tensor");
-    };
-    Ok(f(contiguous(
-        T::cpu_storage_as_slice(cpu)?,
-        layout,
-        "kolo-conv2d",
-    )?))
-}
 
 /// `[c_out, C, k, k]` -> `[C, c_out, k, k]` flipped in space: the kernel of the input gradient
 /// of a stride-1 convolution.
@@ -86,27 +73,28 @@ impl ConvGemm {
         if winograd::eligible(g, c_out) {
             return winograd::forward(x, g, &w, bias);
         }
-        let dev = Device::Cpu;
-        let wt = Tensor::from_vec(w, (c_out, rows), &dev)?;
+        let w_m = MatRef::row_major(&w, c_out, rows);
         let mut out = Vec::with_capacity(g.b * c_out * p);
         let chunk = g.chunk();
+        let (mut cols, mut ys) = (Vec::new(), Vec::new());
         for b0 in (0..g.b).step_by(chunk) {
             let bc = chunk.min(g.b - b0);
             let n = bc * p;
-            let mut cols = vec![T::zero(); rows * n];
+            cols.clear();
+            cols.resize(rows * n, T::zero());
             im2col_into(x.0, x.1, g, (b0, bc), &mut cols)?;
-            let y = wt.matmul(&Tensor::from_vec(cols, (rows, n), &dev)?)?;
-            with_slice(&y, |ys: &[T]| {
-                for bi in 0..bc {
-                    for co in 0..c_out {
-                        let row = &ys[co * n + bi * p..co * n + (bi + 1) * p];
-                        match bias {
-                            Some(b) => out.extend(row.iter().map(|&v| v + b[co])),
-                            None => out.extend_from_slice(row),
-                        }
+            ys.resize(c_out * n, T::zero());
+            let cols_m = MatRef::row_major(&cols, rows, n);
+            matmul_into("kolo-conv2d", &mut ys, (n, 1), w_m, cols_m, false)?;
+            for bi in 0..bc {
+                for co in 0..c_out {
+                    let row = &ys[co * n + bi * p..co * n + (bi + 1) * p];
+                    match bias {
+                        Some(b) => out.extend(row.iter().map(|&v| v + b[co])),
+                        None => out.extend_from_slice(row),
                     }
                 }
-            })?;
+            }
         }
         Ok(out)
     }
@@ -129,7 +117,7 @@ impl ConvGemm {
                 grad.len()
             );
         }
-        let dev = Device::Cpu;
+        const OP: &str = "kolo-conv2d-backward";
         let flipped = if want.x { g.input_grad(c_out) } else { None };
         let scatter = want.x && flipped.is_none();
         let mut dx = if scatter {
@@ -137,13 +125,13 @@ impl ConvGemm {
         } else {
             Vec::new()
         };
-        // Winograd's kernel gradient, or dweightᵀ ([C·k·k, c_out]) accumulated over the chunks.
+        // Winograd's kernel gradient, or the GEMM's accumulated over the chunks ([c_out, C·k·k]).
         let wino_dw = want.weight && winograd::eligible(g, c_out);
         let gemm_dw = want.weight && !wino_dw;
-        let mut dw_t = vec![T::zero(); if gemm_dw { rows * c_out } else { 0 }];
+        let mut dw = vec![T::zero(); if gemm_dw { rows * c_out } else { 0 }];
         if gemm_dw || scatter {
-            let wt = Tensor::from_slice(w, (c_out, rows), &dev)?;
             let chunk = g.chunk();
+            let (mut cols, mut dcols) = (Vec::new(), Vec::new());
             for b0 in (0..g.b).step_by(chunk) {
                 let bc = chunk.min(g.b - b0);
                 let n = bc * p;
@@ -155,24 +143,23 @@ impl ConvGemm {
                         gc.extend_from_slice(&grad[at..at + p]);
                     }
                 }
-                let gc = Tensor::from_vec(gc, (c_out, n), &dev)?;
+                let gc_m = MatRef::row_major(&gc, c_out, n);
                 if gemm_dw {
-                    let mut cols = vec![T::zero(); rows * n];
+                    cols.clear();
+                    cols.resize(rows * n, T::zero());
                     im2col_into(x.0, x.1, g, (b0, bc), &mut cols)?;
-                    // cols @ gcᵀ: the long reduction runs along the rows of both operands as
-                    // stored, which the GEMM packs faster than gc @ colsᵀ.
-                    let part = Tensor::from_vec(cols, (rows, n), &dev)?.matmul(&gc.t()?)?;
-                    with_slice(&part, |part: &[T]| {
-                        for (acc, &v) in dw_t.iter_mut().zip(part) {
-                            *acc += v;
-                        }
-                    })?;
+                    // dweightᵀ += cols @ gcᵀ, written through dweight's strides: the long
+                    // reduction runs along the rows of both operands as stored, which the GEMM
+                    // packs faster than gc @ colsᵀ.
+                    let cols_m = MatRef::row_major(&cols, rows, n);
+                    matmul_into(OP, &mut dw, (1, rows), cols_m, gc_m.t(), true)?;
                 }
                 if scatter {
-                    let dcols = wt.t()?.matmul(&gc)?;
+                    dcols.resize(rows * n, T::zero());
+                    let wt = MatRef::row_major(w, c_out, rows).t();
+                    matmul_into(OP, &mut dcols, (n, 1), wt, gc_m, false)?;
                     let plane = g.c * g.h * g.w;
-                    let dst = &mut dx[b0 * plane..(b0 + bc) * plane];
-                    with_slice(&dcols, |dcols: &[T]| col2im_into(dcols, g, bc, dst))?;
+                    col2im_into(&dcols, g, bc, &mut dx[b0 * plane..(b0 + bc) * plane]);
                 }
             }
         }
@@ -185,9 +172,7 @@ impl ConvGemm {
         if wino_dw {
             out.extend(winograd::kernel_grad(x, g, grad, c_out)?);
         } else if gemm_dw {
-            for co in 0..c_out {
-                out.extend((0..rows).map(|r| dw_t[r * c_out + co]));
-            }
+            out.extend_from_slice(&dw);
         }
         if want.bias {
             for co in 0..c_out {

@@ -45,14 +45,15 @@ impl<'a, T> MatRef<'a, T> {
     }
 }
 
-/// `dst = lhs @ rhs`, or `dst += lhs @ rhs` when `accumulate`; `dst` is the row-major
-/// `lhs.rows × rhs.cols` matrix at the start of the slice, rows `dst_rs` apart. Runs on candle's
+/// `dst = lhs @ rhs`, or `dst += lhs @ rhs` when `accumulate`; `dst` is the
+/// `lhs.rows × rhs.cols` matrix at the start of the slice with element `(i, j)` at
+/// `i·dst_rs + j·dst_cs`. Runs on candle's
 /// thread count. Errors (naming `op`) on mismatched shapes, views that leave their slices, or a
 /// dtype other than f32 / f64.
 pub(super) fn matmul_into<T: WithDType>(
     op: &str,
     dst: &mut [T],
-    dst_rs: usize,
+    (dst_rs, dst_cs): (usize, usize),
     lhs: MatRef<T>,
     rhs: MatRef<T>,
     accumulate: bool,
@@ -61,8 +62,10 @@ pub(super) fn matmul_into<T: WithDType>(
         candle_core::bail!("{op}: no GEMM for {:?}", T::DTYPE);
     }
     let (m, k, n) = (lhs.rows, lhs.cols, rhs.cols);
-    let dst_fits = m == 0 || n == 0 || (dst_rs >= n && (m - 1) * dst_rs + n <= dst.len());
-    if rhs.rows != k || !lhs.fits() || !rhs.fits() || !dst_fits {
+    let dst_fits = m == 0 || n == 0 || (m - 1) * dst_rs + (n - 1) * dst_cs < dst.len();
+    // Distinct elements: one of the strides spans the whole extent of the other.
+    let distinct = m <= 1 || n <= 1 || dst_rs >= n * dst_cs || dst_cs >= m * dst_rs;
+    if rhs.rows != k || !lhs.fits() || !rhs.fits() || !dst_fits || !distinct {
         candle_core::bail!(
             "{op}: GEMM of [{m}, {k}] @ [{}, {n}] into {} values does not fit",
             rhs.rows,
@@ -74,8 +77,10 @@ pub(super) fn matmul_into<T: WithDType>(
     }
     if k == 0 {
         if !accumulate {
-            for row in dst.chunks_mut(dst_rs).take(m) {
-                row[..n].fill(T::zero());
+            for i in 0..m {
+                for j in 0..n {
+                    dst[i * dst_rs + j * dst_cs] = T::zero();
+                }
             }
         }
         return Ok(());
@@ -86,16 +91,16 @@ pub(super) fn matmul_into<T: WithDType>(
     } else {
         gemm::Parallelism::None
     };
-    // SAFETY: the three views were checked to lie inside their slices (`fits`, `dst_fits`), `dst`
-    // is borrowed mutably so it aliases neither operand, and `T` is f32 or f64, which `gemm`
-    // supports.
+    // SAFETY: the three views were checked to lie inside their slices (`fits`, `dst_fits`), the
+    // destination's elements are distinct (`distinct`), `dst` is borrowed mutably so it aliases
+    // neither operand, and `T` is f32 or f64, which `gemm` supports.
     unsafe {
         gemm::gemm(
             m,
             n,
             k,
             dst.as_mut_ptr(),
-            1,
+            dst_cs as isize,
             dst_rs as isize,
             accumulate,
             lhs.data.as_ptr(),

@@ -3,6 +3,7 @@
 //! ReLU). The layers in [`crate::models`] are built on them.
 
 mod batch_norm;
+mod bn_loops;
 mod conv;
 mod gemm;
 mod im2col;
@@ -13,6 +14,7 @@ mod slices;
 mod winograd;
 
 pub(crate) use batch_norm::{batch_norm_train, BatchStats};
+pub(crate) use bn_loops::channel_sums;
 pub use conv::conv2d;
 pub(crate) use conv::{conv_out, low_precision};
 pub use pool::{avg_pool2x2, max_pool2x2};

@@ -14,10 +14,10 @@
 macro_rules! vectorized_fn {
     (
         $(#[$meta:meta])*
-        fn $name:ident<T: WithDType>($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block
+        $vis:vis fn $name:ident<T: WithDType>($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block
     ) => {
         $(#[$meta])*
-        fn $name<T: WithDType>($($arg: $ty),*) $(-> $ret)? {
+        $vis fn $name<T: WithDType>($($arg: $ty),*) $(-> $ret)? {
             #[inline(always)]
             fn body<T: WithDType>($($arg: $ty),*) $(-> $ret)? $body
             #[cfg(target_arch = "x86_64")]

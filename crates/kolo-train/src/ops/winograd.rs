@@ -493,7 +493,7 @@ pub(super) fn forward<T: WithDType>(
             matmul_into(
                 OP,
                 &mut m[e * c_out * tc..(e + 1) * c_out * tc],
-                tc,
+                (tc, 1),
                 MatRef::row_major(&u[e * c_out * g.c..(e + 1) * c_out * g.c], c_out, g.c),
                 MatRef::row_major(&v[e * g.c * tc..(e + 1) * g.c * tc], g.c, tc),
                 false,
@@ -544,7 +544,7 @@ pub(super) fn kernel_grad<T: WithDType>(
             matmul_into(
                 OP,
                 &mut du[e * c_out * g.c..(e + 1) * c_out * g.c],
-                g.c,
+                (g.c, 1),
                 MatRef::row_major(&dm[e * c_out * tc..(e + 1) * c_out * tc], c_out, tc),
                 MatRef::row_major(&v[e * g.c * tc..(e + 1) * g.c * tc], g.c, tc).t(),
                 true,

@@ -1,0 +1,162 @@
+//! The element loops of batch normalization ([`super::batch_norm`]) and of the channel
+//! statistics, compiled for the CPU's vector extension ([`super::simd`]).
+//!
+//! Arrays are `[B·C, s]`: row `i` belongs to channel `i mod C`. Sums run in f64 over
+//! [`LANES`] independent partial sums per row, so that they vectorize (one running sum would be
+//! a chain of dependent additions).
+
+use candle_core::WithDType;
+
+use super::simd::vectorized_fn;
+
+/// Independent partial sums per row.
+const LANES: usize = 8;
+
+/// `(Σa, Σa·b)` over a row in f64, `a` masked by `mask > 0` when a mask is given.
+#[inline(always)]
+fn row_sums<T: WithDType>(a: &[T], b: &[T], mask: Option<&[T]>) -> (f64, f64) {
+    let zero = T::zero();
+    let (mut s, mut sb) = ([0f64; LANES], [0f64; LANES]);
+    let n = a.len().min(b.len()) / LANES * LANES;
+    let masked = |i: usize| match mask {
+        Some(m) if m[i] > zero => a[i].to_f64(),
+        Some(_) => 0.,
+        None => a[i].to_f64(),
+    };
+    for at in (0..n).step_by(LANES) {
+        for l in 0..LANES {
+            let v = masked(at + l);
+            s[l] += v;
+            sb[l] += v * b[at + l].to_f64();
+        }
+    }
+    for i in n..a.len().min(b.len()) {
+        let v = masked(i);
+        s[0] += v;
+        sb[0] += v * b[i].to_f64();
+    }
+    (s.iter().sum(), sb.iter().sum())
+}
+
+vectorized_fn! {
+    /// Per channel `[Σx…, Σx²…]` (f64) of `x`, `[B·C, s]`.
+    pub(crate) fn channel_sums<T: WithDType>(x: &[T], s: usize, c: usize) -> Vec<f64> {
+        let mut out = vec![0f64; 2 * c];
+        if s == 0 || c == 0 {
+            return out;
+        }
+        for (i, row) in x.chunks_exact(s).enumerate() {
+            let (sum, sum_sq) = row_sums(row, row, None);
+            out[i % c] += sum;
+            out[c + i % c] += sum_sq;
+        }
+        out
+    }
+}
+
+vectorized_fn! {
+    /// Per channel `[Σg'…, Σg'·x…]` (f64), `g'` the gradient `g` masked by `y > 0` when `relu`.
+    pub(super) fn grad_sums<T: WithDType>(
+        g: &[T],
+        x: &[T],
+        y: &[T],
+        s: usize,
+        c: usize,
+        relu: bool,
+    ) -> Vec<f64> {
+        let mut out = vec![0f64; 2 * c];
+        if s == 0 || c == 0 {
+            return out;
+        }
+        for (i, ((g, x), y)) in g
+            .chunks_exact(s)
+            .zip(x.chunks_exact(s))
+            .zip(y.chunks_exact(s))
+            .enumerate()
+        {
+            let (sa, sb) = row_sums(g, x, relu.then_some(y));
+            out[i % c] += sa;
+            out[c + i % c] += sb;
+        }
+        out
+    }
+}
+
+vectorized_fn! {
+    /// `act(x·scale[c] + shift[c] [+ r])`, `act` ReLU when `relu` (NaN stays) or the identity.
+    pub(super) fn normalize<T: WithDType>(
+        x: &[T],
+        r: Option<&[T]>,
+        scale: &[T],
+        shift: &[T],
+        s: usize,
+        relu: bool,
+    ) -> Vec<T> {
+        let c = scale.len().max(1);
+        let zero = T::zero();
+        let mut y = vec![zero; x.len()];
+        if s == 0 {
+            return y;
+        }
+        for (i, (out, row)) in y.chunks_exact_mut(s).zip(x.chunks_exact(s)).enumerate() {
+            let (a, b) = (scale[i % c], shift[i % c]);
+            match r {
+                None => {
+                    for (o, &v) in out.iter_mut().zip(row) {
+                        *o = v * a + b;
+                    }
+                }
+                Some(r) => {
+                    let res = &r[i * s..(i + 1) * s];
+                    for ((o, &v), &q) in out.iter_mut().zip(row).zip(res) {
+                        *o = v * a + b + q;
+                    }
+                }
+            }
+            if relu {
+                for o in out.iter_mut() {
+                    // `<=`: NaN (unordered) stays.
+                    if *o <= zero {
+                        *o = zero;
+                    }
+                }
+            }
+        }
+        y
+    }
+}
+
+vectorized_fn! {
+    /// `dx = k1·g' − k2·(x − mean) − k3` per channel (`coef` holds k1, k2, k3 for each), `g'`
+    /// the gradient `g` masked by `y > 0` when `relu`.
+    pub(super) fn grad_input<T: WithDType>(
+        g: &[T],
+        x: &[T],
+        y: &[T],
+        coef: &[f64],
+        mean: &[f64],
+        s: usize,
+        relu: bool,
+    ) -> Vec<T> {
+        let c = mean.len().max(1);
+        let zero = T::zero();
+        let mut dx = vec![zero; x.len()];
+        if s == 0 {
+            return dx;
+        }
+        for (i, (out, ((g, x), y))) in dx
+            .chunks_exact_mut(s)
+            .zip(g.chunks_exact(s).zip(x.chunks_exact(s)).zip(y.chunks_exact(s)))
+            .enumerate()
+        {
+            let ch = i % c;
+            let [k1, k2, k3] = [coef[3 * ch], coef[3 * ch + 1], coef[3 * ch + 2]].map(T::from_f64);
+            let m = T::from_f64(mean[ch]);
+            for (((o, &g), &x), &y) in out.iter_mut().zip(g).zip(x).zip(y) {
+                let g = if relu && y <= zero { zero } else { g };
+                *o = k1 * g - k2 * (x - m) - k3;
+            }
+        }
+        dx
+    }
+}
