@@ -17,23 +17,48 @@ const LANES: usize = 8;
 fn row_sums<T: WithDType>(a: &[T], b: &[T], mask: Option<&[T]>) -> (f64, f64) {
     let zero = T::zero();
     let (mut s, mut sb) = ([0f64; LANES], [0f64; LANES]);
-    let n = a.len().min(b.len()) / LANES * LANES;
-    let masked = |i: usize| match mask {
-        Some(m) if m[i] > zero => a[i].to_f64(),
-        Some(_) => 0.,
-        None => a[i].to_f64(),
+    let len = a.len().min(b.len());
+    let (a, b) = (&a[..len], &b[..len]);
+    let mut add = |l: usize, v: T, w: T| {
+        let v = v.to_f64();
+        s[l] += v;
+        sb[l] += v * w.to_f64();
     };
-    for at in (0..n).step_by(LANES) {
-        for l in 0..LANES {
-            let v = masked(at + l);
-            s[l] += v;
-            sb[l] += v * b[at + l].to_f64();
+    match mask {
+        None => {
+            let (a8, b8) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+            let tail = a8.remainder().iter().zip(b8.remainder());
+            for (a8, b8) in a8.zip(b8) {
+                for l in 0..LANES {
+                    add(l, a8[l], b8[l]);
+                }
+            }
+            for (&v, &w) in tail {
+                add(0, v, w);
+            }
         }
-    }
-    for i in n..a.len().min(b.len()) {
-        let v = masked(i);
-        s[0] += v;
-        sb[0] += v * b[i].to_f64();
+        Some(m) => {
+            let m = &m[..len];
+            let keep = |v: T, m: T| if m > zero { v } else { zero };
+            let (a8, b8, m8) = (
+                a.chunks_exact(LANES),
+                b.chunks_exact(LANES),
+                m.chunks_exact(LANES),
+            );
+            let tail = a8
+                .remainder()
+                .iter()
+                .zip(b8.remainder())
+                .zip(m8.remainder());
+            for ((a8, b8), m8) in a8.zip(b8).zip(m8) {
+                for l in 0..LANES {
+                    add(l, keep(a8[l], m8[l]), b8[l]);
+                }
+            }
+            for ((&v, &w), &m) in tail {
+                add(0, keep(v, m), w);
+            }
+        }
     }
     (s.iter().sum(), sb.iter().sum())
 }
