@@ -42,6 +42,12 @@ fn flip_transpose<T: WithDType>(w: &[T], c_out: usize, c: usize, k: usize) -> Ve
     out
 }
 
+/// The bias gradient: `grad` (`[B, c_out, p]`) summed over samples and pixels.
+fn bias_grad<T: WithDType>(grad: &[T], c_out: usize, p: usize) -> Vec<T> {
+    let sums = super::bn_loops::channel_sums(grad, p, c_out);
+    sums[..c_out].iter().map(|&s| T::from_f64(s)).collect()
+}
+
 /// Which gradients the backward pass computes.
 #[derive(Debug, Clone, Copy)]
 struct Wanted {
@@ -118,6 +124,15 @@ impl ConvGemm {
             );
         }
         const OP: &str = "kolo-conv2d-backward";
+        if winograd::eligible(g, c_out) {
+            let (dx, dw) = winograd::backward(x, g, w, grad, (want.x, want.weight))?;
+            let mut out = dx.unwrap_or_default();
+            out.extend(dw.unwrap_or_default());
+            if want.bias {
+                out.extend(bias_grad(grad, c_out, p));
+            }
+            return Ok(out);
+        }
         let flipped = if want.x { g.input_grad(c_out) } else { None };
         let scatter = want.x && flipped.is_none();
         let mut dx = if scatter {
@@ -125,9 +140,8 @@ impl ConvGemm {
         } else {
             Vec::new()
         };
-        // Winograd's kernel gradient, or the GEMM's accumulated over the chunks ([c_out, C·k·k]).
-        let wino_dw = want.weight && winograd::eligible(g, c_out);
-        let gemm_dw = want.weight && !wino_dw;
+        // The kernel gradient accumulated over the chunks ([c_out, C·k·k]).
+        let gemm_dw = want.weight;
         let mut dw = vec![T::zero(); if gemm_dw { rows * c_out } else { 0 }];
         if gemm_dw || scatter {
             let chunk = g.chunk();
@@ -169,20 +183,9 @@ impl ConvGemm {
             dx = ConvGemm(gt).forward_slices((grad, &layout), wf, None)?;
         }
         let mut out = dx;
-        if wino_dw {
-            out.extend(winograd::kernel_grad(x, g, grad, c_out)?);
-        } else if gemm_dw {
-            out.extend_from_slice(&dw);
-        }
+        out.extend_from_slice(&dw);
         if want.bias {
-            for co in 0..c_out {
-                let mut s = 0f64;
-                for bi in 0..g.b {
-                    let at = (bi * c_out + co) * p;
-                    s += grad[at..at + p].iter().map(|v| v.to_f64()).sum::<f64>();
-                }
-                out.push(T::from_f64(s));
-            }
+            out.extend(bias_grad(grad, c_out, p));
         }
         Ok(out)
     }

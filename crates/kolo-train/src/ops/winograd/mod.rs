@@ -1,0 +1,292 @@
+//! Winograd F(4×4, 3×3) for the 3×3 stride-1 convolutions (Lavin & Gray, "Fast Algorithms for
+//! Convolutional Neural Networks", 2016): forward pass and kernel gradient; the input gradient of
+//! a stride-1 convolution is itself such a convolution (of the output gradient with the flipped
+//! kernel, see [`super::conv`]).
+//!
+//! A 4×4 output tile from a 6×6 input tile `d` and a 3×3 kernel `g` is `Aᵀ[(G g Gᵀ) ⊙ (Bᵀ d B)]A`:
+//! 36 multiplications per channel pair instead of 144. Summed over input channels, the 36
+//! element-wise products become 36 GEMMs `M[e] = U[e] @ V[e]` (`U[e]`: `[c_out, C]` transformed
+//! kernels, `V[e]`: `[C, tiles]` transformed input tiles), done chunk by chunk of samples so that
+//! `V` and `M` stay in cache. The kernel gradient is the adjoint: `dg = Gᵀ[Σ_tiles (A dy Aᵀ) ⊙
+//! (Bᵀ d B)]G`, 36 GEMMs `dU[e] += dM[e] @ V[e]ᵀ`.
+//!
+//! The transforms work on [`LANES`] tiles at a time (one SIMD register of f32 per value).
+
+use candle_core::{Layout, Result, WithDType};
+
+use super::gemm::{matmul_into, MatRef};
+use super::im2col::Geom;
+
+mod lanes;
+mod passes;
+#[cfg(test)]
+mod tests;
+
+use passes::{
+    grad_transform, input_grad_transform, input_transform, kernel_grad_transform, kernel_transform,
+    output_transform, OutChunk,
+};
+
+/// Output tile side.
+const M: usize = 4;
+/// Input tile side (`M + 3 − 1`).
+const A: usize = 6;
+/// Elements of a transformed tile: one GEMM each.
+const E: usize = A * A;
+/// Tiles transformed together.
+const LANES: usize = 16;
+
+/// Whether `g` (with `c_out` output channels) runs on the Winograd path: 3×3, stride 1, enough
+/// channels on both sides for the 36 GEMMs to be efficient, and enough tiles to pay for the
+/// kernel transforms.
+///
+/// The cost model, per pair of channels: the direct (im2col) GEMM does `2·9·B·oh·ow` flops;
+/// Winograd `2·36·tiles` plus the transformed kernels, 36 values written and read again
+/// (`36·8` bytes, about 20 flops' time per byte at this class of CPU's GEMM speed and memory
+/// bandwidth). With few tiles per kernel — ResNet's 512-channel stage on 4×4 images — the
+/// kernel transforms cost as much as they save; Winograd is taken when it is at least 1.25×
+/// cheaper.
+pub(super) fn eligible(g: &Geom, c_out: usize) -> bool {
+    const MIN_CHANNELS: usize = 8;
+    const KERNEL_TRANSFORM_FLOPS: usize = E * 8 * 20;
+    if !(g.k == 3 && g.stride == 1 && g.c >= MIN_CHANNELS && c_out >= MIN_CHANNELS && g.b > 0) {
+        return false;
+    }
+    let tiles = g.b * Tiles::of(g).per_sample();
+    let direct = 2 * 9 * g.b * g.oh * g.ow;
+    let winograd = 2 * E * tiles + KERNEL_TRANSFORM_FLOPS;
+    4 * direct >= 5 * winograd
+}
+
+/// The tiling of a chunk of samples: tile rows and columns per sample.
+#[derive(Debug, Clone, Copy)]
+struct Tiles {
+    rows: usize,
+    cols: usize,
+}
+
+impl Tiles {
+    fn of(g: &Geom) -> Self {
+        Tiles {
+            rows: g.oh.div_ceil(M),
+            cols: g.ow.div_ceil(M),
+        }
+    }
+
+    fn per_sample(&self) -> usize {
+        self.rows * self.cols
+    }
+}
+
+/// Samples per chunk: `V` and `M` of a chunk within about 4 MiB.
+fn chunk(g: &Geom, c_out: usize, t: Tiles) -> usize {
+    const BUDGET_BYTES: usize = 4 << 20;
+    let per_sample = E * (g.c + c_out) * t.per_sample() * std::mem::size_of::<f32>();
+    (BUDGET_BYTES / per_sample.max(1)).clamp(1, g.b.max(1))
+}
+
+/// Samples `b0..b0 + bc` of `x` (`[B, C, H, W]`, any strides), zero-padded to
+/// `[bc, C, 4·rows + 2, 4·cols + 2]` with `g.padding` rows and columns before the data: every
+/// input tile lies inside.
+fn pad_input<T: WithDType>(
+    x: (&[T], &Layout),
+    g: &Geom,
+    t: Tiles,
+    (b0, bc): (usize, usize),
+) -> Result<Vec<T>> {
+    let [s0, s1, s2, s3]: [usize; 4] = match x.1.stride().try_into() {
+        Ok(s) => s,
+        Err(_) => candle_core::bail!("kolo-conv2d: expected a rank-4 input"),
+    };
+    let src = &x.0[x.1.start_offset()..];
+    let (ph, pw) = (M * t.rows + 2, M * t.cols + 2);
+    let mut out = vec![T::zero(); bc * g.c * ph * pw];
+    for (plane_idx, plane) in out.chunks_mut(ph * pw).enumerate() {
+        let (bi, c) = (plane_idx / g.c, plane_idx % g.c);
+        for iy in 0..g.h {
+            let at = (b0 + bi) * s0 + c * s1 + iy * s2;
+            let row = &mut plane[(iy + g.padding) * pw + g.padding..][..g.w];
+            if s3 == 1 {
+                row.copy_from_slice(&src[at..at + g.w]);
+            } else {
+                for (ix, v) in row.iter_mut().enumerate() {
+                    *v = src[at + ix * s3];
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// For each tile of a chunk, in order (sample, tile row, tile column): the offset of its top-left
+/// corner in one channel's plane of `ph × pw` (plus the sample's `plane_stride` offset).
+fn tile_offsets(bc: usize, t: Tiles, step: usize, pw: usize, sample_stride: usize) -> Vec<usize> {
+    let mut out = Vec::with_capacity(bc * t.per_sample());
+    for bi in 0..bc {
+        for ty in 0..t.rows {
+            for tx in 0..t.cols {
+                out.push(bi * sample_stride + step * ty * pw + step * tx);
+            }
+        }
+    }
+    out
+}
+
+/// The zero-padded output gradient of samples `b0..b0 + bc` (`grad`: contiguous
+/// `[B, c_out, oh, ow]`) as `[bc, c_out, 4·rows, 4·cols]`.
+fn pad_grad<T: WithDType>(
+    grad: &[T],
+    g: &Geom,
+    c_out: usize,
+    t: Tiles,
+    (b0, bc): (usize, usize),
+) -> Vec<T> {
+    let (ph, pw) = (M * t.rows, M * t.cols);
+    let (oh, ow) = (g.oh, g.ow);
+    let mut out = vec![T::zero(); bc * c_out * ph * pw];
+    let src = &grad[b0 * c_out * oh * ow..(b0 + bc) * c_out * oh * ow];
+    for (plane, s) in out.chunks_mut(ph * pw).zip(src.chunks(oh * ow)) {
+        for (row, s) in plane.chunks_mut(pw).zip(s.chunks(ow)) {
+            row[..ow].copy_from_slice(s);
+        }
+    }
+    out
+}
+
+/// The forward pass `y = conv(x, w) (+ bias)`, `[B, c_out, oh, ow]`, of an [`eligible`]
+/// convolution; `w` is the contiguous `[c_out, C, 3, 3]` kernel.
+pub(super) fn forward<T: WithDType>(
+    x: (&[T], &Layout),
+    g: &Geom,
+    w: &[T],
+    bias: Option<&[T]>,
+) -> Result<Vec<T>> {
+    const OP: &str = "kolo-conv2d-winograd";
+    let c_out = w.len() / (9 * g.c).max(1);
+    if g.k != 3
+        || g.stride != 1
+        || c_out * 9 * g.c != w.len()
+        || bias.is_some_and(|b| b.len() != c_out)
+    {
+        candle_core::bail!(
+            "{OP}: kernel of {} values for {} input channels",
+            w.len(),
+            g.c
+        );
+    }
+    let u = kernel_transform(w, c_out, g.c);
+    let t = Tiles::of(g);
+    let chunk = chunk(g, c_out, t);
+    let mut y = vec![T::zero(); g.b * c_out * g.oh * g.ow];
+    let (mut v, mut m) = (Vec::new(), Vec::new());
+    for b0 in (0..g.b).step_by(chunk) {
+        let bc = chunk.min(g.b - b0);
+        let p = pad_input(x, g, t, (b0, bc))?;
+        let (ph, pw) = (M * t.rows + 2, M * t.cols + 2);
+        let offsets = tile_offsets(bc, t, M, pw, g.c * ph * pw);
+        let tc = offsets.len();
+        v.resize(E * g.c * tc, T::zero());
+        m.resize(E * c_out * tc, T::zero());
+        input_transform(&p, ph * pw, pw, &offsets, &mut v);
+        for e in 0..E {
+            matmul_into(
+                OP,
+                &mut m[e * c_out * tc..(e + 1) * c_out * tc],
+                (tc, 1),
+                MatRef::row_major(&u[e * c_out * g.c..(e + 1) * c_out * g.c], c_out, g.c),
+                MatRef::row_major(&v[e * g.c * tc..(e + 1) * g.c * tc], g.c, tc),
+                false,
+            )?;
+        }
+        let out = OutChunk {
+            y: &mut y,
+            b0,
+            c_out,
+            oh: g.oh,
+            ow: g.ow,
+        };
+        output_transform(&m, t, bias, out);
+    }
+    Ok(y)
+}
+
+/// `(input gradient, kernel gradient)`, each present when wanted.
+type Grads<T> = (Option<Vec<T>>, Option<Vec<T>>);
+
+/// The wanted gradients of an [`eligible`] convolution: of its input (`[B, C, H, W]`) and of
+/// its kernel (`[c_out, C, 3, 3]`, `w`), from the input `x`, the kernel and the output gradient
+/// `grad` (contiguous `[B, c_out, oh, ow]`). Both come from the output gradient's transform
+/// `dM = A dy Aᵀ`: the kernel gradient as `Gᵀ[Σ_tiles dM ⊙ V]G` (36 GEMMs `dU[e] += dM[e] @
+/// V[e]ᵀ`), the input gradient as the adjoint of the forward pass, `dV[e] = U[e]ᵀ @ dM[e]` and
+/// `B dV Bᵀ` added tile by tile into the (padded) input gradient.
+pub(super) fn backward<T: WithDType>(
+    x: (&[T], &Layout),
+    g: &Geom,
+    w: &[T],
+    grad: &[T],
+    (want_x, want_w): (bool, bool),
+) -> Result<Grads<T>> {
+    const OP: &str = "kolo-conv2d-winograd-backward";
+    let c_out = w.len() / (9 * g.c).max(1);
+    if g.k != 3
+        || g.stride != 1
+        || c_out * 9 * g.c != w.len()
+        || grad.len() != g.b * c_out * g.oh * g.ow
+    {
+        candle_core::bail!("{OP}: gradient of {} values does not match", grad.len());
+    }
+    let (c, t) = (g.c, Tiles::of(g));
+    let chunk = chunk(g, c_out, t);
+    let u = if want_x {
+        kernel_transform(w, c_out, c)
+    } else {
+        Vec::new()
+    };
+    let mut du = vec![T::zero(); if want_w { E * c_out * c } else { 0 }];
+    let mut dx = vec![T::zero(); if want_x { g.b * c * g.h * g.w } else { 0 }];
+    let (mut v, mut dm, mut dv) = (Vec::new(), Vec::new(), Vec::new());
+    let (ph, pw) = (M * t.rows + 2, M * t.cols + 2);
+    let (gh, gw) = (M * t.rows, M * t.cols);
+    for b0 in (0..g.b).step_by(chunk) {
+        let bc = chunk.min(g.b - b0);
+        let offsets = tile_offsets(bc, t, M, pw, c * ph * pw);
+        let tc = offsets.len();
+        let pg = pad_grad(grad, g, c_out, t, (b0, bc));
+        let g_offsets = tile_offsets(bc, t, M, gw, c_out * gh * gw);
+        dm.resize(E * c_out * tc, T::zero());
+        grad_transform(&pg, gh * gw, gw, &g_offsets, &mut dm);
+        let dm_e =
+            |e: usize| MatRef::row_major(&dm[e * c_out * tc..(e + 1) * c_out * tc], c_out, tc);
+        if want_w {
+            let p = pad_input(x, g, t, (b0, bc))?;
+            v.resize(E * c * tc, T::zero());
+            input_transform(&p, ph * pw, pw, &offsets, &mut v);
+            for e in 0..E {
+                let v_e = MatRef::row_major(&v[e * c * tc..(e + 1) * c * tc], c, tc);
+                let du_e = &mut du[e * c_out * c..(e + 1) * c_out * c];
+                matmul_into(OP, du_e, (c, 1), dm_e(e), v_e.t(), true)?;
+            }
+        }
+        if want_x {
+            dv.resize(E * c * tc, T::zero());
+            for e in 0..E {
+                let u_e = MatRef::row_major(&u[e * c_out * c..(e + 1) * c_out * c], c_out, c);
+                let dv_e = &mut dv[e * c * tc..(e + 1) * c * tc];
+                matmul_into(OP, dv_e, (tc, 1), u_e.t(), dm_e(e), false)?;
+            }
+            let mut pdx = vec![T::zero(); bc * c * ph * pw];
+            input_grad_transform(&dv, ph * pw, pw, &offsets, &mut pdx);
+            // Crop the padding away.
+            let plane = g.h * g.w;
+            let dst = &mut dx[b0 * c * plane..(b0 + bc) * c * plane];
+            for (d, p) in dst.chunks_mut(plane).zip(pdx.chunks(ph * pw)) {
+                for (iy, row) in d.chunks_mut(g.w).enumerate() {
+                    let at = (iy + g.padding) * pw + g.padding;
+                    row.copy_from_slice(&p[at..at + g.w]);
+                }
+            }
+        }
+    }
+    let dw = want_w.then(|| kernel_grad_transform(&du, c_out, c));
+    Ok((want_x.then_some(dx), dw))
+}

@@ -1,0 +1,195 @@
+//! The passes of the Winograd convolution over a chunk's buffers, each compiled for the CPU's
+//! vector extension ([`crate::ops::simd`]): input, output-gradient and kernel transforms and
+//! their inverses.
+
+use candle_core::WithDType;
+
+use super::lanes::{a, a_t, b, b_t, copy_lanes, g, g_t, load, store, two_sided};
+use super::{Tiles, A, E, LANES, M};
+use crate::ops::simd::vectorized_fn;
+
+vectorized_fn! {
+/// `V[e][c][t]` (`[36, C, tiles]`) of the padded chunk `p` (`[bc, C, ph, pw]`, planes of `pp`
+/// values) for the tiles at `offsets`.
+pub(super) fn input_transform<T: WithDType>(p: &[T], pp: usize, pw: usize, offsets: &[usize], v: &mut [T]) {
+    let n_tiles = offsets.len();
+    let c = v.len() / (E * n_tiles).max(1);
+    let plane = c * n_tiles;
+    for ci in 0..c {
+        for (gi, group) in offsets.chunks(LANES).enumerate() {
+            let mut at = [0; LANES];
+            for (a, &o) in at.iter_mut().zip(group) {
+                *a = o + ci * pp;
+            }
+            let d = load::<T, A>(p, &at[..group.len()], pw);
+            let tile = two_sided(&d, b_t);
+            store(
+                &mut v[ci * n_tiles + gi * LANES..],
+                plane,
+                &tile,
+                group.len(),
+            );
+        }
+    }
+}
+}
+
+vectorized_fn! {
+/// `dM[e][k][t]` (`[36, c_out, tiles]`): `A dy Aᵀ` of the 4×4 output-gradient tiles of the padded
+/// chunk `p` (`[bc, c_out, 4·rows, 4·cols]`, planes of `pp` values).
+pub(super) fn grad_transform<T: WithDType>(p: &[T], pp: usize, pw: usize, offsets: &[usize], dm: &mut [T]) {
+    let n_tiles = offsets.len();
+    let c_out = dm.len() / (E * n_tiles).max(1);
+    let plane = c_out * n_tiles;
+    for co in 0..c_out {
+        for (gi, group) in offsets.chunks(LANES).enumerate() {
+            let mut at = [0; LANES];
+            for (a, &o) in at.iter_mut().zip(group) {
+                *a = o + co * pp;
+            }
+            let dy = load::<T, M>(p, &at[..group.len()], pw);
+            let tile = two_sided(&dy, a);
+            store(
+                &mut dm[co * n_tiles + gi * LANES..],
+                plane,
+                &tile,
+                group.len(),
+            );
+        }
+    }
+}
+}
+
+/// Where a chunk's output goes: samples from `b0` of the `[B, c_out, oh, ow]` output.
+pub(super) struct OutChunk<'a, T> {
+    pub(super) y: &'a mut [T],
+    pub(super) b0: usize,
+    pub(super) c_out: usize,
+    pub(super) oh: usize,
+    pub(super) ow: usize,
+}
+
+vectorized_fn! {
+/// `y = Aᵀ M A (+ bias)` for every tile and output channel of a chunk (`m`: `[36, c_out, tiles]`).
+pub(super) fn output_transform<T: WithDType>(m: &[T], t: Tiles, bias: Option<&[T]>, out: OutChunk<T>) {
+    let c_out = out.c_out;
+    let n_tiles = m.len() / (E * c_out).max(1);
+    let plane = c_out * n_tiles;
+    let (oh, ow) = (out.oh, out.ow);
+    for co in 0..c_out {
+        let b = bias.map_or(T::zero(), |b| b[co]);
+        for t0 in (0..n_tiles).step_by(LANES) {
+            let n = LANES.min(n_tiles - t0);
+            let mut mm = [[[T::zero(); LANES]; A]; A];
+            for (e, v) in mm.iter_mut().flatten().enumerate() {
+                let at = e * plane + co * n_tiles + t0;
+                copy_lanes(v, &m[at..], n);
+            }
+            let tile = two_sided(&mm, a_t);
+            // Row i of tile l as rows[i][4l..4l + 4]: contiguous runs of the output row.
+            let mut rows = [[T::zero(); M * LANES]; M];
+            for (i, row) in rows.iter_mut().enumerate() {
+                for l in 0..LANES {
+                    for j in 0..M {
+                        row[M * l + j] = tile[i][j][l] + b;
+                    }
+                }
+            }
+            for l in 0..n {
+                let tile_idx = t0 + l;
+                let (bi, r) = (tile_idx / t.per_sample(), tile_idx % t.per_sample());
+                let (oy0, ox0) = (M * (r / t.cols), M * (r % t.cols));
+                let base = ((out.b0 + bi) * c_out + co) * oh * ow;
+                let cols = M.min(ow - ox0);
+                for (i, row) in rows.iter().enumerate().take(M.min(oh - oy0)) {
+                    let at = base + (oy0 + i) * ow + ox0;
+                    let src = &row[M * l..M * l + M];
+                    if cols == M {
+                        out.y[at..at + M].copy_from_slice(src);
+                    } else {
+                        for (d, s) in out.y[at..at + cols].iter_mut().zip(src) {
+                            *d = *s;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+}
+
+vectorized_fn! {
+/// `U[e][co][c]` (`[36, c_out, C]`) = `G g Gᵀ` of every 3×3 kernel of `w` (`[c_out, C, 3, 3]`).
+pub(super) fn kernel_transform<T: WithDType>(w: &[T], c_out: usize, c: usize) -> Vec<T> {
+    let plane = c_out * c;
+    let mut u = vec![T::zero(); E * plane];
+    for kc0 in (0..plane).step_by(LANES) {
+        let n = LANES.min(plane - kc0);
+        let offsets: [usize; LANES] = std::array::from_fn(|l| (kc0 + l) * 9);
+        let gg = load::<T, 3>(w, &offsets[..n], 3);
+        store(&mut u[kc0..], plane, &two_sided(&gg, g), n);
+    }
+    u
+}
+}
+
+vectorized_fn! {
+/// The kernel gradient `[c_out, C, 3, 3]` from `dU` (`[36, c_out, C]`): `Gᵀ dU G` per kernel.
+pub(super) fn kernel_grad_transform<T: WithDType>(du: &[T], c_out: usize, c: usize) -> Vec<T> {
+    let plane = c_out * c;
+    let mut dw = vec![T::zero(); 9 * plane];
+    for kc0 in (0..plane).step_by(LANES) {
+        let n = LANES.min(plane - kc0);
+        let mut t = [[[T::zero(); LANES]; A]; A];
+        for (e, v) in t.iter_mut().flatten().enumerate() {
+            copy_lanes(v, &du[e * plane + kc0..], n);
+        }
+        let dg = two_sided(&t, g_t);
+        for l in 0..n {
+            let out = &mut dw[(kc0 + l) * 9..(kc0 + l + 1) * 9];
+            for i in 0..3 {
+                for j in 0..3 {
+                    out[i * 3 + j] = dg[i][j][l];
+                }
+            }
+        }
+    }
+    dw
+}
+}
+
+vectorized_fn! {
+/// The adjoint of [`input_transform`]: `B dV Bᵀ` of every tile of `dv` (`[36, C, tiles]`) added
+/// into the padded chunk gradient `pdx` (`[bc, C, ph, pw]`, planes of `pp` values) at `offsets`
+/// (overlapping tiles add up).
+pub(super) fn input_grad_transform<T: WithDType>(
+    dv: &[T],
+    pp: usize,
+    pw: usize,
+    offsets: &[usize],
+    pdx: &mut [T],
+) {
+    let n_tiles = offsets.len();
+    let c = dv.len() / (E * n_tiles).max(1);
+    let plane = c * n_tiles;
+    for ci in 0..c {
+        for (gi, group) in offsets.chunks(LANES).enumerate() {
+            let t0 = ci * n_tiles + gi * LANES;
+            let mut tile = [[[T::zero(); LANES]; A]; A];
+            for (e, v) in tile.iter_mut().flatten().enumerate() {
+                copy_lanes(v, &dv[e * plane + t0..], group.len());
+            }
+            let d = two_sided(&tile, b);
+            for (l, &o) in group.iter().enumerate() {
+                let at = o + ci * pp;
+                for (i, row) in d.iter().enumerate() {
+                    let line = &mut pdx[at + i * pw..at + i * pw + A];
+                    for (dst, v) in line.iter_mut().zip(row) {
+                        *dst += v[l];
+                    }
+                }
+            }
+        }
+    }
+}
+}
