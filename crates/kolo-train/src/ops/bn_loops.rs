@@ -119,23 +119,27 @@ vectorized_fn! {
     ) -> Vec<T> {
         let c = scale.len().max(1);
         let zero = T::zero();
-        // Built by `extend` (no zero fill first: this pass is memory bound).
-        let mut y = Vec::with_capacity(x.len());
+        let mut y = vec![zero; x.len()];
         if s == 0 {
             return y;
         }
-        for (i, row) in x.chunks_exact(s).enumerate() {
+        for (i, (out, row)) in y.chunks_exact_mut(s).zip(x.chunks_exact(s)).enumerate() {
             let (a, b) = (scale[i % c], shift[i % c]);
-            let start = y.len();
             match r {
-                None => y.extend(row.iter().map(|&v| v * a + b)),
+                None => {
+                    for (o, &v) in out.iter_mut().zip(row) {
+                        *o = v * a + b;
+                    }
+                }
                 Some(r) => {
-                    let res = &r[start..start + s];
-                    y.extend(row.iter().zip(res).map(|(&v, &q)| v * a + b + q));
+                    let res = &r[i * s..(i + 1) * s];
+                    for ((o, &v), &q) in out.iter_mut().zip(row).zip(res) {
+                        *o = v * a + b + q;
+                    }
                 }
             }
             if relu {
-                for o in &mut y[start..] {
+                for o in out.iter_mut() {
                     // `<=`: NaN (unordered) stays.
                     if *o <= zero {
                         *o = zero;
@@ -161,23 +165,22 @@ vectorized_fn! {
     ) -> Vec<T> {
         let c = mean.len().max(1);
         let zero = T::zero();
-        let mut dx = Vec::with_capacity(x.len());
+        let mut dx = vec![zero; x.len()];
         if s == 0 {
             return dx;
         }
-        for (i, ((g, x), y)) in g
-            .chunks_exact(s)
-            .zip(x.chunks_exact(s))
-            .zip(y.chunks_exact(s))
+        for (i, (out, ((g, x), y))) in dx
+            .chunks_exact_mut(s)
+            .zip(g.chunks_exact(s).zip(x.chunks_exact(s)).zip(y.chunks_exact(s)))
             .enumerate()
         {
             let ch = i % c;
             let [k1, k2, k3] = [coef[3 * ch], coef[3 * ch + 1], coef[3 * ch + 2]].map(T::from_f64);
             let m = T::from_f64(mean[ch]);
-            dx.extend(g.iter().zip(x).zip(y).map(|((&g, &x), &y)| {
+            for (((o, &g), &x), &y) in out.iter_mut().zip(g).zip(x).zip(y) {
                 let g = if relu && y <= zero { zero } else { g };
-                k1 * g - k2 * (x - m) - k3
-            }));
+                *o = k1 * g - k2 * (x - m) - k3;
+            }
         }
         dx
     }
