@@ -20,7 +20,9 @@ row, the achieved GFLOP/s per core: samples/s x training FLOPs per sample / busy
 also as a share of the CPU's per-core f32 FMA peak. The FLOPs per sample (forward and backward, convolutions
 and matrix products) are counted by torch's FlopCounterMode on the peer's model (the same layers as kolo's,
 so the count applies to every row; `scripts/torch_ddp_resnet18.py --flops MODEL`); without PyTorch the
-GFLOP/s are left out. The peak is --peak-flops GFLOPS (per core) or, when that is not given, the
+GFLOP/s are left out. They are nominal (direct-convolution) FLOPs: where kolo runs a 3x3 convolution as
+Winograd F(4x4, 3x3), which multiplies up to 4x less, its GFLOP/s are effective ones and may exceed
+what the GEMM executes. The peak is --peak-flops GFLOPS (per core) or, when that is not given, the
 `peak_gflops_per_core` of the probe BIN/examples/peak_flops (the better of its one-thread AVX2 and AVX-512
 figures), run once before the rounds if it is built (cargo build --release -p kolo-train --example
 peak_flops); otherwise no peak column.

@@ -12,6 +12,8 @@
 //!
 //! The transforms work on [`LANES`] tiles at a time (one SIMD register of f32 per value).
 
+use std::borrow::Cow;
+
 use candle_core::{Layout, Result, WithDType};
 
 use super::gemm::{matmul_into, MatRef};
@@ -133,24 +135,28 @@ fn tile_offsets(bc: usize, t: Tiles, step: usize, pw: usize, sample_stride: usiz
 }
 
 /// The zero-padded output gradient of samples `b0..b0 + bc` (`grad`: contiguous
-/// `[B, c_out, oh, ow]`) as `[bc, c_out, 4·rows, 4·cols]`.
-fn pad_grad<T: WithDType>(
-    grad: &[T],
+/// `[B, c_out, oh, ow]`) as `[bc, c_out, 4·rows, 4·cols]`: the chunk of `grad` itself where the
+/// tiles cover it exactly, a padded copy otherwise.
+fn pad_grad<'a, T: WithDType>(
+    grad: &'a [T],
     g: &Geom,
     c_out: usize,
     t: Tiles,
     (b0, bc): (usize, usize),
-) -> Vec<T> {
+) -> Cow<'a, [T]> {
     let (ph, pw) = (M * t.rows, M * t.cols);
     let (oh, ow) = (g.oh, g.ow);
-    let mut out = vec![T::zero(); bc * c_out * ph * pw];
     let src = &grad[b0 * c_out * oh * ow..(b0 + bc) * c_out * oh * ow];
+    if (ph, pw) == (oh, ow) {
+        return Cow::Borrowed(src);
+    }
+    let mut out = vec![T::zero(); bc * c_out * ph * pw];
     for (plane, s) in out.chunks_mut(ph * pw).zip(src.chunks(oh * ow)) {
         for (row, s) in plane.chunks_mut(pw).zip(s.chunks(ow)) {
             row[..ow].copy_from_slice(s);
         }
     }
-    out
+    Cow::Owned(out)
 }
 
 /// The forward pass `y = conv(x, w) (+ bias)`, `[B, c_out, oh, ow]`, of an [`eligible`]
