@@ -42,6 +42,16 @@ fn flip_transpose<T: WithDType>(w: &[T], c_out: usize, c: usize, k: usize) -> Ve
     out
 }
 
+/// Makes `cols` an all-zero patch matrix of `len` values for [`im2col_into`] — unless it already
+/// has that length: im2col writes the same (non-padding) positions for every chunk of the same
+/// size, so the previous chunk's padding zeros are still in place and the rest is overwritten.
+fn refill_zeros<T: WithDType>(cols: &mut Vec<T>, len: usize) {
+    if cols.len() != len {
+        cols.clear();
+        cols.resize(len, T::zero());
+    }
+}
+
 /// The bias gradient: `grad` (`[B, c_out, p]`) summed over samples and pixels.
 fn bias_grad<T: WithDType>(grad: &[T], c_out: usize, p: usize) -> Vec<T> {
     let sums = super::bn_loops::channel_sums(grad, p, c_out);
@@ -86,8 +96,7 @@ impl ConvGemm {
         for b0 in (0..g.b).step_by(chunk) {
             let bc = chunk.min(g.b - b0);
             let n = bc * p;
-            cols.clear();
-            cols.resize(rows * n, T::zero());
+            refill_zeros(&mut cols, rows * n);
             im2col_into(x.0, x.1, g, (b0, bc), &mut cols)?;
             ys.resize(c_out * n, T::zero());
             let cols_m = MatRef::row_major(&cols, rows, n);
@@ -159,8 +168,7 @@ impl ConvGemm {
                 }
                 let gc_m = MatRef::row_major(&gc, c_out, n);
                 if gemm_dw {
-                    cols.clear();
-                    cols.resize(rows * n, T::zero());
+                    refill_zeros(&mut cols, rows * n);
                     im2col_into(x.0, x.1, g, (b0, bc), &mut cols)?;
                     // dweightᵀ += cols @ gcᵀ, written through dweight's strides: the long
                     // reduction runs along the rows of both operands as stored, which the GEMM

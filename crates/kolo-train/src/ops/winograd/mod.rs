@@ -249,8 +249,8 @@ pub(super) fn backward<T: WithDType>(
         Vec::new()
     };
     let mut du = vec![T::zero(); if want_w { E * c_out * c } else { 0 }];
-    let mut dx = vec![T::zero(); if want_x { g.b * c * g.h * g.w } else { 0 }];
-    let (mut v, mut dm, mut dv) = (Vec::new(), Vec::new(), Vec::new());
+    let mut dx = Vec::with_capacity(if want_x { g.b * c * g.h * g.w } else { 0 });
+    let (mut v, mut dm, mut dv, mut pdx) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (ph, pw) = (M * t.rows + 2, M * t.cols + 2);
     let (gh, gw) = (M * t.rows, M * t.cols);
     for b0 in (0..g.b).step_by(chunk) {
@@ -280,15 +280,14 @@ pub(super) fn backward<T: WithDType>(
                 let dv_e = &mut dv[e * c * tc..(e + 1) * c * tc];
                 matmul_into(OP, dv_e, (tc, 1), u_e.t(), dm_e(e), false)?;
             }
-            let mut pdx = vec![T::zero(); bc * c * ph * pw];
+            pdx.clear();
+            pdx.resize(bc * c * ph * pw, T::zero());
             input_grad_transform(&dv, ph * pw, pw, &offsets, &mut pdx);
-            // Crop the padding away.
-            let plane = g.h * g.w;
-            let dst = &mut dx[b0 * c * plane..(b0 + bc) * c * plane];
-            for (d, p) in dst.chunks_mut(plane).zip(pdx.chunks(ph * pw)) {
-                for (iy, row) in d.chunks_mut(g.w).enumerate() {
+            // Crop the padding away; the chunks come in order, so `dx` grows by appending.
+            for p in pdx.chunks(ph * pw) {
+                for iy in 0..g.h {
                     let at = (iy + g.padding) * pw + g.padding;
-                    row.copy_from_slice(&p[at..at + g.w]);
+                    dx.extend_from_slice(&p[at..at + g.w]);
                 }
             }
         }
