@@ -4,59 +4,49 @@
 
 use candle_core::WithDType;
 
-use super::lanes::{a, a_t, b, b_t, copy_lanes, g, g_t, load, store, two_sided};
+use super::lanes::{a, a_t, b, b_t, copy_lanes, g, g_t, load, store, two_sided, Lanes};
 use super::{Tiles, A, E, LANES, M};
 use crate::ops::simd::vectorized_fn;
 
-vectorized_fn! {
-/// `V[e][c][t]` (`[36, C, tiles]`) of the padded chunk `p` (`[bc, C, ph, pw]`, planes of `pp`
-/// values) for the tiles at `offsets`.
-pub(super) fn input_transform<T: WithDType>(p: &[T], pp: usize, pw: usize, offsets: &[usize], v: &mut [T]) {
+/// Every `N × N` tile of every channel of the padded chunk `p` (planes of `pp` values, rows `pw`
+/// apart; tiles at `offsets` within a plane) through the two-sided transform `f`, stored as
+/// `out[e][channel][tile]` (`[36, channels, tiles]`).
+#[inline(always)]
+fn transform_tiles<T: WithDType, const N: usize>(
+    (p, pp, pw): (&[T], usize, usize),
+    offsets: &[usize],
+    out: &mut [T],
+    f: impl Fn([Lanes<T>; N]) -> [Lanes<T>; A],
+) {
     let n_tiles = offsets.len();
-    let c = v.len() / (E * n_tiles).max(1);
-    let plane = c * n_tiles;
-    for ci in 0..c {
+    let channels = out.len() / (E * n_tiles).max(1);
+    let plane = channels * n_tiles;
+    for ch in 0..channels {
         for (gi, group) in offsets.chunks(LANES).enumerate() {
             let mut at = [0; LANES];
             for (a, &o) in at.iter_mut().zip(group) {
-                *a = o + ci * pp;
+                *a = o + ch * pp;
             }
-            let d = load::<T, A>(p, &at[..group.len()], pw);
-            let tile = two_sided(&d, b_t);
-            store(
-                &mut v[ci * n_tiles + gi * LANES..],
-                plane,
-                &tile,
-                group.len(),
-            );
+            let tile = two_sided(&load::<T, N>(p, &at[..group.len()], pw), &f);
+            let dst = &mut out[ch * n_tiles + gi * LANES..];
+            store(dst, plane, &tile, group.len());
         }
     }
+}
+
+vectorized_fn! {
+/// `V[e][c][t]` (`[36, C, tiles]`): `Bᵀ d B` of the 6×6 input tiles of the padded chunk `p`
+/// (`[bc, C, ph, pw]`, planes of `pp` values) at `offsets`.
+pub(super) fn input_transform<T: WithDType>(p: &[T], pp: usize, pw: usize, offsets: &[usize], v: &mut [T]) {
+    transform_tiles::<T, A>((p, pp, pw), offsets, v, b_t);
 }
 }
 
 vectorized_fn! {
 /// `dM[e][k][t]` (`[36, c_out, tiles]`): `A dy Aᵀ` of the 4×4 output-gradient tiles of the padded
-/// chunk `p` (`[bc, c_out, 4·rows, 4·cols]`, planes of `pp` values).
+/// chunk `p` (`[bc, c_out, 4·rows, 4·cols]`, planes of `pp` values) at `offsets`.
 pub(super) fn grad_transform<T: WithDType>(p: &[T], pp: usize, pw: usize, offsets: &[usize], dm: &mut [T]) {
-    let n_tiles = offsets.len();
-    let c_out = dm.len() / (E * n_tiles).max(1);
-    let plane = c_out * n_tiles;
-    for co in 0..c_out {
-        for (gi, group) in offsets.chunks(LANES).enumerate() {
-            let mut at = [0; LANES];
-            for (a, &o) in at.iter_mut().zip(group) {
-                *a = o + co * pp;
-            }
-            let dy = load::<T, M>(p, &at[..group.len()], pw);
-            let tile = two_sided(&dy, a);
-            store(
-                &mut dm[co * n_tiles + gi * LANES..],
-                plane,
-                &tile,
-                group.len(),
-            );
-        }
-    }
+    transform_tiles::<T, M>((p, pp, pw), offsets, dm, a);
 }
 }
 
