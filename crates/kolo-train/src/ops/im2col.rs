@@ -3,6 +3,8 @@
 
 use candle_core::{Layout, Result, WithDType};
 
+use super::slices::copy_row;
+
 /// Geometry of one convolution (square kernel, symmetric padding, no dilation or groups).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Geom {
@@ -140,7 +142,7 @@ pub(super) fn im2col_into<T: WithDType>(
                 let start = base + (iy_lo + j * stride) * s2;
                 let line = &mut out[oy * g.ow + x_lo..oy * g.ow + x_hi];
                 if stride == 1 && s3 == 1 {
-                    line.copy_from_slice(&src[start..start + len]);
+                    copy_row(line, &src[start..start + len]);
                 } else {
                     for (i, v) in line.iter_mut().enumerate() {
                         *v = src[start + i * stride * s3];

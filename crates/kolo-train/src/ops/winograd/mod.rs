@@ -18,6 +18,7 @@ use candle_core::{Layout, Result, WithDType};
 
 use super::gemm::{matmul_into, MatRef};
 use super::im2col::Geom;
+use super::slices::copy_row;
 
 mod lanes;
 mod passes;
@@ -109,7 +110,7 @@ fn pad_input<T: WithDType>(
             let at = (b0 + bi) * s0 + c * s1 + iy * s2;
             let row = &mut plane[(iy + g.padding) * pw + g.padding..][..g.w];
             if s3 == 1 {
-                row.copy_from_slice(&src[at..at + g.w]);
+                copy_row(row, &src[at..at + g.w]);
             } else {
                 for (ix, v) in row.iter_mut().enumerate() {
                     *v = src[at + ix * s3];
