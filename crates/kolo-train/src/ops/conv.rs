@@ -1,5 +1,6 @@
-//! A faster CPU 2-D convolution: im2col + GEMM, chunk by chunk of samples, with a matching
-//! backward pass.
+//! A faster CPU 2-D convolution with a matching backward pass: Winograd F(4×4, 3×3) for the 3×3
+//! stride-1 convolutions where it pays ([`super::winograd`]), im2col + GEMM chunk by chunk of
+//! samples for the others.
 //!
 //! candle 0.11's CPU `conv2d` is slow for the small, shallow convolutions of LeNet-style
 //! models, and its backward pass is slower still: the input gradient goes through a naive
@@ -7,7 +8,7 @@
 //! the kernel gradient through a convolution whose "kernel" is the whole output gradient.
 //! Here the forward pass lowers a chunk of samples to a `[C·k·k, bc·H'·W']` patch matrix (small
 //! enough to stay in cache, large enough for an efficient GEMM, see [`Geom::chunk`]), multiplies
-//! it by the kernel (candle's matmul, the `gemm` crate) and writes the result straight into the
+//! it by the kernel (the `gemm` crate, through [`super::gemm`]) and writes the result into the
 //! `[B, c_out, H', W']` output. The backward pass recomputes the patch matrices (instead of
 //! keeping them alive between forward and backward, which would cost a lot of memory for
 //! ResNet) and, in one pass over the chunks, accumulates the kernel gradient

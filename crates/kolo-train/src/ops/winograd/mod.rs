@@ -1,14 +1,15 @@
 //! Winograd F(4×4, 3×3) for the 3×3 stride-1 convolutions (Lavin & Gray, "Fast Algorithms for
-//! Convolutional Neural Networks", 2016): forward pass and kernel gradient; the input gradient of
-//! a stride-1 convolution is itself such a convolution (of the output gradient with the flipped
-//! kernel, see [`super::conv`]).
+//! Convolutional Neural Networks", 2016): forward pass, input gradient and kernel gradient, taken
+//! by [`super::conv`] where [`eligible`]'s cost model says it pays.
 //!
 //! A 4×4 output tile from a 6×6 input tile `d` and a 3×3 kernel `g` is `Aᵀ[(G g Gᵀ) ⊙ (Bᵀ d B)]A`:
 //! 36 multiplications per channel pair instead of 144. Summed over input channels, the 36
 //! element-wise products become 36 GEMMs `M[e] = U[e] @ V[e]` (`U[e]`: `[c_out, C]` transformed
 //! kernels, `V[e]`: `[C, tiles]` transformed input tiles), done chunk by chunk of samples so that
-//! `V` and `M` stay in cache. The kernel gradient is the adjoint: `dg = Gᵀ[Σ_tiles (A dy Aᵀ) ⊙
-//! (Bᵀ d B)]G`, 36 GEMMs `dU[e] += dM[e] @ V[e]ᵀ`.
+//! `V` and `M` stay in cache. The backward pass transforms the output gradient once, `dM = A dy
+//! Aᵀ`; the kernel gradient is `dg = Gᵀ[Σ_tiles dM ⊙ (Bᵀ d B)]G` (36 GEMMs `dU[e] += dM[e] @
+//! V[e]ᵀ`), the input gradient the forward pass's adjoint (`dV[e] = U[e]ᵀ @ dM[e]`, then `B dV Bᵀ`
+//! added tile by tile, overlapping tiles summing up).
 //!
 //! The transforms work on [`LANES`] tiles at a time (one SIMD register of f32 per value).
 
