@@ -123,7 +123,8 @@ fn pad_input<T: WithDType>(
 }
 
 /// For each tile of a chunk, in order (sample, tile row, tile column): the offset of its top-left
-/// corner in one channel's plane of `ph × pw` (plus the sample's `plane_stride` offset).
+/// corner in the chunk's first channel (tiles `step` apart, rows `pw` apart, samples
+/// `sample_stride` apart); channel `c` adds `c` planes.
 fn tile_offsets(bc: usize, t: Tiles, step: usize, pw: usize, sample_stride: usize) -> Vec<usize> {
     let mut out = Vec::with_capacity(bc * t.per_sample());
     for bi in 0..bc {
