@@ -33,6 +33,7 @@ use candle_core::backprop::GradStore;
 use candle_core::{DType, Result, Tensor, Var};
 
 mod adamw;
+mod in_place;
 mod sgd;
 pub mod sharded;
 
