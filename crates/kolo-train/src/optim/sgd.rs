@@ -338,7 +338,7 @@ mod tests {
                     nesterov,
                 };
                 let (a, b) = (var(1, dtype)?, var(1, dtype)?);
-                let mut fast = Sgd::new(vec![("p".into(), a.clone())], config)?;
+                let fast = Sgd::new(vec![("p".into(), a.clone())], config)?;
                 let mut slow = Sgd::new(vec![("p".into(), b.clone())], config)?;
                 for step in 0..4 {
                     let g = var(step + 2, dtype)?.as_tensor().clone();
