@@ -19,6 +19,8 @@
 //!
 //! Non-CPU tensors and dtypes other than f32 / f64 fall back to candle's `conv2d`.
 
+use std::sync::Mutex;
+
 use candle_core::backend::BackendStorage;
 use candle_core::{
     CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor, WithDType,
@@ -69,7 +71,27 @@ struct Wanted {
 
 /// The convolution `(x, weight[, bias]) -> y` with its own backward pass: a [`CustomOp2`]
 /// without bias, a [`CustomOp3`] with bias.
-struct ConvGemm(Geom);
+struct ConvGemm(Geom, Option<KernelCache>);
+
+/// The Winograd-transformed kernel a forward pass computed, kept in its op (in candle's graph)
+/// for the backward pass, which then does not transform the kernel again: present for tracked
+/// convolutions only (`None` in inference), holding a value only after a Winograd forward pass
+/// and until the first backward pass takes it. It costs the transformed kernel's memory (4× the
+/// kernel for F(4, 3), 16/9× for F(2, 3)) from the forward to the backward pass.
+#[derive(Default)]
+struct KernelCache(Mutex<Option<CpuStorage>>);
+
+impl KernelCache {
+    fn keep(&self, u: CpuStorage) {
+        if let Ok(mut slot) = self.0.lock() {
+            *slot = Some(u);
+        }
+    }
+
+    fn take(&self) -> Option<CpuStorage> {
+        self.0.lock().ok()?.take()
+    }
+}
 
 impl ConvGemm {
     /// `y[b, co] = weight[co] · patches(x[b]) (+ bias[co])` as a contiguous
@@ -87,8 +109,12 @@ impl ConvGemm {
         if c_out * rows != w.len() || bias.is_some_and(|b| b.len() != c_out) {
             candle_core::bail!("kolo-conv2d: kernel of {} values for {rows} rows", w.len());
         }
-        if winograd::eligible(g, c_out) {
-            return winograd::forward(x, g, &w, bias);
+        if let Some(variant) = winograd::eligible(g, c_out) {
+            let (y, u) = winograd::forward(x, g, &w, bias, variant)?;
+            if let Some(cache) = &self.1 {
+                cache.keep(T::to_cpu_storage_owned(u));
+            }
+            return Ok(y);
         }
         let w_m = MatRef::row_major(&w, c_out, rows);
         let mut out = Vec::with_capacity(g.b * c_out * p);
@@ -116,11 +142,12 @@ impl ConvGemm {
     }
 
     /// The wanted gradients, concatenated: `dx` (`[B, C, H, W]`), `dweight` (`[c_out, C·k·k]`),
-    /// `dbias` (`[c_out]`). `grad` is the contiguous `[B, c_out, H', W']` output gradient.
+    /// `dbias` (`[c_out]`). `grad` is the contiguous `[B, c_out, H', W']` output gradient; `u`
+    /// the forward pass's Winograd-transformed kernel, if kept.
     fn backward_slices<T: WithDType>(
         &self,
         x: (&[T], &Layout),
-        w: &[T],
+        (w, u): (&[T], Option<&CpuStorage>),
         grad: &[T],
         want: Wanted,
     ) -> Result<Vec<T>> {
@@ -134,8 +161,13 @@ impl ConvGemm {
             );
         }
         const OP: &str = "kolo-conv2d-backward";
-        if winograd::eligible(g, c_out) {
-            let (dx, dw) = winograd::backward(x, g, w, grad, (want.x, want.weight))?;
+        if let Some(variant) = winograd::eligible(g, c_out) {
+            let u = match u {
+                Some(u) => Some(T::cpu_storage_as_slice(u)?),
+                None => None,
+            };
+            let wanted = (want.x, want.weight);
+            let (dx, dw) = winograd::backward(x, (w, u), g, grad, wanted, variant)?;
             let mut out = dx.unwrap_or_default();
             out.extend(dw.unwrap_or_default());
             if want.bias {
@@ -189,7 +221,7 @@ impl ConvGemm {
         if let Some(gt) = flipped {
             let layout = Layout::contiguous((g.b, c_out, g.oh, g.ow));
             let wf = flip_transpose(w, c_out, g.c, g.k);
-            dx = ConvGemm(gt).forward_slices((grad, &layout), wf, None)?;
+            dx = ConvGemm(gt, None).forward_slices((grad, &layout), wf, None)?;
         }
         let mut out = dx;
         out.extend_from_slice(&dw);
@@ -235,10 +267,11 @@ impl ConvGemm {
             weight: weight.track_op(),
             bias: bias.is_some_and(Tensor::track_op),
         };
+        let u = self.1.as_ref().and_then(KernelCache::take);
         let all = x.detach().apply_op3_no_bwd(
             &weight.detach(),
             &grad.detach().contiguous()?,
-            &ConvBackward(*g, want),
+            &ConvBackward(*g, want, u),
         )?;
         let mut at = 0;
         let mut take = |wanted: bool, len: usize, shape: Shape| -> Result<Option<Tensor>> {
@@ -256,8 +289,9 @@ impl ConvGemm {
     }
 }
 
-/// `(x, weight, grad) -> [dx…, dweight…, dbias…]` (the wanted ones), backward-less.
-struct ConvBackward(Geom, Wanted);
+/// `(x, weight, grad) -> [dx…, dweight…, dbias…]` (the wanted ones), backward-less; with the
+/// forward pass's Winograd-transformed kernel if it was kept.
+struct ConvBackward(Geom, Wanted, Option<CpuStorage>);
 
 impl CustomOp3 for ConvBackward {
     fn name(&self) -> &'static str {
@@ -276,17 +310,17 @@ impl CustomOp3 for ConvBackward {
         const OP: &str = "kolo-conv2d-backward";
         let out = match (s1, s2, s3) {
             (CpuStorage::F32(x), CpuStorage::F32(w), CpuStorage::F32(g)) => {
-                CpuStorage::F32(ConvGemm(self.0).backward_slices(
+                CpuStorage::F32(ConvGemm(self.0, None).backward_slices(
                     (x, l1),
-                    &gather(w, l2)?,
+                    (&gather(w, l2)?, self.2.as_ref()),
                     contiguous(g, l3, OP)?,
                     self.1,
                 )?)
             }
             (CpuStorage::F64(x), CpuStorage::F64(w), CpuStorage::F64(g)) => {
-                CpuStorage::F64(ConvGemm(self.0).backward_slices(
+                CpuStorage::F64(ConvGemm(self.0, None).backward_slices(
                     (x, l1),
-                    &gather(w, l2)?,
+                    (&gather(w, l2)?, self.2.as_ref()),
                     contiguous(g, l3, OP)?,
                     self.1,
                 )?)
@@ -437,7 +471,7 @@ pub fn conv2d(
             None => Ok(y),
         };
     }
-    let op = ConvGemm(Geom {
+    let geom = Geom {
         b,
         c,
         h,
@@ -447,8 +481,9 @@ pub fn conv2d(
         padding,
         oh,
         ow,
-    });
+    };
     let tracked = x.track_op() || weight.track_op() || bias.is_some_and(Tensor::track_op);
+    let op = ConvGemm(geom, tracked.then(KernelCache::default));
     match (tracked, bias) {
         // Inference: no graph to record.
         (false, Some(bias)) => x.apply_op3_no_bwd(weight, bias, &op),

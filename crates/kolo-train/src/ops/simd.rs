@@ -10,36 +10,48 @@
 
 /// `vectorized_fn! { fn name<T: WithDType>(args…) -> R { body } }` defines `name` with the body
 /// compiled for AVX-512F, AVX2 + FMA and the baseline, dispatched at run time (see the module
-/// notes).
+/// notes). Besides `T`, the function may have one type parameter bound by a trait with const
+/// arguments and const parameters, in that order: `fn name<T: WithDType, W: Tr<M, A>, const M:
+/// usize, const A: usize>(…)`.
 macro_rules! vectorized_fn {
     (
         $(#[$meta:meta])*
-        $vis:vis fn $name:ident<T: WithDType>($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block
+        $vis:vis fn $name:ident<
+            T: WithDType $(, $w:ident: $wb:ident<$($wc:ident),*>)? $(, const $c:ident: usize)*
+        >($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block
     ) => {
         $(#[$meta])*
-        $vis fn $name<T: WithDType>($($arg: $ty),*) $(-> $ret)? {
+        $vis fn $name<T: WithDType $(, $w: $wb<$($wc),*>)? $(, const $c: usize)*>(
+            $($arg: $ty),*
+        ) $(-> $ret)? {
             #[inline(always)]
-            fn body<T: WithDType>($($arg: $ty),*) $(-> $ret)? $body
+            fn body<T: WithDType $(, $w: $wb<$($wc),*>)? $(, const $c: usize)*>(
+                $($arg: $ty),*
+            ) $(-> $ret)? $body
             #[cfg(target_arch = "x86_64")]
             {
                 #[target_feature(enable = "avx512f")]
-                unsafe fn avx512<T: WithDType>($($arg: $ty),*) $(-> $ret)? {
-                    body($($arg),*)
+                unsafe fn avx512<T: WithDType $(, $w: $wb<$($wc),*>)? $(, const $c: usize)*>(
+                    $($arg: $ty),*
+                ) $(-> $ret)? {
+                    body::<T $(, $w)? $(, $c)*>($($arg),*)
                 }
                 #[target_feature(enable = "avx2,fma")]
-                unsafe fn avx2<T: WithDType>($($arg: $ty),*) $(-> $ret)? {
-                    body($($arg),*)
+                unsafe fn avx2<T: WithDType $(, $w: $wb<$($wc),*>)? $(, const $c: usize)*>(
+                    $($arg: $ty),*
+                ) $(-> $ret)? {
+                    body::<T $(, $w)? $(, $c)*>($($arg),*)
                 }
                 if std::is_x86_feature_detected!("avx512f") {
                     // SAFETY: the CPU supports AVX-512F (checked just above).
-                    return unsafe { avx512($($arg),*) };
+                    return unsafe { avx512::<T $(, $w)? $(, $c)*>($($arg),*) };
                 }
                 if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
                     // SAFETY: the CPU supports AVX2 and FMA (checked just above).
-                    return unsafe { avx2($($arg),*) };
+                    return unsafe { avx2::<T $(, $w)? $(, $c)*>($($arg),*) };
                 }
             }
-            body($($arg),*)
+            body::<T $(, $w)? $(, $c)*>($($arg),*)
         }
     };
 }

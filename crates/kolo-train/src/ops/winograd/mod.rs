@@ -1,17 +1,19 @@
-//! Winograd F(4×4, 3×3) for the 3×3 stride-1 convolutions (Lavin & Gray, "Fast Algorithms for
-//! Convolutional Neural Networks", 2016): forward pass, input gradient and kernel gradient, taken
-//! by [`super::conv`] where [`eligible`]'s cost model says it pays.
+//! Winograd F(4×4, 3×3) and F(2×2, 3×3) for the 3×3 stride-1 convolutions (Lavin & Gray, "Fast
+//! Algorithms for Convolutional Neural Networks", 2016): forward pass, input gradient and kernel
+//! gradient, taken by [`super::conv`] where [`eligible`]'s cost model says one of them pays.
 //!
-//! A 4×4 output tile from a 6×6 input tile `d` and a 3×3 kernel `g` is `Aᵀ[(G g Gᵀ) ⊙ (Bᵀ d B)]A`:
-//! 36 multiplications per channel pair instead of 144. Summed over input channels, the 36
-//! element-wise products become 36 GEMMs `M[e] = U[e] @ V[e]` (`U[e]`: `[c_out, C]` transformed
-//! kernels, `V[e]`: `[C, tiles]` transformed input tiles), done chunk by chunk of samples so that
-//! `V` and `M` stay in cache. The backward pass transforms the output gradient once, `dM = A dy
-//! Aᵀ`; the kernel gradient is `dg = Gᵀ[Σ_tiles dM ⊙ (Bᵀ d B)]G` (36 GEMMs `dU[e] += dM[e] @
-//! V[e]ᵀ`), the input gradient the forward pass's adjoint (`dV[e] = U[e]ᵀ @ dM[e]`, then `B dV Bᵀ`
-//! added tile by tile, overlapping tiles summing up).
+//! With F(4×4, 3×3), a 4×4 output tile from a 6×6 input tile `d` and a 3×3 kernel `g` is
+//! `Aᵀ[(G g Gᵀ) ⊙ (Bᵀ d B)]A`: 36 multiplications per channel pair instead of 144 (F(2×2, 3×3):
+//! 16 instead of 36, from 4×4 input tiles). Summed over input channels, the 36 element-wise
+//! products become 36 GEMMs `M[e] = U[e] @ V[e]` (`U[e]`: `[c_out, C]` transformed kernels,
+//! `V[e]`: `[C, tiles]` transformed input tiles), done chunk by chunk of samples so that `V` and
+//! `M` stay in cache. The backward pass transforms the output gradient once, `dM = A dy Aᵀ`; the
+//! kernel gradient is `dg = Gᵀ[Σ_tiles dM ⊙ (Bᵀ d B)]G` (36 GEMMs `dU[e] += dM[e] @ V[e]ᵀ`), the
+//! input gradient the forward pass's adjoint (`dV[e] = U[e]ᵀ @ dM[e]`, then `B dV Bᵀ` added tile
+//! by tile, overlapping tiles summing up).
 //!
-//! The transforms work on [`LANES`] tiles at a time (one SIMD register of f32 per value).
+//! The transforms work on [`LANES`] tiles at a time (one SIMD register of f32 per value); both
+//! algorithms share every pass, generic over their [`Transforms`](lanes::Transforms).
 
 use std::borrow::Cow;
 
@@ -25,41 +27,68 @@ mod lanes;
 mod passes;
 #[cfg(test)]
 mod tests;
+mod transforms;
 
+use lanes::Transforms;
 use passes::{
     grad_transform, input_grad_transform, input_transform, kernel_grad_transform, kernel_transform,
     output_transform, OutChunk,
 };
+use transforms::{F2, F4};
 
-/// Output tile side.
-const M: usize = 4;
-/// Input tile side (`M + 3 − 1`).
-const A: usize = 6;
-/// Elements of a transformed tile: one GEMM each.
-const E: usize = A * A;
 /// Tiles transformed together.
 const LANES: usize = 16;
 
-/// Whether `g` (with `c_out` output channels) runs on the Winograd path: 3×3, stride 1, enough
-/// channels on both sides for the 36 GEMMs to be efficient, and enough tiles to pay for the
+/// Which Winograd algorithm a convolution takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Variant {
+    /// F(4×4, 3×3): 6×6 input tiles, 36 GEMMs.
+    F4,
+    /// F(2×2, 3×3): 4×4 input tiles, 16 GEMMs.
+    F2,
+}
+
+impl Variant {
+    /// Output tile side.
+    fn m(self) -> usize {
+        match self {
+            Variant::F4 => 4,
+            Variant::F2 => 2,
+        }
+    }
+
+    /// Elements of a transformed tile (`(m + 2)²`): one GEMM each.
+    fn e(self) -> usize {
+        (self.m() + 2) * (self.m() + 2)
+    }
+}
+
+/// Which Winograd algorithm, if any, `g` (with `c_out` output channels) takes: 3×3, stride 1,
+/// enough channels on both sides for the GEMMs to be efficient, and enough tiles to pay for the
 /// kernel transforms.
 ///
 /// The cost model, per pair of channels: the direct (im2col) GEMM does `2·9·B·oh·ow` flops;
-/// Winograd `2·36·tiles` plus the transformed kernels, 36 values written and read again
-/// (`36·8` bytes, about 20 flops' time per byte at this class of CPU's GEMM speed and memory
-/// bandwidth). With few tiles per kernel — ResNet's 512-channel stage on 4×4 images — the
-/// kernel transforms cost as much as they save; Winograd is taken when it is at least 1.25×
-/// cheaper.
-pub(super) fn eligible(g: &Geom, c_out: usize) -> bool {
+/// Winograd `2·E·tiles` (`E` = 36 for F(4, 3), 16 for F(2, 3)) plus the transformed kernels, `E`
+/// values written and read again (`E·8` bytes, about 20 flops' time per byte at this class of
+/// CPU's GEMM speed and memory bandwidth). With few tiles per kernel — ResNet's 512-channel stage
+/// on 4×4 images, one F(4, 3) tile per sample — F(4, 3)'s kernel transforms cost as much as they
+/// save, F(2, 3)'s (fewer values per kernel, more and smaller tiles) less. The cheaper algorithm
+/// is taken where it is at least 1.25× cheaper than the direct GEMM.
+pub(super) fn eligible(g: &Geom, c_out: usize) -> Option<Variant> {
     const MIN_CHANNELS: usize = 8;
-    const KERNEL_TRANSFORM_FLOPS: usize = E * 8 * 20;
     if !(g.k == 3 && g.stride == 1 && g.c >= MIN_CHANNELS && c_out >= MIN_CHANNELS && g.b > 0) {
-        return false;
+        return None;
     }
-    let tiles = g.b * Tiles::of(g).per_sample();
     let direct = 2 * 9 * g.b * g.oh * g.ow;
-    let winograd = 2 * E * tiles + KERNEL_TRANSFORM_FLOPS;
-    4 * direct >= 5 * winograd
+    let cost = |v: Variant| {
+        let tiles = g.b * Tiles::of(g, v.m()).per_sample();
+        2 * v.e() * tiles + v.e() * 8 * 20
+    };
+    let (variant, winograd) = [Variant::F4, Variant::F2]
+        .into_iter()
+        .map(|v| (v, cost(v)))
+        .min_by_key(|&(_, c)| c)?;
+    (4 * direct >= 5 * winograd).then_some(variant)
 }
 
 /// The tiling of a chunk of samples: tile rows and columns per sample.
@@ -70,10 +99,11 @@ struct Tiles {
 }
 
 impl Tiles {
-    fn of(g: &Geom) -> Self {
+    /// The tiling of `g`'s output by `m × m` tiles.
+    fn of(g: &Geom, m: usize) -> Self {
         Tiles {
-            rows: g.oh.div_ceil(M),
-            cols: g.ow.div_ceil(M),
+            rows: g.oh.div_ceil(m),
+            cols: g.ow.div_ceil(m),
         }
     }
 
@@ -82,20 +112,20 @@ impl Tiles {
     }
 }
 
-/// Samples per chunk: `V` and `M` of a chunk within about 4 MiB.
-fn chunk(g: &Geom, c_out: usize, t: Tiles) -> usize {
+/// Samples per chunk: `V` and `M` of a chunk (`e` values per tile) within about 4 MiB.
+fn chunk(g: &Geom, c_out: usize, t: Tiles, e: usize) -> usize {
     const BUDGET_BYTES: usize = 4 << 20;
-    let per_sample = E * (g.c + c_out) * t.per_sample() * std::mem::size_of::<f32>();
+    let per_sample = e * (g.c + c_out) * t.per_sample() * std::mem::size_of::<f32>();
     (BUDGET_BYTES / per_sample.max(1)).clamp(1, g.b.max(1))
 }
 
 /// Samples `b0..b0 + bc` of `x` (`[B, C, H, W]`, any strides), zero-padded to
-/// `[bc, C, 4·rows + 2, 4·cols + 2]` with `g.padding` rows and columns before the data: every
+/// `[bc, C, m·rows + 2, m·cols + 2]` with `g.padding` rows and columns before the data: every
 /// input tile lies inside.
 fn pad_input<T: WithDType>(
     x: (&[T], &Layout),
     g: &Geom,
-    t: Tiles,
+    (t, m): (Tiles, usize),
     (b0, bc): (usize, usize),
 ) -> Result<Vec<T>> {
     let [s0, s1, s2, s3]: [usize; 4] = match x.1.stride().try_into() {
@@ -103,7 +133,7 @@ fn pad_input<T: WithDType>(
         Err(_) => candle_core::bail!("kolo-conv2d: expected a rank-4 input"),
     };
     let src = &x.0[x.1.start_offset()..];
-    let (ph, pw) = (M * t.rows + 2, M * t.cols + 2);
+    let (ph, pw) = (m * t.rows + 2, m * t.cols + 2);
     let mut out = vec![T::zero(); bc * g.c * ph * pw];
     for (plane_idx, plane) in out.chunks_mut(ph * pw).enumerate() {
         let (bi, c) = (plane_idx / g.c, plane_idx % g.c);
@@ -138,16 +168,16 @@ fn tile_offsets(bc: usize, t: Tiles, step: usize, pw: usize, sample_stride: usiz
 }
 
 /// The zero-padded output gradient of samples `b0..b0 + bc` (`grad`: contiguous
-/// `[B, c_out, oh, ow]`) as `[bc, c_out, 4·rows, 4·cols]`: the chunk of `grad` itself where the
+/// `[B, c_out, oh, ow]`) as `[bc, c_out, m·rows, m·cols]`: the chunk of `grad` itself where the
 /// tiles cover it exactly, a padded copy otherwise.
 fn pad_grad<'a, T: WithDType>(
     grad: &'a [T],
     g: &Geom,
     c_out: usize,
-    t: Tiles,
+    (t, m): (Tiles, usize),
     (b0, bc): (usize, usize),
 ) -> Cow<'a, [T]> {
-    let (ph, pw) = (M * t.rows, M * t.cols);
+    let (ph, pw) = (m * t.rows, m * t.cols);
     let (oh, ow) = (g.oh, g.ow);
     let src = &grad[b0 * c_out * oh * ow..(b0 + bc) * c_out * oh * ow];
     if (ph, pw) == (oh, ow) {
@@ -163,14 +193,31 @@ fn pad_grad<'a, T: WithDType>(
 }
 
 /// The forward pass `y = conv(x, w) (+ bias)`, `[B, c_out, oh, ow]`, of an [`eligible`]
-/// convolution; `w` is the contiguous `[c_out, C, 3, 3]` kernel.
+/// convolution by the algorithm `variant`; `w` is the contiguous `[c_out, C, 3, 3]` kernel.
+/// Returns `y` and the transformed kernel `U`, which [`backward`] can take instead of
+/// transforming the kernel again.
 pub(super) fn forward<T: WithDType>(
     x: (&[T], &Layout),
     g: &Geom,
     w: &[T],
     bias: Option<&[T]>,
-) -> Result<Vec<T>> {
+    variant: Variant,
+) -> Result<(Vec<T>, Vec<T>)> {
+    match variant {
+        Variant::F4 => forward_with::<T, F4, 4, 6>(x, g, w, bias),
+        Variant::F2 => forward_with::<T, F2, 2, 4>(x, g, w, bias),
+    }
+}
+
+/// [`forward`] by the algorithm `W`.
+fn forward_with<T: WithDType, W: Transforms<M, A>, const M: usize, const A: usize>(
+    x: (&[T], &Layout),
+    g: &Geom,
+    w: &[T],
+    bias: Option<&[T]>,
+) -> Result<(Vec<T>, Vec<T>)> {
     const OP: &str = "kolo-conv2d-winograd";
+    let elems = A * A;
     let c_out = w.len() / (9 * g.c).max(1);
     if g.k != 3
         || g.stride != 1
@@ -183,21 +230,21 @@ pub(super) fn forward<T: WithDType>(
             g.c
         );
     }
-    let u = kernel_transform(w, c_out, g.c);
-    let t = Tiles::of(g);
-    let chunk = chunk(g, c_out, t);
+    let u = kernel_transform::<T, W, M, A>(w, c_out, g.c);
+    let t = Tiles::of(g, M);
+    let chunk = chunk(g, c_out, t, A * A);
     let mut y = vec![T::zero(); g.b * c_out * g.oh * g.ow];
     let (mut v, mut m) = (Vec::new(), Vec::new());
     for b0 in (0..g.b).step_by(chunk) {
         let bc = chunk.min(g.b - b0);
-        let p = pad_input(x, g, t, (b0, bc))?;
+        let p = pad_input(x, g, (t, M), (b0, bc))?;
         let (ph, pw) = (M * t.rows + 2, M * t.cols + 2);
         let offsets = tile_offsets(bc, t, M, pw, g.c * ph * pw);
         let tc = offsets.len();
-        v.resize(E * g.c * tc, T::zero());
-        m.resize(E * c_out * tc, T::zero());
-        input_transform(&p, ph * pw, pw, &offsets, &mut v);
-        for e in 0..E {
+        v.resize(elems * g.c * tc, T::zero());
+        m.resize(elems * c_out * tc, T::zero());
+        input_transform::<T, W, M, A>(&p, ph * pw, pw, &offsets, &mut v);
+        for e in 0..elems {
             matmul_into(
                 OP,
                 &mut m[e * c_out * tc..(e + 1) * c_out * tc],
@@ -214,9 +261,9 @@ pub(super) fn forward<T: WithDType>(
             oh: g.oh,
             ow: g.ow,
         };
-        output_transform(&m, t, bias, out);
+        output_transform::<T, W, M, A>(&m, t, bias, out);
     }
-    Ok(y)
+    Ok((y, u))
 }
 
 /// `(input gradient, kernel gradient)`, each present when wanted.
@@ -227,15 +274,32 @@ type Grads<T> = (Option<Vec<T>>, Option<Vec<T>>);
 /// `grad` (contiguous `[B, c_out, oh, ow]`). Both come from the output gradient's transform
 /// `dM = A dy Aᵀ`: the kernel gradient as `Gᵀ[Σ_tiles dM ⊙ V]G` (36 GEMMs `dU[e] += dM[e] @
 /// V[e]ᵀ`), the input gradient as the adjoint of the forward pass, `dV[e] = U[e]ᵀ @ dM[e]` and
-/// `B dV Bᵀ` added tile by tile into the (padded) input gradient.
+/// `B dV Bᵀ` added tile by tile into the (padded) input gradient. `u` is the transformed kernel
+/// [`forward`] returned for `w`, if kept (it is computed again otherwise).
 pub(super) fn backward<T: WithDType>(
     x: (&[T], &Layout),
+    (w, u): (&[T], Option<&[T]>),
     g: &Geom,
-    w: &[T],
+    grad: &[T],
+    want: (bool, bool),
+    variant: Variant,
+) -> Result<Grads<T>> {
+    match variant {
+        Variant::F4 => backward_with::<T, F4, 4, 6>(x, (w, u), g, grad, want),
+        Variant::F2 => backward_with::<T, F2, 2, 4>(x, (w, u), g, grad, want),
+    }
+}
+
+/// [`backward`] by the algorithm `W`.
+fn backward_with<T: WithDType, W: Transforms<M, A>, const M: usize, const A: usize>(
+    x: (&[T], &Layout),
+    (w, u): (&[T], Option<&[T]>),
+    g: &Geom,
     grad: &[T],
     (want_x, want_w): (bool, bool),
 ) -> Result<Grads<T>> {
     const OP: &str = "kolo-conv2d-winograd-backward";
+    let elems = A * A;
     let c_out = w.len() / (9 * g.c).max(1);
     if g.k != 3
         || g.stride != 1
@@ -244,14 +308,15 @@ pub(super) fn backward<T: WithDType>(
     {
         candle_core::bail!("{OP}: gradient of {} values does not match", grad.len());
     }
-    let (c, t) = (g.c, Tiles::of(g));
-    let chunk = chunk(g, c_out, t);
-    let u = if want_x {
-        kernel_transform(w, c_out, c)
-    } else {
-        Vec::new()
+    let (c, t) = (g.c, Tiles::of(g, M));
+    let chunk = chunk(g, c_out, t, A * A);
+    let u = match u {
+        _ if !want_x => Cow::Owned(Vec::new()),
+        None => Cow::Owned(kernel_transform::<T, W, M, A>(w, c_out, c)),
+        Some(u) if u.len() == elems * c_out * c => Cow::Borrowed(u),
+        Some(u) => candle_core::bail!("{OP}: a transformed kernel of {} values", u.len()),
     };
-    let mut du = vec![T::zero(); if want_w { E * c_out * c } else { 0 }];
+    let mut du = vec![T::zero(); if want_w { elems * c_out * c } else { 0 }];
     let mut dx = Vec::with_capacity(if want_x { g.b * c * g.h * g.w } else { 0 });
     let (mut v, mut dm, mut dv, mut pdx) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (ph, pw) = (M * t.rows + 2, M * t.cols + 2);
@@ -260,32 +325,32 @@ pub(super) fn backward<T: WithDType>(
         let bc = chunk.min(g.b - b0);
         let offsets = tile_offsets(bc, t, M, pw, c * ph * pw);
         let tc = offsets.len();
-        let pg = pad_grad(grad, g, c_out, t, (b0, bc));
+        let pg = pad_grad(grad, g, c_out, (t, M), (b0, bc));
         let g_offsets = tile_offsets(bc, t, M, gw, c_out * gh * gw);
-        dm.resize(E * c_out * tc, T::zero());
-        grad_transform(&pg, gh * gw, gw, &g_offsets, &mut dm);
+        dm.resize(elems * c_out * tc, T::zero());
+        grad_transform::<T, W, M, A>(&pg, gh * gw, gw, &g_offsets, &mut dm);
         let dm_e =
             |e: usize| MatRef::row_major(&dm[e * c_out * tc..(e + 1) * c_out * tc], c_out, tc);
         if want_w {
-            let p = pad_input(x, g, t, (b0, bc))?;
-            v.resize(E * c * tc, T::zero());
-            input_transform(&p, ph * pw, pw, &offsets, &mut v);
-            for e in 0..E {
+            let p = pad_input(x, g, (t, M), (b0, bc))?;
+            v.resize(elems * c * tc, T::zero());
+            input_transform::<T, W, M, A>(&p, ph * pw, pw, &offsets, &mut v);
+            for e in 0..elems {
                 let v_e = MatRef::row_major(&v[e * c * tc..(e + 1) * c * tc], c, tc);
                 let du_e = &mut du[e * c_out * c..(e + 1) * c_out * c];
                 matmul_into(OP, du_e, (c, 1), dm_e(e), v_e.t(), true)?;
             }
         }
         if want_x {
-            dv.resize(E * c * tc, T::zero());
-            for e in 0..E {
+            dv.resize(elems * c * tc, T::zero());
+            for e in 0..elems {
                 let u_e = MatRef::row_major(&u[e * c_out * c..(e + 1) * c_out * c], c_out, c);
                 let dv_e = &mut dv[e * c * tc..(e + 1) * c * tc];
                 matmul_into(OP, dv_e, (tc, 1), u_e.t(), dm_e(e), false)?;
             }
             pdx.clear();
             pdx.resize(bc * c * ph * pw, T::zero());
-            input_grad_transform(&dv, ph * pw, pw, &offsets, &mut pdx);
+            input_grad_transform::<T, W, M, A>(&dv, ph * pw, pw, &offsets, &mut pdx);
             // Crop the padding away; the chunks come in order, so `dx` grows by appending.
             for p in pdx.chunks(ph * pw) {
                 for iy in 0..g.h {
@@ -295,6 +360,6 @@ pub(super) fn backward<T: WithDType>(
             }
         }
     }
-    let dw = want_w.then(|| kernel_grad_transform(&du, c_out, c));
+    let dw = want_w.then(|| kernel_grad_transform::<T, W, M, A>(&du, c_out, c));
     Ok((want_x.then_some(dx), dw))
 }

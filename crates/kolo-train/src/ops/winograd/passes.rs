@@ -1,25 +1,25 @@
 //! The passes of the Winograd convolution over a chunk's buffers, each compiled for the CPU's
 //! vector extension ([`crate::ops::simd`]): input, output-gradient and kernel transforms and
-//! their inverses.
+//! their inverses, for either algorithm (`W`: F(M×M, 3×3) on `A×A` input tiles, `A = M + 2`).
 
 use candle_core::WithDType;
 
-use super::lanes::{a, a_t, b, b_t, copy_lanes, g, g_t, load, store, two_sided, Lanes};
-use super::{Tiles, A, E, LANES, M};
+use super::lanes::{copy_lanes, load, store, two_sided, Lanes, Transforms};
+use super::{Tiles, LANES};
 use crate::ops::simd::vectorized_fn;
 
 /// Every `N × N` tile of every channel of the padded chunk `p` (planes of `pp` values, rows `pw`
 /// apart; tiles at `offsets` within a plane) through the two-sided transform `f`, stored as
-/// `out[e][channel][tile]` (`[36, channels, tiles]`).
+/// `out[e][channel][tile]` (`[A·A, channels, tiles]`).
 #[inline(always)]
-fn transform_tiles<T: WithDType, const N: usize>(
+fn transform_tiles<T: WithDType, const N: usize, const A: usize>(
     (p, pp, pw): (&[T], usize, usize),
     offsets: &[usize],
     out: &mut [T],
     f: impl Fn([Lanes<T>; N]) -> [Lanes<T>; A],
 ) {
     let n_tiles = offsets.len();
-    let channels = out.len() / (E * n_tiles).max(1);
+    let channels = out.len() / (A * A * n_tiles).max(1);
     let plane = channels * n_tiles;
     for ch in 0..channels {
         for (gi, group) in offsets.chunks(LANES).enumerate() {
@@ -35,18 +35,30 @@ fn transform_tiles<T: WithDType, const N: usize>(
 }
 
 vectorized_fn! {
-/// `V[e][c][t]` (`[36, C, tiles]`): `Bᵀ d B` of the 6×6 input tiles of the padded chunk `p`
+/// `V[e][c][t]` (`[A·A, C, tiles]`): `Bᵀ d B` of the `A×A` input tiles of the padded chunk `p`
 /// (`[bc, C, ph, pw]`, planes of `pp` values) at `offsets`.
-pub(super) fn input_transform<T: WithDType>(p: &[T], pp: usize, pw: usize, offsets: &[usize], v: &mut [T]) {
-    transform_tiles::<T, A>((p, pp, pw), offsets, v, b_t);
+pub(super) fn input_transform<T: WithDType, W: Transforms<M, A>, const M: usize, const A: usize>(
+    p: &[T],
+    pp: usize,
+    pw: usize,
+    offsets: &[usize],
+    v: &mut [T],
+) {
+    transform_tiles::<T, A, A>((p, pp, pw), offsets, v, W::b_t);
 }
 }
 
 vectorized_fn! {
-/// `dM[e][k][t]` (`[36, c_out, tiles]`): `A dy Aᵀ` of the 4×4 output-gradient tiles of the padded
-/// chunk `p` (`[bc, c_out, 4·rows, 4·cols]`, planes of `pp` values) at `offsets`.
-pub(super) fn grad_transform<T: WithDType>(p: &[T], pp: usize, pw: usize, offsets: &[usize], dm: &mut [T]) {
-    transform_tiles::<T, M>((p, pp, pw), offsets, dm, a);
+/// `dM[e][k][t]` (`[A·A, c_out, tiles]`): `A dy Aᵀ` of the `M×M` output-gradient tiles of the
+/// padded chunk `p` (`[bc, c_out, M·rows, M·cols]`, planes of `pp` values) at `offsets`.
+pub(super) fn grad_transform<T: WithDType, W: Transforms<M, A>, const M: usize, const A: usize>(
+    p: &[T],
+    pp: usize,
+    pw: usize,
+    offsets: &[usize],
+    dm: &mut [T],
+) {
+    transform_tiles::<T, M, A>((p, pp, pw), offsets, dm, W::a);
 }
 }
 
@@ -60,10 +72,16 @@ pub(super) struct OutChunk<'a, T> {
 }
 
 vectorized_fn! {
-/// `y = Aᵀ M A (+ bias)` for every tile and output channel of a chunk (`m`: `[36, c_out, tiles]`).
-pub(super) fn output_transform<T: WithDType>(m: &[T], t: Tiles, bias: Option<&[T]>, out: OutChunk<T>) {
+/// `y = Aᵀ M A (+ bias)` for every tile and output channel of a chunk (`m`: `[A·A, c_out,
+/// tiles]`).
+pub(super) fn output_transform<T: WithDType, W: Transforms<M, A>, const M: usize, const A: usize>(
+    m: &[T],
+    t: Tiles,
+    bias: Option<&[T]>,
+    out: OutChunk<T>,
+) {
     let c_out = out.c_out;
-    let n_tiles = m.len() / (E * c_out).max(1);
+    let n_tiles = m.len() / (A * A * c_out).max(1);
     let plane = c_out * n_tiles;
     let (oh, ow) = (out.oh, out.ow);
     for co in 0..c_out {
@@ -75,13 +93,13 @@ pub(super) fn output_transform<T: WithDType>(m: &[T], t: Tiles, bias: Option<&[T
                 let at = e * plane + co * n_tiles + t0;
                 copy_lanes(v, &m[at..], n);
             }
-            let tile = two_sided(&mm, a_t);
-            // Row i of tile l as rows[i][4l..4l + 4]: contiguous runs of the output row.
-            let mut rows = [[T::zero(); M * LANES]; M];
+            let tile = two_sided(&mm, W::a_t);
+            // Row i of tile l as rows[i][l]: a contiguous run of the output row.
+            let mut rows = [[[T::zero(); M]; LANES]; M];
             for (i, row) in rows.iter_mut().enumerate() {
-                for l in 0..LANES {
-                    for j in 0..M {
-                        row[M * l + j] = tile[i][j][l] + b;
+                for (l, run) in row.iter_mut().enumerate() {
+                    for (j, v) in run.iter_mut().enumerate() {
+                        *v = tile[i][j][l] + b;
                     }
                 }
             }
@@ -93,7 +111,7 @@ pub(super) fn output_transform<T: WithDType>(m: &[T], t: Tiles, bias: Option<&[T
                 let cols = M.min(ow - ox0);
                 for (i, row) in rows.iter().enumerate().take(M.min(oh - oy0)) {
                     let at = base + (oy0 + i) * ow + ox0;
-                    let src = &row[M * l..M * l + M];
+                    let src = &row[l];
                     if cols == M {
                         out.y[at..at + M].copy_from_slice(src);
                     } else {
@@ -109,23 +127,31 @@ pub(super) fn output_transform<T: WithDType>(m: &[T], t: Tiles, bias: Option<&[T
 }
 
 vectorized_fn! {
-/// `U[e][co][c]` (`[36, c_out, C]`) = `G g Gᵀ` of every 3×3 kernel of `w` (`[c_out, C, 3, 3]`).
-pub(super) fn kernel_transform<T: WithDType>(w: &[T], c_out: usize, c: usize) -> Vec<T> {
+/// `U[e][co][c]` (`[A·A, c_out, C]`) = `G g Gᵀ` of every 3×3 kernel of `w` (`[c_out, C, 3, 3]`).
+pub(super) fn kernel_transform<T: WithDType, W: Transforms<M, A>, const M: usize, const A: usize>(
+    w: &[T],
+    c_out: usize,
+    c: usize,
+) -> Vec<T> {
     let plane = c_out * c;
-    let mut u = vec![T::zero(); E * plane];
+    let mut u = vec![T::zero(); A * A * plane];
     for kc0 in (0..plane).step_by(LANES) {
         let n = LANES.min(plane - kc0);
         let offsets: [usize; LANES] = std::array::from_fn(|l| (kc0 + l) * 9);
         let gg = load::<T, 3>(w, &offsets[..n], 3);
-        store(&mut u[kc0..], plane, &two_sided(&gg, g), n);
+        store(&mut u[kc0..], plane, &two_sided(&gg, W::g), n);
     }
     u
 }
 }
 
 vectorized_fn! {
-/// The kernel gradient `[c_out, C, 3, 3]` from `dU` (`[36, c_out, C]`): `Gᵀ dU G` per kernel.
-pub(super) fn kernel_grad_transform<T: WithDType>(du: &[T], c_out: usize, c: usize) -> Vec<T> {
+/// The kernel gradient `[c_out, C, 3, 3]` from `dU` (`[A·A, c_out, C]`): `Gᵀ dU G` per kernel.
+pub(super) fn kernel_grad_transform<T: WithDType, W: Transforms<M, A>, const M: usize, const A: usize>(
+    du: &[T],
+    c_out: usize,
+    c: usize,
+) -> Vec<T> {
     let plane = c_out * c;
     let mut dw = vec![T::zero(); 9 * plane];
     for kc0 in (0..plane).step_by(LANES) {
@@ -134,7 +160,7 @@ pub(super) fn kernel_grad_transform<T: WithDType>(du: &[T], c_out: usize, c: usi
         for (e, v) in t.iter_mut().flatten().enumerate() {
             copy_lanes(v, &du[e * plane + kc0..], n);
         }
-        let dg = two_sided(&t, g_t);
+        let dg = two_sided(&t, W::g_t);
         for l in 0..n {
             let out = &mut dw[(kc0 + l) * 9..(kc0 + l + 1) * 9];
             for i in 0..3 {
@@ -149,10 +175,10 @@ pub(super) fn kernel_grad_transform<T: WithDType>(du: &[T], c_out: usize, c: usi
 }
 
 vectorized_fn! {
-/// The adjoint of [`input_transform`]: `B dV Bᵀ` of every tile of `dv` (`[36, C, tiles]`) added
+/// The adjoint of [`input_transform`]: `B dV Bᵀ` of every tile of `dv` (`[A·A, C, tiles]`) added
 /// into the padded chunk gradient `pdx` (`[bc, C, ph, pw]`, planes of `pp` values) at `offsets`
 /// (overlapping tiles add up).
-pub(super) fn input_grad_transform<T: WithDType>(
+pub(super) fn input_grad_transform<T: WithDType, W: Transforms<M, A>, const M: usize, const A: usize>(
     dv: &[T],
     pp: usize,
     pw: usize,
@@ -160,7 +186,7 @@ pub(super) fn input_grad_transform<T: WithDType>(
     pdx: &mut [T],
 ) {
     let n_tiles = offsets.len();
-    let c = dv.len() / (E * n_tiles).max(1);
+    let c = dv.len() / (A * A * n_tiles).max(1);
     let plane = c * n_tiles;
     for ci in 0..c {
         for (gi, group) in offsets.chunks(LANES).enumerate() {
@@ -169,7 +195,7 @@ pub(super) fn input_grad_transform<T: WithDType>(
             for (e, v) in tile.iter_mut().flatten().enumerate() {
                 copy_lanes(v, &dv[e * plane + t0..], group.len());
             }
-            let d = two_sided(&tile, b);
+            let d = two_sided(&tile, W::b);
             for (l, &o) in group.iter().enumerate() {
                 let at = o + ci * pp;
                 for (i, row) in d.iter().enumerate() {

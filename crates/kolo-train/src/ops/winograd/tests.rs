@@ -2,9 +2,10 @@
 
 use super::*;
 
-/// `forward` and `backward` directly (whatever [`eligible`] would choose) against candle's
-/// conv2d in f64: output sizes that are and are not multiples of the tile, paddings 0–2,
-/// one and several chunks, a transposed (strided) input, f32 and f64.
+/// `forward` and `backward` directly, by both algorithms (whatever [`eligible`] would choose),
+/// against candle's conv2d in f64: output sizes that are and are not multiples of the tile,
+/// paddings 0–2, one and several chunks, a transposed (strided) input, f32 and f64; the backward
+/// pass with the forward pass's transformed kernel (even batches) and without it (odd ones).
 #[test]
 fn forward_and_gradients_match_candle() -> Result<()> {
     use candle_core::{DType, Device, Tensor, Var};
@@ -19,10 +20,16 @@ fn forward_and_gradients_match_candle() -> Result<()> {
         (1, 2, 1, 1, 3, 1, false),
         (9, 64, 28, 28, 16, 1, false),
     ];
-    for dtype in [DType::F32, DType::F64] {
+    for (dtype, variant) in [DType::F32, DType::F64]
+        .into_iter()
+        .flat_map(|d| [(d, Variant::F4), (d, Variant::F2)])
+    {
         let tol = if dtype == DType::F64 { 1e-10 } else { 1e-4 };
         for &(b, c, h, w, c_out, padding, strided) in &cases {
-            let case = format!("{dtype:?} {:?}", (b, c, h, w, c_out, padding, strided));
+            let case = format!(
+                "{dtype:?} {variant:?} {:?}",
+                (b, c, h, w, c_out, padding, strided)
+            );
             let x = if strided {
                 Tensor::randn(0f64, 1., (b, c, w, h), &Device::Cpu)?.transpose(2, 3)?
             } else {
@@ -62,17 +69,21 @@ fn forward_and_gradients_match_candle() -> Result<()> {
             let (y, dx, dw) = match dtype {
                 DType::F32 => {
                     let xs = (cpu.as_slice::<f32>()?, layout);
-                    let y = forward(xs, &geom, &w_t.to_vec1()?, Some(&b_t.to_vec1()?))?;
                     let w = w_t.to_vec1::<f32>()?;
-                    let (dx, dw) = backward(xs, &geom, &w, &r_t.to_vec1()?, (true, true))?;
+                    let (y, u) = forward(xs, &geom, &w, Some(&b_t.to_vec1()?), variant)?;
+                    let u = Some(&u[..]).filter(|_| b % 2 == 0);
+                    let (dx, dw) =
+                        backward(xs, (&w, u), &geom, &r_t.to_vec1()?, (true, true), variant)?;
                     let t = |v: Option<Vec<f32>>| Tensor::new(v.unwrap_or_default(), &Device::Cpu);
                     (Tensor::new(y, &Device::Cpu)?, t(dx)?, t(dw)?)
                 }
                 _ => {
                     let xs = (cpu.as_slice::<f64>()?, layout);
-                    let y = forward(xs, &geom, &w_t.to_vec1()?, Some(&b_t.to_vec1()?))?;
                     let w = w_t.to_vec1::<f64>()?;
-                    let (dx, dw) = backward(xs, &geom, &w, &r_t.to_vec1()?, (true, true))?;
+                    let (y, u) = forward(xs, &geom, &w, Some(&b_t.to_vec1()?), variant)?;
+                    let u = Some(&u[..]).filter(|_| b % 2 == 0);
+                    let (dx, dw) =
+                        backward(xs, (&w, u), &geom, &r_t.to_vec1()?, (true, true), variant)?;
                     let t = |v: Option<Vec<f64>>| Tensor::new(v.unwrap_or_default(), &Device::Cpu);
                     (Tensor::new(y, &Device::Cpu)?, t(dx)?, t(dw)?)
                 }
@@ -94,4 +105,27 @@ fn forward_and_gradients_match_candle() -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The cost model's choices on ResNet-18's 3×3 stride-1 convolutions (batch 32, 28×28 input):
+/// F(4, 3) down to 7×7 images, F(2, 3) for the 512-channel stage on 4×4 images, and the direct
+/// GEMM for few channels or a single small image.
+#[test]
+fn the_cost_model_picks_per_shape() {
+    let geom = |b, c, hw| Geom {
+        b,
+        c,
+        h: hw,
+        w: hw,
+        k: 3,
+        stride: 1,
+        padding: 1,
+        oh: hw,
+        ow: hw,
+    };
+    assert_eq!(eligible(&geom(32, 64, 28), 64), Some(Variant::F4));
+    assert_eq!(eligible(&geom(32, 256, 7), 256), Some(Variant::F4));
+    assert_eq!(eligible(&geom(32, 512, 4), 512), Some(Variant::F2));
+    assert_eq!(eligible(&geom(32, 4, 28), 64), None);
+    assert_eq!(eligible(&geom(1, 512, 2), 512), None);
 }
