@@ -1,5 +1,6 @@
-//! A faster CPU 2-D convolution with a matching backward pass: Winograd F(4×4, 3×3) for the 3×3
-//! stride-1 convolutions where it pays ([`super::winograd`]), im2col + GEMM chunk by chunk of
+//! A faster CPU 2-D convolution with a matching backward pass: Winograd F(4×4, 3×3) or F(2×2,
+//! 3×3) for the 3×3 stride-1 convolutions where one pays ([`super::winograd`]; the transformed
+//! kernel of the forward pass is kept for the backward pass), im2col + GEMM chunk by chunk of
 //! samples for the others.
 //!
 //! candle 0.11's CPU `conv2d` is slow for the small, shallow convolutions of LeNet-style

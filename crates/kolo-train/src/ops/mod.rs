@@ -1,5 +1,5 @@
 //! CPU kernels with their own backward passes, faster than candle's: convolution (Winograd
-//! F(4×4, 3×3) or im2col + GEMM), 2×2 pooling, ReLU and training-mode batch normalization with its
+//! F(4×4, 3×3) or F(2×2, 3×3), or im2col + GEMM), 2×2 pooling, ReLU and training-mode batch normalization with its
 //! epilogue (residual add, ReLU); their element loops are compiled for AVX-512 / AVX2 and picked
 //! at run time (`ops::simd`). The layers in [`crate::models`] are built on them.
 

@@ -7,8 +7,11 @@
 //! [`OptimizerConfig`].
 //!
 //! Like PyTorch, variables without a gradient in the [`GradStore`] are skipped (neither decayed
-//! nor moved, their state untouched). All updates are computed on detached tensors and written
-//! with [`Var::set`], so no autograd graph is built.
+//! nor moved, their state untouched). No update builds an autograd graph: SGD writes contiguous
+//! f32 / f64 variables and their momentum buffers in place (two passes per variable, as
+//! `torch.optim.SGD`), everything else is computed on detached tensors and written with
+//! [`Var::set`]. The tensors [`OptimizerState::state`] returns stay as they were when it was
+//! called (SGD copies its buffers before the next in-place write).
 //!
 //! # State layout
 //!
