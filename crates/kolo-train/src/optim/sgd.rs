@@ -136,7 +136,7 @@ impl Sgd {
 
     /// Applies one update from `grads`, skipping variables without a gradient.
     ///
-    /// Contiguous f32 / f64 variables are updated in place ([`super::in_place`]: two passes over
+    /// Contiguous f32 / f64 variables are updated in place (two candle in-place passes over
     /// memory per variable, no temporaries); any other variable through candle's tensor
     /// arithmetic and [`Var::set`]. Both compute the same values.
     pub fn step(&mut self, grads: &GradStore) -> Result<()> {
