@@ -163,10 +163,7 @@ impl ConvGemm {
         }
         const OP: &str = "kolo-conv2d-backward";
         if let Some(variant) = winograd::eligible(g, c_out) {
-            let u = match u {
-                Some(u) => Some(T::cpu_storage_as_slice(u)?),
-                None => None,
-            };
+            let u = u.map(T::cpu_storage_as_slice).transpose()?;
             let wanted = (want.x, want.weight);
             let (dx, dw) = winograd::backward(x, (w, u), g, grad, wanted, variant)?;
             let mut out = dx.unwrap_or_default();

@@ -1,6 +1,26 @@
 //! The Winograd passes end to end against candle's convolution.
 
+use candle_core::{CpuStorage, Device, Tensor};
+
 use super::*;
+
+/// `forward` and `backward` (with the forward pass's transformed kernel if `keep_u`) on `x` and
+/// the kernel, bias and output gradient `[w, b, r]` (contiguous, of dtype `T`): `(y, dx, dw)`.
+fn run<T: WithDType>(
+    (x, layout): (&CpuStorage, &Layout),
+    geom: &Geom,
+    [w, b, r]: [&Tensor; 3],
+    variant: Variant,
+    keep_u: bool,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let xs = (x.as_slice::<T>()?, layout);
+    let w = w.to_vec1::<T>()?;
+    let (y, u) = forward(xs, geom, &w, Some(&b.to_vec1()?), variant)?;
+    let u = Some(&u[..]).filter(|_| keep_u);
+    let (dx, dw) = backward(xs, (&w, u), geom, &r.to_vec1()?, (true, true), variant)?;
+    let t = |v: Option<Vec<T>>| Tensor::new(v.unwrap_or_default(), &Device::Cpu);
+    Ok((Tensor::new(y, &Device::Cpu)?, t(dx)?, t(dw)?))
+}
 
 /// `forward` and `backward` directly, by both algorithms (whatever [`eligible`] would choose),
 /// against candle's conv2d in f64: output sizes that are and are not multiples of the tile,
@@ -8,7 +28,7 @@ use super::*;
 /// pass with the forward pass's transformed kernel (even batches) and without it (odd ones).
 #[test]
 fn forward_and_gradients_match_candle() -> Result<()> {
-    use candle_core::{DType, Device, Tensor, Var};
+    use candle_core::{DType, Var};
     // (batch, c_in, h, w, c_out, padding, strided input)
     let cases = [
         (3, 8, 7, 7, 8, 1, false),
@@ -66,27 +86,12 @@ fn forward_and_gradients_match_candle() -> Result<()> {
             };
             let as_vec = |t: &Tensor| t.to_dtype(dtype)?.flatten_all()?.contiguous();
             let (w_t, b_t, r_t) = (as_vec(&wt)?, as_vec(&bias)?, as_vec(&r)?);
+            let keep_u = b % 2 == 0;
             let (y, dx, dw) = match dtype {
                 DType::F32 => {
-                    let xs = (cpu.as_slice::<f32>()?, layout);
-                    let w = w_t.to_vec1::<f32>()?;
-                    let (y, u) = forward(xs, &geom, &w, Some(&b_t.to_vec1()?), variant)?;
-                    let u = Some(&u[..]).filter(|_| b % 2 == 0);
-                    let (dx, dw) =
-                        backward(xs, (&w, u), &geom, &r_t.to_vec1()?, (true, true), variant)?;
-                    let t = |v: Option<Vec<f32>>| Tensor::new(v.unwrap_or_default(), &Device::Cpu);
-                    (Tensor::new(y, &Device::Cpu)?, t(dx)?, t(dw)?)
+                    run::<f32>((cpu, layout), &geom, [&w_t, &b_t, &r_t], variant, keep_u)?
                 }
-                _ => {
-                    let xs = (cpu.as_slice::<f64>()?, layout);
-                    let w = w_t.to_vec1::<f64>()?;
-                    let (y, u) = forward(xs, &geom, &w, Some(&b_t.to_vec1()?), variant)?;
-                    let u = Some(&u[..]).filter(|_| b % 2 == 0);
-                    let (dx, dw) =
-                        backward(xs, (&w, u), &geom, &r_t.to_vec1()?, (true, true), variant)?;
-                    let t = |v: Option<Vec<f64>>| Tensor::new(v.unwrap_or_default(), &Device::Cpu);
-                    (Tensor::new(y, &Device::Cpu)?, t(dx)?, t(dw)?)
-                }
+                _ => run::<f64>((cpu, layout), &geom, [&w_t, &b_t, &r_t], variant, keep_u)?,
             };
             for (name, ours, reference) in [
                 ("output", y, y_ref),
