@@ -96,13 +96,15 @@ impl KernelCache {
 
 impl ConvGemm {
     /// `y[b, co] = weight[co] · patches(x[b]) (+ bias[co])` as a contiguous
-    /// `[B, c_out, H', W']`; `w` is the contiguous `[c_out, C·k·k]` kernel (moved into the GEMM's
-    /// operand, not copied).
+    /// `[B, c_out, H', W']`, appended to `out` (which the backward pass gives the capacity of all
+    /// its gradients, so that appending them does not copy `y`); `w` is the contiguous
+    /// `[c_out, C·k·k]` kernel (moved into the GEMM's operand, not copied).
     fn forward_slices<T: WithDType>(
         &self,
         x: (&[T], &Layout),
         w: Vec<T>,
         bias: Option<&[T]>,
+        mut out: Vec<T>,
     ) -> Result<Vec<T>> {
         let g = &self.0;
         let (rows, p) = (g.rows(), g.pixels());
@@ -115,10 +117,14 @@ impl ConvGemm {
             if let Some(cache) = &self.1 {
                 cache.keep(T::to_cpu_storage_owned(u));
             }
-            return Ok(y);
+            if out.is_empty() {
+                return Ok(y);
+            }
+            out.extend_from_slice(&y);
+            return Ok(out);
         }
         let w_m = MatRef::row_major(&w, c_out, rows);
-        let mut out = Vec::with_capacity(g.b * c_out * p);
+        out.reserve(g.b * c_out * p);
         let chunk = g.chunk();
         let (mut cols, mut ys) = (Vec::new(), Vec::new());
         for b0 in (0..g.b).step_by(chunk) {
@@ -162,11 +168,22 @@ impl ConvGemm {
             );
         }
         const OP: &str = "kolo-conv2d-backward";
+        // The gradients are concatenated into one buffer made with their total size: growing
+        // `dx`'s instead would copy all of `dx` once more (into fresh memory) per convolution.
+        let dx_len = g.b * g.c * g.h * g.w;
+        let total = [
+            (want.x, dx_len),
+            (want.weight, rows * c_out),
+            (want.bias, c_out),
+        ]
+        .iter()
+        .map(|&(wanted, len)| if wanted { len } else { 0 })
+        .sum();
+        let mut out = Vec::with_capacity(total);
         if let Some(variant) = winograd::eligible(g, c_out) {
             let u = u.map(T::cpu_storage_as_slice).transpose()?;
             let wanted = (want.x, want.weight);
-            let (dx, dw) = winograd::backward(x, (w, u), g, grad, wanted, variant)?;
-            let mut out = dx.unwrap_or_default();
+            let dw = winograd::backward(x, (w, u), g, grad, wanted, variant, &mut out)?;
             out.extend(dw.unwrap_or_default());
             if want.bias {
                 out.extend(bias_grad(grad, c_out, p));
@@ -175,11 +192,9 @@ impl ConvGemm {
         }
         let flipped = if want.x { g.input_grad(c_out) } else { None };
         let scatter = want.x && flipped.is_none();
-        let mut dx = if scatter {
-            vec![T::zero(); g.b * g.c * g.h * g.w]
-        } else {
-            Vec::new()
-        };
+        if scatter {
+            out.resize(dx_len, T::zero());
+        }
         // The kernel gradient accumulated over the chunks ([c_out, C·k·k]).
         let gemm_dw = want.weight;
         let mut dw = vec![T::zero(); if gemm_dw { rows * c_out } else { 0 }];
@@ -212,16 +227,15 @@ impl ConvGemm {
                     let wt = MatRef::row_major(w, c_out, rows).t();
                     matmul_into(OP, &mut dcols, (n, 1), wt, gc_m, false)?;
                     let plane = g.c * g.h * g.w;
-                    col2im_into(&dcols, g, bc, &mut dx[b0 * plane..(b0 + bc) * plane]);
+                    col2im_into(&dcols, g, bc, &mut out[b0 * plane..(b0 + bc) * plane]);
                 }
             }
         }
         if let Some(gt) = flipped {
             let layout = Layout::contiguous((g.b, c_out, g.oh, g.ow));
             let wf = flip_transpose(w, c_out, g.c, g.k);
-            dx = ConvGemm(gt, None).forward_slices((grad, &layout), wf, None)?;
+            out = ConvGemm(gt, None).forward_slices((grad, &layout), wf, None, out)?;
         }
-        let mut out = dx;
         out.extend_from_slice(&dw);
         if want.bias {
             out.extend(bias_grad(grad, c_out, p));
@@ -247,7 +261,7 @@ impl ConvGemm {
             Some((b, l)) => Some(gather(b, l)?),
             None => None,
         };
-        self.forward_slices(x, w, b.as_deref())
+        self.forward_slices(x, w, b.as_deref(), Vec::new())
     }
 
     /// Gradients of `x`, `weight` and `bias` (each only if it is tracked).

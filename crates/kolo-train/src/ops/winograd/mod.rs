@@ -266,16 +266,14 @@ fn forward_with<T: WithDType, W: Transforms<M, A>, const M: usize, const A: usiz
     Ok((y, u))
 }
 
-/// `(input gradient, kernel gradient)`, each present when wanted.
-type Grads<T> = (Option<Vec<T>>, Option<Vec<T>>);
-
 /// The wanted gradients of an [`eligible`] convolution: of its input (`[B, C, H, W]`) and of
 /// its kernel (`[c_out, C, 3, 3]`, `w`), from the input `x`, the kernel and the output gradient
 /// `grad` (contiguous `[B, c_out, oh, ow]`). Both come from the output gradient's transform
 /// `dM = A dy Aᵀ`: the kernel gradient as `Gᵀ[Σ_tiles dM ⊙ V]G` (36 GEMMs `dU[e] += dM[e] @
 /// V[e]ᵀ`), the input gradient as the adjoint of the forward pass, `dV[e] = U[e]ᵀ @ dM[e]` and
 /// `B dV Bᵀ` added tile by tile into the (padded) input gradient. `u` is the transformed kernel
-/// [`forward`] returned for `w`, if kept (it is computed again otherwise).
+/// [`forward`] returned for `w`, if kept (it is computed again otherwise). The input gradient
+/// is appended to `dx`; the kernel gradient is returned.
 pub(super) fn backward<T: WithDType>(
     x: (&[T], &Layout),
     (w, u): (&[T], Option<&[T]>),
@@ -283,10 +281,11 @@ pub(super) fn backward<T: WithDType>(
     grad: &[T],
     want: (bool, bool),
     variant: Variant,
-) -> Result<Grads<T>> {
+    dx: &mut Vec<T>,
+) -> Result<Option<Vec<T>>> {
     match variant {
-        Variant::F4 => backward_with::<T, F4, 4, 6>(x, (w, u), g, grad, want),
-        Variant::F2 => backward_with::<T, F2, 2, 4>(x, (w, u), g, grad, want),
+        Variant::F4 => backward_with::<T, F4, 4, 6>(x, (w, u), g, grad, want, dx),
+        Variant::F2 => backward_with::<T, F2, 2, 4>(x, (w, u), g, grad, want, dx),
     }
 }
 
@@ -297,7 +296,8 @@ fn backward_with<T: WithDType, W: Transforms<M, A>, const M: usize, const A: usi
     g: &Geom,
     grad: &[T],
     (want_x, want_w): (bool, bool),
-) -> Result<Grads<T>> {
+    dx: &mut Vec<T>,
+) -> Result<Option<Vec<T>>> {
     const OP: &str = "kolo-conv2d-winograd-backward";
     let elems = A * A;
     let c_out = w.len() / (9 * g.c).max(1);
@@ -317,7 +317,9 @@ fn backward_with<T: WithDType, W: Transforms<M, A>, const M: usize, const A: usi
         Some(u) => candle_core::bail!("{OP}: a transformed kernel of {} values", u.len()),
     };
     let mut du = vec![T::zero(); if want_w { elems * c_out * c } else { 0 }];
-    let mut dx = Vec::with_capacity(if want_x { g.b * c * g.h * g.w } else { 0 });
+    if want_x {
+        dx.reserve(g.b * c * g.h * g.w);
+    }
     let (mut v, mut dm, mut dv, mut pdx) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (ph, pw) = (M * t.rows + 2, M * t.cols + 2);
     let (gh, gw) = (M * t.rows, M * t.cols);
@@ -361,5 +363,5 @@ fn backward_with<T: WithDType, W: Transforms<M, A>, const M: usize, const A: usi
         }
     }
     let dw = want_w.then(|| kernel_grad_transform::<T, W, M, A>(&du, c_out, c));
-    Ok((want_x.then_some(dx), dw))
+    Ok(dw)
 }

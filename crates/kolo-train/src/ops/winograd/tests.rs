@@ -17,9 +17,18 @@ fn run<T: WithDType>(
     let w = w.to_vec1::<T>()?;
     let (y, u) = forward(xs, geom, &w, Some(&b.to_vec1()?), variant)?;
     let u = Some(&u[..]).filter(|_| keep_u);
-    let (dx, dw) = backward(xs, (&w, u), geom, &r.to_vec1()?, (true, true), variant)?;
+    let mut dx = Vec::new();
+    let dw = backward(
+        xs,
+        (&w, u),
+        geom,
+        &r.to_vec1()?,
+        (true, true),
+        variant,
+        &mut dx,
+    )?;
     let t = |v: Option<Vec<T>>| Tensor::new(v.unwrap_or_default(), &Device::Cpu);
-    Ok((Tensor::new(y, &Device::Cpu)?, t(dx)?, t(dw)?))
+    Ok((Tensor::new(y, &Device::Cpu)?, t(Some(dx))?, t(dw)?))
 }
 
 /// `forward` and `backward` directly, by both algorithms (whatever [`eligible`] would choose),
