@@ -98,11 +98,11 @@ impl ConvGemm {
     /// `y[b, co] = weight[co] · patches(x[b]) (+ bias[co])` as a contiguous
     /// `[B, c_out, H', W']`, appended to `out` (which the backward pass gives the capacity of all
     /// its gradients, so that appending them does not copy `y`); `w` is the contiguous
-    /// `[c_out, C·k·k]` kernel (moved into the GEMM's operand, not copied).
+    /// `[c_out, C·k·k]` kernel.
     fn forward_slices<T: WithDType>(
         &self,
         x: (&[T], &Layout),
-        w: Vec<T>,
+        w: &[T],
         bias: Option<&[T]>,
         mut out: Vec<T>,
     ) -> Result<Vec<T>> {
@@ -113,7 +113,7 @@ impl ConvGemm {
             candle_core::bail!("kolo-conv2d: kernel of {} values for {rows} rows", w.len());
         }
         if let Some(variant) = winograd::eligible(g, c_out) {
-            let (y, u) = winograd::forward(x, g, &w, bias, variant)?;
+            let (y, u) = winograd::forward(x, g, w, bias, variant)?;
             if let Some(cache) = &self.1 {
                 cache.keep(T::to_cpu_storage_owned(u));
             }
@@ -123,7 +123,7 @@ impl ConvGemm {
             out.extend_from_slice(&y);
             return Ok(out);
         }
-        let w_m = MatRef::row_major(&w, c_out, rows);
+        let w_m = MatRef::row_major(w, c_out, rows);
         out.reserve(g.b * c_out * p);
         let chunk = g.chunk();
         let (mut cols, mut ys) = (Vec::new(), Vec::new());
@@ -241,7 +241,7 @@ impl ConvGemm {
         if let Some(gt) = flipped {
             let layout = Layout::contiguous((g.b, c_out, g.oh, g.ow));
             let wf = flip_transpose(w, c_out, g.c, g.k);
-            out = ConvGemm(gt, None).forward_slices((grad, &layout), wf, None, out)?;
+            out = ConvGemm(gt, None).forward_slices((grad, &layout), &wf, None, out)?;
         }
         out.extend_from_slice(&dw);
         if want.bias {
@@ -268,7 +268,7 @@ impl ConvGemm {
             Some((b, l)) => Some(gather(b, l)?),
             None => None,
         };
-        self.forward_slices(x, w, b.as_deref(), Vec::new())
+        self.forward_slices(x, &w, b.as_deref(), Vec::new())
     }
 
     /// Gradients of `x`, `weight` and `bias` (each only if it is tracked).

@@ -1,6 +1,8 @@
 //! The patch matrices of the GEMM convolution ([`super::conv`]): geometry, im2col and its
 //! adjoint col2im, chunk by chunk of samples.
 
+use std::borrow::Cow;
+
 use candle_core::{Layout, Result, WithDType};
 
 use super::slices::copy_row;
@@ -141,11 +143,20 @@ pub(super) fn im2col_into<T: WithDType>(
             for (j, oy) in (y_lo..y_hi).enumerate() {
                 let start = base + (iy_lo + j * stride) * s2;
                 let line = &mut out[oy * g.ow + x_lo..oy * g.ow + x_hi];
-                if stride == 1 && s3 == 1 {
-                    copy_row(line, &src[start..start + len]);
-                } else {
-                    for (i, v) in line.iter_mut().enumerate() {
-                        *v = src[start + i * stride * s3];
+                let step = stride * s3;
+                match src.get(start..start + step * len) {
+                    Some(run) if step == 1 => copy_row(line, run),
+                    // Fixed-step reads as pairs: vectorized (even elements of a run), where the
+                    // run-time step of the general case is one load per element.
+                    Some(run) if step == 2 => {
+                        for (v, pair) in line.iter_mut().zip(run.chunks_exact(2)) {
+                            *v = pair[0];
+                        }
+                    }
+                    _ => {
+                        for (i, v) in line.iter_mut().enumerate() {
+                            *v = src[start + i * step];
+                        }
                     }
                 }
             }
@@ -174,13 +185,22 @@ pub(super) fn col2im_into<T: WithDType>(cols: &[T], g: &Geom, bc: usize, dst: &m
                 for (j, oy) in (y_lo..y_hi).enumerate() {
                     let src = &row[oy * g.ow + x_lo..oy * g.ow + x_hi];
                     let start = (iy_lo + j * stride) * g.w + ix_lo;
-                    if stride == 1 {
-                        for (p, v) in plane[start..start + len].iter_mut().zip(src) {
-                            *p += *v;
+                    match plane.get_mut(start..start + stride * len) {
+                        Some(run) if stride == 1 => {
+                            for (p, v) in run.iter_mut().zip(src) {
+                                *p += *v;
+                            }
                         }
-                    } else {
-                        for (i, v) in src.iter().enumerate() {
-                            plane[start + i * stride] += *v;
+                        // As in im2col: pairs, vectorized.
+                        Some(run) if stride == 2 => {
+                            for (pair, v) in run.chunks_exact_mut(2).zip(src) {
+                                pair[0] += *v;
+                            }
+                        }
+                        _ => {
+                            for (i, v) in src.iter().enumerate() {
+                                plane[start + i * stride] += *v;
+                            }
                         }
                     }
                 }
@@ -189,14 +209,19 @@ pub(super) fn col2im_into<T: WithDType>(cols: &[T], g: &Geom, bc: usize, dst: &m
     });
 }
 
-/// The elements of a strided view of rank 1 or 4, in row-major order.
-pub(super) fn gather<T: WithDType>(src: &[T], layout: &Layout) -> Result<Vec<T>> {
+/// The elements of a strided view of rank 1 or 4, in row-major order: borrowed where the view
+/// is contiguous (a kernel or bias, as a rule: no copy of the weights per pass), gathered into a
+/// new buffer otherwise.
+pub(super) fn gather<'a, T: WithDType>(src: &'a [T], layout: &Layout) -> Result<Cow<'a, [T]>> {
     if let Some((start, end)) = layout.contiguous_offsets() {
-        return Ok(src[start..end].to_vec());
+        return match src.get(start..end) {
+            Some(s) => Ok(Cow::Borrowed(s)),
+            None => candle_core::bail!("kolo-conv2d: a view past its storage ({layout:?})"),
+        };
     }
     let src = &src[layout.start_offset()..];
     match (layout.dims(), layout.stride()) {
-        (&[d0], &[s0]) => Ok((0..d0).map(|i| src[i * s0]).collect()),
+        (&[d0], &[s0]) => Ok(Cow::Owned((0..d0).map(|i| src[i * s0]).collect())),
         (&[d0, d1, d2, d3], &[s0, s1, s2, s3]) => {
             let mut out = Vec::with_capacity(d0 * d1 * d2 * d3);
             for i0 in 0..d0 {
@@ -208,7 +233,7 @@ pub(super) fn gather<T: WithDType>(src: &[T], layout: &Layout) -> Result<Vec<T>>
                     }
                 }
             }
-            Ok(out)
+            Ok(Cow::Owned(out))
         }
         (dims, _) => candle_core::bail!("kolo-conv2d: unexpected operand shape {dims:?}"),
     }
