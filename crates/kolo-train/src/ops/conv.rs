@@ -183,8 +183,7 @@ impl ConvGemm {
         if let Some(variant) = winograd::eligible(g, c_out) {
             let u = u.map(T::cpu_storage_as_slice).transpose()?;
             let wanted = (want.x, want.weight);
-            let dw = winograd::backward(x, (w, u), g, grad, wanted, variant, &mut out)?;
-            out.extend(dw.unwrap_or_default());
+            winograd::backward(x, (w, u), g, grad, wanted, variant, &mut out)?;
             if want.bias {
                 out.extend(bias_grad(grad, c_out, p));
             }

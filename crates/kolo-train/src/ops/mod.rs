@@ -10,6 +10,7 @@ mod gemm;
 mod im2col;
 mod pool;
 mod relu;
+mod scratch;
 mod simd;
 mod slices;
 mod winograd;

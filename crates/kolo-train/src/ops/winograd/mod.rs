@@ -21,6 +21,7 @@ use candle_core::{Layout, Result, WithDType};
 
 use super::gemm::{matmul_into, MatRef};
 use super::im2col::Geom;
+use super::scratch::Scratch;
 use super::slices::copy_row;
 
 mod lanes;
@@ -237,16 +238,17 @@ fn forward_with<T: WithDType, W: Transforms<M, A>, const M: usize, const A: usiz
     let t = Tiles::of(g, M);
     let chunk = chunk(g, c_out, t, A * A, CHUNK_BYTES);
     let mut y = vec![T::zero(); g.b * c_out * g.oh * g.ow];
-    let (mut v, mut m) = (Vec::new(), Vec::new());
+    let (mut v_buf, mut m_buf) = (Scratch::take(), Scratch::take());
     for b0 in (0..g.b).step_by(chunk) {
         let bc = chunk.min(g.b - b0);
         let p = pad_input(x, g, (t, M), (b0, bc))?;
         let (ph, pw) = (M * t.rows + 2, M * t.cols + 2);
         let offsets = tile_offsets(bc, t, M, pw, g.c * ph * pw);
         let tc = offsets.len();
-        v.resize(elems * g.c * tc, T::zero());
-        m.resize(elems * c_out * tc, T::zero());
-        input_transform::<T, W, M, A>(&p, ph * pw, pw, &offsets, &mut v);
+        // Both written in full below (transform, GEMMs without accumulation).
+        let v = v_buf.slice(elems * g.c * tc);
+        let m = m_buf.slice(elems * c_out * tc);
+        input_transform::<T, W, M, A>(&p, ph * pw, pw, &offsets, v);
         for e in 0..elems {
             matmul_into(
                 OP,
@@ -264,7 +266,7 @@ fn forward_with<T: WithDType, W: Transforms<M, A>, const M: usize, const A: usiz
             oh: g.oh,
             ow: g.ow,
         };
-        output_transform::<T, W, M, A>(&m, t, bias, out);
+        output_transform::<T, W, M, A>(m, t, bias, out);
     }
     Ok((y, u))
 }
@@ -275,8 +277,8 @@ fn forward_with<T: WithDType, W: Transforms<M, A>, const M: usize, const A: usiz
 /// `dM = A dy Aᵀ`: the kernel gradient as `Gᵀ[Σ_tiles dM ⊙ V]G` (36 GEMMs `dU[e] += dM[e] @
 /// V[e]ᵀ`), the input gradient as the adjoint of the forward pass, `dV[e] = U[e]ᵀ @ dM[e]` and
 /// `B dV Bᵀ` added tile by tile into the (padded) input gradient. `u` is the transformed kernel
-/// [`forward`] returned for `w`, if kept (it is computed again otherwise). The input gradient
-/// is appended to `dx`; the kernel gradient is returned.
+/// [`forward`] returned for `w`, if kept (it is computed again otherwise). The wanted
+/// gradients are appended to `out`: the input gradient, then the kernel gradient.
 pub(super) fn backward<T: WithDType>(
     x: (&[T], &Layout),
     (w, u): (&[T], Option<&[T]>),
@@ -284,11 +286,11 @@ pub(super) fn backward<T: WithDType>(
     grad: &[T],
     want: (bool, bool),
     variant: Variant,
-    dx: &mut Vec<T>,
-) -> Result<Option<Vec<T>>> {
+    out: &mut Vec<T>,
+) -> Result<()> {
     match variant {
-        Variant::F4 => backward_with::<T, F4, 4, 6>(x, (w, u), g, grad, want, dx),
-        Variant::F2 => backward_with::<T, F2, 2, 4>(x, (w, u), g, grad, want, dx),
+        Variant::F4 => backward_with::<T, F4, 4, 6>(x, (w, u), g, grad, want, out),
+        Variant::F2 => backward_with::<T, F2, 2, 4>(x, (w, u), g, grad, want, out),
     }
 }
 
@@ -299,8 +301,8 @@ fn backward_with<T: WithDType, W: Transforms<M, A>, const M: usize, const A: usi
     g: &Geom,
     grad: &[T],
     (want_x, want_w): (bool, bool),
-    dx: &mut Vec<T>,
-) -> Result<Option<Vec<T>>> {
+    out: &mut Vec<T>,
+) -> Result<()> {
     const OP: &str = "kolo-conv2d-winograd-backward";
     let elems = A * A;
     let c_out = w.len() / (9 * g.c).max(1);
@@ -328,11 +330,14 @@ fn backward_with<T: WithDType, W: Transforms<M, A>, const M: usize, const A: usi
         Some(u) if u.len() == elems * c_out * c => Cow::Borrowed(u),
         Some(u) => candle_core::bail!("{OP}: a transformed kernel of {} values", u.len()),
     };
-    let mut du = vec![T::zero(); if want_w { elems * c_out * c } else { 0 }];
-    if want_x {
-        dx.reserve(g.b * c * g.h * g.w);
-    }
-    let (mut v, mut dm, mut dv, mut pdx) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    // dU: written by the first chunk's GEMMs, accumulated by the others.
+    let mut du_buf = Scratch::take();
+    let du = du_buf.slice(if want_w { elems * c_out * c } else { 0 });
+    out.reserve(
+        if want_x { g.b * c * g.h * g.w } else { 0 } + if want_w { 9 * c_out * c } else { 0 },
+    );
+    let (mut v_buf, mut dm_buf, mut dv_buf) = (Scratch::take(), Scratch::take(), Scratch::take());
+    let mut pdx = Vec::new();
     let (ph, pw) = (M * t.rows + 2, M * t.cols + 2);
     let (gh, gw) = (M * t.rows, M * t.cols);
     for b0 in (0..g.b).step_by(chunk) {
@@ -341,22 +346,24 @@ fn backward_with<T: WithDType, W: Transforms<M, A>, const M: usize, const A: usi
         let tc = offsets.len();
         let pg = pad_grad(grad, g, c_out, (t, M), (b0, bc));
         let g_offsets = tile_offsets(bc, t, M, gw, c_out * gh * gw);
-        dm.resize(elems * c_out * tc, T::zero());
-        grad_transform::<T, W, M, A>(&pg, gh * gw, gw, &g_offsets, &mut dm);
+        // dM, V and dV are written in full before they are read.
+        let dm = dm_buf.slice(elems * c_out * tc);
+        grad_transform::<T, W, M, A>(&pg, gh * gw, gw, &g_offsets, dm);
+        let dm = &*dm;
         let dm_e =
             |e: usize| MatRef::row_major(&dm[e * c_out * tc..(e + 1) * c_out * tc], c_out, tc);
         if want_w {
             let p = pad_input(x, g, (t, M), (b0, bc))?;
-            v.resize(elems * c * tc, T::zero());
-            input_transform::<T, W, M, A>(&p, ph * pw, pw, &offsets, &mut v);
+            let v = v_buf.slice(elems * c * tc);
+            input_transform::<T, W, M, A>(&p, ph * pw, pw, &offsets, v);
             for e in 0..elems {
                 let v_e = MatRef::row_major(&v[e * c * tc..(e + 1) * c * tc], c, tc);
                 let du_e = &mut du[e * c_out * c..(e + 1) * c_out * c];
-                matmul_into(OP, du_e, (c, 1), dm_e(e), v_e.t(), true)?;
+                matmul_into(OP, du_e, (c, 1), dm_e(e), v_e.t(), b0 > 0)?;
             }
         }
         if want_x {
-            dv.resize(elems * c * tc, T::zero());
+            let dv = dv_buf.slice(elems * c * tc);
             for e in 0..elems {
                 let u_e = MatRef::row_major(&u[e * c_out * c..(e + 1) * c_out * c], c_out, c);
                 let dv_e = &mut dv[e * c * tc..(e + 1) * c * tc];
@@ -364,16 +371,18 @@ fn backward_with<T: WithDType, W: Transforms<M, A>, const M: usize, const A: usi
             }
             pdx.clear();
             pdx.resize(bc * c * ph * pw, T::zero());
-            input_grad_transform::<T, W, M, A>(&dv, ph * pw, pw, &offsets, &mut pdx);
+            input_grad_transform::<T, W, M, A>(dv, ph * pw, pw, &offsets, &mut pdx);
             // Crop the padding away; the chunks come in order, so `dx` grows by appending.
             for p in pdx.chunks(ph * pw) {
                 for iy in 0..g.h {
                     let at = (iy + g.padding) * pw + g.padding;
-                    dx.extend_from_slice(&p[at..at + g.w]);
+                    out.extend_from_slice(&p[at..at + g.w]);
                 }
             }
         }
     }
-    let dw = want_w.then(|| kernel_grad_transform::<T, W, M, A>(&du, c_out, c));
-    Ok(dw)
+    if want_w {
+        kernel_grad_transform::<T, W, M, A>(du, c_out, c, out);
+    }
+    Ok(())
 }

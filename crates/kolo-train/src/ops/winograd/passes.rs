@@ -146,14 +146,18 @@ pub(super) fn kernel_transform<T: WithDType, W: Transforms<M, A>, const M: usize
 }
 
 vectorized_fn! {
-/// The kernel gradient `[c_out, C, 3, 3]` from `dU` (`[A·A, c_out, C]`): `Gᵀ dU G` per kernel.
+/// The kernel gradient `[c_out, C, 3, 3]` from `dU` (`[A·A, c_out, C]`): `Gᵀ dU G` per kernel,
+/// appended to `dw` in order (no zeroed buffer first, no copy after).
 pub(super) fn kernel_grad_transform<T: WithDType, W: Transforms<M, A>, const M: usize, const A: usize>(
     du: &[T],
     c_out: usize,
     c: usize,
-) -> Vec<T> {
+    dw: &mut Vec<T>,
+) {
     let plane = c_out * c;
-    let mut dw = vec![T::zero(); 9 * plane];
+    dw.reserve(9 * plane);
+    // Kernel after kernel, as they are appended (lanes past `n` are stale and not appended).
+    let mut kernels = [T::zero(); LANES * 9];
     for kc0 in (0..plane).step_by(LANES) {
         let n = LANES.min(plane - kc0);
         let mut t = [[[T::zero(); LANES]; A]; A];
@@ -161,16 +165,15 @@ pub(super) fn kernel_grad_transform<T: WithDType, W: Transforms<M, A>, const M: 
             copy_lanes(v, &du[e * plane + kc0..], n);
         }
         let dg = two_sided(&t, W::g_t);
-        for l in 0..n {
-            let out = &mut dw[(kc0 + l) * 9..(kc0 + l + 1) * 9];
+        for (l, out) in kernels.chunks_exact_mut(9).enumerate() {
             for i in 0..3 {
                 for j in 0..3 {
                     out[i * 3 + j] = dg[i][j][l];
                 }
             }
         }
+        dw.extend_from_slice(&kernels[..n * 9]);
     }
-    dw
 }
 }
 

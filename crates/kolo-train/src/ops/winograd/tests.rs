@@ -17,18 +17,16 @@ fn run<T: WithDType>(
     let w = w.to_vec1::<T>()?;
     let (y, u) = forward(xs, geom, &w, Some(&b.to_vec1()?), variant)?;
     let u = Some(&u[..]).filter(|_| keep_u);
-    let mut dx = Vec::new();
-    let dw = backward(
-        xs,
-        (&w, u),
-        geom,
-        &r.to_vec1()?,
-        (true, true),
-        variant,
-        &mut dx,
-    )?;
-    let t = |v: Option<Vec<T>>| Tensor::new(v.unwrap_or_default(), &Device::Cpu);
-    Ok((Tensor::new(y, &Device::Cpu)?, t(Some(dx))?, t(dw)?))
+    let mut grads = Vec::new();
+    let r = r.to_vec1()?;
+    backward(xs, (&w, u), geom, &r, (true, true), variant, &mut grads)?;
+    let dx_len = geom.b * geom.c * geom.h * geom.w;
+    if grads.len() != dx_len + w.len() {
+        candle_core::bail!("{} gradient values for {dx_len} + {}", grads.len(), w.len());
+    }
+    let dw = grads.split_off(dx_len);
+    let t = |v: Vec<T>| Tensor::new(v, &Device::Cpu);
+    Ok((t(y)?, t(grads)?, t(dw)?))
 }
 
 /// `forward` and `backward` directly, by both algorithms (whatever [`eligible`] would choose),
