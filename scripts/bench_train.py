@@ -64,10 +64,16 @@ def run(cmd, env=None):
     # kolo train sets this malloc tuning for its workers; give the plain loop and torch the same.
     tun = "glibc.malloc.mmap_threshold=4294967295:glibc.malloc.trim_threshold=4294967295"
     e = dict(os.environ, RAYON_NUM_THREADS="1", GLIBC_TUNABLES=tun, **(env or {}))
-    p = subprocess.run(cmd, cwd=ROOT, env=e, capture_output=True, text=True)
-    if p.returncode != 0:
-        sys.exit(f"bench_train: {' '.join(cmd)} failed ({p.returncode}):\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
-    return p.stdout
+    # One retry: PyTorch's Gloo DDP now and then aborts in its teardown after a complete run
+    # ("terminate called without an active exception"); the failure is reported, never hidden.
+    for attempt in (1, 2):
+        p = subprocess.run(cmd, cwd=ROOT, env=e, capture_output=True, text=True)
+        if p.returncode == 0:
+            return p.stdout
+        msg = f"bench_train: {' '.join(cmd)} failed ({p.returncode}):\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}"
+        if attempt == 2:
+            sys.exit(msg)
+        print(msg.splitlines()[0] + " -- running it again", file=sys.stderr, flush=True)
 
 
 def plain(a):

@@ -13,7 +13,7 @@ use std::cell::RefCell;
 
 use candle_core::WithDType;
 
-/// Buffers a thread keeps between calls; more are dropped (a convolution uses at most 4 at
+/// Buffers a thread keeps between calls; more are dropped (a convolution uses at most 5 at
 /// once).
 const POOL_LEN: usize = 8;
 
@@ -25,17 +25,26 @@ thread_local! {
 pub(super) struct Scratch<T: WithDType>(Vec<T>);
 
 impl<T: WithDType> Scratch<T> {
-    /// The pool's largest buffer of `T`, or an empty one.
-    pub(super) fn take() -> Self {
+    /// A buffer of `T` from the pool for up to `len` values: the smallest that holds them, or
+    /// else the largest (which will grow), or a new one. Best fit keeps the pool from growing
+    /// every buffer to the size of the largest use.
+    pub(super) fn take(len: usize) -> Self {
         let found = POOL.with(|pool| {
             let mut pool = pool.borrow_mut();
-            let best = pool
+            let sizes = pool
                 .iter()
                 .enumerate()
-                .filter_map(|(i, b)| b.downcast_ref::<Vec<T>>().map(|v| (i, v.len())))
-                .max_by_key(|&(_, len)| len)
-                .map(|(i, _)| i);
-            best.map(|i| pool.swap_remove(i))
+                .filter_map(|(i, b)| b.downcast_ref::<Vec<T>>().map(|v| (i, v.len())));
+            let (mut fit, mut largest) = (None::<(usize, usize)>, None::<(usize, usize)>);
+            for (i, n) in sizes {
+                if n >= len && fit.is_none_or(|(_, f)| n < f) {
+                    fit = Some((i, n));
+                }
+                if largest.is_none_or(|(_, l)| n > l) {
+                    largest = Some((i, n));
+                }
+            }
+            fit.or(largest).map(|(i, _)| pool.swap_remove(i))
         });
         match found.map(|b| b.downcast::<Vec<T>>()) {
             Some(Ok(v)) => Scratch(*v),
@@ -77,17 +86,30 @@ mod tests {
     #[test]
     fn a_buffer_comes_back_with_its_length_and_contents() {
         {
-            let mut s = Scratch::<u32>::take();
+            let mut s = Scratch::<u32>::take(5);
             s.slice(5).copy_from_slice(&[1, 2, 3, 4, 5]);
         }
-        let mut s = Scratch::<u32>::take();
+        let mut s = Scratch::<u32>::take(3);
         // Reused, not zero-filled: the stale values are still there; growing adds zeros.
         assert_eq!(s.slice(3), &[1, 2, 3]);
         assert_eq!(s.slice(7), &[1, 2, 3, 4, 5, 0, 0]);
         // Two at once are two different buffers; another type gets its own.
-        let mut t = Scratch::<u32>::take();
+        let mut t = Scratch::<u32>::take(2);
         assert_eq!(t.slice(2), &[0, 0]);
-        let mut f = Scratch::<f64>::take();
+        let mut f = Scratch::<f64>::take(1);
         assert_eq!(f.slice(1), &[0.0]);
+    }
+
+    #[test]
+    fn the_smallest_buffer_that_fits_is_taken() {
+        let (mut big, mut small) = (Scratch::<f32>::take(0), Scratch::<f32>::take(0));
+        big.slice(100).fill(1.0);
+        small.slice(10).fill(2.0);
+        drop((big, small));
+        let mut s = Scratch::<f32>::take(8);
+        assert_eq!(s.slice(8), &[2.0; 8]);
+        // Nothing fits: the largest, to grow.
+        let mut l = Scratch::<f32>::take(200);
+        assert_eq!(&l.slice(200)[..100], &[1.0; 100]);
     }
 }

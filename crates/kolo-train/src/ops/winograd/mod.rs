@@ -124,26 +124,43 @@ fn chunk(g: &Geom, c_out: usize, t: Tiles, e: usize, budget: usize) -> usize {
 }
 
 /// Samples `b0..b0 + bc` of `x` (`[B, C, H, W]`, any strides), zero-padded to
-/// `[bc, C, m·rows + 2, m·cols + 2]` with `g.padding` rows and columns before the data: every
-/// input tile lies inside.
+/// `[bc, C, m·rows + 2, m·cols + 2]` with `g.padding` rows and columns before the data (every
+/// input tile lies inside), written into `out` (that many values; every one of them is written,
+/// so it may hold anything before).
 fn pad_input<T: WithDType>(
     x: (&[T], &Layout),
     g: &Geom,
     (t, m): (Tiles, usize),
     (b0, bc): (usize, usize),
-) -> Result<Vec<T>> {
+    out: &mut [T],
+) -> Result<()> {
     let [s0, s1, s2, s3]: [usize; 4] = match x.1.stride().try_into() {
         Ok(s) => s,
         Err(_) => candle_core::bail!("kolo-conv2d: expected a rank-4 input"),
     };
     let src = &x.0[x.1.start_offset()..];
     let (ph, pw) = (m * t.rows + 2, m * t.cols + 2);
-    let mut out = vec![T::zero(); bc * g.c * ph * pw];
+    // The tiles cover the output, `oh = h + 2·padding − 2 ≤ m·rows`: the data and the padding
+    // on both sides fit.
+    let (top, left) = (g.padding, g.padding);
+    if out.len() != bc * g.c * ph * pw || top + g.h > ph || left + g.w > pw {
+        candle_core::bail!(
+            "kolo-conv2d: padded chunk of {} values does not fit",
+            out.len()
+        );
+    }
     for (plane_idx, plane) in out.chunks_mut(ph * pw).enumerate() {
         let (bi, c) = (plane_idx / g.c, plane_idx % g.c);
-        for iy in 0..g.h {
+        let (above, rest) = plane.split_at_mut(top * pw);
+        let (rows, below) = rest.split_at_mut(g.h * pw);
+        above.fill(T::zero());
+        below.fill(T::zero());
+        for (iy, line) in rows.chunks_exact_mut(pw).enumerate() {
             let at = (b0 + bi) * s0 + c * s1 + iy * s2;
-            let row = &mut plane[(iy + g.padding) * pw + g.padding..][..g.w];
+            let (lead, data) = line.split_at_mut(left);
+            let (row, trail) = data.split_at_mut(g.w);
+            lead.fill(T::zero());
+            trail.fill(T::zero());
             if s3 == 1 {
                 copy_row(row, &src[at..at + g.w]);
             } else {
@@ -153,7 +170,7 @@ fn pad_input<T: WithDType>(
             }
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 /// For each tile of a chunk, in order (sample, tile row, tile column): the offset of its top-left
@@ -238,17 +255,22 @@ fn forward_with<T: WithDType, W: Transforms<M, A>, const M: usize, const A: usiz
     let t = Tiles::of(g, M);
     let chunk = chunk(g, c_out, t, A * A, CHUNK_BYTES);
     let mut y = vec![T::zero(); g.b * c_out * g.oh * g.ow];
-    let (mut v_buf, mut m_buf) = (Scratch::take(), Scratch::take());
+    // The first chunk is the largest.
+    let (ph, pw) = (M * t.rows + 2, M * t.cols + 2);
+    let (p_len, tiles) = (chunk * g.c * ph * pw, chunk * t.per_sample());
+    let mut p_buf = Scratch::take(p_len);
+    let mut v_buf = Scratch::take(elems * g.c * tiles);
+    let mut m_buf = Scratch::take(elems * c_out * tiles);
     for b0 in (0..g.b).step_by(chunk) {
         let bc = chunk.min(g.b - b0);
-        let p = pad_input(x, g, (t, M), (b0, bc))?;
-        let (ph, pw) = (M * t.rows + 2, M * t.cols + 2);
+        let p = p_buf.slice(bc * g.c * ph * pw);
+        pad_input(x, g, (t, M), (b0, bc), p)?;
         let offsets = tile_offsets(bc, t, M, pw, g.c * ph * pw);
         let tc = offsets.len();
         // Both written in full below (transform, GEMMs without accumulation).
         let v = v_buf.slice(elems * g.c * tc);
         let m = m_buf.slice(elems * c_out * tc);
-        input_transform::<T, W, M, A>(&p, ph * pw, pw, &offsets, v);
+        input_transform::<T, W, M, A>(p, ph * pw, pw, &offsets, v);
         for e in 0..elems {
             matmul_into(
                 OP,
@@ -331,14 +353,20 @@ fn backward_with<T: WithDType, W: Transforms<M, A>, const M: usize, const A: usi
         Some(u) => candle_core::bail!("{OP}: a transformed kernel of {} values", u.len()),
     };
     // dU: written by the first chunk's GEMMs, accumulated by the others.
-    let mut du_buf = Scratch::take();
-    let du = du_buf.slice(if want_w { elems * c_out * c } else { 0 });
+    let du_len = if want_w { elems * c_out * c } else { 0 };
+    let mut du_buf = Scratch::take(du_len);
+    let du = du_buf.slice(du_len);
     out.reserve(
         if want_x { g.b * c * g.h * g.w } else { 0 } + if want_w { 9 * c_out * c } else { 0 },
     );
-    let (mut v_buf, mut dm_buf, mut dv_buf) = (Scratch::take(), Scratch::take(), Scratch::take());
-    let mut pdx = Vec::new();
     let (ph, pw) = (M * t.rows + 2, M * t.cols + 2);
+    // The first chunk is the largest.
+    let tiles = chunk * t.per_sample();
+    let mut dm_buf = Scratch::take(elems * c_out * tiles);
+    let mut v_buf = Scratch::take(if want_w { elems * c * tiles } else { 0 });
+    let mut p_buf = Scratch::take(if want_w { chunk * c * ph * pw } else { 0 });
+    let mut dv_buf = Scratch::take(if want_x { elems * c * tiles } else { 0 });
+    let mut pdx = Vec::new();
     let (gh, gw) = (M * t.rows, M * t.cols);
     for b0 in (0..g.b).step_by(chunk) {
         let bc = chunk.min(g.b - b0);
@@ -353,9 +381,10 @@ fn backward_with<T: WithDType, W: Transforms<M, A>, const M: usize, const A: usi
         let dm_e =
             |e: usize| MatRef::row_major(&dm[e * c_out * tc..(e + 1) * c_out * tc], c_out, tc);
         if want_w {
-            let p = pad_input(x, g, (t, M), (b0, bc))?;
+            let p = p_buf.slice(bc * c * ph * pw);
+            pad_input(x, g, (t, M), (b0, bc), p)?;
             let v = v_buf.slice(elems * c * tc);
-            input_transform::<T, W, M, A>(&p, ph * pw, pw, &offsets, v);
+            input_transform::<T, W, M, A>(p, ph * pw, pw, &offsets, v);
             for e in 0..elems {
                 let v_e = MatRef::row_major(&v[e * c * tc..(e + 1) * c * tc], c, tc);
                 let du_e = &mut du[e * c_out * c..(e + 1) * c_out * c];
