@@ -10,6 +10,17 @@ cd "$(dirname "$0")/.."
 stage() { printf '\n=== %s ===\n' "$*"; }
 
 stage "tools"
+# A clean build: incremental compilation would only add gigabytes of cache to target/.
+export CARGO_INCREMENTAL=0
+# From nothing the suite takes about 8 GiB of disk: ~3 GiB of builds under target/ (both feature
+# sets, line tables only) and ~5 GiB for PyTorch's venv (with NVIDIA's libraries). Say so up front
+# rather than failing half-way with a compiler's "No space left on device".
+free_gib=$(df -Pk . | awk 'NR == 2 { print int($4 / 1048576) }')
+echo "disk: ${free_gib} GiB free here (from nothing the suite takes about 8 GiB)"
+if ((free_gib < 4)); then
+  echo "test.sh: only ${free_gib} GiB free on $(df -P . | awk 'NR == 2 { print $6 }'); free some space first" >&2
+  exit 1
+fi
 if ! command -v cargo-nextest >/dev/null 2>&1; then
   cargo install cargo-nextest --locked
 fi
@@ -84,3 +95,6 @@ cargo nextest run "${MPI_CRATES[@]}" --features "$MPI_FEATURES" --locked --profi
 stage "MPI backend: end-to-end (mpirun matrix, kolo train and bench on MPI)"
 cargo build "${MPI_CRATES[@]}" --features "$MPI_FEATURES" --bins --examples --locked
 scripts/e2e-mpi.sh target/debug
+
+stage "done"
+echo "target/ holds $(du -sh target 2>/dev/null | cut -f1); $(df -Ph . | awk 'NR == 2 { print $4 }') left free"
