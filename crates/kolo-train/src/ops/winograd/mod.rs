@@ -253,7 +253,15 @@ fn forward_with<T: WithDType, W: Transforms<M, A>, const M: usize, const A: usiz
     }
     let u = kernel_transform::<T, W, M, A>(w, c_out, g.c);
     let t = Tiles::of(g, M);
-    let chunk = chunk(g, c_out, t, A * A, CHUNK_BYTES);
+    // Every chunk reads all of `U`: where it is the larger buffer (ResNet's 256- and 512-channel
+    // stages), chunks of at least its size, as in [`backward`].
+    let chunk = chunk(
+        g,
+        c_out,
+        t,
+        A * A,
+        CHUNK_BYTES.max(std::mem::size_of_val(&u[..])),
+    );
     let mut y = vec![T::zero(); g.b * c_out * g.oh * g.ow];
     // The first chunk is the largest.
     let (ph, pw) = (M * t.rows + 2, M * t.cols + 2);
