@@ -77,6 +77,12 @@ stage "end-to-end: kolo run and kolo train with the examples"
 cargo build --workspace --bins --examples --locked
 scripts/e2e.sh target/debug
 
+stage "NCCL engine: feature build and its CPU-side tests (no GPU here; scripts/gpu-check.sh on one)"
+cargo clippy -p kolo-nccl -p kolo --features kolo/nccl --all-targets --locked -- -D warnings
+RUSTDOCFLAGS="-D warnings" cargo doc -p kolo-nccl -p kolo --features kolo/nccl --no-deps --locked
+cargo nextest run -p kolo-nccl -p kolo --features kolo/nccl --locked --profile ci --cargo-profile dev \
+  -E 'package(kolo-nccl) | test(nccl) | test(backend)'
+
 stage "end-to-end: the same programs under torchrun and srun"
 scripts/e2e-launchers.sh target/debug
 

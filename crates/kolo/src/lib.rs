@@ -4,7 +4,8 @@
 //! Python. This crate is what programs depend on: [`init`] gives the process its [`Communicator`],
 //! which has point-to-point messages and every MPI-style collective over threads ([`run_local`]),
 //! shared memory or TCP (processes started by `kolo run`, torchrun, `mpirun` or `srun`), or over an
-//! installed MPI library (the `mpi` feature; [`init_mpi`]).
+//! installed MPI library (the `mpi` feature; [`init_mpi`]), or on NVIDIA GPUs through NCCL (the
+//! `nccl` feature; [`init_nccl`]).
 //!
 //! ```
 //! use kolo::prelude::*;
@@ -44,8 +45,8 @@ pub use adasum::AdasumFloat;
 pub use communicator::Communicator;
 pub use config::Config;
 pub use init::{
-    init, init_mpi, init_with, launched_by_mpi, local_communicators, run_local, shm_communicators,
-    shm_name_prefix, Backend, InitMethod, InitOptions, TransportChoice,
+    init, init_mpi, init_nccl, init_with, launched_by_mpi, local_communicators, run_local,
+    shm_communicators, shm_name_prefix, Backend, InitMethod, InitOptions, TransportChoice,
 };
 pub use kolo_collectives::select::HIERARCHICAL_MIN_BYTES;
 pub use kolo_core::{Algorithm, Call, DType, Element, Error, OpKind, ReduceOp, Result, Transport};

@@ -366,3 +366,59 @@ mod mpi {
         mpi_5: 5;
     }
 }
+
+/// The matrix on the NCCL engine: the entry point of the ranks `scripts/gpu-check.sh` starts with
+/// `kolo run -n <GPUs> -- <this test binary> --ignored --exact nccl::nccl_rank` on a machine with
+/// NVIDIA GPUs (one rank per GPU).
+#[cfg(feature = "nccl")]
+mod nccl {
+    use super::*;
+
+    #[test]
+    #[ignore = "entry point of the ranks scripts/gpu-check.sh starts, one per GPU"]
+    fn nccl_rank() {
+        if std::env::var("WORLD_SIZE").is_err() {
+            eprintln!("not started by a launcher: nothing to do");
+            return;
+        }
+        let opts = kolo::InitOptions::from_env().expect("launcher environment");
+        let comm = kolo::init_nccl(opts).expect("NCCL world");
+        assert_eq!(comm.backend(), "nccl");
+        let r = comm.rank();
+        let mut checks = vec![with_defaults(&comm, true).map_err(|e| format!("[nccl] {e}"))];
+        for count in SMALL {
+            checks.push(
+                every_type(&comm, &|c, d| typed(c, d, count, reductions_dyn))
+                    .map_err(|e| format!("[nccl] {e}")),
+            );
+        }
+        let errors: Vec<String> = checks.into_iter().filter_map(Result::err).collect();
+        assert!(errors.is_empty(), "rank {r}:\n{}", errors.join("\n"));
+        println!("rank {r}: NCCL conformance ok");
+    }
+
+    /// Rank 1 all-reduces a different length: every rank must get an error naming the
+    /// mismatch (the agreement step), not hang inside NCCL.
+    #[test]
+    #[ignore = "entry point of the ranks scripts/gpu-check.sh starts, one per GPU"]
+    fn nccl_mismatch_rank() {
+        if std::env::var("WORLD_SIZE").is_err() {
+            eprintln!("not started by a launcher: nothing to do");
+            return;
+        }
+        let opts = kolo::InitOptions::from_env().expect("launcher environment");
+        let comm = kolo::init_nccl(opts).expect("NCCL world");
+        let mut v = vec![1.0f32; if comm.rank() == 1 { 12 } else { 10 }];
+        let e = comm
+            .all_reduce(&mut v, ReduceOp::Sum)
+            .expect_err("a mismatched call must fail");
+        assert!(
+            matches!(
+                e,
+                kolo::Error::Mismatch { .. } | kolo::Error::Aborted { .. }
+            ),
+            "{e}"
+        );
+        println!("rank {}: mismatch reported: {e}", comm.rank());
+    }
+}

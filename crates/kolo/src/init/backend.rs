@@ -1,4 +1,4 @@
-//! Which backend runs the collectives: kolo's own or an installed MPI library.
+//! Which backend runs the collectives: kolo's own, an installed MPI library or NCCL on GPUs.
 
 use kolo_core::Error;
 use kolo_core::Result;
@@ -13,26 +13,30 @@ pub enum Backend {
     Kolo,
     /// The installed MPI library (needs the `mpi` feature).
     Mpi,
+    /// NCCL on this host's GPUs, one process per GPU (needs the `nccl` feature); kolo's
+    /// transports still carry point-to-point messages.
+    Nccl,
 }
 
 impl Backend {
-    /// Parses `auto`, `kolo` (or `native`) or `mpi`.
+    /// Parses `auto`, `kolo` (or `native`), `mpi` or `nccl`.
     pub fn parse(value: &str) -> Result<Backend> {
         match value.trim() {
             "" | "auto" => Ok(Backend::Auto),
             "kolo" | "native" => Ok(Backend::Kolo),
             "mpi" => Ok(Backend::Mpi),
+            "nccl" => Ok(Backend::Nccl),
             _ => Err(Error::Config {
                 var: "KOLO_BACKEND".into(),
                 value: value.into(),
-                reason: "expected auto, kolo or mpi".into(),
+                reason: "expected auto, kolo, mpi or nccl".into(),
             }),
         }
     }
 
     /// The backend `KOLO_BACKEND` and the launcher's variables choose (read from `env`):
-    /// [`Backend::Kolo`] or [`Backend::Mpi`], never `Auto`. Asking for MPI in a build without it
-    /// is an error.
+    /// [`Backend::Kolo`], [`Backend::Mpi`] or [`Backend::Nccl`], never `Auto` (NCCL only when
+    /// asked for). Asking for MPI or NCCL in a build without it is an error.
     pub fn choose(env: impl kolo_core::settings::Env) -> Result<Backend> {
         let get = |k: &str| env.lookup(k);
         let asked = Backend::parse(&get("KOLO_BACKEND").unwrap_or_default())?;
@@ -43,6 +47,8 @@ impl Backend {
             Backend::Kolo => Ok(Backend::Kolo),
             Backend::Mpi if !cfg!(feature = "mpi") => Err(no_mpi()),
             Backend::Mpi => Ok(Backend::Mpi),
+            Backend::Nccl if !cfg!(feature = "nccl") => Err(no_nccl()),
+            Backend::Nccl => Ok(Backend::Nccl),
             Backend::Auto if under_mpi && cfg!(feature = "mpi") => Ok(Backend::Mpi),
             Backend::Auto => Ok(Backend::Kolo),
         }
@@ -56,6 +62,17 @@ pub(super) fn no_mpi() -> Error {
         value: "mpi".into(),
         reason: "this build of kolo has no MPI backend: build it with `--features mpi` (which \
                  needs an MPI library, e.g. Debian's libopenmpi-dev openmpi-bin libclang-dev)"
+            .into(),
+    }
+}
+
+/// The error for asking a build without the `nccl` feature for NCCL.
+pub(super) fn no_nccl() -> Error {
+    Error::Config {
+        var: "KOLO_BACKEND".into(),
+        value: "nccl".into(),
+        reason: "this build of kolo has no NCCL backend: build it with `--features nccl` (no CUDA \
+                 is needed to build; running needs NVIDIA GPUs, their driver and NCCL 2.18+)"
             .into(),
     }
 }

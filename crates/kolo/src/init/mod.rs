@@ -13,7 +13,9 @@
 //!
 //! In a build with the `mpi` feature, a process an MPI launcher started (`OMPI_COMM_WORLD_SIZE`,
 //! `PMI_SIZE` or `PMIX_RANK` set) runs on MPI instead ([`init_mpi`]); `KOLO_BACKEND` (`auto`, `kolo`,
-//! `mpi`) overrides the choice ([`Backend::choose`]).
+//! `mpi`, `nccl`) overrides the choice ([`Backend::choose`]). With `KOLO_BACKEND=nccl` (the `nccl`
+//! feature) the world is connected as always and its collectives then run on NCCL, each rank on
+//! its host's GPU number local rank ([`init_nccl`]).
 //!
 //! With a TCP rendezvous, rank 0 hosts the store at `MASTER_ADDR:MASTER_PORT` unless a launcher
 //! already does: `kolo run` (`KOLO_AGENT_STORE=1`) or torchrun (`TORCHELASTIC_USE_AGENT_STORE=True`,
@@ -41,6 +43,8 @@ use kolo_transport::{
 
 #[cfg(not(feature = "mpi"))]
 use backend::no_mpi;
+#[cfg(not(feature = "nccl"))]
+use backend::no_nccl;
 pub use backend::{launched_by_mpi, Backend};
 pub use options::{InitMethod, InitOptions, TransportChoice};
 
@@ -57,6 +61,7 @@ pub fn init() -> Result<Communicator> {
     let get = |k: &str| ProcessEnv.lookup(k);
     match Backend::choose(get)? {
         Backend::Mpi => init_mpi(Config::from_lookup(get)?),
+        Backend::Nccl => init_nccl(InitOptions::from_env()?),
         _ => init_with(InitOptions::from_env()?),
     }
 }
@@ -99,6 +104,77 @@ fn is_loopback(host: &str) -> bool {
 
 /// The world communicator for explicit options.
 pub fn init_with(opts: InitOptions) -> Result<Communicator> {
+    connect(opts, false)
+}
+
+/// The world communicator for explicit options, its collectives on NCCL: kolo's transports are
+/// connected as by [`init_with`] (point-to-point messages, heartbeats), rank 0 publishes NCCL's
+/// unique id in the rendezvous store, and every rank joins the NCCL communicator on its host's
+/// GPU number local rank (its place among the ranks of its node). Needs the `nccl` feature.
+#[cfg(feature = "nccl")]
+pub fn init_nccl(opts: InitOptions) -> Result<Communicator> {
+    connect(opts, true)
+}
+
+/// The world communicator over NCCL; this build has no NCCL backend, so it is an error (build
+/// kolo with the `nccl` feature).
+#[cfg(not(feature = "nccl"))]
+pub fn init_nccl(opts: InitOptions) -> Result<Communicator> {
+    let _ = opts;
+    Err(no_nccl())
+}
+
+/// The NCCL engine of `rank` (`local_rank` on its node), its id exchanged through `store`. Rank
+/// 0 publishes the id, or why it has none (so that the others fail at once instead of waiting);
+/// `interrupted` reports a peer's failure while the ranks join.
+#[cfg(feature = "nccl")]
+fn nccl_engine(
+    store: Option<(&dyn Store, &str)>,
+    (rank, size, local_rank): (usize, usize, usize),
+    node_ids: Vec<String>,
+    timeout: std::time::Duration,
+    interrupted: &dyn Fn() -> Result<()>,
+) -> Result<Arc<dyn kolo_core::Engine>> {
+    use kolo_nccl::{NcclEngine, NcclId, UNIQUE_ID_BYTES};
+    let id = match store {
+        None => NcclId::new()?,
+        Some((store, prefix)) => {
+            let key = format!("{prefix}/nccl/id");
+            if rank == 0 {
+                let id = NcclId::new();
+                let published = match &id {
+                    Ok(id) => id.as_bytes().to_vec(),
+                    Err(e) => format!("rank 0 could not start NCCL: {e}").into_bytes(),
+                };
+                store.set(&key, &published)?;
+                id?
+            } else {
+                let bytes = store.get(&key, timeout)?;
+                if bytes.len() != UNIQUE_ID_BYTES {
+                    return Err(Error::Backend {
+                        op: "init",
+                        rank,
+                        backend: "nccl",
+                        reason: String::from_utf8_lossy(&bytes).into_owned(),
+                    });
+                }
+                NcclId::from_bytes(&bytes)?
+            }
+        }
+    };
+    let engine = NcclEngine::new(
+        &id,
+        (rank, size),
+        local_rank,
+        node_ids,
+        timeout,
+        interrupted,
+    )?;
+    Ok(Arc::new(engine))
+}
+
+/// [`init_with`], with the collectives on NCCL when `nccl`.
+fn connect(opts: InitOptions, nccl: bool) -> Result<Communicator> {
     if opts.size == 0 || opts.rank >= opts.size {
         return Err(Error::RankOutOfRange {
             op: "init",
@@ -120,8 +196,25 @@ pub fn init_with(opts: InitOptions) -> Result<Communicator> {
             let t = local_world(1).pop().ok_or_else(|| Error::Unsupported {
                 what: "an empty local world".into(),
             })?;
-            return Ok(Communicator::from_parts(
+            #[cfg(feature = "nccl")]
+            let engine = match nccl {
+                true => Some(nccl_engine(
+                    None,
+                    (0, 1, 0),
+                    vec![opts.node_id.clone()],
+                    timeout,
+                    &|| Ok(()),
+                )?),
+                false => None,
+            };
+            #[cfg(not(feature = "nccl"))]
+            let engine = {
+                let _ = nccl;
+                None
+            };
+            return Ok(Communicator::assemble(
                 Arc::new(t),
+                engine,
                 vec![0],
                 0,
                 WORLD_GROUP,
@@ -227,8 +320,33 @@ pub fn init_with(opts: InitOptions) -> Result<Communicator> {
             Arc::new(tcp)
         }
     };
-    Ok(Communicator::from_parts(
+    let local_rank = local.iter().position(|&r| r == opts.rank).unwrap_or(0);
+    #[cfg(feature = "nccl")]
+    let engine = match nccl {
+        true => {
+            let interrupted = || match transport.failure() {
+                Some(f) => Err(f.into_error("init", opts.rank)),
+                None => Ok(()),
+            };
+            Some(nccl_engine(
+                Some((&*store, &prefix)),
+                (opts.rank, opts.size, local_rank),
+                ids,
+                timeout,
+                &interrupted,
+            )?)
+        }
+        false => None,
+    };
+    // Without the feature `init_nccl` never gets here.
+    #[cfg(not(feature = "nccl"))]
+    let engine = {
+        let _ = (nccl, local_rank, ids);
+        None
+    };
+    Ok(Communicator::assemble(
         transport,
+        engine,
         members,
         opts.rank,
         WORLD_GROUP,

@@ -41,9 +41,17 @@ fn the_backend_follows_kolo_backend_and_the_launcher() {
     let asked = [("OMPI_COMM_WORLD_SIZE", "2"), ("KOLO_BACKEND", "kolo")];
     assert_eq!(backend(&asked).ok(), Some(Backend::Kolo));
     assert!(matches!(
-        backend(&[("KOLO_BACKEND", "nccl")]),
+        backend(&[("KOLO_BACKEND", "gloo")]),
         Err(Error::Config { var, .. }) if var == "KOLO_BACKEND"
     ));
+    // NCCL only when asked for, and in a build without it an error that says how to get it.
+    let asked_nccl = backend(&[("KOLO_BACKEND", "nccl")]);
+    if cfg!(feature = "nccl") {
+        assert_eq!(asked_nccl.ok(), Some(Backend::Nccl));
+    } else {
+        let e = asked_nccl.expect_err("no NCCL in this build");
+        assert!(e.to_string().contains("--features nccl"), "{e}");
+    }
     // An explicit request for MPI in a build without it is an error that says how to get it.
     let asked_mpi = backend(&[("KOLO_BACKEND", "mpi")]);
     if cfg!(feature = "mpi") {
@@ -62,6 +70,64 @@ fn init_mpi_without_the_feature_is_a_clear_error() {
         e.to_string().contains("KOLO_BACKEND") && e.to_string().contains("--features mpi"),
         "{e}"
     );
+}
+
+#[cfg(not(feature = "nccl"))]
+#[test]
+fn init_nccl_without_the_feature_is_a_clear_error() {
+    let e = init_nccl(opts(&[]).expect("no launcher")).expect_err("no NCCL in this build");
+    assert!(e.to_string().contains("--features nccl"), "{e}");
+}
+
+/// On a machine without a GPU (CI), asking for NCCL fails on every rank at once with an error
+/// that names the missing piece: no rank waits for the others to join.
+#[cfg(feature = "nccl")]
+#[test]
+fn init_nccl_without_a_gpu_fails_on_every_rank_at_once() {
+    if kolo_nccl::device_count().is_ok_and(|n| n > 0) {
+        eprintln!("this machine has a GPU: the GPU checks apply instead; skipped");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let method = format!("file://{}", dir.path().join("store").display());
+    let started = std::time::Instant::now();
+    let errors: Vec<String> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..2)
+            .map(|rank| {
+                let method = method.clone();
+                s.spawn(move || {
+                    let rank = rank.to_string();
+                    let vars = [
+                        ("RANK", rank.as_str()),
+                        ("WORLD_SIZE", "2"),
+                        ("KOLO_INIT_METHOD", method.as_str()),
+                        ("KOLO_TIMEOUT", "60"),
+                    ];
+                    let o = opts(&vars).expect("options");
+                    match init_nccl(o) {
+                        Ok(_) => "joined".to_owned(),
+                        Err(e) => e.to_string(),
+                    }
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| "panicked".into()))
+            .collect()
+    });
+    for (rank, e) in errors.iter().enumerate() {
+        assert!(
+            e.contains(&format!("on rank {rank}")) && e.contains("nccl"),
+            "{e}"
+        );
+        assert!(
+            e.contains("libcuda.so.1") || e.contains("NCCL library"),
+            "{e}"
+        );
+    }
+    // Far from the 60 s timeout: rank 1 learns of rank 0's failure through the store.
+    assert!(started.elapsed() < std::time::Duration::from_secs(20));
 }
 
 #[test]

@@ -1,0 +1,459 @@
+//! The [`Engine`] methods: each collective as NCCL's own where NCCL has it (all-reduce,
+//! broadcast, reduce, reduce-scatter, all-gather), as one group of sends and receives otherwise
+//! (the variable-size forms, gather, scatter, all-to-all), plus the agreement step and splits.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use kolo_core::call::fnv1a;
+use kolo_core::{DType, Engine, Error, Header, ReduceOp, Reducer, Result, HEADER_LEN};
+
+use super::{int, NcclEngine, RawComm};
+use crate::ffi::{Comm, SPLIT_NOCOLOR, SUCCESS};
+use crate::types::{data_type, host_op, MAX, SUM, UINT64, UINT8};
+
+impl NcclEngine {
+    /// Every rank's `mine` (`len` bytes each), in rank order.
+    fn all_gather_bytes(&self, op: &'static str, mine: &[u8]) -> Result<Vec<u8>> {
+        let mut all = vec![0u8; mine.len() * self.size];
+        let len = mine.len();
+        self.staged(
+            op,
+            mine,
+            (all.len(), false),
+            Some(&mut all),
+            |n, comm, s, src, dst| {
+                // SAFETY: `src` holds `len` bytes, `dst` `len · size`.
+                let rc = unsafe { (n.all_gather)(src, dst, len, UINT8, comm, s) };
+                self.check(op, rc)
+            },
+        )?;
+        Ok(all)
+    }
+
+    /// The mismatch behind a failed agreement: every rank's header, the first differing named.
+    fn explain(&self, header: &Header, mine: &[u8; HEADER_LEN]) -> Error {
+        let all = match self.all_gather_bytes(header.call.op.name(), mine) {
+            Ok(all) => all,
+            Err(e) => return e,
+        };
+        for (peer, chunk) in all.chunks_exact(HEADER_LEN).enumerate() {
+            if chunk == mine.as_slice() {
+                continue;
+            }
+            let mut b = [0u8; HEADER_LEN];
+            b.copy_from_slice(chunk);
+            return match Header::decode(&b) {
+                Ok(theirs) => Error::Mismatch {
+                    rank: self.rank,
+                    peer,
+                    local: header.call,
+                    remote: theirs.call,
+                    tag: header.tag,
+                },
+                Err(e) => Error::Protocol {
+                    rank: self.rank,
+                    peer,
+                    reason: format!("undecodable call fingerprint: {}", e.0),
+                },
+            };
+        }
+        Error::Protocol {
+            rank: self.rank,
+            peer: self.rank,
+            reason: "the ranks disagreed on a call but every fingerprint is equal".into(),
+        }
+    }
+
+    /// A reduction of `dtype` elements: `Avg` finished on the host, like kolo's own algorithms.
+    fn reduction(dtype: DType, op: ReduceOp) -> (i32, i32, Reducer) {
+        (data_type(dtype), host_op(op), Reducer::new(dtype, op))
+    }
+}
+
+impl Engine for NcclEngine {
+    fn name(&self) -> &'static str {
+        "nccl"
+    }
+
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn node_ids(&self) -> Result<Vec<String>> {
+        Ok(self.node_ids.clone())
+    }
+
+    fn agree(
+        &self,
+        header: &Header,
+        deadline: Instant,
+        interrupted: &dyn Fn() -> Result<()>,
+    ) -> Result<()> {
+        let op = header.call.op.name();
+        let mine = header.encode();
+        let h = fnv1a(&[&mine]);
+        // max(h) and max(!h) = !min(h): both equal this rank's only if every rank has h.
+        let mut buf = [0u8; 16];
+        buf[..8].copy_from_slice(&h.to_le_bytes());
+        buf[8..].copy_from_slice(&(!h).to_le_bytes());
+        let input = buf;
+        {
+            let mut guard = self.lock(op)?;
+            self.gpu.bind(op, self.rank)?;
+            let st = &mut *guard;
+            let gpu = &*self.gpu;
+            let a = st.a.ensure(gpu, 16, self.rank)?;
+            crate::device::upload(gpu, &input, a, self.rank)?;
+            let p = crate::device::ptr_mut(gpu, a, 0);
+            // SAFETY: `p` holds two u64 on this engine's device.
+            let rc =
+                unsafe { (self.nccl.all_reduce)(p, p, 2, UINT64, MAX, st.comm.0, self.stream()) };
+            self.check(op, rc)?;
+            // The agreement waits as long as the communicator's timeout allows, and gives up
+            // early when kolo's transport learns that a peer failed (`interrupted`).
+            self.complete(op, st, deadline, interrupted)
+                .map_err(|e| match e {
+                    Error::Backend { .. } if Instant::now() >= deadline => Error::Stalled {
+                        op,
+                        rank: self.rank,
+                        call: header.call,
+                        waited: self.timeout,
+                    },
+                    e => e,
+                })?;
+            let a = st.a.ensure(gpu, 16, self.rank)?;
+            crate::device::download(gpu, a, &mut buf, self.rank)?;
+        }
+        if buf == input {
+            return Ok(());
+        }
+        Err(self.explain(header, &mine))
+    }
+
+    fn barrier(&self) -> Result<()> {
+        // NCCL has no barrier: a one-byte all-reduce (what PyTorch's NCCL barrier does).
+        self.staged("barrier", &[0], (1, true), None, |n, comm, s, src, dst| {
+            // SAFETY: one byte at `src` (= `dst`).
+            let rc = unsafe { (n.all_reduce)(src, dst, 1, UINT8, SUM, comm, s) };
+            self.check("barrier", rc)
+        })
+    }
+
+    fn broadcast(&self, buf: &mut [u8], dtype: DType, root: usize) -> Result<()> {
+        let count = buf.len() / dtype.size();
+        let r = int("broadcast", self.rank, "root", root)?;
+        let input = buf.to_vec();
+        self.staged(
+            "broadcast",
+            &input,
+            (buf.len(), true),
+            Some(buf),
+            |n, comm, s, src, dst| {
+                // SAFETY: `count` elements at `src` (= `dst`).
+                let rc = unsafe { (n.broadcast)(src, dst, count, data_type(dtype), r, comm, s) };
+                self.check("broadcast", rc)
+            },
+        )
+    }
+
+    fn all_reduce(&self, buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
+        let count = buf.len() / dtype.size();
+        let (dt, rop, reducer) = Self::reduction(dtype, op);
+        let input = buf.to_vec();
+        self.staged(
+            "all_reduce",
+            &input,
+            (buf.len(), true),
+            Some(&mut *buf),
+            |n, comm, s, src, dst| {
+                // SAFETY: `count` elements at `src` (= `dst`).
+                let rc = unsafe { (n.all_reduce)(src, dst, count, dt, rop, comm, s) };
+                self.check("all_reduce", rc)
+            },
+        )?;
+        reducer.finish(buf, self.size);
+        Ok(())
+    }
+
+    fn reduce(&self, buf: &mut [u8], dtype: DType, op: ReduceOp, root: usize) -> Result<()> {
+        let count = buf.len() / dtype.size();
+        let (dt, rop, reducer) = Self::reduction(dtype, op);
+        let r = int("reduce", self.rank, "root", root)?;
+        let input = buf.to_vec();
+        // Only the root's buffer changes.
+        let out = (self.rank == root).then_some(&mut *buf);
+        self.staged(
+            "reduce",
+            &input,
+            (input.len(), true),
+            out,
+            |n, comm, s, src, dst| {
+                // SAFETY: `count` elements at `src` (= `dst`).
+                let rc = unsafe { (n.reduce)(src, dst, count, dt, rop, r, comm, s) };
+                self.check("reduce", rc)
+            },
+        )?;
+        if self.rank == root {
+            reducer.finish(buf, self.size);
+        }
+        Ok(())
+    }
+
+    fn reduce_scatter(
+        &self,
+        send: &[u8],
+        recv: &mut [u8],
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let count = recv.len() / dtype.size();
+        let (dt, rop, reducer) = Self::reduction(dtype, op);
+        self.staged(
+            "reduce_scatter",
+            send,
+            (recv.len(), false),
+            Some(&mut *recv),
+            |n, comm, s, src, dst| {
+                // SAFETY: `size · count` elements at `src`, `count` at `dst`.
+                let rc = unsafe { (n.reduce_scatter)(src, dst, count, dt, rop, comm, s) };
+                self.check("reduce_scatter", rc)
+            },
+        )?;
+        reducer.finish(recv, self.size);
+        Ok(())
+    }
+
+    fn all_gather(
+        &self,
+        send: &[u8],
+        recv: &mut [u8],
+        dtype: DType,
+        counts: Option<&[usize]>,
+    ) -> Result<()> {
+        const OP: &str = "all_gather";
+        let Some(counts) = counts else {
+            let len = send.len();
+            return self.staged(
+                OP,
+                send,
+                (recv.len(), false),
+                Some(recv),
+                |n, comm, s, src, dst| {
+                    // SAFETY: `len` bytes at `src`, `len · size` at `dst`.
+                    let rc = unsafe { (n.all_gather)(src, dst, len, UINT8, comm, s) };
+                    self.check(OP, rc)
+                },
+            );
+        };
+        // Variable blocks: one broadcast per rank into its block, in one group.
+        let blocks = self.blocks(OP, recv.len(), dtype, Some(counts))?;
+        self.staged(
+            OP,
+            send,
+            (recv.len(), false),
+            Some(recv),
+            |n, comm, s, src, dst| {
+                // SAFETY: each block lies inside `dst`; `src` holds this rank's block.
+                let rc = unsafe {
+                    let rc = (n.group_start)();
+                    if rc != SUCCESS {
+                        return self.check(OP, rc);
+                    }
+                    let mut first = SUCCESS;
+                    for (root, &(off, len)) in blocks.iter().enumerate() {
+                        let d = (dst as usize + off) as *mut std::ffi::c_void;
+                        let rc = (n.broadcast)(src, d, len, UINT8, root as i32, comm, s);
+                        if first == SUCCESS {
+                            first = rc;
+                        }
+                    }
+                    let end = (n.group_end)();
+                    if first == SUCCESS {
+                        end
+                    } else {
+                        first
+                    }
+                };
+                self.check(OP, rc)
+            },
+        )
+    }
+
+    fn gather(
+        &self,
+        send: &[u8],
+        recv: &mut [u8],
+        dtype: DType,
+        counts: Option<&[usize]>,
+        root: usize,
+    ) -> Result<()> {
+        const OP: &str = "gather";
+        let total = if self.rank == root {
+            recv.len()
+        } else {
+            send.len() * self.size
+        };
+        let blocks = self.blocks(OP, total, dtype, counts)?;
+        let me = self.rank;
+        if me != root {
+            return self.staged(OP, send, (0, false), None, |n, comm, s, src, dst| {
+                let rc = Self::exchange(n, (comm, s), (src, dst), &[(root, 0, send.len())], &[]);
+                self.check(OP, rc)
+            });
+        }
+        let recvs: Vec<_> = (0..self.size)
+            .filter(|&r| r != me)
+            .map(|r| (r, blocks[r].0, blocks[r].1))
+            .collect();
+        self.staged(
+            OP,
+            &[],
+            (recv.len(), false),
+            Some(&mut *recv),
+            |n, comm, s, src, dst| {
+                let rc = Self::exchange(n, (comm, s), (src, dst), &[], &recvs);
+                self.check(OP, rc)
+            },
+        )?;
+        let (off, len) = blocks[me];
+        recv[off..off + len].copy_from_slice(&send[..len]);
+        Ok(())
+    }
+
+    fn scatter(
+        &self,
+        send: &[u8],
+        recv: &mut [u8],
+        dtype: DType,
+        counts: Option<&[usize]>,
+        root: usize,
+    ) -> Result<()> {
+        const OP: &str = "scatter";
+        let me = self.rank;
+        if me != root {
+            let len = recv.len();
+            return self.staged(OP, &[], (len, false), Some(recv), |n, comm, s, src, dst| {
+                let rc = Self::exchange(n, (comm, s), (src, dst), &[], &[(root, 0, len)]);
+                self.check(OP, rc)
+            });
+        }
+        let blocks = self.blocks(OP, send.len(), dtype, counts)?;
+        let sends: Vec<_> = (0..self.size)
+            .filter(|&r| r != me)
+            .map(|r| (r, blocks[r].0, blocks[r].1))
+            .collect();
+        self.staged(OP, send, (0, false), None, |n, comm, s, src, dst| {
+            let rc = Self::exchange(n, (comm, s), (src, dst), &sends, &[]);
+            self.check(OP, rc)
+        })?;
+        let (off, len) = blocks[me];
+        recv[..len].copy_from_slice(&send[off..off + len]);
+        Ok(())
+    }
+
+    fn all_to_all(
+        &self,
+        send: &[u8],
+        recv: &mut [u8],
+        dtype: DType,
+        counts: Option<(&[usize], &[usize])>,
+    ) -> Result<()> {
+        const OP: &str = "all_to_all";
+        let me = self.rank;
+        let sb = self.blocks(OP, send.len(), dtype, counts.map(|c| c.0))?;
+        let rb = self.blocks(OP, recv.len(), dtype, counts.map(|c| c.1))?;
+        if sb[me].1 != rb[me].1 {
+            return Err(Error::InvalidArgument {
+                op: OP,
+                rank: me,
+                arg: "counts",
+                reason: format!(
+                    "this rank sends itself {} bytes but expects {}",
+                    sb[me].1, rb[me].1
+                ),
+            });
+        }
+        let peers = || (0..self.size).filter(move |&r| r != me);
+        let sends: Vec<_> = peers().map(|r| (r, sb[r].0, sb[r].1)).collect();
+        let recvs: Vec<_> = peers().map(|r| (r, rb[r].0, rb[r].1)).collect();
+        self.staged(
+            OP,
+            send,
+            (recv.len(), false),
+            Some(&mut *recv),
+            |n, comm, s, src, dst| {
+                let rc = Self::exchange(n, (comm, s), (src, dst), &sends, &recvs);
+                self.check(OP, rc)
+            },
+        )?;
+        let ((so, len), (ro, _)) = (sb[me], rb[me]);
+        recv[ro..ro + len].copy_from_slice(&send[so..so + len]);
+        Ok(())
+    }
+
+    fn split(&self, color: Option<u32>, key: i64) -> Result<Option<Arc<dyn Engine>>> {
+        const OP: &str = "split";
+        let c = match color {
+            None => SPLIT_NOCOLOR,
+            Some(c) => int(OP, self.rank, "color", c as usize)?,
+        };
+        let k = i32::try_from(key).map_err(|_| Error::InvalidArgument {
+            op: OP,
+            rank: self.rank,
+            arg: "key",
+            reason: format!("{key} is outside NCCL's int range"),
+        })?;
+        // Every rank's (color, key) first: the new group's members, in NCCL's order (key, then
+        // rank), give each member's node.
+        let mut mine = [0u8; 8];
+        mine[..4].copy_from_slice(&c.to_le_bytes());
+        mine[4..].copy_from_slice(&k.to_le_bytes());
+        let all = self.all_gather_bytes(OP, &mine)?;
+        let mut members: Vec<(i32, usize)> = all
+            .chunks_exact(8)
+            .enumerate()
+            .filter_map(|(r, b)| {
+                let rc = i32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                let rk = i32::from_le_bytes([b[4], b[5], b[6], b[7]]);
+                (rc == c && c != SPLIT_NOCOLOR).then_some((rk, r))
+            })
+            .collect();
+        members.sort();
+        let guard = self.lock(OP)?;
+        self.gpu.bind(OP, self.rank)?;
+        let mut out: Comm = std::ptr::null_mut();
+        // SAFETY: live communicator; `out` is written by NCCL; a null config is the default.
+        let rc =
+            unsafe { (self.nccl.comm_split)(guard.comm.0, c, k, &mut out, std::ptr::null_mut()) };
+        self.check(OP, rc)?;
+        drop(guard);
+        if out.is_null() {
+            return Ok(None);
+        }
+        let rank = members
+            .iter()
+            .position(|&(_, r)| r == self.rank)
+            .ok_or_else(|| Error::Protocol {
+                rank: self.rank,
+                peer: self.rank,
+                reason: "NCCL made a communicator this rank is not in".into(),
+            })?;
+        let node_ids = members
+            .iter()
+            .map(|&(_, r)| self.node_ids[r].clone())
+            .collect();
+        Ok(Some(Arc::new(NcclEngine::over(
+            self.nccl,
+            RawComm(out),
+            (rank, members.len()),
+            node_ids,
+            self.timeout,
+            self.gpu.clone(),
+        ))))
+    }
+}

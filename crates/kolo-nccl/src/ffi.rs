@@ -1,0 +1,237 @@
+//! NCCL's C API, loaded at run time from `libnccl.so.2` (or `$KOLO_NCCL_LIBRARY`): the dozen
+//! functions kolo calls, resolved once per process. A missing library or symbol is an error naming
+//! it, never a panic or a link failure, so builds with the `nccl` feature run everywhere and fail
+//! only when NCCL is asked for.
+
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::sync::OnceLock;
+
+use kolo_core::{Error, Result};
+
+/// `ncclComm_t`.
+pub(crate) type Comm = *mut c_void;
+/// `cudaStream_t` (the driver's `CUstream`: the same handle).
+pub(crate) type Stream = *mut c_void;
+/// `ncclResult_t`.
+pub(crate) type Status = c_int;
+/// `ncclSuccess`.
+pub(crate) const SUCCESS: Status = 0;
+/// `ncclInProgress` (non-blocking communicators only; kolo's are blocking).
+pub(crate) const IN_PROGRESS: Status = 7;
+/// `NCCL_SPLIT_NOCOLOR`.
+pub(crate) const SPLIT_NOCOLOR: c_int = -1;
+/// `NCCL_UNIQUE_ID_BYTES`.
+pub const UNIQUE_ID_BYTES: usize = 128;
+
+/// `ncclUniqueId`: what rank 0 creates and every rank passes to `ncclCommInitRank`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct RawId {
+    pub(crate) internal: [c_char; UNIQUE_ID_BYTES],
+}
+
+/// The NCCL entry points kolo uses.
+pub(crate) struct Nccl {
+    // Kept loaded for the function pointers' lifetime (the whole process).
+    _lib: libloading::Library,
+    /// Where it was loaded from (the name passed to `dlopen`).
+    pub(crate) name: String,
+    pub(crate) get_version: unsafe extern "C" fn(*mut c_int) -> Status,
+    pub(crate) get_error_string: unsafe extern "C" fn(Status) -> *const c_char,
+    pub(crate) get_unique_id: unsafe extern "C" fn(*mut RawId) -> Status,
+    pub(crate) comm_init_rank: unsafe extern "C" fn(*mut Comm, c_int, RawId, c_int) -> Status,
+    pub(crate) comm_abort: unsafe extern "C" fn(Comm) -> Status,
+    pub(crate) comm_destroy: unsafe extern "C" fn(Comm) -> Status,
+    pub(crate) comm_get_async_error: unsafe extern "C" fn(Comm, *mut Status) -> Status,
+    pub(crate) comm_split:
+        unsafe extern "C" fn(Comm, c_int, c_int, *mut Comm, *mut c_void) -> Status,
+    #[allow(clippy::type_complexity)]
+    pub(crate) all_reduce: unsafe extern "C" fn(
+        *const c_void,
+        *mut c_void,
+        usize,
+        c_int,
+        c_int,
+        Comm,
+        Stream,
+    ) -> Status,
+    #[allow(clippy::type_complexity)]
+    pub(crate) broadcast: unsafe extern "C" fn(
+        *const c_void,
+        *mut c_void,
+        usize,
+        c_int,
+        c_int,
+        Comm,
+        Stream,
+    ) -> Status,
+    #[allow(clippy::type_complexity)]
+    pub(crate) reduce: unsafe extern "C" fn(
+        *const c_void,
+        *mut c_void,
+        usize,
+        c_int,
+        c_int,
+        c_int,
+        Comm,
+        Stream,
+    ) -> Status,
+    #[allow(clippy::type_complexity)]
+    pub(crate) reduce_scatter: unsafe extern "C" fn(
+        *const c_void,
+        *mut c_void,
+        usize,
+        c_int,
+        c_int,
+        Comm,
+        Stream,
+    ) -> Status,
+    pub(crate) all_gather:
+        unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, Comm, Stream) -> Status,
+    pub(crate) send:
+        unsafe extern "C" fn(*const c_void, usize, c_int, c_int, Comm, Stream) -> Status,
+    pub(crate) recv: unsafe extern "C" fn(*mut c_void, usize, c_int, c_int, Comm, Stream) -> Status,
+    pub(crate) group_start: unsafe extern "C" fn() -> Status,
+    pub(crate) group_end: unsafe extern "C" fn() -> Status,
+}
+
+impl std::fmt::Debug for Nccl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Nccl").field("name", &self.name).finish()
+    }
+}
+
+/// The names tried, in order: `$KOLO_NCCL_LIBRARY` if set, then NCCL's soname and the
+/// development link.
+fn candidates() -> Vec<String> {
+    let mut names = Vec::new();
+    if let Ok(path) = std::env::var("KOLO_NCCL_LIBRARY") {
+        if !path.is_empty() {
+            names.push(path);
+        }
+    }
+    names.extend(["libnccl.so.2".to_owned(), "libnccl.so".to_owned()]);
+    names
+}
+
+/// Resolves `name` in `lib` as a value of type `F` (a function pointer type).
+///
+/// # Safety
+/// `F` must be the symbol's C signature.
+unsafe fn symbol<F: Copy>(lib: &libloading::Library, lib_name: &str, name: &str) -> Result<F> {
+    // SAFETY: the caller vouches for the signature.
+    let sym = unsafe { lib.get::<F>(name.as_bytes()) };
+    sym.map(|s| *s).map_err(|e| {
+        unavailable(format!(
+            "{lib_name} has no {name} ({e}): NCCL 2.18 or later is needed"
+        ))
+    })
+}
+
+/// The error for a missing or unusable NCCL library.
+pub(crate) fn unavailable(reason: String) -> Error {
+    Error::Backend {
+        op: "init",
+        rank: 0,
+        backend: "nccl",
+        reason,
+    }
+}
+
+impl Nccl {
+    fn load() -> Result<Nccl> {
+        Nccl::load_from(&candidates())
+    }
+
+    /// The first of `names` that loads and has every entry point.
+    pub(crate) fn load_from(names: &[String]) -> Result<Nccl> {
+        let mut errors = Vec::new();
+        for name in names {
+            // SAFETY: loading NCCL runs its (and CUDA runtime's) initializers, which have no
+            // preconditions.
+            match unsafe { libloading::Library::new(name) } {
+                Ok(lib) => return Nccl::resolve(lib, name.clone()),
+                Err(e) => errors.push(format!("{name}: {e}")),
+            }
+        }
+        Err(unavailable(format!(
+            "the NCCL library could not be loaded ({}); install NCCL (NVIDIA's libnccl2, or \
+             PyPI's nvidia-nccl-cu12) and put its lib directory on LD_LIBRARY_PATH, or set \
+             KOLO_NCCL_LIBRARY to its path",
+            errors.join("; ")
+        )))
+    }
+
+    fn resolve(lib: libloading::Library, name: String) -> Result<Nccl> {
+        let n = name.as_str();
+        // SAFETY: each type below is the C prototype of the symbol in nccl.h (2.18 and later).
+        unsafe {
+            Ok(Nccl {
+                get_version: symbol(&lib, n, "ncclGetVersion")?,
+                get_error_string: symbol(&lib, n, "ncclGetErrorString")?,
+                get_unique_id: symbol(&lib, n, "ncclGetUniqueId")?,
+                comm_init_rank: symbol(&lib, n, "ncclCommInitRank")?,
+                comm_abort: symbol(&lib, n, "ncclCommAbort")?,
+                comm_destroy: symbol(&lib, n, "ncclCommDestroy")?,
+                comm_get_async_error: symbol(&lib, n, "ncclCommGetAsyncError")?,
+                comm_split: symbol(&lib, n, "ncclCommSplit")?,
+                all_reduce: symbol(&lib, n, "ncclAllReduce")?,
+                broadcast: symbol(&lib, n, "ncclBroadcast")?,
+                reduce: symbol(&lib, n, "ncclReduce")?,
+                reduce_scatter: symbol(&lib, n, "ncclReduceScatter")?,
+                all_gather: symbol(&lib, n, "ncclAllGather")?,
+                send: symbol(&lib, n, "ncclSend")?,
+                recv: symbol(&lib, n, "ncclRecv")?,
+                group_start: symbol(&lib, n, "ncclGroupStart")?,
+                group_end: symbol(&lib, n, "ncclGroupEnd")?,
+                _lib: lib,
+                name,
+            })
+        }
+    }
+
+    /// NCCL's description of `status`.
+    pub(crate) fn describe(&self, status: Status) -> String {
+        // SAFETY: ncclGetErrorString returns a static NUL-terminated string for any value.
+        let s = unsafe { (self.get_error_string)(status) };
+        if s.is_null() {
+            return format!("NCCL error {status}");
+        }
+        // SAFETY: non-null, NUL-terminated, static.
+        let text = unsafe { CStr::from_ptr(s) }.to_string_lossy();
+        format!("{text} (ncclResult {status})")
+    }
+}
+
+/// The process's NCCL, loaded on first use.
+pub(crate) fn nccl() -> Result<&'static Nccl> {
+    static NCCL: OnceLock<std::result::Result<Nccl, String>> = OnceLock::new();
+    let loaded = NCCL.get_or_init(|| {
+        Nccl::load().map_err(|e| match e {
+            Error::Backend { reason, .. } => reason,
+            e => e.to_string(),
+        })
+    });
+    match loaded {
+        Ok(n) => Ok(n),
+        Err(reason) => Err(unavailable(reason.clone())),
+    }
+}
+
+/// The loaded NCCL's version (`2.21.5`) and where it was loaded from.
+pub fn version() -> Result<(String, String)> {
+    let n = nccl()?;
+    let mut code: c_int = 0;
+    // SAFETY: `code` is a valid out-pointer.
+    let rc = unsafe { (n.get_version)(&mut code) };
+    if rc != SUCCESS {
+        return Err(unavailable(format!("ncclGetVersion: {}", n.describe(rc))));
+    }
+    // NCCL_VERSION_CODE: major·10000 + minor·100 + patch since 2.9 (major·1000 + ... before).
+    let (major, minor, patch) = if code >= 10000 {
+        (code / 10000, code % 10000 / 100, code % 100)
+    } else {
+        (code / 1000, code % 1000 / 100, code % 100)
+    };
+    Ok((format!("{major}.{minor}.{patch}"), n.name.clone()))
+}

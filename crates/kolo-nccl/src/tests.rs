@@ -1,0 +1,103 @@
+//! What runs without a GPU: loading NCCL (the real library where one is installed, e.g. by PyTorch's
+//! wheels), its errors, the unique id, and the errors of asking a machine without a GPU for NCCL.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::ffi::Nccl;
+use crate::{NcclEngine, NcclId};
+
+/// A `libnccl.so.2` on this machine: `$KOLO_TEST_NCCL`, or the one PyTorch's wheels installed in
+/// kolo's torch venv (scripts/install-torch.sh).
+fn installed_nccl() -> Option<PathBuf> {
+    if let Ok(p) = std::env::var("KOLO_TEST_NCCL") {
+        return Some(PathBuf::from(p));
+    }
+    let home = std::env::var("HOME").ok()?;
+    let cache = PathBuf::from(home).join(".cache/kolo");
+    for venv in std::fs::read_dir(cache).ok()?.flatten() {
+        let lib = venv.path().join("lib");
+        for py in std::fs::read_dir(&lib).ok()?.flatten() {
+            let p = py.path().join("site-packages/nvidia/nccl/lib/libnccl.so.2");
+            if p.exists() {
+                return Some(p);
+            }
+        }
+    }
+    None
+}
+
+#[test]
+fn a_missing_library_is_an_error_naming_it_and_the_fix() {
+    let err = Nccl::load_from(&["/nonexistent/libnccl.so.2".into()])
+        .map(|_| ())
+        .expect_err("no such file");
+    let msg = err.to_string();
+    assert!(msg.contains("/nonexistent/libnccl.so.2"), "{msg}");
+    assert!(
+        msg.contains("LD_LIBRARY_PATH") && msg.contains("KOLO_NCCL_LIBRARY"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_library_that_is_not_nccl_is_an_error_naming_the_symbol() {
+    let err = Nccl::load_from(&["libm.so.6".into()])
+        .map(|_| ())
+        .expect_err("libm is not NCCL");
+    let msg = err.to_string();
+    assert!(msg.contains("libm.so.6 has no ncclGetVersion"), "{msg}");
+}
+
+#[test]
+fn a_unique_id_of_the_wrong_length_is_refused() {
+    let err = NcclId::from_bytes(&[0u8; 12]).expect_err("12 bytes");
+    assert!(err.to_string().contains("128 bytes"), "{err}");
+    let id = NcclId::from_bytes(&[7u8; 128]).expect("128 bytes");
+    assert_eq!(id.as_bytes(), &[7u8; 128]);
+}
+
+#[test]
+fn the_installed_nccl_loads_and_reports_its_version() {
+    let Some(path) = installed_nccl() else {
+        eprintln!("no libnccl.so.2 here (run scripts/install-torch.sh); skipped");
+        return;
+    };
+    let n = Nccl::load_from(&[path.display().to_string()]).expect("NCCL loads");
+    let mut code = 0;
+    // SAFETY: a valid out-pointer.
+    assert_eq!(unsafe { (n.get_version)(&mut code) }, 0);
+    assert!(code >= 21800, "NCCL {code}: kolo needs 2.18 or later");
+    // Error strings come from the library itself.
+    assert!(
+        n.describe(1).contains("unhandled cuda error"),
+        "{}",
+        n.describe(1)
+    );
+    let mut raw = crate::ffi::RawId { internal: [0; 128] };
+    // SAFETY: a valid out-parameter.
+    let rc = unsafe { (n.get_unique_id)(&mut raw) };
+    // NCCL's bootstrap address (this host's, no GPU involved): what rank 0 publishes.
+    assert_eq!(rc, 0, "ncclGetUniqueId: {}", n.describe(rc));
+    assert!(raw.internal.iter().any(|&b| b != 0));
+}
+
+#[test]
+fn without_a_gpu_the_engine_is_an_error_naming_what_is_missing() {
+    if crate::driver_present().is_ok() {
+        eprintln!("a CUDA driver is present: the GPU tests apply instead; skipped");
+        return;
+    }
+    let id = NcclId::from_bytes(&[0u8; 128]).expect("id");
+    let names = vec!["a".to_owned(); 2];
+    let err = NcclEngine::new(&id, (1, 2), 0, names, Duration::from_secs(1), &|| Ok(()))
+        .expect_err("no GPU here");
+    let msg = err.to_string();
+    // Either library may be the first missing one, and the error names the rank.
+    assert!(msg.contains("on rank 1"), "{msg}");
+    assert!(
+        msg.contains("libcuda.so.1") || msg.contains("NCCL library"),
+        "{msg}"
+    );
+    assert!(crate::device_count().is_err());
+}
