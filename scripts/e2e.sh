@@ -232,7 +232,13 @@ check_train_sync_bn() {
         fail "$name" "--sync-bn with LeNet: exit $rc, '$out'"
         return
     fi
-    ok "$name (accuracy $acc%; --sync-bn with LeNet refused)"
+    rc=0
+    out=$("$KOLO" train --device cuda --model lenet 2>&1) || rc=$?
+    if ((rc != 2)) || ! grep -q "has no CUDA support" <<<"$out"; then
+        fail "$name" "--device cuda in a build without CUDA: exit $rc, '$out'"
+        return
+    fi
+    ok "$name (accuracy $acc%; --sync-bn with LeNet and --device cuda without CUDA refused)"
 }
 
 # kolo train with the gradient options: compression, Adasum, a sharded optimizer stopped after 2

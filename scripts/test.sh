@@ -102,5 +102,14 @@ stage "MPI backend: end-to-end (mpirun matrix, kolo train and bench on MPI)"
 cargo build "${MPI_CRATES[@]}" --features "$MPI_FEATURES" --bins --examples --locked
 scripts/e2e-mpi.sh target/debug
 
+stage "CUDA training build: kolo train --device cuda with NCCL (nvcc from PyPI; no GPU here)"
+# Compiles candle's CUDA kernels to PTX (about 8 minutes on 2 cores); what needs a GPU to run is
+# scripts/gpu-check.sh. In a subshell: nvcc and CUDARC_CUDA_VERSION stay out of the other stages.
+(
+  . scripts/cuda-env.sh
+  cargo clippy -p kolo-cli -p kolo-train --features kolo-cli/cuda,kolo-cli/nccl --all-targets \
+    --locked -- -D warnings
+)
+
 stage "done"
 echo "target/ holds $(du -sh target 2>/dev/null | cut -f1); $(df -Ph . | awk 'NR == 2 { print $4 }') left free"

@@ -7,6 +7,7 @@
 pub mod autograd;
 pub mod checkpoint;
 pub mod ddp;
+pub mod device;
 pub mod distributed;
 mod error;
 #[doc(hidden)]

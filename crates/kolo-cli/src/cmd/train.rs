@@ -13,6 +13,7 @@ use clap::Args;
 use kolo_core::settings::{Env, ProcessEnv};
 use kolo_data::DatasetKind;
 use kolo_train::ddp::{Compression, GradientReduce};
+use kolo_train::device::DeviceKind;
 use kolo_train::models::ModelKind;
 use kolo_train::optim::OptimizerKind;
 use kolo_train::precision::Precision;
@@ -76,6 +77,10 @@ pub struct TrainArgs {
     /// Compute precision: f32, or bf16 (forward and backward in bf16, f32 master weights)
     #[arg(long, default_value = "f32")]
     precision: Precision,
+    /// Where to train: cpu, or cuda (one GPU per worker, GPU number local rank; needs a build
+    /// with the `cuda` feature)
+    #[arg(long, default_value = "cpu")]
+    device: DeviceKind,
     /// Synchronized BatchNorm: statistics over the batches of all workers (resnet18)
     #[arg(long)]
     sync_bn: bool,
@@ -194,6 +199,7 @@ impl TrainArgs {
             reduce: self.reduce,
             shard_optimizer: self.shard_optimizer,
             timeline: self.timeline.clone(),
+            device: self.device,
         }
     }
 }
@@ -276,6 +282,12 @@ fn launch_job(args: &TrainArgs) -> Result<ExitCode, CliError> {
             "--sync-bn: model {} has no batch norm layers to synchronize (resnet18 has)",
             args.model
         )));
+    }
+    // Without CUDA in this build every worker would fail the same way: say it once, up front.
+    if args.device == DeviceKind::Cuda && !cfg!(feature = "cuda") {
+        if let Err(e) = args.device.device(0) {
+            return Err(CliError::Usage(format!("--device cuda: {e}")));
+        }
     }
     // On one node the world size is known here (elsewhere every worker checks it).
     if args.launch.nnodes == (1, 1) && !args.launch.on_hosts() {

@@ -97,6 +97,9 @@ pub struct TrainConfig {
     /// Write a timeline of the run (Chrome trace, [`crate::timeline`]) to this file.
     #[serde(default)]
     pub timeline: Option<PathBuf>,
+    /// Where the tensors live: the CPU, or one GPU per rank ([`crate::device`]).
+    #[serde(default)]
+    pub device: crate::device::DeviceKind,
 }
 
 impl Default for TrainConfig {
@@ -132,6 +135,7 @@ impl Default for TrainConfig {
             reduce: crate::ddp::GradientReduce::Average,
             shard_optimizer: false,
             timeline: None,
+            device: crate::device::DeviceKind::Cpu,
         }
     }
 }
@@ -291,9 +295,10 @@ fn check_config(cfg: &TrainConfig) -> Result<()> {
     Ok(())
 }
 
-/// Trains on this rank of `comm` according to `cfg`, on the CPU; every rank returns the summary.
+/// Trains on this rank of `comm` according to `cfg`, on `cfg.device` (the CPU, or GPU number
+/// local rank of this host); every rank returns the summary.
 pub fn run(comm: &Communicator, cfg: &TrainConfig) -> Result<Summary> {
-    run_on(comm, cfg, &Device::Cpu)
+    run_on(comm, cfg, &cfg.device.device(comm.local_rank())?)
 }
 
 /// Trains on this rank of `comm` according to `cfg` with tensors on `device`; every rank returns

@@ -1,0 +1,102 @@
+//! Where a worker's tensors live: the CPU (kolo's kernels), or with the `cuda` feature one GPU per
+//! rank, GPU number *local rank* of its host (PyTorch's `torch.cuda.set_device(local_rank)`).
+//!
+//! The training stack is device-generic: kolo's CPU kernels step aside for candle's own ops on a
+//! GPU, the optimizers fall back to candle's tensor arithmetic, and DDP moves each gradient bucket
+//! through host memory for the communicator (any backend; NCCL stages it back onto its GPU).
+
+use std::fmt;
+use std::str::FromStr;
+
+use candle_core::Device;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Result, TrainError};
+
+/// The kind of device a run trains on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceKind {
+    /// The CPU (the default).
+    #[default]
+    Cpu,
+    /// An NVIDIA GPU through candle's CUDA backend (the `cuda` feature).
+    Cuda,
+}
+
+impl DeviceKind {
+    /// The device of the rank with local rank `local_rank`: the CPU, or GPU `local_rank`.
+    pub fn device(self, local_rank: usize) -> Result<Device> {
+        match self {
+            DeviceKind::Cpu => Ok(Device::Cpu),
+            DeviceKind::Cuda => cuda(local_rank),
+        }
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn cuda(ordinal: usize) -> Result<Device> {
+    Device::new_cuda(ordinal).map_err(|e| TrainError::InvalidArgument {
+        arg: "device",
+        reason: format!(
+            "GPU {ordinal} (this rank's local rank) cannot be used: {e}; start at most one \
+             worker per GPU on each host"
+        ),
+    })
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda(_ordinal: usize) -> Result<Device> {
+    Err(TrainError::InvalidArgument {
+        arg: "device",
+        reason: "this build of kolo has no CUDA support: build it with `--features \
+                 kolo-cli/cuda` (which needs CUDA's nvcc; README, *GPUs*)"
+            .into(),
+    })
+}
+
+impl fmt::Display for DeviceKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            DeviceKind::Cpu => "cpu",
+            DeviceKind::Cuda => "cuda",
+        })
+    }
+}
+
+impl FromStr for DeviceKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "cpu" => Ok(DeviceKind::Cpu),
+            "cuda" | "gpu" => Ok(DeviceKind::Cuda),
+            other => Err(format!("unknown device '{other}': expected cpu or cuda")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn devices_parse_and_print() {
+        assert_eq!("CPU".parse(), Ok(DeviceKind::Cpu));
+        assert_eq!("cuda".parse(), Ok(DeviceKind::Cuda));
+        assert_eq!("gpu".parse(), Ok(DeviceKind::Cuda));
+        let e = "tpu".parse::<DeviceKind>().expect_err("no TPUs");
+        assert!(e.contains("expected cpu or cuda"), "{e}");
+        assert_eq!(DeviceKind::Cuda.to_string(), "cuda");
+        assert!(matches!(DeviceKind::Cpu.device(3), Ok(Device::Cpu)));
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    #[test]
+    fn cuda_without_the_feature_says_how_to_get_it() {
+        let e = DeviceKind::Cuda
+            .device(0)
+            .expect_err("no CUDA in this build");
+        assert!(e.to_string().contains("--features kolo-cli/cuda"), "{e}");
+    }
+}
