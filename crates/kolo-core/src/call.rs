@@ -408,6 +408,38 @@ mod tests {
     }
 
     #[test]
+    fn a_disagreement_names_the_first_rank_in_another_call() {
+        let h = sample();
+        let mut other = h;
+        other.call.count = 12;
+        let all: Vec<u8> = [h, h, other, other]
+            .iter()
+            .flat_map(|x| x.encode())
+            .collect();
+        match crate::disagreement(&h, 1, &all) {
+            crate::Error::Mismatch {
+                rank: 1,
+                peer: 2,
+                remote,
+                ..
+            } => assert_eq!(remote.count, 12),
+            e => panic!("expected a mismatch naming rank 2, got {e}"),
+        }
+        let mut garbled = h.encode();
+        garbled[17] = 0xff;
+        let all: Vec<u8> = h.encode().iter().chain(garbled.iter()).copied().collect();
+        assert!(matches!(
+            crate::disagreement(&h, 0, &all),
+            crate::Error::Protocol { peer: 1, .. }
+        ));
+        let same: Vec<u8> = [h, h].iter().flat_map(|x| x.encode()).collect();
+        assert!(matches!(
+            crate::disagreement(&h, 0, &same),
+            crate::Error::Protocol { peer: 0, .. }
+        ));
+    }
+
+    #[test]
     fn call_display_names_everything() {
         assert_eq!(
             sample().call.to_string(),

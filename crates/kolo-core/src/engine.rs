@@ -9,7 +9,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::{DType, Header, ReduceOp, Result};
+use crate::{DType, Error, Header, ReduceOp, Result, HEADER_LEN};
 
 /// Whole collectives on raw bytes of one element type, over a group of `size()` ranks.
 ///
@@ -91,4 +91,37 @@ pub trait Engine: Send + Sync + fmt::Debug {
     /// The engine of a sub-group: ranks passing the same `color` ordered by `key` (ties by rank);
     /// `None` for a rank passing no color. Collective over this group (MPI's `MPI_Comm_split`).
     fn split(&self, color: Option<u32>, key: i64) -> Result<Option<Arc<dyn Engine>>>;
+}
+
+/// The error behind an agreement that failed ([`Engine::agree`]): `all` holds every rank's encoded
+/// header in rank order (an all-gather of [`Header::encode`]); names the first rank whose call
+/// differs from `header`, this rank's (`rank`).
+pub fn disagreement(header: &Header, rank: usize, all: &[u8]) -> Error {
+    let mine = header.encode();
+    for (peer, chunk) in all.chunks_exact(HEADER_LEN).enumerate() {
+        if chunk == mine.as_slice() {
+            continue;
+        }
+        let mut b = [0u8; HEADER_LEN];
+        b.copy_from_slice(chunk);
+        return match Header::decode(&b) {
+            Ok(theirs) => Error::Mismatch {
+                rank,
+                peer,
+                local: header.call,
+                remote: theirs.call,
+                tag: header.tag,
+            },
+            Err(e) => Error::Protocol {
+                rank,
+                peer,
+                reason: format!("undecodable call fingerprint: {}", e.0),
+            },
+        };
+    }
+    Error::Protocol {
+        rank,
+        peer: rank,
+        reason: "the ranks disagreed on a call but every fingerprint is equal".into(),
+    }
 }

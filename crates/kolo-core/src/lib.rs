@@ -19,7 +19,7 @@ pub mod transport;
 pub use arena::Arena;
 pub use call::{Algorithm, Call, Header, OpKind, Tag, TagSpace, HEADER_LEN};
 pub use dtype::{DType, Element};
-pub use engine::Engine;
+pub use engine::{disagreement, Engine};
 pub use error::{Error, LinkFailure, RecvError, Result};
 pub use reduce::{ReduceOp, Reducer};
 pub use transport::{segment_ranges, Mailbox, Message, Received, Transport};

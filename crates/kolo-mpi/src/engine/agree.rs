@@ -119,31 +119,6 @@ impl MpiEngine {
         if let Err(e) = self.check(header.call.op.name(), rc) {
             return e;
         }
-        for (peer, chunk) in all.chunks_exact(HEADER_LEN).enumerate() {
-            if chunk == mine.as_slice() {
-                continue;
-            }
-            let mut b = [0u8; HEADER_LEN];
-            b.copy_from_slice(chunk);
-            return match Header::decode(&b) {
-                Ok(theirs) => Error::Mismatch {
-                    rank: self.rank,
-                    peer,
-                    local: header.call,
-                    remote: theirs.call,
-                    tag: header.tag,
-                },
-                Err(e) => Error::Protocol {
-                    rank: self.rank,
-                    peer,
-                    reason: format!("undecodable call fingerprint: {}", e.0),
-                },
-            };
-        }
-        Error::Protocol {
-            rank: self.rank,
-            peer: self.rank,
-            reason: "the ranks disagreed on a call but every fingerprint is equal".into(),
-        }
+        kolo_core::disagreement(header, self.rank, &all)
     }
 }

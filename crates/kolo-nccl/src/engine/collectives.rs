@@ -33,35 +33,9 @@ impl NcclEngine {
 
     /// The mismatch behind a failed agreement: every rank's header, the first differing named.
     fn explain(&self, header: &Header, mine: &[u8; HEADER_LEN]) -> Error {
-        let all = match self.all_gather_bytes(header.call.op.name(), mine) {
-            Ok(all) => all,
-            Err(e) => return e,
-        };
-        for (peer, chunk) in all.chunks_exact(HEADER_LEN).enumerate() {
-            if chunk == mine.as_slice() {
-                continue;
-            }
-            let mut b = [0u8; HEADER_LEN];
-            b.copy_from_slice(chunk);
-            return match Header::decode(&b) {
-                Ok(theirs) => Error::Mismatch {
-                    rank: self.rank,
-                    peer,
-                    local: header.call,
-                    remote: theirs.call,
-                    tag: header.tag,
-                },
-                Err(e) => Error::Protocol {
-                    rank: self.rank,
-                    peer,
-                    reason: format!("undecodable call fingerprint: {}", e.0),
-                },
-            };
-        }
-        Error::Protocol {
-            rank: self.rank,
-            peer: self.rank,
-            reason: "the ranks disagreed on a call but every fingerprint is equal".into(),
+        match self.all_gather_bytes(header.call.op.name(), mine) {
+            Ok(all) => kolo_core::disagreement(header, self.rank, &all),
+            Err(e) => e,
         }
     }
 
