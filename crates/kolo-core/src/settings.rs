@@ -101,7 +101,8 @@ pub const SETTINGS: &[Setting] = &[
     s("KOLO_BIND", "`cores`", "`kolo run`/`train`/`bench`: `cores` binds each worker to its own block of CPUs, `none` does not"),
     s("KOLO_CPUS", "set by `kolo run`", "the CPUs a bound worker may run on"),
     s("KOLO_SSH", "`ssh -o BatchMode=yes`", "the command `kolo run` starts the other hosts' launchers with"),
-    s("KOLO_BACKEND", "`auto`", "`auto`: MPI under `mpirun`/`srun` when built with the `mpi` feature, else kolo's; `kolo`; `mpi` (an error in a build without the feature)"),
+    s("KOLO_BACKEND", "`auto`", "`auto`: MPI under `mpirun`/`srun` when built with the `mpi` feature, else kolo's; `kolo`; `mpi`; `nccl` (collectives on NCCL, one process per GPU; `mpi` and `nccl` are errors in a build without their feature)"),
+    s("KOLO_NCCL_LIBRARY", "`libnccl.so.2` from the loader's path", "the NCCL library `KOLO_BACKEND=nccl` loads (a path or a name)"),
     s("KOLO_MPI_HALF", "`op`", "f16/bf16 reductions on MPI: `op` (user-defined MPI operators on the 16-bit values) or `convert` (to f32 and back)"),
     s("KOLO_MPIRUN", "`mpirun`", "the launcher `--backend mpi` runs"),
     s("KOLO_MPIRUN_ARGS", "none", "options added to that launcher (hosts, binding)"),
@@ -155,7 +156,7 @@ mod tests {
     /// of [`SETTINGS`], so a variable cannot be added without its row (and README.md's).
     #[test]
     fn every_variable_in_the_sources_is_in_the_table() {
-        const TEST_ONLY: &[&str] = &["KOLO_TEST_VAR", "KOLO_NO_SUCH"];
+        const TEST_ONLY: &[&str] = &["KOLO_TEST_VAR", "KOLO_NO_SUCH", "KOLO_TEST_NCCL"];
         fn sources(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
             for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
                 let path = entry.path();
