@@ -114,13 +114,21 @@ impl NcclEngine {
         timeout: Duration,
         interrupted: &dyn Fn() -> Result<()>,
     ) -> Result<NcclEngine> {
-        if rank >= size || node_ids.len() != size {
+        if rank >= size {
             return Err(Error::RankOutOfRange {
                 op: "init",
                 rank,
                 arg: "rank",
                 value: rank,
                 size,
+            });
+        }
+        if node_ids.len() != size {
+            return Err(Error::InvalidArgument {
+                op: "init",
+                rank,
+                arg: "node_ids",
+                reason: format!("{} node ids for {size} ranks", node_ids.len()),
             });
         }
         let nccl = ffi::nccl().map_err(|e| at_rank(e, rank))?;

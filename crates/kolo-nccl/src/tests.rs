@@ -83,6 +83,28 @@ fn the_installed_nccl_loads_and_reports_its_version() {
 }
 
 #[test]
+fn a_bad_rank_or_node_list_is_refused_before_anything_loads() {
+    let id = NcclId::from_bytes(&[0u8; 128]).expect("id");
+    let one = Duration::from_secs(1);
+    let e = NcclEngine::new(&id, (2, 2), 0, vec!["a".into(); 2], one, &|| Ok(()))
+        .expect_err("rank 2 of 2");
+    assert!(
+        matches!(
+            e,
+            kolo_core::Error::RankOutOfRange {
+                value: 2,
+                size: 2,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let e = NcclEngine::new(&id, (0, 2), 0, vec!["a".into()], one, &|| Ok(()))
+        .expect_err("one node id for two ranks");
+    assert!(e.to_string().contains("1 node ids for 2 ranks"), "{e}");
+}
+
+#[test]
 fn without_a_gpu_the_engine_is_an_error_naming_what_is_missing() {
     if crate::driver_present().is_ok() {
         eprintln!("a CUDA driver is present: the GPU tests apply instead; skipped");
