@@ -80,6 +80,16 @@ struct State {
     aborted: Option<String>,
 }
 
+/// What a staged operation reads and writes on the host.
+enum Io<'a> {
+    /// `buf` goes into staging buffer A, the operation runs in place there, and A comes back into
+    /// `buf` when `back` (a reduce's other ranks keep theirs).
+    InPlace { buf: &'a mut [u8], back: bool },
+    /// `send` goes into A, the operation writes staging buffer B, and B comes back into `recv`
+    /// (empty where this rank receives nothing).
+    Apart { send: &'a [u8], recv: &'a mut [u8] },
+}
+
 /// Whole collectives over NCCL, one process per GPU.
 pub struct NcclEngine {
     nccl: &'static Nccl,
@@ -331,47 +341,55 @@ impl NcclEngine {
         Err(error)
     }
 
-    /// Runs one NCCL operation on staged buffers: `input` is uploaded into staging buffer A;
-    /// `enqueue` gets the communicator, the stream and the device addresses of A (input) and B
-    /// (`out_len` bytes of output; A itself when `in_place`); after it completes the output is
-    /// downloaded into `output`.
+    /// Runs one NCCL operation on staged buffers (see [`Io`]) within the communicator's timeout.
     fn staged(
         &self,
         op: &'static str,
-        input: &[u8],
-        (out_len, in_place): (usize, bool),
-        output: Option<&mut [u8]>,
+        io: Io<'_>,
+        enqueue: impl FnOnce(&Nccl, Comm, Stream, *const c_void, *mut c_void) -> Result<()>,
+    ) -> Result<()> {
+        let deadline = Instant::now() + self.timeout;
+        self.staged_until(op, io, (deadline, &|| Ok(())), enqueue)
+    }
+
+    /// [`NcclEngine::staged`] until `deadline`, giving up early with `interrupted`'s error.
+    /// `enqueue` gets the communicator, the stream and the device addresses of staging buffer A
+    /// (the input) and of the output (A itself in place, else B).
+    fn staged_until(
+        &self,
+        op: &'static str,
+        io: Io<'_>,
+        (deadline, interrupted): (Instant, &dyn Fn() -> Result<()>),
         enqueue: impl FnOnce(&Nccl, Comm, Stream, *const c_void, *mut c_void) -> Result<()>,
     ) -> Result<()> {
         let mut guard = self.lock(op)?;
         self.gpu.bind(op, self.rank)?;
         let st = &mut *guard;
         let gpu = &*self.gpu;
-        let a_len = if in_place {
-            input.len().max(out_len)
-        } else {
-            input.len()
+        let input: &[u8] = match &io {
+            Io::InPlace { buf, .. } => buf,
+            Io::Apart { send, .. } => send,
         };
-        let a = st.a.ensure(gpu, a_len, self.rank)?;
+        let a = st.a.ensure(gpu, input.len(), self.rank)?;
         upload(gpu, input, a, self.rank)?;
         let src = ptr(gpu, a, 0);
-        let dst = if in_place {
-            ptr_mut(gpu, a, 0)
-        } else {
-            let b = st.b.ensure(gpu, out_len, self.rank)?;
-            ptr_mut(gpu, b, 0)
+        let dst = match &io {
+            Io::InPlace { .. } => ptr_mut(gpu, a, 0),
+            Io::Apart { recv, .. } => ptr_mut(gpu, st.b.ensure(gpu, recv.len(), self.rank)?, 0),
         };
         enqueue(self.nccl, st.comm.0, self.stream(), src, dst)?;
-        self.complete(op, st, Instant::now() + self.timeout, &|| Ok(()))?;
-        if let Some(out) = output {
-            let from = if in_place {
-                st.a.ensure(gpu, a_len, self.rank)?
-            } else {
-                st.b.ensure(gpu, out_len, self.rank)?
-            };
-            download(gpu, from, out, self.rank)?;
+        self.complete(op, st, deadline, interrupted)?;
+        match io {
+            Io::InPlace { buf, back: true } => {
+                let a = st.a.ensure(gpu, buf.len(), self.rank)?;
+                download(gpu, a, buf, self.rank)
+            }
+            Io::InPlace { back: false, .. } => Ok(()),
+            Io::Apart { recv, .. } => {
+                let b = st.b.ensure(gpu, recv.len(), self.rank)?;
+                download(gpu, b, recv, self.rank)
+            }
         }
-        Ok(())
     }
 
     /// Byte offsets and lengths of the `size` blocks of a buffer: equal blocks of `total` bytes,

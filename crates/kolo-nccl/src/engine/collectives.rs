@@ -8,7 +8,7 @@ use std::time::Instant;
 use kolo_core::call::fnv1a;
 use kolo_core::{DType, Engine, Error, Header, ReduceOp, Reducer, Result, HEADER_LEN};
 
-use super::{int, NcclEngine, RawComm};
+use super::{int, Io, NcclEngine, RawComm};
 use crate::ffi::{Comm, SPLIT_NOCOLOR, SUCCESS};
 use crate::types::{data_type, host_op, MAX, SUM, UINT64, UINT8};
 
@@ -16,19 +16,18 @@ impl NcclEngine {
     /// Every rank's `mine` (`len` bytes each), in rank order.
     fn all_gather_bytes(&self, op: &'static str, mine: &[u8]) -> Result<Vec<u8>> {
         let mut all = vec![0u8; mine.len() * self.size];
-        let len = mine.len();
-        self.staged(
-            op,
-            mine,
-            (all.len(), false),
-            Some(&mut all),
-            |n, comm, s, src, dst| {
-                // SAFETY: `src` holds `len` bytes, `dst` `len · size`.
-                let rc = unsafe { (n.all_gather)(src, dst, len, UINT8, comm, s) };
-                self.check(op, rc)
-            },
-        )?;
+        self.all_gather_into(op, mine, &mut all)?;
         Ok(all)
+    }
+
+    /// Every rank's `send` (equal lengths) in rank order into `recv`: NCCL's all-gather on bytes.
+    fn all_gather_into(&self, op: &'static str, send: &[u8], recv: &mut [u8]) -> Result<()> {
+        let len = send.len();
+        self.staged(op, Io::Apart { send, recv }, |n, comm, s, src, dst| {
+            // SAFETY: `src` holds `len` bytes, `dst` `len · size`.
+            let rc = unsafe { (n.all_gather)(src, dst, len, UINT8, comm, s) };
+            self.check(op, rc)
+        })
     }
 
     /// The mismatch behind a failed agreement: every rank's header, the first differing named.
@@ -76,33 +75,26 @@ impl Engine for NcclEngine {
         buf[..8].copy_from_slice(&h.to_le_bytes());
         buf[8..].copy_from_slice(&(!h).to_le_bytes());
         let input = buf;
-        {
-            let mut guard = self.lock(op)?;
-            self.gpu.bind(op, self.rank)?;
-            let st = &mut *guard;
-            let gpu = &*self.gpu;
-            let a = st.a.ensure(gpu, 16, self.rank)?;
-            crate::device::upload(gpu, &input, a, self.rank)?;
-            let p = crate::device::ptr_mut(gpu, a, 0);
-            // SAFETY: `p` holds two u64 on this engine's device.
-            let rc =
-                unsafe { (self.nccl.all_reduce)(p, p, 2, UINT64, MAX, st.comm.0, self.stream()) };
-            self.check(op, rc)?;
-            // The agreement waits as long as the communicator's timeout allows, and gives up
-            // early when kolo's transport learns that a peer failed (`interrupted`).
-            self.complete(op, st, deadline, interrupted)
-                .map_err(|e| match e {
-                    Error::Backend { .. } if Instant::now() >= deadline => Error::Stalled {
-                        op,
-                        rank: self.rank,
-                        call: header.call,
-                        waited: self.timeout,
-                    },
-                    e => e,
-                })?;
-            let a = st.a.ensure(gpu, 16, self.rank)?;
-            crate::device::download(gpu, a, &mut buf, self.rank)?;
-        }
+        let io = Io::InPlace {
+            buf: &mut buf,
+            back: true,
+        };
+        // The agreement waits as long as the communicator's timeout allows, and gives up early
+        // when kolo's transport learns that a peer failed (`interrupted`).
+        self.staged_until(op, io, (deadline, interrupted), |n, comm, s, src, dst| {
+            // SAFETY: two u64 at `src` (= `dst`).
+            let rc = unsafe { (n.all_reduce)(src, dst, 2, UINT64, MAX, comm, s) };
+            self.check(op, rc)
+        })
+        .map_err(|e| match e {
+            Error::Backend { .. } if Instant::now() >= deadline => Error::Stalled {
+                op,
+                rank: self.rank,
+                call: header.call,
+                waited: self.timeout,
+            },
+            e => e,
+        })?;
         if buf == input {
             return Ok(());
         }
@@ -111,7 +103,11 @@ impl Engine for NcclEngine {
 
     fn barrier(&self) -> Result<()> {
         // NCCL has no barrier: a one-byte all-reduce (what PyTorch's NCCL barrier does).
-        self.staged("barrier", &[0], (1, true), None, |n, comm, s, src, dst| {
+        let io = Io::InPlace {
+            buf: &mut [0],
+            back: false,
+        };
+        self.staged("barrier", io, |n, comm, s, src, dst| {
             // SAFETY: one byte at `src` (= `dst`).
             let rc = unsafe { (n.all_reduce)(src, dst, 1, UINT8, SUM, comm, s) };
             self.check("barrier", rc)
@@ -121,35 +117,26 @@ impl Engine for NcclEngine {
     fn broadcast(&self, buf: &mut [u8], dtype: DType, root: usize) -> Result<()> {
         let count = buf.len() / dtype.size();
         let r = int("broadcast", self.rank, "root", root)?;
-        let input = buf.to_vec();
-        self.staged(
-            "broadcast",
-            &input,
-            (buf.len(), true),
-            Some(buf),
-            |n, comm, s, src, dst| {
-                // SAFETY: `count` elements at `src` (= `dst`).
-                let rc = unsafe { (n.broadcast)(src, dst, count, data_type(dtype), r, comm, s) };
-                self.check("broadcast", rc)
-            },
-        )
+        let io = Io::InPlace { buf, back: true };
+        self.staged("broadcast", io, |n, comm, s, src, dst| {
+            // SAFETY: `count` elements at `src` (= `dst`).
+            let rc = unsafe { (n.broadcast)(src, dst, count, data_type(dtype), r, comm, s) };
+            self.check("broadcast", rc)
+        })
     }
 
     fn all_reduce(&self, buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
         let count = buf.len() / dtype.size();
         let (dt, rop, reducer) = Self::reduction(dtype, op);
-        let input = buf.to_vec();
-        self.staged(
-            "all_reduce",
-            &input,
-            (buf.len(), true),
-            Some(&mut *buf),
-            |n, comm, s, src, dst| {
-                // SAFETY: `count` elements at `src` (= `dst`).
-                let rc = unsafe { (n.all_reduce)(src, dst, count, dt, rop, comm, s) };
-                self.check("all_reduce", rc)
-            },
-        )?;
+        let io = Io::InPlace {
+            buf: &mut *buf,
+            back: true,
+        };
+        self.staged("all_reduce", io, |n, comm, s, src, dst| {
+            // SAFETY: `count` elements at `src` (= `dst`).
+            let rc = unsafe { (n.all_reduce)(src, dst, count, dt, rop, comm, s) };
+            self.check("all_reduce", rc)
+        })?;
         reducer.finish(buf, self.size);
         Ok(())
     }
@@ -158,20 +145,16 @@ impl Engine for NcclEngine {
         let count = buf.len() / dtype.size();
         let (dt, rop, reducer) = Self::reduction(dtype, op);
         let r = int("reduce", self.rank, "root", root)?;
-        let input = buf.to_vec();
         // Only the root's buffer changes.
-        let out = (self.rank == root).then_some(&mut *buf);
-        self.staged(
-            "reduce",
-            &input,
-            (input.len(), true),
-            out,
-            |n, comm, s, src, dst| {
-                // SAFETY: `count` elements at `src` (= `dst`).
-                let rc = unsafe { (n.reduce)(src, dst, count, dt, rop, r, comm, s) };
-                self.check("reduce", rc)
-            },
-        )?;
+        let io = Io::InPlace {
+            buf: &mut *buf,
+            back: self.rank == root,
+        };
+        self.staged("reduce", io, |n, comm, s, src, dst| {
+            // SAFETY: `count` elements at `src` (= `dst`).
+            let rc = unsafe { (n.reduce)(src, dst, count, dt, rop, r, comm, s) };
+            self.check("reduce", rc)
+        })?;
         if self.rank == root {
             reducer.finish(buf, self.size);
         }
@@ -187,17 +170,15 @@ impl Engine for NcclEngine {
     ) -> Result<()> {
         let count = recv.len() / dtype.size();
         let (dt, rop, reducer) = Self::reduction(dtype, op);
-        self.staged(
-            "reduce_scatter",
+        let io = Io::Apart {
             send,
-            (recv.len(), false),
-            Some(&mut *recv),
-            |n, comm, s, src, dst| {
-                // SAFETY: `size · count` elements at `src`, `count` at `dst`.
-                let rc = unsafe { (n.reduce_scatter)(src, dst, count, dt, rop, comm, s) };
-                self.check("reduce_scatter", rc)
-            },
-        )?;
+            recv: &mut *recv,
+        };
+        self.staged("reduce_scatter", io, |n, comm, s, src, dst| {
+            // SAFETY: `size · count` elements at `src`, `count` at `dst`.
+            let rc = unsafe { (n.reduce_scatter)(src, dst, count, dt, rop, comm, s) };
+            self.check("reduce_scatter", rc)
+        })?;
         reducer.finish(recv, self.size);
         Ok(())
     }
@@ -211,51 +192,34 @@ impl Engine for NcclEngine {
     ) -> Result<()> {
         const OP: &str = "all_gather";
         let Some(counts) = counts else {
-            let len = send.len();
-            return self.staged(
-                OP,
-                send,
-                (recv.len(), false),
-                Some(recv),
-                |n, comm, s, src, dst| {
-                    // SAFETY: `len` bytes at `src`, `len · size` at `dst`.
-                    let rc = unsafe { (n.all_gather)(src, dst, len, UINT8, comm, s) };
-                    self.check(OP, rc)
-                },
-            );
+            return self.all_gather_into(OP, send, recv);
         };
         // Variable blocks: one broadcast per rank into its block, in one group.
         let blocks = self.blocks(OP, recv.len(), dtype, Some(counts))?;
-        self.staged(
-            OP,
-            send,
-            (recv.len(), false),
-            Some(recv),
-            |n, comm, s, src, dst| {
-                // SAFETY: each block lies inside `dst`; `src` holds this rank's block.
-                let rc = unsafe {
-                    let rc = (n.group_start)();
-                    if rc != SUCCESS {
-                        return self.check(OP, rc);
-                    }
-                    let mut first = SUCCESS;
-                    for (root, &(off, len)) in blocks.iter().enumerate() {
-                        let d = (dst as usize + off) as *mut std::ffi::c_void;
-                        let rc = (n.broadcast)(src, d, len, UINT8, root as i32, comm, s);
-                        if first == SUCCESS {
-                            first = rc;
-                        }
-                    }
-                    let end = (n.group_end)();
+        self.staged(OP, Io::Apart { send, recv }, |n, comm, s, src, dst| {
+            // SAFETY: each block lies inside `dst`; `src` holds this rank's block.
+            let rc = unsafe {
+                let rc = (n.group_start)();
+                if rc != SUCCESS {
+                    return self.check(OP, rc);
+                }
+                let mut first = SUCCESS;
+                for (root, &(off, len)) in blocks.iter().enumerate() {
+                    let d = (dst as usize + off) as *mut std::ffi::c_void;
+                    let rc = (n.broadcast)(src, d, len, UINT8, root as i32, comm, s);
                     if first == SUCCESS {
-                        end
-                    } else {
-                        first
+                        first = rc;
                     }
-                };
-                self.check(OP, rc)
-            },
-        )
+                }
+                let end = (n.group_end)();
+                if first == SUCCESS {
+                    end
+                } else {
+                    first
+                }
+            };
+            self.check(OP, rc)
+        })
     }
 
     fn gather(
@@ -275,7 +239,11 @@ impl Engine for NcclEngine {
         let blocks = self.blocks(OP, total, dtype, counts)?;
         let me = self.rank;
         if me != root {
-            return self.staged(OP, send, (0, false), None, |n, comm, s, src, dst| {
+            let io = Io::Apart {
+                send,
+                recv: &mut [],
+            };
+            return self.staged(OP, io, |n, comm, s, src, dst| {
                 let rc = Self::exchange(n, (comm, s), (src, dst), &[(root, 0, send.len())], &[]);
                 self.check(OP, rc)
             });
@@ -284,16 +252,14 @@ impl Engine for NcclEngine {
             .filter(|&r| r != me)
             .map(|r| (r, blocks[r].0, blocks[r].1))
             .collect();
-        self.staged(
-            OP,
-            &[],
-            (recv.len(), false),
-            Some(&mut *recv),
-            |n, comm, s, src, dst| {
-                let rc = Self::exchange(n, (comm, s), (src, dst), &[], &recvs);
-                self.check(OP, rc)
-            },
-        )?;
+        let io = Io::Apart {
+            send: &[],
+            recv: &mut *recv,
+        };
+        self.staged(OP, io, |n, comm, s, src, dst| {
+            let rc = Self::exchange(n, (comm, s), (src, dst), &[], &recvs);
+            self.check(OP, rc)
+        })?;
         let (off, len) = blocks[me];
         recv[off..off + len].copy_from_slice(&send[..len]);
         Ok(())
@@ -311,7 +277,8 @@ impl Engine for NcclEngine {
         let me = self.rank;
         if me != root {
             let len = recv.len();
-            return self.staged(OP, &[], (len, false), Some(recv), |n, comm, s, src, dst| {
+            let io = Io::Apart { send: &[], recv };
+            return self.staged(OP, io, |n, comm, s, src, dst| {
                 let rc = Self::exchange(n, (comm, s), (src, dst), &[], &[(root, 0, len)]);
                 self.check(OP, rc)
             });
@@ -321,7 +288,11 @@ impl Engine for NcclEngine {
             .filter(|&r| r != me)
             .map(|r| (r, blocks[r].0, blocks[r].1))
             .collect();
-        self.staged(OP, send, (0, false), None, |n, comm, s, src, dst| {
+        let io = Io::Apart {
+            send,
+            recv: &mut [],
+        };
+        self.staged(OP, io, |n, comm, s, src, dst| {
             let rc = Self::exchange(n, (comm, s), (src, dst), &sends, &[]);
             self.check(OP, rc)
         })?;
@@ -355,16 +326,14 @@ impl Engine for NcclEngine {
         let peers = || (0..self.size).filter(move |&r| r != me);
         let sends: Vec<_> = peers().map(|r| (r, sb[r].0, sb[r].1)).collect();
         let recvs: Vec<_> = peers().map(|r| (r, rb[r].0, rb[r].1)).collect();
-        self.staged(
-            OP,
+        let io = Io::Apart {
             send,
-            (recv.len(), false),
-            Some(&mut *recv),
-            |n, comm, s, src, dst| {
-                let rc = Self::exchange(n, (comm, s), (src, dst), &sends, &recvs);
-                self.check(OP, rc)
-            },
-        )?;
+            recv: &mut *recv,
+        };
+        self.staged(OP, io, |n, comm, s, src, dst| {
+            let rc = Self::exchange(n, (comm, s), (src, dst), &sends, &recvs);
+            self.check(OP, rc)
+        })?;
         let ((so, len), (ro, _)) = (sb[me], rb[me]);
         recv[ro..ro + len].copy_from_slice(&send[so..so + len]);
         Ok(())
