@@ -46,7 +46,8 @@ pub use communicator::Communicator;
 pub use config::Config;
 pub use init::{
     init, init_mpi, init_nccl, init_with, launched_by_mpi, local_communicators, run_local,
-    shm_communicators, shm_name_prefix, Backend, InitMethod, InitOptions, TransportChoice,
+    shm_communicators, shm_name_prefix, Backend, InitMethod, InitOptions, SharedStore,
+    TransportChoice,
 };
 pub use kolo_collectives::select::HIERARCHICAL_MIN_BYTES;
 pub use kolo_core::{Algorithm, Call, DType, Element, Error, OpKind, ReduceOp, Result, Transport};

@@ -46,7 +46,7 @@ use backend::no_mpi;
 #[cfg(not(feature = "nccl"))]
 use backend::no_nccl;
 pub use backend::{launched_by_mpi, Backend};
-pub use options::{InitMethod, InitOptions, TransportChoice};
+pub use options::{InitMethod, InitOptions, SharedStore, TransportChoice};
 
 use crate::communicator::{Communicator, Topology};
 use crate::config::Config;
@@ -251,6 +251,17 @@ fn connect(opts: InitOptions, nccl: bool) -> Result<Communicator> {
             (store, server, listen, advertise)
         }
         InitMethod::File(path) => (Arc::new(FileStore::open(path)?), None, loopback, loopback),
+        InitMethod::Store { store, host } => {
+            let (listen, advertise) = match host {
+                Some(host) if !is_loopback(host) => {
+                    // The store's port does not matter for the route: any port to that host.
+                    let adv = kolo_core::host::route_to(host, 1).unwrap_or(loopback);
+                    (IpAddr::V4(Ipv4Addr::UNSPECIFIED), adv)
+                }
+                _ => (loopback, loopback),
+            };
+            (store.0.clone(), None, listen, advertise)
+        }
     };
     let prefix = format!("kolo/{}", opts.job_id);
     let members: Vec<usize> = (0..opts.size).collect();

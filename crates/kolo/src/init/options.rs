@@ -3,8 +3,10 @@
 
 use std::net::IpAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use kolo_core::{Error, Result};
+use kolo_store::Store;
 use kolo_transport::ShmOptions;
 
 use super::launchers;
@@ -32,6 +34,35 @@ pub enum InitMethod {
     },
     /// A rendezvous file on a file system all ranks share.
     File(PathBuf),
+    /// A store the program already has: another framework's (PyTorch's `Store` handed to a
+    /// process-group backend), shared by all ranks. `host` is where it lives, when known: a
+    /// loopback or absent host keeps the TCP transport on loopback, another host makes it listen
+    /// on all interfaces and advertise the address that routes there.
+    Store {
+        /// The store.
+        store: SharedStore,
+        /// Host of the store's server, if known.
+        host: Option<String>,
+    },
+}
+
+/// A rendezvous store shared by the ranks' [`InitMethod::Store`]; equal when it is the same store
+/// object.
+#[derive(Clone)]
+pub struct SharedStore(pub Arc<dyn Store>);
+
+impl PartialEq for SharedStore {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for SharedStore {}
+
+impl std::fmt::Debug for SharedStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SharedStore({:?})", self.0)
+    }
 }
 
 impl InitMethod {
@@ -275,22 +306,6 @@ impl InitOptions {
                 }
             }
         };
-        let parse_ip = |var: &str| -> Result<Option<IpAddr>> {
-            get(var)
-                .map(|v| {
-                    v.trim().parse::<IpAddr>().map_err(|_| Error::Config {
-                        var: var.into(),
-                        value: v.clone(),
-                        reason: "expected an IP address".into(),
-                    })
-                })
-                .transpose()
-        };
-        let node_id = get("KOLO_NODE_ID")
-            .or_else(|| get("NODE_RANK").map(|n| format!("node-{n}")))
-            .or_else(|| get("GROUP_RANK").map(|n| format!("node-{n}")))
-            .or_else(|| get("SLURM_NODEID").map(|n| format!("node-{n}")))
-            .unwrap_or_else(host_name);
         let job = get("KOLO_JOB_ID")
             .or_else(|| torchrun.as_ref().and_then(|t| t.run_id.clone()))
             .or_else(|| {
@@ -308,12 +323,42 @@ impl InitOptions {
                     .map(|c| c.to_string())
             })
             .unwrap_or_else(|| "0".into());
-        Ok(InitOptions {
+        InitOptions {
             method,
             rank,
             size,
             host_store: get("KOLO_AGENT_STORE").as_deref() != Some("1") && !agent_store,
             job_id: format!("{job}/{restart}"),
+            ..InitOptions::single()
+        }
+        .with_settings(env)
+    }
+
+    /// These options with the settings that are not the rendezvous read from `env`: the node's
+    /// identity (`KOLO_NODE_ID`, `NODE_RANK`, `GROUP_RANK`, `SLURM_NODEID`, else the host name),
+    /// `KOLO_LISTEN_ADDR`, `KOLO_ADVERTISE_ADDR`, `KOLO_TRANSPORT`, the shared-memory settings,
+    /// `KOLO_HEARTBEAT_TIMEOUT` and the communicator's [`Config`]. For programs that bring their
+    /// own rendezvous ([`InitMethod::Store`]) but honour kolo's settings.
+    pub fn with_settings(self, env: impl kolo_core::settings::Env) -> Result<InitOptions> {
+        let get = |k: &str| env.lookup(k);
+        let config = Config::from_lookup(get)?;
+        let parse_ip = |var: &str| -> Result<Option<IpAddr>> {
+            get(var)
+                .map(|v| {
+                    v.trim().parse::<IpAddr>().map_err(|_| Error::Config {
+                        var: var.into(),
+                        value: v.clone(),
+                        reason: "expected an IP address".into(),
+                    })
+                })
+                .transpose()
+        };
+        let node_id = get("KOLO_NODE_ID")
+            .or_else(|| get("NODE_RANK").map(|n| format!("node-{n}")))
+            .or_else(|| get("GROUP_RANK").map(|n| format!("node-{n}")))
+            .or_else(|| get("SLURM_NODEID").map(|n| format!("node-{n}")))
+            .unwrap_or_else(host_name);
+        Ok(InitOptions {
             node_id,
             listen: parse_ip("KOLO_LISTEN_ADDR")?,
             advertise: parse_ip("KOLO_ADVERTISE_ADDR")?,
@@ -337,6 +382,7 @@ impl InitOptions {
                 }
             },
             config,
+            ..self
         })
     }
 }

@@ -1,0 +1,310 @@
+"""The Python face of kolo's communicator: numpy arrays, buffers and torch tensors in place,
+asynchronous operations as `Work`, and collectives of picklable objects."""
+
+import pickle
+import threading
+from array import array
+
+from . import _kolo
+
+REDUCE_OPS = ("sum", "prod", "min", "max", "avg")
+DTYPES = ("float32", "float64", "float16", "bfloat16", "int32", "int64", "uint8")
+
+
+def _buffer(x, arg):
+    """`x` as (an object with the buffer protocol, kolo element type or None). Torch CPU
+    tensors become numpy views of their memory (bfloat16 through int16, which numpy lacks)."""
+    if isinstance(x, (list, tuple)) and x and not isinstance(x[0], (int, float)):
+        x = x[0]  # mpi4py's [buffer, datatype]
+    mod = type(x).__module__ or ""
+    if mod.startswith("torch"):
+        return _tensor_buffer(x, arg)
+    return x, None
+
+
+def _tensor_buffer(t, arg):
+    import torch
+
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{arg}: expected a tensor or a buffer, got {type(t).__name__}")
+    if t.device.type != "cpu":
+        raise ValueError(
+            f"{arg}: the tensor is on {t.device}; kolo's Python communicator works on CPU tensors"
+        )
+    if not t.is_contiguous():
+        raise ValueError(f"{arg}: the tensor is not contiguous: pass tensor.contiguous()")
+    if t.is_complex():
+        raise TypeError(f"{arg}: complex tensors are not supported (torch.view_as_real first)")
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).reshape(-1).numpy(), "bfloat16"
+    if t.dtype == torch.bool:
+        return t.view(torch.uint8).reshape(-1).numpy(), None
+    name = str(t.dtype).removeprefix("torch.")
+    if name not in DTYPES:
+        raise TypeError(
+            f"{arg}: unsupported tensor dtype {t.dtype}: kolo reduces {', '.join(DTYPES)}"
+        )
+    return t.reshape(-1).numpy(), None
+
+
+class Work:
+    """An operation in flight. `wait()` blocks until it finishes, then returns its result or
+    raises its error; `is_completed()` polls."""
+
+    def __init__(self, result=None):
+        self._event = threading.Event()
+        self._error = None
+        self._result = result
+
+    def _done(self, error):
+        # Called from kolo's worker thread.
+        self._error = error
+        self._event.set()
+
+    def is_completed(self):
+        return self._event.is_set()
+
+    def wait(self, timeout=None):
+        if not self._event.wait(timeout):
+            raise TimeoutError(f"the operation did not finish within {timeout} s")
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def exception(self):
+        """The error the finished operation raised, or None."""
+        return self._error if self._event.is_set() else None
+
+
+def _numpy():
+    try:
+        import numpy
+    except ImportError as e:  # pragma: no cover - numpy is optional
+        raise ImportError(
+            "this call allocates its output with numpy: install numpy or pass the output buffer"
+        ) from e
+    return numpy
+
+
+class Communicator:
+    """A group of ranks and their collectives. Buffers are updated in place and returned (or a
+    `Work` with ``async_op=True``); every rank of the group must make the same calls in the same
+    order, and a rank that does not (or dies) makes the others raise an error naming it."""
+
+    def __init__(self, native):
+        self._c = native
+
+    # -- who -------------------------------------------------------------------------------
+    @property
+    def rank(self):
+        return self._c.rank
+
+    @property
+    def size(self):
+        return self._c.size
+
+    @property
+    def local_rank(self):
+        return self._c.local_rank
+
+    @property
+    def local_size(self):
+        return self._c.local_size
+
+    @property
+    def transport(self):
+        return self._c.transport
+
+    def __repr__(self):
+        return repr(self._c)
+
+    def failure(self):
+        """Why this communicator failed (a string), or None."""
+        return self._c.failure()
+
+    def abort(self, reason="aborted"):
+        """Fails every rank's pending and later operations with an error naming this rank."""
+        self._c.abort(str(reason))
+
+    def close(self):
+        self._c.close()
+
+    # -- running ---------------------------------------------------------------------------
+    def _run(self, call, result, async_op):
+        if not async_op:
+            call(None)
+            return result
+        work = Work(result)
+        call(work._done)
+        return work
+
+    # -- collectives on buffers --------------------------------------------------------------
+    def barrier(self, async_op=False):
+        return self._run(lambda d: self._c.barrier(done=d), None, async_op)
+
+    def monitored_barrier(self, timeout=30.0):
+        """A barrier that raises, naming the ranks that did not arrive within `timeout` s."""
+        self._c.monitored_barrier(float(timeout))
+
+    def broadcast(self, buf, root=0, async_op=False):
+        b, dt = _buffer(buf, "buf")
+        return self._run(lambda d: self._c.broadcast(b, root, dtype=dt, done=d), buf, async_op)
+
+    def all_reduce(self, buf, op="sum", async_op=False):
+        b, dt = _buffer(buf, "buf")
+        return self._run(lambda d: self._c.all_reduce(b, op, dtype=dt, done=d), buf, async_op)
+
+    def reduce(self, buf, root=0, op="sum", async_op=False):
+        b, dt = _buffer(buf, "buf")
+        return self._run(lambda d: self._c.reduce(b, root, op, dtype=dt, done=d), buf, async_op)
+
+    def _out(self, like, rows):
+        np = _numpy()
+        src = like if hasattr(like, "shape") else np.frombuffer(like, dtype=np.uint8)
+        return np.empty((rows,) + tuple(src.shape), dtype=src.dtype)
+
+    def all_gather(self, send, recv=None, async_op=False):
+        """Every rank's `send` in rank order into `recv` (allocated `[size, *send.shape]` when
+        not given)."""
+        recv = self._out(send, self.size) if recv is None else recv
+        s, dt = _buffer(send, "send")
+        r, _ = _buffer(recv, "recv")
+        return self._run(lambda d: self._c.all_gather(s, r, dtype=dt, done=d), recv, async_op)
+
+    def all_gather_v(self, send, recv, counts, async_op=False):
+        s, dt = _buffer(send, "send")
+        r, _ = _buffer(recv, "recv")
+        counts = [int(c) for c in counts]
+        return self._run(
+            lambda d: self._c.all_gather_v(s, r, counts, dtype=dt, done=d), recv, async_op
+        )
+
+    def reduce_scatter(self, send, recv, op="sum", async_op=False):
+        s, dt = _buffer(send, "send")
+        r, _ = _buffer(recv, "recv")
+        return self._run(
+            lambda d: self._c.reduce_scatter(s, r, op, dtype=dt, done=d), recv, async_op
+        )
+
+    def gather(self, send, recv=None, root=0, counts=None, async_op=False):
+        """Every rank's `send` into `recv` on `root` (allocated there when not given); None
+        elsewhere."""
+        if recv is None and self.rank == root and counts is None:
+            recv = self._out(send, self.size)
+        s, dt = _buffer(send, "send")
+        r = None if recv is None or self.rank != root else _buffer(recv, "recv")[0]
+        return self._run(
+            lambda d: self._c.gather(s, r, root, counts=counts, dtype=dt, done=d),
+            recv if self.rank == root else None,
+            async_op,
+        )
+
+    def scatter(self, send, recv, root=0, counts=None, async_op=False):
+        """`root`'s `send` in equal parts (or `counts` per rank) into every rank's `recv`."""
+        r, dt = _buffer(recv, "recv")
+        s = None if send is None or self.rank != root else _buffer(send, "send")[0]
+        return self._run(
+            lambda d: self._c.scatter(s, r, root, counts=counts, dtype=dt, done=d), recv, async_op
+        )
+
+    def all_to_all(self, send, recv, send_counts=None, recv_counts=None, async_op=False):
+        s, dt = _buffer(send, "send")
+        r, _ = _buffer(recv, "recv")
+        return self._run(
+            lambda d: self._c.all_to_all(s, r, send_counts, recv_counts, dtype=dt, done=d),
+            recv,
+            async_op,
+        )
+
+    def send(self, buf, dest, tag=0, async_op=False):
+        b, dt = _buffer(buf, "buf")
+        return self._run(lambda d: self._c.send(b, dest, tag, dtype=dt, done=d), None, async_op)
+
+    def recv(self, buf, src, tag=0, async_op=False):
+        b, dt = _buffer(buf, "buf")
+        return self._run(lambda d: self._c.recv(b, src, tag, dtype=dt, done=d), buf, async_op)
+
+    # -- objects (pickled; only exchange them with ranks you trust, as with mpi4py) -----------
+    def broadcast_object(self, obj, root=0):
+        data = pickle.dumps(obj) if self.rank == root else b""
+        n = array("q", [len(data)])
+        self._c.broadcast(n, root)
+        buf = bytearray(data) if self.rank == root else bytearray(n[0])
+        self._c.broadcast(buf, root)
+        return obj if self.rank == root else pickle.loads(buf)
+
+    def _gather_bytes(self, data):
+        lens = array("q", bytes(8 * self.size))
+        self._c.all_gather(array("q", [len(data)]), lens)
+        return list(lens)
+
+    @staticmethod
+    def _split(buf, lens):
+        out, at = [], 0
+        for n in lens:
+            out.append(pickle.loads(buf[at : at + n]))
+            at += n
+        return out
+
+    def all_gather_object(self, obj):
+        data = pickle.dumps(obj)
+        lens = self._gather_bytes(data)
+        buf = bytearray(sum(lens))
+        self._c.all_gather_v(data, buf, lens)
+        return self._split(buf, lens)
+
+    def gather_object(self, obj, root=0):
+        data = pickle.dumps(obj)
+        lens = self._gather_bytes(data)
+        buf = bytearray(sum(lens)) if self.rank == root else None
+        self._c.gather(data, buf, root, counts=lens)
+        return self._split(buf, lens) if self.rank == root else None
+
+    def scatter_object(self, objs, root=0):
+        if self.rank == root:
+            if objs is None or len(objs) != self.size:
+                got = "None" if objs is None else f"{len(objs)} objects"
+                # Tell the others before raising, so that they do not wait for the data.
+                self._c.broadcast(array("q", [-1] * self.size), root)
+                raise ValueError(f"scatter_object: root needs one object per rank ({self.size}), got {got}")
+            parts = [pickle.dumps(o) for o in objs]
+            lens = array("q", [len(p) for p in parts])
+        else:
+            parts, lens = None, array("q", bytes(8 * self.size))
+        self._c.broadcast(lens, root)
+        if lens[0] < 0:
+            raise ValueError(f"scatter_object: the root (rank {root}) had no object per rank")
+        buf = bytearray(lens[self.rank])
+        send = b"".join(parts) if parts is not None else None
+        self._c.scatter(send, buf, root, counts=list(lens))
+        return pickle.loads(buf)
+
+    def send_object(self, obj, dest, tag=0):
+        self._c.send(pickle.dumps(obj), dest, tag)
+
+    def recv_object(self, src, tag=0):
+        return pickle.loads(self._c.recv_bytes(src, tag))
+
+    # -- groups --------------------------------------------------------------------------------
+    def split(self, color, key=0):
+        """Ranks with the same `color` form a new communicator (ordered by `key`); None joins
+        none and gets None."""
+        sub = self._c.split(color, key)
+        return None if sub is None else Communicator(sub)
+
+    def new_group(self, ranks):
+        sub = self._c.new_group([int(r) for r in ranks])
+        return None if sub is None else Communicator(sub)
+
+
+def init():
+    """This process's communicator, from the launcher's environment (`kolo run`, torchrun,
+    `srun`, or kolo's KOLO_* variables); a world of one without a launcher."""
+    return Communicator(_kolo.init())
+
+
+def local_world(size, timeout=None):
+    """`size` communicators of one world whose ranks are threads of this process (one per
+    thread): for tests and experiments."""
+    return [Communicator(c) for c in _kolo.local_communicators(size, timeout)]
