@@ -114,7 +114,25 @@ impl PyCommunicator {
         held: Vec<Held>,
         f: impl FnOnce(&Communicator) -> kolo::Result<R> + Send + 'static,
     ) -> PyResult<R> {
+        // Nothing queued: run it here, without the GIL.
+        let worker = self.worker.clone();
         let comm = self.comm.clone();
+        let mut f = Some(f);
+        let inline = py.detach(|| {
+            worker.run_inline(|| match f.take() {
+                Some(f) => f(&comm),
+                None => Err(kolo::Error::Unsupported {
+                    what: "an operation run twice".into(),
+                }),
+            })
+        });
+        if let Some(r) = inline {
+            drop(held);
+            return r.map_err(to_py);
+        }
+        let Some(f) = f else {
+            return Err(KoloError::new_err("internal: the operation was consumed"));
+        };
         let (tx, rx) = mpsc::sync_channel::<(kolo::Result<R>, Vec<Held>)>(1);
         self.worker.submit(Box::new(move || {
             let r = f(&comm);

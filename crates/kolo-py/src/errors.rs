@@ -7,32 +7,32 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 
 create_exception!(
-    _kolo,
+    kolo,
     KoloError,
     PyRuntimeError,
     "A kolo operation failed; `rank`, `op` and `peer` say where, when known."
 );
 create_exception!(
-    _kolo,
+    kolo,
     MismatchError,
     KoloError,
     "The ranks called different collectives (operation, element type, count or root): the \
      message names the rank that disagreed and both calls."
 );
 create_exception!(
-    _kolo,
+    kolo,
     PeerError,
     KoloError,
     "A peer died, closed its communicator, aborted the job or broke the protocol: `peer` names it."
 );
 create_exception!(
-    _kolo,
+    kolo,
     KoloTimeoutError,
     KoloError,
     "A peer did not answer within the communicator's timeout (KOLO_TIMEOUT): `peer` names it."
 );
 create_exception!(
-    _kolo,
+    kolo,
     ArgumentError,
     PyValueError,
     "An argument kolo cannot use: a rank out of range, a buffer of the wrong length."

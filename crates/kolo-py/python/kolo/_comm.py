@@ -1,6 +1,7 @@
 """The Python face of kolo's communicator: numpy arrays, buffers and torch tensors in place,
 asynchronous operations as `Work`, and collectives of picklable objects."""
 
+import functools
 import pickle
 import threading
 from array import array
@@ -46,6 +47,22 @@ def _tensor_buffer(t, arg):
             f"{arg}: unsupported tensor dtype {t.dtype}: kolo reduces {', '.join(DTYPES)}"
         )
     return t.reshape(-1).numpy(), None
+
+
+def _collective(method):
+    """Bad input on one rank ends the communicator on every rank (the others get an error naming
+    this rank and the cause at once, instead of waiting for a call that will not come): a
+    `TypeError`/`ValueError` raised by the method aborts the communicator before it propagates."""
+
+    @functools.wraps(method)
+    def checked(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except (TypeError, ValueError) as e:
+            self._c.abort(f"{method.__name__} on rank {self._c.rank}: {e}")
+            raise
+
+    return checked
 
 
 class Work:
@@ -140,21 +157,26 @@ class Communicator:
         return work
 
     # -- collectives on buffers --------------------------------------------------------------
+    @_collective
     def barrier(self, async_op=False):
         return self._run(lambda d: self._c.barrier(done=d), None, async_op)
 
+    @_collective
     def monitored_barrier(self, timeout=30.0):
         """A barrier that raises, naming the ranks that did not arrive within `timeout` s."""
         self._c.monitored_barrier(float(timeout))
 
+    @_collective
     def broadcast(self, buf, root=0, async_op=False):
         b, dt = _buffer(buf, "buf")
         return self._run(lambda d: self._c.broadcast(b, root, dtype=dt, done=d), buf, async_op)
 
+    @_collective
     def all_reduce(self, buf, op="sum", async_op=False):
         b, dt = _buffer(buf, "buf")
         return self._run(lambda d: self._c.all_reduce(b, op, dtype=dt, done=d), buf, async_op)
 
+    @_collective
     def reduce(self, buf, root=0, op="sum", async_op=False):
         b, dt = _buffer(buf, "buf")
         return self._run(lambda d: self._c.reduce(b, root, op, dtype=dt, done=d), buf, async_op)
@@ -164,6 +186,7 @@ class Communicator:
         src = like if hasattr(like, "shape") else np.frombuffer(like, dtype=np.uint8)
         return np.empty((rows,) + tuple(src.shape), dtype=src.dtype)
 
+    @_collective
     def all_gather(self, send, recv=None, async_op=False):
         """Every rank's `send` in rank order into `recv` (allocated `[size, *send.shape]` when
         not given)."""
@@ -172,6 +195,7 @@ class Communicator:
         r, _ = _buffer(recv, "recv")
         return self._run(lambda d: self._c.all_gather(s, r, dtype=dt, done=d), recv, async_op)
 
+    @_collective
     def all_gather_v(self, send, recv, counts, async_op=False):
         s, dt = _buffer(send, "send")
         r, _ = _buffer(recv, "recv")
@@ -180,6 +204,7 @@ class Communicator:
             lambda d: self._c.all_gather_v(s, r, counts, dtype=dt, done=d), recv, async_op
         )
 
+    @_collective
     def reduce_scatter(self, send, recv, op="sum", async_op=False):
         s, dt = _buffer(send, "send")
         r, _ = _buffer(recv, "recv")
@@ -187,6 +212,7 @@ class Communicator:
             lambda d: self._c.reduce_scatter(s, r, op, dtype=dt, done=d), recv, async_op
         )
 
+    @_collective
     def gather(self, send, recv=None, root=0, counts=None, async_op=False):
         """Every rank's `send` into `recv` on `root` (allocated there when not given); None
         elsewhere."""
@@ -200,6 +226,7 @@ class Communicator:
             async_op,
         )
 
+    @_collective
     def scatter(self, send, recv, root=0, counts=None, async_op=False):
         """`root`'s `send` in equal parts (or `counts` per rank) into every rank's `recv`."""
         r, dt = _buffer(recv, "recv")
@@ -208,6 +235,7 @@ class Communicator:
             lambda d: self._c.scatter(s, r, root, counts=counts, dtype=dt, done=d), recv, async_op
         )
 
+    @_collective
     def all_to_all(self, send, recv, send_counts=None, recv_counts=None, async_op=False):
         s, dt = _buffer(send, "send")
         r, _ = _buffer(recv, "recv")
@@ -217,15 +245,18 @@ class Communicator:
             async_op,
         )
 
+    @_collective
     def send(self, buf, dest, tag=0, async_op=False):
         b, dt = _buffer(buf, "buf")
         return self._run(lambda d: self._c.send(b, dest, tag, dtype=dt, done=d), None, async_op)
 
+    @_collective
     def recv(self, buf, src, tag=0, async_op=False):
         b, dt = _buffer(buf, "buf")
         return self._run(lambda d: self._c.recv(b, src, tag, dtype=dt, done=d), buf, async_op)
 
     # -- objects (pickled; only exchange them with ranks you trust, as with mpi4py) -----------
+    @_collective
     def broadcast_object(self, obj, root=0):
         data = pickle.dumps(obj) if self.rank == root else b""
         n = array("q", [len(data)])
@@ -247,6 +278,7 @@ class Communicator:
             at += n
         return out
 
+    @_collective
     def all_gather_object(self, obj):
         data = pickle.dumps(obj)
         lens = self._gather_bytes(data)
@@ -254,6 +286,7 @@ class Communicator:
         self._c.all_gather_v(data, buf, lens)
         return self._split(buf, lens)
 
+    @_collective
     def gather_object(self, obj, root=0):
         data = pickle.dumps(obj)
         lens = self._gather_bytes(data)
@@ -261,28 +294,27 @@ class Communicator:
         self._c.gather(data, buf, root, counts=lens)
         return self._split(buf, lens) if self.rank == root else None
 
+    @_collective
     def scatter_object(self, objs, root=0):
         if self.rank == root:
             if objs is None or len(objs) != self.size:
                 got = "None" if objs is None else f"{len(objs)} objects"
-                # Tell the others before raising, so that they do not wait for the data.
-                self._c.broadcast(array("q", [-1] * self.size), root)
-                raise ValueError(f"scatter_object: root needs one object per rank ({self.size}), got {got}")
+                raise ValueError(f"the root needs one object per rank ({self.size}), got {got}")
             parts = [pickle.dumps(o) for o in objs]
             lens = array("q", [len(p) for p in parts])
         else:
             parts, lens = None, array("q", bytes(8 * self.size))
         self._c.broadcast(lens, root)
-        if lens[0] < 0:
-            raise ValueError(f"scatter_object: the root (rank {root}) had no object per rank")
         buf = bytearray(lens[self.rank])
         send = b"".join(parts) if parts is not None else None
         self._c.scatter(send, buf, root, counts=list(lens))
         return pickle.loads(buf)
 
+    @_collective
     def send_object(self, obj, dest, tag=0):
         self._c.send(pickle.dumps(obj), dest, tag)
 
+    @_collective
     def recv_object(self, src, tag=0):
         return pickle.loads(self._c.recv_bytes(src, tag))
 

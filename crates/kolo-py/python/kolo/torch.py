@@ -11,6 +11,7 @@ The ranks meet through the store torch hands the backend (torchrun's, or the one
 """
 
 import datetime
+import functools
 import os
 import secrets
 import threading
@@ -54,6 +55,22 @@ def _one(tensors, op):
             f"kolo: {op} takes one tensor per process (got {len(tensors)}): one device per rank"
         )
     return tensors[0]
+
+
+def _checked(method):
+    """Bad input on one rank (a GPU or non-contiguous tensor, an unsupported dtype or reduction)
+    raises there and ends the group's communicator, so that the other ranks, which may already
+    wait in the collective, fail at once with an error naming this rank and the cause."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except (TypeError, ValueError, NotImplementedError) as e:
+            self._comm.abort(f"{method.__name__} on rank {self.rank()}: {e}")
+            raise
+
+    return wrapper
 
 
 class _Work(dist.Work):
@@ -144,12 +161,24 @@ class ProcessGroupKolo(dist.ProcessGroup):
         return f"ProcessGroupKolo(rank={self.rank()}, size={self.size()}, {self._comm!r})"
 
     # -- machinery ------------------------------------------------------------------------------
-    def _start(self, result, call, after=None):
+    def _start(self, result, call, after=None, opts=None):
+        """Runs `call(done)`: queued, with a `Work` that completes later, unless `opts` says the
+        caller waits at once (``asyncOp`` false, as torch's synchronous calls set it): then it
+        runs now, on this thread when nothing is queued, and the `Work` returned is complete."""
         work = _Work(result, after)
-        call(work._done)
+        if opts is not None and getattr(opts, "asyncOp", True) is False:
+            try:
+                call(None)
+            except Exception as e:  # noqa: BLE001 - the work carries it, as a queued one would
+                work._done(e)
+            else:
+                work._done(None)
+        else:
+            call(work._done)
         return work
 
     # -- collectives ----------------------------------------------------------------------------
+    @_checked
     def allreduce(self, tensors, opts=None):
         op = _op(opts.reduceOp) if opts is not None else "sum"
         bufs = [_buf(t, "allreduce") for t in tensors]
@@ -161,37 +190,42 @@ class ProcessGroupKolo(dist.ProcessGroup):
             b, dt = bufs[-1]
             self._comm.all_reduce(b, op, dtype=dt, done=done)
 
-        return self._start(tensors, call)
+        return self._start(tensors, call, opts=opts)
 
     def allreduce_coalesced(self, tensors, opts=None):
         return self.allreduce(tensors, opts)
 
+    @_checked
     def broadcast(self, tensors, opts=None):
         root = opts.rootRank if opts is not None else 0
         b, dt = _buf(_one(tensors, "broadcast"), "broadcast")
-        return self._start(tensors, lambda d: self._comm.broadcast(b, root, dtype=dt, done=d))
+        return self._start(tensors, lambda d: self._comm.broadcast(b, root, dtype=dt, done=d), opts=opts)
 
+    @_checked
     def reduce(self, tensors, opts=None):
         root = opts.rootRank if opts is not None else 0
         op = _op(opts.reduceOp) if opts is not None else "sum"
         b, dt = _buf(_one(tensors, "reduce"), "reduce")
-        return self._start(tensors, lambda d: self._comm.reduce(b, root, op, dtype=dt, done=d))
+        return self._start(tensors, lambda d: self._comm.reduce(b, root, op, dtype=dt, done=d), opts=opts)
 
+    @_checked
     def barrier(self, opts=None):
-        return self._start([], lambda d: self._comm.barrier(done=d))
+        return self._start([], lambda d: self._comm.barrier(done=d), opts=opts)
 
     def monitored_barrier(self, timeout=None, wait_all_ranks=False):
         secs = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else 30.0
         self._comm.monitored_barrier(secs)
 
     # all-gather: into one tensor (both generations of names), into a list, coalesced
+    @_checked
     def all_gather_single(self, output, input, opts=None):
         s, dt = _buf(input, "all_gather input")
         r, _ = _buf(output, "all_gather output")
-        return self._start([output], lambda d: self._comm.all_gather(s, r, dtype=dt, done=d))
+        return self._start([output], lambda d: self._comm.all_gather(s, r, dtype=dt, done=d), opts=opts)
 
     _allgather_base = all_gather_single
 
+    @_checked
     def allgather(self, output_tensors, input_tensors, opts=None):
         inp = _one(input_tensors, "allgather")
         outs = _one(output_tensors, "allgather")
@@ -208,13 +242,14 @@ class ProcessGroupKolo(dist.ProcessGroup):
                 o.copy_(part)
 
         return self._start(
-            output_tensors, lambda d: self._comm.all_gather(s, r, dtype=dt, done=d), after
-        )
+            output_tensors, lambda d: self._comm.all_gather(s, r, dtype=dt, done=d), after, opts=opts)
 
+    @_checked
     def allgather_coalesced(self, output_lists, input_list, opts=None):
         works = [self.allgather([o], [i], opts) for o, i in zip(output_lists, input_list)]
         return _last(works, output_lists)
 
+    @_checked
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
         works = [self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs)]
         return _last(works, outputs)
@@ -222,16 +257,17 @@ class ProcessGroupKolo(dist.ProcessGroup):
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
     # reduce-scatter: from one tensor (both generations), from lists, coalesced
+    @_checked
     def reduce_scatter_single(self, output, input, opts=None):
         op = _op(opts.reduceOp) if opts is not None else "sum"
         s, dt = _buf(input, "reduce_scatter input")
         r, _ = _buf(output, "reduce_scatter output")
         return self._start(
-            [output], lambda d: self._comm.reduce_scatter(s, r, op, dtype=dt, done=d)
-        )
+            [output], lambda d: self._comm.reduce_scatter(s, r, op, dtype=dt, done=d), opts=opts)
 
     _reduce_scatter_base = reduce_scatter_single
 
+    @_checked
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         out = _one(output_tensors, "reduce_scatter")
         ins = _one(input_tensors, "reduce_scatter")
@@ -242,6 +278,7 @@ class ProcessGroupKolo(dist.ProcessGroup):
         flat = torch.cat([t.reshape(-1) for t in ins])
         return self.reduce_scatter_single(out, flat, opts)
 
+    @_checked
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
         works = [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)]
         return _last(works, outputs)
@@ -249,12 +286,13 @@ class ProcessGroupKolo(dist.ProcessGroup):
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
     # gather / scatter
+    @_checked
     def gather(self, output_tensors, input_tensors, opts=None):
         root = opts.rootRank if opts is not None else 0
         inp = _one(input_tensors, "gather")
         s, dt = _buf(inp, "gather input")
         if self.rank() != root:
-            return self._start([], lambda d: self._comm.gather(s, None, root, dtype=dt, done=d))
+            return self._start([], lambda d: self._comm.gather(s, None, root, dtype=dt, done=d), opts=opts)
         outs = _one(output_tensors, "gather")
         flat = torch.empty((self.size(),) + tuple(inp.shape), dtype=inp.dtype)
         r, _ = _buf(flat, "gather output")
@@ -264,17 +302,18 @@ class ProcessGroupKolo(dist.ProcessGroup):
                 o.copy_(part)
 
         return self._start(
-            output_tensors, lambda d: self._comm.gather(s, r, root, dtype=dt, done=d), after
-        )
+            output_tensors, lambda d: self._comm.gather(s, r, root, dtype=dt, done=d), after, opts=opts)
 
+    @_checked
     def gather_single(self, output, input, opts=None):
         root = opts.rootRank if opts is not None else 0
         s, dt = _buf(input, "gather input")
         r = _buf(output, "gather output")[0] if self.rank() == root else None
-        return self._start([output], lambda d: self._comm.gather(s, r, root, dtype=dt, done=d))
+        return self._start([output], lambda d: self._comm.gather(s, r, root, dtype=dt, done=d), opts=opts)
 
     gather_into_tensor = gather_single
 
+    @_checked
     def scatter(self, output_tensors, input_tensors, opts=None):
         root = opts.rootRank if opts is not None else 0
         out = _one(output_tensors, "scatter")
@@ -285,10 +324,10 @@ class ProcessGroupKolo(dist.ProcessGroup):
             flat = torch.cat([t.reshape(-1) for t in ins])
             s = _buf(flat, "scatter input")[0]
         return self._start(
-            output_tensors, lambda d: self._comm.scatter(s, r, root, dtype=dt, done=d)
-        )
+            output_tensors, lambda d: self._comm.scatter(s, r, root, dtype=dt, done=d), opts=opts)
 
     # all-to-all
+    @_checked
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         s, dt = _buf(input, "all_to_all input")
         r, _ = _buf(output, "all_to_all output")
@@ -303,10 +342,11 @@ class ProcessGroupKolo(dist.ProcessGroup):
             call = lambda d: self._comm.all_to_all(s, r, sc, rc, dtype=dt, done=d)  # noqa: E731
         else:
             call = lambda d: self._comm.all_to_all(s, r, dtype=dt, done=d)  # noqa: E731
-        return self._start([output], call)
+        return self._start([output], call, opts=opts)
 
     alltoall_base = all_to_all_single
 
+    @_checked
     def alltoall(self, output_tensors, input_tensors, opts=None):
         flat_in = torch.cat([t.reshape(-1) for t in input_tensors])
         counts_in = [t.numel() for t in input_tensors]
@@ -324,18 +364,20 @@ class ProcessGroupKolo(dist.ProcessGroup):
         return self._start(
             output_tensors,
             lambda d: self._comm.all_to_all(s, r, counts_in, counts_out, dtype=dt, done=d),
-            after,
-        )
+            after, opts=opts)
 
     # point to point
+    @_checked
     def send(self, tensors, dst, tag=0):
         b, dt = _buf(_one(tensors, "send"), "send")
         return self._start(tensors, lambda d: self._comm.send(b, dst, tag, dtype=dt, done=d))
 
+    @_checked
     def recv(self, tensors, src, tag=0):
         b, dt = _buf(_one(tensors, "recv"), "recv")
         return self._start(tensors, lambda d: self._comm.recv(b, src, tag, dtype=dt, done=d))
 
+    @_checked
     def recv_anysource(self, tensors, tag=0):
         raise NotImplementedError(
             "kolo: receiving from any source is not supported: name the source rank"

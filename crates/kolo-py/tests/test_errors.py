@@ -1,0 +1,126 @@
+"""kolo's guarantees and its bad-input errors in Python: a mismatched or dead rank raises on
+every rank, naming it; unusable buffers, types and operators are clear exceptions before
+anything is sent."""
+
+import time
+
+import numpy as np
+import pytest
+
+import kolo
+from conftest import run_ranks
+
+
+def test_mismatch_raises_on_every_rank():
+    def body(c):
+        x = np.ones(4, np.float32)
+        if c.rank == 0:
+            c.all_reduce(x)
+        else:
+            c.broadcast(x, root=0)
+
+    start = time.monotonic()
+    res = run_ranks(2, body)
+    assert time.monotonic() - start < 5
+    for r, e in enumerate(res):
+        assert isinstance(e, kolo.MismatchError), (r, e)
+        assert isinstance(e, kolo.KoloError)
+        assert e.rank == r and e.peer == 1 - r
+        assert "all_reduce" in str(e) and "broadcast" in str(e)
+
+
+def test_rank_that_aborts_is_named():
+    def body(c):
+        if c.rank == 1:
+            c.abort("rank 1 gives up")
+            return "aborted"
+        c.all_reduce(np.ones(3, np.float32))
+
+    e = run_ranks(2, body)[0]
+    assert isinstance(e, kolo.PeerError), e
+    assert e.peer == 1 and "rank 1 gives up" in str(e)
+
+
+def test_bad_input_on_one_rank_fails_the_others_at_once():
+    # Rank 0 passes a non-contiguous array: it raises ValueError, and rank 1, already waiting in
+    # the all-reduce, gets an error naming rank 0 and the cause within seconds (not its timeout).
+    def body(c):
+        if c.rank == 0:
+            c.all_reduce(np.ones((4, 4), np.float32)[:, 0])
+        else:
+            c.all_reduce(np.ones(4, np.float32))
+
+    start = time.monotonic()
+    res = run_ranks(2, body, comm_timeout=60)
+    assert time.monotonic() - start < 10
+    assert isinstance(res[0], ValueError) and "contiguous" in str(res[0])
+    assert isinstance(res[1], kolo.PeerError) and res[1].peer == 0
+    assert "contiguous" in str(res[1])
+
+
+def test_scatter_object_without_one_object_per_rank():
+    res = run_ranks(2, lambda c: c.scatter_object([1, 2, 3] if c.rank == 0 else None))
+    assert isinstance(res[0], ValueError) and "one object per rank" in str(res[0])
+    assert isinstance(res[1], kolo.PeerError) and "one object per rank" in str(res[1])
+
+
+@pytest.mark.parametrize(
+    "make, exc, words",
+    [
+        (lambda: np.ones((4, 4), np.float32)[:, 0], ValueError, "contiguous"),
+        (lambda: np.ones(4, np.complex64), TypeError, "element type"),
+        (lambda: np.ones(4, np.int16), TypeError, "element type"),
+        (lambda: np.ones(4, bool), TypeError, "element type"),
+        (lambda: b"read only", ValueError, "read-only"),
+        (lambda: [1, 2, 3], TypeError, "buffer protocol"),
+    ],
+)
+def test_unusable_buffers(make, exc, words):
+    (c,) = kolo.local_world(1)
+    with pytest.raises(exc, match=words):
+        c.all_reduce(make())
+    assert words in c.failure()
+
+
+def test_unsupported_op_and_dtype_names():
+    (c,) = kolo.local_world(1)
+    with pytest.raises(ValueError, match="unsupported reduction"):
+        c.all_reduce(np.ones(2, np.float32), op="xor")
+    (c,) = kolo.local_world(1)
+    with pytest.raises(TypeError, match="unsupported element type"):
+        c._c.all_reduce(np.ones(2, np.int16), "sum", dtype="int8")
+    with pytest.raises(TypeError, match="cannot be read as"):
+        c._c.all_reduce(np.ones(2, np.float32), "sum", dtype="bfloat16")
+
+
+def test_wrong_lengths_and_ranks_are_argument_errors():
+    # An argument error ends the communicator (see above): a fresh one for each check.
+    (c,) = kolo.local_world(1)
+    with pytest.raises(kolo.ArgumentError, match="recv"):
+        c.all_gather(np.ones(3, np.float32), np.empty(2, np.float32))
+    assert "recv" in c.failure()
+    with pytest.raises(kolo.KoloError, match="failed earlier"):
+        c.barrier()
+    (c,) = kolo.local_world(1)
+    with pytest.raises(kolo.ArgumentError, match="root"):
+        c.broadcast(np.ones(3, np.float32), root=5)
+    (c,) = kolo.local_world(1)
+    with pytest.raises(TypeError, match="cannot be read as"):
+        c.all_gather(np.ones(3, np.float32), np.empty(3, np.float64))
+
+
+def test_closed_communicator_raises():
+    (c,) = kolo.local_world(1)
+    c.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        c.barrier()
+
+
+def test_async_error_reaches_wait():
+    def body(c):
+        w = c.all_reduce(np.ones(2, np.float32), async_op=True) if c.rank == 0 else c.barrier(async_op=True)
+        with pytest.raises(kolo.MismatchError):
+            w.wait(10)
+        return type(w.exception()).__name__
+
+    assert run_ranks(2, body) == ["MismatchError", "MismatchError"]

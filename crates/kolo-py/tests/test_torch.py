@@ -1,0 +1,104 @@
+"""The torch.distributed backend "kolo" under the real launcher: torchrun starts the ranks of
+tests/torch_worker.py (every collective against references, DDP's gradients, a mismatch, bad
+input), and a rank that dies is named by the survivor. Skipped where torch is not installed."""
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "torch_worker.py")
+EXAMPLES = os.path.join(os.path.dirname(HERE), "examples")
+
+
+def torchrun(args, n=2, timeout=240, env=None):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(n),
+           "--master_port", str(free_port())] + args
+    e = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=e)
+    return p.returncode, p.stdout + p.stderr
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def passes(out, name):
+    return sum(1 for line in out.splitlines() if line.startswith(f"PASS {name}"))
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_every_collective(n):
+    rc, out = torchrun([WORKER, "collectives"], n=n)
+    assert rc == 0, out[-3000:]
+    for name in ["all_reduce torch.bfloat16", "all_reduce avg", "broadcast", "all_gather list",
+                 "all_gather_into_tensor in place", "reduce_scatter_tensor", "reduce_scatter list",
+                 "scatter", "all_to_all_single", "all_to_all list", "all_gather_object",
+                 "async work's future", "new_group all_reduce", "monitored_barrier"]:
+        assert passes(out, name) >= 2, (name, out[-3000:])
+    assert out.count("DONE") == n
+
+
+def test_ddp_gradients_are_the_mean():
+    rc, out = torchrun([WORKER, "ddp"])
+    assert rc == 0, out[-3000:]
+    assert passes(out, "DDP gradients are the mean") == 2
+
+
+def test_mismatch_raises_on_every_rank():
+    rc, out = torchrun([WORKER, "mismatch"])
+    assert rc == 0, out[-3000:]
+    for name in ["mismatch raises", "names the other rank", "names both calls", "within seconds"]:
+        assert passes(out, name) == 2, (name, out[-3000:])
+
+
+def test_bad_input():
+    rc, out = torchrun([WORKER, "bad_input"])
+    assert rc == 0, out[-3000:]
+    assert out.count("PASS") >= 2 + 10, out[-3000:]
+
+
+def test_dead_rank_is_named_by_the_survivor():
+    # By hand (torchrun would stop the survivor as soon as the other rank exits).
+    port = free_port()
+    procs = []
+    for r in range(2):
+        env = dict(os.environ, RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+        procs.append(subprocess.Popen([sys.executable, WORKER, "dead"], env=env, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert procs[1].returncode == 3
+    assert procs[0].returncode == 0, outs[0][-3000:]
+    assert passes(outs[0], "a dead rank is a PeerError naming it") == 1
+    assert passes(outs[0], "within seconds") == 1
+
+
+def test_training_matches_gloo():
+    # The same DDP training, same seed, on Gloo and on kolo: the same parameters afterwards.
+    sums = {}
+    for backend in ["gloo", "kolo"]:
+        rc, out = torchrun([WORKER, "train"], env={"BACKEND": backend})
+        assert rc == 0, out[-3000:]
+        line = [x for x in out.splitlines() if x.startswith("PARAMS ")]
+        assert len(line) == 2, out[-3000:]
+        sums[backend] = [float(v) for v in line[0].split()[1:]]
+    assert sums["kolo"] == pytest.approx(sums["gloo"], rel=1e-5, abs=1e-6)
+
+
+def test_mpi4py_examples_under_torchrun():
+    rc, out = torchrun([os.path.join(EXAMPLES, "matrix.py")], n=2)
+    assert rc == 0, out[-3000:]
+    assert "sum: 28.0" in out and "squares: 0 1 4 9 16 25 36 49" in out
+    rc, out = torchrun([os.path.join(EXAMPLES, "hello.py")], n=3)
+    assert rc == 0, out[-3000:]
+    assert sorted(x for x in out.splitlines() if x.startswith("Hello")) == [
+        f"Hello world from process {r} of 3" for r in range(3)
+    ]
