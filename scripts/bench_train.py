@@ -41,6 +41,12 @@ With --timeline (the cost of `kolo train --timeline FILE`), instead, alternating
 with N = --workers (default 2); --bin picks the build (default target/release; target/debug for a
 rough look with a debug build).
 
+With --torch-backends (PyTorch on Gloo vs PyTorch on kolo's Python backend), instead, alternating:
+  gloo  the PyTorch peer of --model with --workers workers (default 2), as above
+  kolo  the same peer with its process group's backend "gloo" changed to "kolo" (nothing else; needs the
+        kolo wheel installed in this Python, crates/kolo-py)
+reporting samples/s, the time per step (per-worker batch / (samples/s / workers)) and kolo / Gloo.
+
 With --baseline OLD_KOLO, OLD_KOLO's `kolo train -n 1` and `-n 2` run in the same rounds too (base-1,
 base-2), for a before/after comparison under the same load.
 
@@ -49,6 +55,7 @@ Usage: scripts/bench_train.py [--model lenet|resnet18] [--rounds 3] [--batch B] 
                               [--baseline OLD_KOLO] [--bin target/release]
        scripts/bench_train.py --parallel [--model resnet18] [--train-limit 2048] [--rounds 3]
        scripts/bench_train.py --timeline [--workers 2] [--train-limit 12800] [--bin target/debug]
+       scripts/bench_train.py --torch-backends [--model lenet] [--workers 2] [--rounds 3]
 Needs release builds (cargo build --release -p kolo-cli -p kolo-train --example plain_loop --example peak_flops)
 and the data (scripts/fetch-data.sh); PyTorch (pip install torch; numpy too for the LeNet peer) for the torch
 rows: run the script with that Python (e.g. ~/.cache/kolo/torch-2.15.0/bin/python scripts/bench_train.py).
@@ -216,6 +223,54 @@ def torch(a, n):
     return statistics.median(rates)
 
 
+def peer_with_backend(path, backend):
+    """A copy of the PyTorch peer at `path` whose process group uses `backend` instead of Gloo."""
+    with open(path) as f:
+        text = f.read()
+    patched = text.replace('dist.init_process_group("gloo"', f'dist.init_process_group("{backend}"')
+    if patched == text:
+        sys.exit(f'bench_train: {path} no longer calls dist.init_process_group("gloo", ...)')
+    f = tempfile.NamedTemporaryFile("w", prefix=f"peer_{backend}_", suffix=".py", delete=False)
+    with f:
+        f.write(patched)
+    return f.name
+
+
+def torch_backends(a):
+    peer = PEER_RESNET if a.model == "resnet18" else PEER
+    env = {"MOMENTUM": str(a.momentum)}
+    if a.model == "resnet18":
+        env.update(TRAIN_LIMIT=str(a.train_limit or 0), TEST_LIMIT=str(a.test_limit or 0))
+    scripts = {"gloo": peer, "kolo": peer_with_backend(peer, "kolo")}
+    res = {"gloo": [], "kolo": []}
+    try:
+        for r in range(a.rounds):
+            order = ["gloo", "kolo"] if r % 2 == 0 else ["kolo", "gloo"]
+            for name in order:
+                t = time.time()
+                out = run([sys.executable, scripts[name], str(a.workers), str(a.epochs), str(a.batch), str(a.lr)],
+                          env=env)
+                rates = [float(m) for m in re.findall(r"samples_s (\d+(?:\.\d+)?)", out)]
+                if not rates:
+                    sys.exit(f"bench_train: no samples/s in the {name} run's output:\n{out}")
+                res[name].append(statistics.median(rates))
+                print(f"round {r + 1} {name:4s} {res[name][-1]:9.0f} samples/s  ({time.time() - t:.0f} s)",
+                      file=sys.stderr)
+    finally:
+        os.unlink(scripts["kolo"])
+    med = {k: statistics.median(v) for k, v in res.items()}
+    step = {k: 1000 * a.batch * a.workers / v for k, v in med.items()}
+    print(f"\nPyTorch DDP {a.model}, {a.workers} workers x batch {a.batch}, {a.epochs} epoch(s), medians of "
+          f"{a.rounds} rounds:")
+    for k in med:
+        print(f"  torch on {k:4s} {med[k]:9.0f} samples/s  {step[k]:7.2f} ms per step   "
+              f"(runs: {', '.join(f'{x:.0f}' for x in res[k])})")
+    print(f"  kolo / Gloo: {med['kolo'] / med['gloo']:.3f}x samples/s; step time {step['kolo']:.2f} vs "
+          f"{step['gloo']:.2f} ms")
+    print(json.dumps({"model": a.model, "workers": a.workers, "batch": a.batch, "medians": med, "runs": res,
+                      "step_ms": step}))
+
+
 def flops_per_sample(model):
     """Training FLOPs per sample of `model`, counted by the ResNet-18 peer (FlopCounterMode; it also has the LeNet)."""
     out = run([sys.executable, PEER_RESNET, "--flops", model])
@@ -251,6 +306,7 @@ def main():
     ap.add_argument("--peak-flops", type=float, metavar="GFLOPS",
                     help="per-core f32 peak in GFLOP/s (default: run BIN/examples/peak_flops if built)")
     ap.add_argument("--timeline", action="store_true", help="the cost of --timeline (see above)")
+    ap.add_argument("--torch-backends", action="store_true", help="PyTorch DDP on Gloo vs on kolo (see above)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--bin", default="target/release", help="where the kolo binary and the examples are")
     ap.add_argument("--baseline", help="an older kolo binary: its kolo-1 and kolo-2 run in the same "
@@ -267,6 +323,8 @@ def main():
         return parallel(a)
     if a.timeline:
         return timeline(a)
+    if a.torch_backends:
+        return torch_backends(a)
     if a.model not in ("lenet", "resnet18"):
         ap.error(f"--model {a.model}: the comparison with PyTorch has lenet and resnet18")
     # The LeNet peer reads the data with numpy; the ResNet-18 peer needs torch only.

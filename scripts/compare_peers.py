@@ -6,7 +6,9 @@
         [--baseline /path/to/an/older/kolo]
 
 Each round runs, in turn: OpenMPI (../shared/peers/run-openmpi.sh), kolo over shared memory, Gloo
-(../shared/peers/gloo_allreduce.py, run with --python), kolo over TCP, and with --baseline the older
+(../shared/peers/gloo_allreduce.py, run with --python), the same Gloo harness with its backend
+name changed to "kolo" (torch-kolo: kolo's Python package as PyTorch's backend; needs the kolo wheel
+installed in --python's environment), kolo over TCP, and with --baseline the older
 kolo binary over shared memory and TCP (kolo-shm-base, kolo-tcp-base: a before/after comparison
 under the same load). Every
 implementation prints one JSON line per size; the table shows the median over the rounds and the
@@ -14,7 +16,8 @@ ratios the targets are stated in:
 
 - kolo-shm busbw >= OpenMPI's from 1 KiB to 64 MiB, >= 1.5x at 16 and 64 MiB;
 - kolo-shm 4-byte latency <= 2x OpenMPI's;
-- kolo-shm busbw >= 3x Gloo's; kolo-tcp busbw >= 1.5x Gloo's.
+- kolo-shm busbw >= 3x Gloo's; kolo-tcp busbw >= 1.5x Gloo's;
+- torch-kolo (torch.distributed.all_reduce on the kolo backend) >= 3x Gloo's speed at every size.
 
 A peer that cannot run (OpenMPI or torch not installed) is reported and left out. The spread of each
 median (min..max over the rounds, as ratios) is printed for kolo-tcp / Gloo, since the machine the
@@ -26,6 +29,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -51,6 +55,21 @@ def run(cmd, env=None):
     return rows, None
 
 
+def with_backend(harness, backend):
+    """A copy of the Gloo harness with `backend` in place of "gloo" (process group and the impl
+    name it prints): the same program, another torch.distributed backend."""
+    with open(harness) as f:
+        text = f.read()
+    patched = text.replace('dist.init_process_group("gloo"', f'dist.init_process_group("{backend}"')
+    patched = patched.replace('"impl": "gloo"', f'"impl": "torch-{backend}"')
+    if patched.count(f'"{backend}"') < 1 or patched == text:
+        sys.exit(f"compare_peers: {harness} no longer calls init_process_group(\"gloo\", ...)")
+    f = tempfile.NamedTemporaryFile("w", prefix=f"{backend}_allreduce_", suffix=".py", delete=False)
+    with f:
+        f.write(patched)
+    return f.name
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=2)
@@ -70,6 +89,8 @@ def main():
         "openmpi": (["bash", os.path.join(PEERS, "run-openmpi.sh"), n] + sizes, None),
         "kolo-shm": kolo("shm"),
         "gloo": ([args.python, os.path.join(PEERS, "gloo_allreduce.py"), n] + sizes, None),
+        "torch-kolo": ([args.python, with_backend(os.path.join(PEERS, "gloo_allreduce.py"), "kolo"), n]
+                       + sizes, None),
         "kolo-tcp": kolo("tcp"),
     }
     if args.baseline:
@@ -125,11 +146,11 @@ def main():
             misses.append(f"{b} B: kolo-shm busbw {s:.3f} < 3 x Gloo {g:.3f}")
         if t and g and t < 1.5 * g:
             misses.append(f"{b} B: kolo-tcp busbw {t:.3f} < 1.5 x Gloo {g:.3f}")
-    tcp_impls = [k for k in ("kolo-tcp", "kolo-tcp-base") if results.get(k)]
+    tcp_impls = [k for k in ("kolo-tcp", "kolo-tcp-base", "torch-kolo") if results.get(k)]
     if results["gloo"] and tcp_impls:
         # Speed-ups from the times, which keep their precision at every size (busbw rounds to 0 at 4 B).
-        print("\nkolo over TCP vs Gloo: time per all-reduce (us, median of the rounds) and speed-up "
-              "(Gloo's time / kolo's; min..max of the rounds' ratios)")
+        print("\nkolo over TCP, and PyTorch on the kolo backend (torch-kolo), vs Gloo: time per all-reduce "
+              "(us, median of the rounds) and speed-up (Gloo's time / kolo's; min..max of the rounds' ratios)")
         print(f"{'bytes':>10} {'gloo':>10} " + " ".join(f"{k:>14} {'speedup':>8} {'spread':>11}" for k in tcp_impls))
         fmt = lambda v: f"{v:.1f}" if v is not None else "-"
         for b in sizes:
@@ -138,6 +159,8 @@ def main():
             for k in tcp_impls:
                 t = med(k, b, "time_us")
                 cells.append(f"{fmt(t):>14} {ratio(g, t):>8} {spread(k, b):>11}")
+                if k == "torch-kolo" and t and g and g < 3 * t:
+                    misses.append(f"{b} B: torch-kolo {t:.1f} us, not 3x faster than Gloo's {g:.1f} us")
             print(f"{b:>10} {fmt(g):>10} " + " ".join(cells))
         print()
     for t in ("shm", "tcp"):

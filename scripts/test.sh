@@ -86,6 +86,16 @@ cargo nextest run -p kolo-nccl -p kolo --features kolo/nccl --locked --profile c
 stage "end-to-end: the same programs under torchrun and srun"
 scripts/e2e-launchers.sh target/debug
 
+stage "Python package: the kolo wheel (maturin) and its tests (pytest; torch backend under torchrun)"
+# Built and installed into PyTorch's venv (its torch loads the backend through the package's
+# entry point); the dev profile shares the build above.
+VENV=$(dirname "$(dirname "$KOLO_TORCHRUN")")
+"$VENV/bin/pip" install -q --retries 5 "maturin>=1.9.4,<2" pytest
+rm -rf target/wheels
+"$VENV/bin/maturin" build -q -m crates/kolo-py/Cargo.toml --profile dev -o target/wheels
+"$VENV/bin/pip" install -q --force-reinstall --no-deps target/wheels/kolo-*.whl
+(cd crates/kolo-py && "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests)
+
 # The MPI backend: the same crates built with the `mpi` feature (a second build of the kolo crates).
 MPI_FEATURES=kolo/mpi,kolo-train/mpi,kolo-cli/mpi
 MPI_CRATES=(-p kolo-mpi -p kolo -p kolo-train -p kolo-cli)

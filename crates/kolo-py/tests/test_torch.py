@@ -102,3 +102,22 @@ def test_mpi4py_examples_under_torchrun():
     assert sorted(x for x in out.splitlines() if x.startswith("Hello")) == [
         f"Hello world from process {r} of 3" for r in range(3)
     ]
+
+
+def test_a_torch_without_the_hooks_is_a_clear_import_error():
+    import types
+
+    import kolo.torch as kt
+
+    class Backend:
+        @staticmethod
+        def register_backend(name, func):  # the old signature: no extended_api, no devices
+            pass
+
+    old = types.SimpleNamespace(is_available=lambda: True, ProcessGroup=object, Backend=Backend,
+                                ReduceOp=object, TCPStore=object)
+    with pytest.raises(ImportError, match=r"torch\.distributed\.Work.*extended_api.*devices"):
+        kt._check_torch(old)
+    with pytest.raises(ImportError, match="built without it"):
+        kt._check_torch(types.SimpleNamespace(is_available=lambda: False))
+    kt._check_torch(torch.distributed)  # this torch has everything

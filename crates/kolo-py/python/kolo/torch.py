@@ -16,11 +16,41 @@ import os
 import secrets
 import threading
 
+import inspect
+
 import torch
 import torch.distributed as dist
 
 from . import _kolo
 from ._comm import _tensor_buffer
+
+
+def _check_torch(d):
+    """Raises ImportError naming what this torch lacks for the backend (a Python ProcessGroup
+    subclass, Work, and register_backend with extended_api and devices)."""
+    missing = []
+    if not getattr(d, "is_available", lambda: False)():
+        missing.append("torch.distributed (this torch was built without it)")
+    else:
+        for name in ("ProcessGroup", "Work", "Backend", "ReduceOp", "TCPStore"):
+            if not hasattr(d, name):
+                missing.append(f"torch.distributed.{name}")
+        register = getattr(getattr(d, "Backend", None), "register_backend", None)
+        if register is None:
+            missing.append("torch.distributed.Backend.register_backend")
+        else:
+            params = inspect.signature(register).parameters
+            for p in ("extended_api", "devices"):
+                if p not in params:
+                    missing.append(f"register_backend(..., {p}=...)")
+    if missing:
+        raise ImportError(
+            f"kolo.torch: torch {getattr(torch, '__version__', '?')} lacks what the kolo backend "
+            f"needs: {', '.join(missing)} (torch 2.4 or newer has it)"
+        )
+
+
+_check_torch(dist)
 
 __all__ = ["ProcessGroupKolo", "register", "monitored_barrier"]
 
@@ -33,9 +63,15 @@ _REDUCE = {
 }
 
 
-def _op(reduce_op):
+def _op(reduce_op, tensor=None):
     for k, v in _REDUCE.items():
         if reduce_op == k:
+            if tensor is not None and tensor.dtype == torch.bool:
+                # As torch's NCCL backend: a logical or/and, so that the result stays a bool.
+                bools = {"sum": "max", "max": "max", "prod": "min", "min": "min"}
+                if v not in bools:
+                    raise ValueError(f"kolo: {reduce_op} of bool tensors is not defined")
+                return bools[v]
             return v
     raise ValueError(
         f"kolo: unsupported reduction {reduce_op}: the kolo backend reduces with SUM, PRODUCT, "
@@ -180,7 +216,7 @@ class ProcessGroupKolo(dist.ProcessGroup):
     # -- collectives ----------------------------------------------------------------------------
     @_checked
     def allreduce(self, tensors, opts=None):
-        op = _op(opts.reduceOp) if opts is not None else "sum"
+        op = _op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM, tensors[0] if tensors else None)
         bufs = [_buf(t, "allreduce") for t in tensors]
 
         def call(done):
@@ -204,7 +240,7 @@ class ProcessGroupKolo(dist.ProcessGroup):
     @_checked
     def reduce(self, tensors, opts=None):
         root = opts.rootRank if opts is not None else 0
-        op = _op(opts.reduceOp) if opts is not None else "sum"
+        op = _op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM, _one(tensors, "reduce"))
         b, dt = _buf(_one(tensors, "reduce"), "reduce")
         return self._start(tensors, lambda d: self._comm.reduce(b, root, op, dtype=dt, done=d), opts=opts)
 
@@ -259,7 +295,7 @@ class ProcessGroupKolo(dist.ProcessGroup):
     # reduce-scatter: from one tensor (both generations), from lists, coalesced
     @_checked
     def reduce_scatter_single(self, output, input, opts=None):
-        op = _op(opts.reduceOp) if opts is not None else "sum"
+        op = _op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM, input)
         s, dt = _buf(input, "reduce_scatter input")
         r, _ = _buf(output, "reduce_scatter output")
         return self._start(
