@@ -94,7 +94,7 @@ VENV=$(dirname "$(dirname "$KOLO_TORCHRUN")")
 rm -rf target/wheels
 "$VENV/bin/maturin" build -q -m crates/kolo-py/Cargo.toml --profile dev -o target/wheels
 "$VENV/bin/pip" install -q --force-reinstall --no-deps target/wheels/kolo-*.whl
-(cd crates/kolo-py && "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests)
+(cd crates/kolo-py && KOLO_BIN="$PWD/../../target/debug/kolo" "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests)
 
 # The MPI backend: the same crates built with the `mpi` feature (a second build of the kolo crates).
 MPI_FEATURES=kolo/mpi,kolo-train/mpi,kolo-cli/mpi

@@ -383,16 +383,17 @@ fn run_group(
     })
 }
 
-/// Binds the rendezvous store the workers will connect to.
+/// Binds the rendezvous store the workers will connect to. It answers PyTorch's `TCPStore`
+/// clients too (in their own key space), so that torch.distributed's `env://` rendezvous works in
+/// workers told the launcher hosts the store (`TORCHELASTIC_USE_AGENT_STORE`).
 fn host_store(cfg: &LaunchConfig, secret: &str) -> Result<kolo_store::TcpStoreServer, LaunchError> {
     let port = cfg.master_port.unwrap_or(0);
     let secret = kolo_store::JobSecret::new(secret.as_bytes());
-    kolo_store::TcpStoreServer::bind_with_secret((cfg.master_addr.as_str(), port), secret).map_err(
-        |source| LaunchError::Store {
+    kolo_store::TcpStoreServer::bind_with_secret_and_torch((cfg.master_addr.as_str(), port), secret)
+        .map_err(|source| LaunchError::Store {
             addr: cfg.endpoint(port),
             source,
-        },
-    )
+        })
 }
 
 /// Starts the threads forwarding `worker`'s stdout and stderr; returns how

@@ -69,6 +69,11 @@ pub(crate) fn worker_env(
         (env::KOLO_JOB_ID, job.job_id.clone()),
         (env::KOLO_JOB_SECRET, job.secret.clone()),
         (env::KOLO_RESTART_COUNT, job.restart.to_string()),
+        // For PyTorch programs: the store at MASTER_ADDR:MASTER_PORT is the launcher's (it answers
+        // TCPStore clients), so torch.distributed's env:// rendezvous connects instead of binding
+        // it; the restart count names the attempt's keys, as under torchrun.
+        ("TORCHELASTIC_USE_AGENT_STORE", "True".to_owned()),
+        ("TORCHELASTIC_RESTART_COUNT", job.restart.to_string()),
     ];
     if let Some(addr) = job.addr {
         vars.push(("KOLO_LISTEN_ADDR", addr.to_string()));
@@ -174,6 +179,7 @@ mod tests {
         assert_eq!(get("MASTER_ADDR"), Some("127.0.0.1"));
         assert_eq!(get("MASTER_PORT"), Some("29500"));
         assert_eq!(get("KOLO_AGENT_STORE"), Some("1"));
+        assert_eq!(get("TORCHELASTIC_USE_AGENT_STORE"), Some("True"));
         assert_eq!(get("KOLO_JOB_ID"), Some("abc"));
     }
 }

@@ -3,6 +3,7 @@ tests/torch_worker.py (every collective against references, DDP's gradients, a m
 input), and a rank that dies is named by the survivor. Skipped where torch is not installed."""
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -121,3 +122,30 @@ def test_a_torch_without_the_hooks_is_a_clear_import_error():
     with pytest.raises(ImportError, match="built without it"):
         kt._check_torch(types.SimpleNamespace(is_available=lambda: False))
     kt._check_torch(torch.distributed)  # this torch has everything
+
+
+KOLO = os.environ.get("KOLO_BIN") or shutil.which("kolo")
+needs_kolo = pytest.mark.skipif(not KOLO, reason="set KOLO_BIN to the kolo binary (the suite does)")
+
+
+def kolo_run(args, n=2, timeout=240, env=None):
+    e = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
+    p = subprocess.run([KOLO, "run", "-n", str(n), "--"] + args, capture_output=True, text=True,
+                       timeout=timeout, env=e)
+    return p.returncode, p.stdout + p.stderr
+
+
+@needs_kolo
+def test_pytorch_programs_run_under_kolo_run():
+    # kolo run's store answers torch's env:// rendezvous; on either backend the same training.
+    sums = {}
+    for backend in ["gloo", "kolo"]:
+        rc, out = kolo_run([sys.executable, WORKER, "train"], env={"BACKEND": backend})
+        assert rc == 0, out[-3000:]
+        line = [x for x in out.splitlines() if "PARAMS " in x]
+        assert len(line) == 2, out[-3000:]
+        sums[backend] = [float(v) for v in line[0].split("PARAMS ")[1].split()]
+    assert sums["kolo"] == pytest.approx(sums["gloo"], rel=1e-5, abs=1e-6)
+    rc, out = kolo_run([sys.executable, os.path.join(EXAMPLES, "matrix.py")], n=4)
+    assert rc == 0, out[-3000:]
+    assert "sum: 28.0" in out

@@ -235,3 +235,7 @@ if __name__ == "__main__":
     if scenario != "dead":
         dist.destroy_process_group()
     say("DONE")
+    if backend == "gloo":
+        # PyTorch's Gloo now and then aborts in its teardown after a complete run ("terminate
+        # called without an active exception"); the reference run must not fail for that.
+        os._exit(0)

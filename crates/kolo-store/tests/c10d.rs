@@ -208,3 +208,41 @@ fn counters_are_checked_before_they_reach_the_server() {
     ));
     assert_eq!(c.add("fresh", 3).unwrap(), 3);
 }
+
+/// A kolo store server that also answers PyTorch's clients: both protocols on one port, each in
+/// its own key space; the job secret still guards kolo's.
+#[test]
+fn a_kolo_server_with_torch_clients_serves_both_protocols_apart() {
+    use kolo_store::{JobSecret, TcpStore};
+    let server =
+        TcpStoreServer::bind_with_secret_and_torch("127.0.0.1:0", JobSecret::new(b"s3cret"))
+            .unwrap();
+    let addr = server.local_addr().to_string();
+    let torch = C10dStore::connect(&addr, TIMEOUT).unwrap();
+    let kolo = TcpStore::connect_with_secret(&addr, TIMEOUT, JobSecret::new(b"s3cret")).unwrap();
+    torch.set("k", b"torch").unwrap();
+    kolo.set("k", b"kolo").unwrap();
+    assert_eq!(torch.get("k", TIMEOUT).unwrap(), b"torch");
+    assert_eq!(kolo.get("k", TIMEOUT).unwrap(), b"kolo");
+    assert_eq!(torch.add("n", 2).unwrap(), 2);
+    assert_eq!(kolo.try_get("n").unwrap(), None);
+    // A kolo client without the secret is still refused.
+    let stranger = TcpStore::connect_with_secret(&addr, TIMEOUT, JobSecret::new(b"wrong"));
+    assert!(stranger.and_then(|s| s.set("x", b"y")).is_err());
+    // Shutting down ends a torch client's blocked get.
+    let t = std::thread::spawn(move || torch.get("never", Duration::from_secs(30)));
+    std::thread::sleep(Duration::from_millis(100));
+    let start = Instant::now();
+    server.shutdown();
+    assert!(t.join().unwrap().is_err());
+    assert!(start.elapsed() < Duration::from_secs(5));
+}
+
+/// Without `bind_with_secret_and_torch` a c10d client is refused, as before.
+#[test]
+fn a_plain_kolo_server_refuses_torch_clients() {
+    let server = TcpStoreServer::bind("127.0.0.1:0").unwrap();
+    let r = C10dStore::connect(&server.local_addr().to_string(), Duration::from_secs(2))
+        .and_then(|c| c.set("k", b"v"));
+    assert!(r.is_err());
+}

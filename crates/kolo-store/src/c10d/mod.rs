@@ -30,7 +30,7 @@
 
 mod client;
 mod request;
-mod server;
+pub(crate) mod server;
 
 use std::io::{self, Read, Write};
 

@@ -23,8 +23,10 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// Most connections served at once.
 const MAX_CONNECTIONS: usize = 1024;
 
+/// The key space and state of a c10d server (also kept by a [`crate::TcpStoreServer`] that
+/// answers PyTorch's clients on its port).
 #[derive(Debug, Default)]
-struct Shared {
+pub(crate) struct Shared {
     kv: Kv,
     stop: AtomicBool,
     connections: AtomicUsize,
@@ -92,6 +94,14 @@ impl Drop for C10dStoreServer {
     }
 }
 
+impl Shared {
+    /// Stops serving: waiting clients wake and every connection ends at its next request.
+    pub(crate) fn stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.kv.close();
+    }
+}
+
 fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
     while !shared.stop.load(Ordering::SeqCst) {
         match listener.accept() {
@@ -145,7 +155,8 @@ fn next_query(shared: &Shared, conn: &mut BufReader<TcpStream>) -> io::Result<Op
     }
 }
 
-fn serve(shared: &Shared, stream: TcpStream) -> io::Result<()> {
+/// Serves one c10d client until it leaves or the server stops.
+pub(crate) fn serve(shared: &Shared, stream: TcpStream) -> io::Result<()> {
     stream.set_nodelay(true)?;
     stream.set_write_timeout(Some(REQUEST_TIMEOUT))?;
     let mut out = stream.try_clone()?;

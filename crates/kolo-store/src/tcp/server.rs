@@ -9,6 +9,7 @@ use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
 use crate::auth::{self, JobSecret};
+use crate::c10d;
 use crate::deadline::Deadline;
 use crate::kv::{Kv, WaitOutcome};
 use crate::sys::poll_readable;
@@ -36,6 +37,8 @@ struct ServerShared {
     conns: Mutex<HashMap<u64, TcpStream>>,
     /// What clients must prove they know.
     secret: JobSecret,
+    /// The key space of PyTorch's `TCPStore` clients, when they are served too.
+    torch: Option<Arc<c10d::server::Shared>>,
 }
 
 /// A TCP store server running on background threads.
@@ -85,6 +88,26 @@ impl TcpStoreServer {
         addr: impl ToSocketAddrs,
         secret: JobSecret,
     ) -> Result<TcpStoreServer, StoreError> {
+        TcpStoreServer::start(addr, secret, false)
+    }
+
+    /// [`TcpStoreServer::bind_with_secret`], also answering PyTorch's `TCPStore` clients (the c10d
+    /// protocol, told apart by the first byte a client sends) on the same port, as a launcher's
+    /// store does for torch.distributed's `env://` rendezvous (`TORCHELASTIC_USE_AGENT_STORE`).
+    /// They get a key space of their own: PyTorch's clients cannot prove the job secret, and so
+    /// never see kolo's keys.
+    pub fn bind_with_secret_and_torch(
+        addr: impl ToSocketAddrs,
+        secret: JobSecret,
+    ) -> Result<TcpStoreServer, StoreError> {
+        TcpStoreServer::start(addr, secret, true)
+    }
+
+    fn start(
+        addr: impl ToSocketAddrs,
+        secret: JobSecret,
+        torch: bool,
+    ) -> Result<TcpStoreServer, StoreError> {
         let addrs: Vec<SocketAddr> = addr
             .to_socket_addrs()
             .map_err(|source| StoreError::Bind {
@@ -118,6 +141,7 @@ impl TcpStoreServer {
             stopping: AtomicBool::new(false),
             conns: Mutex::new(HashMap::new()),
             secret,
+            torch: torch.then(Default::default),
         });
         let acceptor = {
             let shared = Arc::clone(&shared);
@@ -146,6 +170,9 @@ impl TcpStoreServer {
     pub fn shutdown(&self) {
         self.shared.stopping.store(true, Ordering::SeqCst);
         self.shared.kv.close();
+        if let Some(torch) = &self.shared.torch {
+            torch.stop();
+        }
         let handle = lock(&self.acceptor).take();
         if let Some(handle) = handle {
             if handle.join().is_err() {
@@ -260,6 +287,13 @@ fn serve(shared: &ServerShared, mut stream: TcpStream) -> Result<(), WireError> 
     stream.set_nodelay(true)?;
     stream.set_write_timeout(Some(SERVER_WRITE_TIMEOUT))?;
     stream.set_read_timeout(Some(SERVER_HANDSHAKE_TIMEOUT))?;
+    if let Some(torch) = &shared.torch {
+        // A c10d client opens with VALIDATE (byte 0); kolo's handshake never does.
+        let mut first = [0u8; 1];
+        if stream.peek(&mut first)? == 1 && first[0] == c10d::query::VALIDATE {
+            return c10d::server::serve(torch, stream).map_err(WireError::Io);
+        }
+    }
     wire::server_handshake(&mut stream)?;
     auth::server(&mut stream, &shared.secret).map_err(|e| match e {
         auth::AuthError::Io(e) => WireError::Invalid(format!(

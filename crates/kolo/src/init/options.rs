@@ -261,7 +261,10 @@ impl InitOptions {
             });
         }
         let torchrun = launchers::torchelastic(&get)?;
-        let agent_store = torchrun.as_ref().is_some_and(|t| t.agent_store);
+        // torchrun's agent store speaks c10d; under `kolo run` (KOLO_AGENT_STORE=1), which also
+        // sets TORCHELASTIC_USE_AGENT_STORE for PyTorch programs, kolo's workers use kolo's protocol.
+        let kolo_agent = get("KOLO_AGENT_STORE").as_deref() == Some("1");
+        let agent_store = !kolo_agent && torchrun.as_ref().is_some_and(|t| t.agent_store);
         let slurm = rank_var == "SLURM_PROCID";
         let master_port = get("MASTER_PORT")
             .map(|text| {
@@ -327,7 +330,7 @@ impl InitOptions {
             method,
             rank,
             size,
-            host_store: get("KOLO_AGENT_STORE").as_deref() != Some("1") && !agent_store,
+            host_store: !kolo_agent && !agent_store,
             job_id: format!("{job}/{restart}"),
             ..InitOptions::single()
         }

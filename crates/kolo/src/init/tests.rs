@@ -374,3 +374,61 @@ fn bad_slurm_variables_name_the_variable() {
     let e = err(&with(&[("SLURM_NODELIST", "n1"), ("SLURM_JOB_ID", "x7")]));
     assert!(e.contains("SLURM_JOB_ID") && e.contains("x7"), "{e}");
 }
+
+#[test]
+fn under_kolo_run_the_workers_use_kolos_store_though_torch_is_told_of_an_agent_store() {
+    // `kolo run` sets TORCHELASTIC_USE_AGENT_STORE for PyTorch programs; kolo's own workers still
+    // speak kolo's protocol to the launcher's store and do not host it.
+    let o = opts(&[
+        ("RANK", "1"),
+        ("WORLD_SIZE", "2"),
+        ("MASTER_ADDR", "127.0.0.1"),
+        ("MASTER_PORT", "29400"),
+        ("KOLO_AGENT_STORE", "1"),
+        ("TORCHELASTIC_USE_AGENT_STORE", "True"),
+        ("TORCHELASTIC_RESTART_COUNT", "0"),
+    ]);
+    let o = o.ok();
+    assert!(matches!(
+        o.as_ref().map(|o| &o.method),
+        Some(InitMethod::Tcp { port: 29400, .. })
+    ));
+    assert_eq!(o.map(|o| o.host_store), Some(false));
+}
+
+#[test]
+fn a_store_the_program_brings_connects_the_ranks() {
+    // InitMethod::Store: the ranks meet through a store object (here an in-memory one shared by
+    // two threads; the Python package hands PyTorch's store the same way).
+    let store = SharedStore(Arc::new(kolo_store::MemoryStore::new()));
+    let results: Vec<Result<f32>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..2)
+            .map(|rank| {
+                let store = store.clone();
+                s.spawn(move || {
+                    let mut o = InitOptions::new(InitMethod::Store { store, host: None }, rank, 2);
+                    o.job_id = format!("store-test-{}", std::process::id());
+                    o.transport = TransportChoice::Tcp;
+                    o.config.timeout = std::time::Duration::from_secs(20);
+                    let comm = init_with(o)?;
+                    let mut x = [rank as f32 + 1.0];
+                    comm.all_reduce(&mut x, kolo_core::ReduceOp::Sum)?;
+                    Ok(x[0])
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(Error::Unsupported {
+                        what: "a panic".into(),
+                    })
+                })
+            })
+            .collect()
+    });
+    for r in results {
+        assert_eq!(r.ok(), Some(3.0));
+    }
+}
