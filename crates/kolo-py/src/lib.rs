@@ -1,8 +1,8 @@
 //! The native module of kolo's Python package, `kolo._kolo`: kolo's communicator over Python
-//! buffers, and the ways to get one — from the launcher's environment ([`init`], as
-//! `kolo::init()`), through a store the program already has ([`init_with_store`]: the
+//! buffers, and the ways to get one — from the launcher's environment (`init`, as
+//! `kolo::init()`), through a store the program already has (`init_with_store`: the
 //! torch.distributed backend meets there), or as threads of this process
-//! ([`local_communicators`], for tests). The Python package (`crates/kolo-py/python/kolo`) wraps
+//! (`local_communicators`, for tests). The Python package (`crates/kolo-py/python/kolo`) wraps
 //! it: numpy and torch tensors, object collectives, mpi4py's names, the torch backend.
 
 mod buffer;

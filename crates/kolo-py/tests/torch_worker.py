@@ -113,6 +113,14 @@ def collectives():
     w.wait()
     check("async work's future holds the tensors", torch.equal(fut.value()[0], torch.full((1000,), float(n))))
 
+    outs = [torch.empty(n * 2), torch.empty(n)]
+    with dist._coalescing_manager(async_ops=True) as cm:
+        dist.all_gather_into_tensor(outs[0], t([r, r]))
+        dist.all_gather_into_tensor(outs[1], t([10 * r]))
+    cm.wait()
+    check("coalesced all_gather_into_tensor", outs[0].tolist() == sum(([float(k)] * 2 for k in ranks), [])
+          and outs[1].tolist() == [10.0 * k for k in ranks], outs)
+
     sub = dist.new_group([0, n - 1]) if n > 1 else dist.new_group([0])
     if r in (0, n - 1):
         x = torch.ones(1)

@@ -421,14 +421,23 @@ class ProcessGroupKolo(dist.ProcessGroup):
 
 
 def _last(works, result):
-    """One work for several: kolo runs them in order, so the last finishing means all have."""
+    """One work for several: kolo runs them in order, so the last one finishing means all have;
+    its future completes with `result` (every output) or the error."""
+    work = _Work(result)
     if not works:
-        w = _Work(result)
-        w._done(None)
-        return w
-    last = works[-1]
-    last._result = result
-    return last
+        work._done(None)
+        return work
+
+    def finish(fut):
+        try:
+            fut.value()
+        except Exception as e:  # noqa: BLE001 - handed to the combined work
+            work._done(e)
+        else:
+            work._done(None)
+
+    works[-1].get_future().add_done_callback(finish)
+    return work
 
 
 def _store_host(store):
