@@ -27,5 +27,5 @@ comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
 
 if rank == 0:
     print(f"sum: {total}", flush=True)
-    print("squares:", " ".join(f"{v:g}" for v in squares), flush=True)
+    print(f"squares: {' '.join(f'{v:g}' for v in squares)}", flush=True)
     print(f"part sums (buffer all-reduce): {buf}", flush=True)

@@ -3,6 +3,7 @@ tests/torch_worker.py (every collective against references, DDP's gradients, a m
 input), and a rank that dies is named by the survivor. Skipped where torch is not installed."""
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -100,7 +101,8 @@ def test_mpi4py_examples_under_torchrun():
     assert "sum: 28.0" in out and "squares: 0 1 4 9 16 25 36 49" in out
     rc, out = torchrun([os.path.join(EXAMPLES, "hello.py")], n=3)
     assert rc == 0, out[-3000:]
-    assert sorted(x for x in out.splitlines() if x.startswith("Hello")) == [
+    # The ranks share one pipe and Python under torchrun is unbuffered: lines may run together.
+    assert sorted(re.findall(r"Hello world from process \d of \d", out)) == [
         f"Hello world from process {r} of 3" for r in range(3)
     ]
 
