@@ -5,8 +5,8 @@
 
 use std::borrow::Cow;
 use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
 
 use kolo::{Communicator, DType, Element, ReduceOp};
 use pyo3::exceptions::PyValueError;
@@ -96,14 +96,48 @@ pub(crate) struct PyCommunicator {
     worker: Arc<Worker>,
 }
 
+/// Every communicator made in this process, for [`shutdown_all`].
+static LIVE: Mutex<Vec<(Weak<Worker>, Weak<Communicator>)>> = Mutex::new(Vec::new());
+
+/// Ends every communicator's work before the interpreter finalizes (the package registers it with
+/// `atexit`): queued operations get `grace` to finish (their completions still run Python code;
+/// a thread that reaches for the GIL during finalization is ended by CPython mid-call, which
+/// aborts the process); those still waiting then are aborted (failing at once), and every worker
+/// is joined.
+pub(crate) fn shutdown_all(py: Python<'_>, grace: Duration) {
+    let live: Vec<_> = LIVE
+        .lock()
+        .map(|mut l| std::mem::take(&mut *l))
+        .unwrap_or_default();
+    py.detach(|| {
+        let deadline = Instant::now() + grace;
+        for (worker, comm) in &live {
+            let Some(worker) = worker.upgrade() else {
+                continue;
+            };
+            if !worker.drain(deadline) {
+                if let Some(comm) = comm.upgrade() {
+                    comm.abort(&format!(
+                        "rank {} is exiting with operations still running",
+                        comm.rank()
+                    ));
+                }
+            }
+            worker.close();
+        }
+    });
+}
+
 impl PyCommunicator {
     /// Wraps `comm`, starting its worker thread.
     pub(crate) fn wrap(comm: Communicator) -> PyResult<Self> {
-        let worker = Worker::start(format!("kolo-rank{}", comm.rank()))?;
-        Ok(PyCommunicator {
-            comm: Arc::new(comm),
-            worker: Arc::new(worker),
-        })
+        let worker = Arc::new(Worker::start(format!("kolo-rank{}", comm.rank()))?);
+        let comm = Arc::new(comm);
+        if let Ok(mut live) = LIVE.lock() {
+            live.retain(|(w, _)| w.strong_count() > 0);
+            live.push((Arc::downgrade(&worker), Arc::downgrade(&comm)));
+        }
+        Ok(PyCommunicator { comm, worker })
     }
 
     /// Runs `f` on the worker and waits for it (the GIL released; Ctrl-C still raises), handing
@@ -171,7 +205,8 @@ impl PyCommunicator {
         let comm = self.comm.clone();
         self.worker.submit(Box::new(move || {
             let r = f(&comm);
-            Python::attach(|py| {
+            // After the interpreter has finalized (shutdown was skipped) there is nobody to tell.
+            let _ = Python::try_attach(|py| {
                 drop(held);
                 let arg = match r {
                     Ok(()) => py.None(),

@@ -93,12 +93,27 @@ fn local_communicators(size: usize, timeout: Option<f64>) -> PyResult<Vec<PyComm
         .collect()
 }
 
+/// Lets every communicator's queued operations finish (at most `grace` seconds, then aborts
+/// them) and stops their worker threads: registered with `atexit` by the package.
+#[pyfunction]
+#[pyo3(signature = (grace=5.0))]
+fn shutdown(py: Python<'_>, grace: f64) -> PyResult<()> {
+    if !(grace.is_finite() && grace >= 0.0) {
+        return Err(PyValueError::new_err(format!(
+            "grace: expected a non-negative number of seconds, got {grace}"
+        )));
+    }
+    comm::shutdown_all(py, Duration::from_secs_f64(grace));
+    Ok(())
+}
+
 #[pymodule]
 fn _kolo(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyCommunicator>()?;
     m.add_function(wrap_pyfunction!(init, m)?)?;
     m.add_function(wrap_pyfunction!(init_with_store, m)?)?;
     m.add_function(wrap_pyfunction!(local_communicators, m)?)?;
+    m.add_function(wrap_pyfunction!(shutdown, m)?)?;
     errors::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

@@ -91,6 +91,21 @@ impl Worker {
         Some(f())
     }
 
+    /// Stops taking work and waits until the queued operations are done, at most until
+    /// `deadline`; whether they all finished.
+    pub(crate) fn drain(&self, deadline: std::time::Instant) -> bool {
+        if let Ok(mut q) = self.queue.lock() {
+            q.take();
+        }
+        while self.pending.load(Ordering::Acquire) != 0 {
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        true
+    }
+
     /// Stops taking work, lets the queued operations finish and joins the thread. Call it with
     /// the GIL released: the operations' completions take it.
     pub(crate) fn close(&self) {

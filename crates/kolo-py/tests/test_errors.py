@@ -124,3 +124,27 @@ def test_async_error_reaches_wait():
         return type(w.exception()).__name__
 
     assert run_ranks(2, body) == ["MismatchError", "MismatchError"]
+
+
+def test_exiting_with_an_operation_completing_is_clean(tmp_path):
+    # The main thread exits while an asynchronous operation's completion is still running Python
+    # code (which releases the GIL): kolo's atexit shutdown lets it finish instead of CPython
+    # ending the thread mid-call (which aborted the process, or panicked in the worker).
+    import subprocess
+    import sys
+
+    script = tmp_path / "exit.py"
+    script.write_text(
+        "import time\n"
+        "import numpy as np\n"
+        "import kolo\n"
+        "(c,) = kolo.local_world(1)\n"
+        "def done(err):\n"
+        "    time.sleep(0.5)\n"
+        "    print('callback finished', flush=True)\n"
+        "c._c.all_reduce(np.ones(4, np.float32), 'sum', done=done)\n"
+    )
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert "callback finished" in p.stdout
+    assert "panicked" not in p.stderr and "terminate" not in p.stderr

@@ -22,6 +22,14 @@ from ._kolo import (
 )
 from ._comm import Communicator, Work, init, local_world, REDUCE_OPS, DTYPES
 
+import atexit as _atexit
+
+from . import _kolo
+
+# Before the interpreter finalizes: let queued operations finish (their completions run Python
+# code, which CPython would cut short mid-call during finalization), then stop the worker threads.
+_atexit.register(_kolo.shutdown)
+
 __all__ = [
     "ArgumentError",
     "Communicator",
