@@ -24,6 +24,7 @@ median (min..max over the rounds, as ratios) is printed for kolo-tcp / Gloo, sin
 numbers come from may be shared.
 """
 import argparse
+import atexit
 import json
 import os
 import statistics
@@ -67,6 +68,7 @@ def with_backend(harness, backend):
     f = tempfile.NamedTemporaryFile("w", prefix=f"{backend}_allreduce_", suffix=".py", delete=False)
     with f:
         f.write(patched)
+    atexit.register(os.unlink, f.name)
     return f.name
 
 
