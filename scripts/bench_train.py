@@ -69,7 +69,7 @@ PEER_RESNET = os.path.join(ROOT, "scripts", "torch_ddp_resnet18.py")
 
 def run(cmd, env=None):
     # kolo train sets this malloc tuning for its workers; give the plain loop and torch the same.
-    tun = "glibc.malloc.mmap_threshold=4294967295:glibc.malloc.trim_threshold=4294967295"
+    tun = "glibc.malloc.mmap_threshold=4294967295:glibc.malloc.trim_threshold=4294967295:glibc.malloc.hugetlb=1"
     e = dict(os.environ, RAYON_NUM_THREADS="1", GLIBC_TUNABLES=tun, **(env or {}))
     # One retry: PyTorch's Gloo DDP now and then aborts in its teardown after a complete run
     # ("terminate called without an active exception"); the failure is reported, never hidden.
@@ -129,7 +129,7 @@ def tree_rss_kb(root):
 def kolo_parallel(a, n, replicas, threads, batch):
     """samples/s and peak RSS (MiB) of one `kolo train` run."""
     d = tempfile.mkdtemp(prefix="kolo-bench-")
-    tun = "glibc.malloc.mmap_threshold=4294967295:glibc.malloc.trim_threshold=4294967295"
+    tun = "glibc.malloc.mmap_threshold=4294967295:glibc.malloc.trim_threshold=4294967295:glibc.malloc.hugetlb=1"
     env = dict(os.environ, RAYON_NUM_THREADS=str(threads), GLIBC_TUNABLES=tun)
     cmd = [os.path.join(a.bin, "kolo"), "train", "-n", str(n), "--replicas", str(replicas), "--model", a.model,
            "--epochs", str(a.epochs), "--batch-size", str(batch), "--no-progress", "--out", d,

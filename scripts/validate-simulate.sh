@@ -41,7 +41,7 @@ for n in "${RANKS[@]}"; do
     profs=()
     for i in $(seq "$k"); do
       profs+=("$OUT/profile-n$n-$r-$i.json")
-      RAYON_NUM_THREADS=$t GLIBC_TUNABLES=glibc.malloc.mmap_threshold=4294967295:glibc.malloc.trim_threshold=4294967295 \
+      RAYON_NUM_THREADS=$t GLIBC_TUNABLES=glibc.malloc.mmap_threshold=4294967295:glibc.malloc.trim_threshold=4294967295:glibc.malloc.hugetlb=1 \
         "$KOLO" simulate --model "$MODEL" --batch "$BATCH" --steps "$PROFILE_STEPS" --threads "$t" \
         --input-shape "$INPUT_SHAPE" --save-profile "$OUT/profile-n$n-$r-$i.json" --profile-only 2>/dev/null &
     done

@@ -18,8 +18,11 @@ use error::CliError;
 /// sources whose text the message already contains.
 /// glibc's malloc settings `kolo train` gives its workers: glibc hands large tensor buffers back to
 /// the OS after every step and page-faults them in again (a third of LeNet's step time); keep them.
-pub const TRAIN_MALLOC_TUNABLES: &str =
-    "glibc.malloc.mmap_threshold=4294967295:glibc.malloc.trim_threshold=4294967295";
+/// And back the heap with transparent huge pages where the kernel offers them on request
+/// (`madvise` mode): the convolutions' multi-MiB work buffers and transformed kernels then take
+/// far fewer TLB misses (ResNet-18's 3×3 layers: about 5 % less time per step).
+pub const TRAIN_MALLOC_TUNABLES: &str = "glibc.malloc.mmap_threshold=4294967295:\
+glibc.malloc.trim_threshold=4294967295:glibc.malloc.hugetlb=1";
 
 pub fn report_error(command: &str, err: &dyn Error) {
     let mut message = err.to_string();
