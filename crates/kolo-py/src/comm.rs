@@ -3,90 +3,19 @@
 //! (releasing the GIL) and raises on failure, with a callable `done` it returns at once and the
 //! worker thread calls `done(None)` or `done(exception)` when it finishes.
 
-use std::borrow::Cow;
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use kolo::{Communicator, DType, Element, ReduceOp};
+use kolo::Communicator;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use crate::buffer::{hold, hold_opt, parse_dtype, Held, Region};
+use crate::args::{pair, parse_op, parse_opt_dtype, source, typed};
+use crate::buffer::{hold, hold_opt, Held};
 use crate::errors::{to_py, KoloError};
 use crate::worker::Worker;
-
-/// Runs `$body` with `$t` the Rust type of element type `$dtype`.
-macro_rules! typed {
-    ($dtype:expr, $t:ident => $body:expr) => {
-        match $dtype {
-            DType::F32 => {
-                type $t = f32;
-                $body
-            }
-            DType::F64 => {
-                type $t = f64;
-                $body
-            }
-            DType::F16 => {
-                type $t = half::f16;
-                $body
-            }
-            DType::BF16 => {
-                type $t = half::bf16;
-                $body
-            }
-            DType::I32 => {
-                type $t = i32;
-                $body
-            }
-            DType::I64 => {
-                type $t = i64;
-                $body
-            }
-            DType::U8 => {
-                type $t = u8;
-                $body
-            }
-        }
-    };
-}
-
-/// The reduction named `name` (`sum`, `prod`, `min`, `max`, `avg`; any case).
-fn parse_op(name: &str) -> PyResult<ReduceOp> {
-    Ok(match name.trim().to_ascii_lowercase().as_str() {
-        "sum" => ReduceOp::Sum,
-        "prod" | "product" => ReduceOp::Prod,
-        "min" => ReduceOp::Min,
-        "max" => ReduceOp::Max,
-        "avg" | "mean" | "average" => ReduceOp::Avg,
-        other => {
-            return Err(PyValueError::new_err(format!(
-                "unsupported reduction {other:?}: kolo reduces with sum, prod, min, max and avg"
-            )))
-        }
-    })
-}
-
-fn parse_opt_dtype(dtype: Option<&str>) -> PyResult<Option<DType>> {
-    dtype.map(parse_dtype).transpose()
-}
-
-/// The elements to send, copied first where they share memory with `recv` (an in-place
-/// all-gather: the input is the output's own slot).
-///
-/// # Safety
-/// Both regions' buffers must be held and no reference to either be alive.
-unsafe fn source<'a, T: Element>(send: Region, recv: Region) -> Cow<'a, [T]> {
-    if send.overlaps(&recv) {
-        // SAFETY: per this function's contract; the borrow ends with the copy.
-        Cow::Owned(unsafe { send.slice::<T>() }.to_vec())
-    } else {
-        // SAFETY: per this function's contract; `recv` does not share this memory.
-        Cow::Borrowed(unsafe { send.slice::<T>() })
-    }
-}
 
 /// A kolo communicator and the worker thread its operations run on.
 #[pyclass(name = "Communicator", module = "kolo._kolo", frozen)]
@@ -598,17 +527,4 @@ impl PyCommunicator {
         let sub = self.blocking(py, vec![], move |c| c.new_group(&ranks))?;
         sub.map(PyCommunicator::wrap).transpose()
     }
-}
-
-/// Holds a send and a receive buffer of one element type (`dtype`, or the send buffer's).
-fn pair(
-    send: &Bound<'_, PyAny>,
-    recv: &Bound<'_, PyAny>,
-    dtype: Option<&str>,
-) -> PyResult<(Vec<Held>, Region, Region)> {
-    let hs = hold(send, parse_opt_dtype(dtype)?, "send", false)?;
-    let s = hs.region;
-    let hr = hold(recv, Some(s.dtype), "recv", true)?;
-    let r = hr.region;
-    Ok((vec![hs, hr], s, r))
 }

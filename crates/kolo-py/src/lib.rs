@@ -5,6 +5,7 @@
 //! (`local_communicators`, for tests). The Python package (`crates/kolo-py/python/kolo`) wraps
 //! it: numpy and torch tensors, object collectives, mpi4py's names, the torch backend.
 
+mod args;
 mod buffer;
 mod comm;
 mod errors;

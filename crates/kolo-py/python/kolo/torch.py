@@ -240,8 +240,9 @@ class ProcessGroupKolo(dist.ProcessGroup):
     @_checked
     def reduce(self, tensors, opts=None):
         root = opts.rootRank if opts is not None else 0
-        op = _op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM, _one(tensors, "reduce"))
-        b, dt = _buf(_one(tensors, "reduce"), "reduce")
+        tensor = _one(tensors, "reduce")
+        op = _op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM, tensor)
+        b, dt = _buf(tensor, "reduce")
         return self._start(tensors, lambda d: self._comm.reduce(b, root, op, dtype=dt, done=d), opts=opts)
 
     @_checked
