@@ -29,6 +29,9 @@ fn gemm_conv2d_matches_candle_conv2d_forward_and_backward() -> Result<()> {
         (1, 2, 4, 5, 3, 3, 1, 2),
         (2, 2, 6, 7, 3, 3, 3, 1),
         (2, 2, 8, 8, 3, 2, 2, 0),
+        // Wide rows: the patch rows' copies of 33-64 and of more than 64 elements.
+        (2, 2, 4, 40, 3, 5, 1, 2),
+        (1, 2, 5, 70, 3, 3, 1, 1),
     ];
     for dtype in [DType::F64, DType::F32] {
         let tol = if dtype == DType::F64 { 1e-10 } else { 1e-4 };
