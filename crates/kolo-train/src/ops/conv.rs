@@ -201,8 +201,15 @@ impl ConvGemm {
         if scatter {
             out.resize(dx_len, T::zero());
         }
-        // The kernel gradient accumulated over the chunks ([c_out, C·k·k]).
+        // The kernel gradient accumulated over the chunks: as dweightᵀ (`[C·k·k, c_out]`, made
+        // row-major and transposed at the end) when it has at least as many rows as columns,
+        // as dweight (`[c_out, C·k·k]`) otherwise. The `gemm` crate's product of these shapes
+        // is much faster into the taller layout: LeNet's second convolution (150 × 16), 37 vs
+        // 70 µs per chunk; ResNet's 576 × 128, 259 vs 286 µs; 64 × 128 the other way round,
+        // 64 vs 70 µs.
         let gemm_dw = want.weight;
+        let dw_t = rows >= c_out;
+        let (dw_rs, dw_cs) = if dw_t { (c_out, 1) } else { (1, rows) };
         let mut dw = vec![T::zero(); if gemm_dw { rows * c_out } else { 0 }];
         if gemm_dw || scatter {
             let chunk = g.chunk();
@@ -222,11 +229,10 @@ impl ConvGemm {
                 if gemm_dw {
                     refill_zeros(&mut cols, rows * n);
                     im2col_into(x.0, x.1, g, (b0, bc), &mut cols)?;
-                    // dweightᵀ += cols @ gcᵀ, written through dweight's strides: the long
-                    // reduction runs along the rows of both operands as stored, which the GEMM
-                    // packs faster than gc @ colsᵀ.
+                    // dweightᵀ += cols @ gcᵀ: the long reduction runs along the rows of both
+                    // operands as stored, which the GEMM packs faster than gc @ colsᵀ.
                     let cols_m = MatRef::row_major(&cols, rows, n);
-                    matmul_into(OP, &mut dw, (1, rows), cols_m, gc_m.t(), true)?;
+                    matmul_into(OP, &mut dw, (dw_rs, dw_cs), cols_m, gc_m.t(), true)?;
                 }
                 if scatter {
                     dcols.resize(rows * n, T::zero());
@@ -242,7 +248,12 @@ impl ConvGemm {
             let wf = flip_transpose(w, c_out, g.c, g.k);
             out = ConvGemm(gt, None).forward_slices((grad, &layout), &wf, None, out)?;
         }
-        out.extend_from_slice(&dw);
+        if dw_t {
+            // [C·k·k, c_out] -> [c_out, C·k·k].
+            out.extend((0..dw.len()).map(|i| dw[(i % rows) * c_out + i / rows]));
+        } else {
+            out.extend_from_slice(&dw);
+        }
         if want.bias {
             out.extend(bias_grad(grad, c_out, p));
         }
