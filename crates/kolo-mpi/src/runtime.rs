@@ -89,10 +89,17 @@ pub(crate) fn start() -> Result<()> {
 /// Finalizes MPI when the process exits, after the transports' buffered sends are delivered.
 ///
 /// A process whose communicator failed does not finalize (which waits for every rank, and some may
-/// be stuck inside MPI waiting for this one): it gives its abort notices a moment to leave and exits
-/// with status 1 without finalizing, which mpirun (and srun with `--kill-on-bad-exit`) treat as a
-/// failed job and end. Not `MPI_Abort`: in OpenMPI 4.1, ranks aborting at the same moment (every rank
-/// of a mismatched call does) can crash or hang mpirun itself.
+/// be stuck inside MPI waiting for this one): it gives its abort notices a moment to leave, waits
+/// [`FAILED_EXIT_GRACE`] more and exits with status 1 without finalizing, which mpirun (and srun
+/// with `--kill-on-bad-exit`) treat as a failed job and end. Not `MPI_Abort`: in OpenMPI 4.1, ranks
+/// aborting at the same moment (every rank of a mismatched call does) can crash or hang mpirun
+/// itself.
+/// How long a failed rank waits before it exits (and mpirun ends the job, killing the ranks still
+/// running): the other ranks of a failed collective learn of the failure at about the same moment
+/// and need the time to report it — on a loaded machine one of three ranks sharing two cores was
+/// now and then killed before it had printed its error.
+const FAILED_EXIT_GRACE: Duration = Duration::from_millis(300);
+
 extern "C" fn at_exit() {
     let live: Vec<_> = TRANSPORTS
         .lock()
@@ -104,6 +111,7 @@ extern "C" fn at_exit() {
         for t in &live {
             t.drain(Duration::from_millis(500));
         }
+        std::thread::sleep(FAILED_EXIT_GRACE);
         use std::io::Write;
         let _ = std::io::stdout().flush();
         let _ = std::io::stderr().flush();

@@ -224,6 +224,17 @@ fn pooling_matches_candle_and_pytorch_semantics() -> Result<()> {
     let base = Tensor::randn(0f32, 1., (1, 2, 4, 6), &Device::Cpu)?;
     let t = base.transpose(2, 3)?;
     assert!(max_abs_diff(&models::max_pool2x2(&t)?, &t.contiguous()?.max_pool2d(2)?)? < 1e-6);
+    assert!(max_abs_diff(&models::avg_pool2x2(&t)?, &t.contiguous()?.avg_pool2d(2)?)? < 1e-6);
+    // A strided output gradient (through a transpose after the pooling): the general path.
+    let x = candle_core::Var::from_tensor(&base)?;
+    let r = Tensor::randn(0f32, 1., (1, 2, 3, 2), &Device::Cpu)?;
+    let y = models::avg_pool2x2(&x)?.transpose(2, 3)?;
+    let g = (y * &r)?.sum_all()?.backward()?;
+    let expected = (r.transpose(2, 3)?.upsample_nearest2d(4, 6)? * 0.25)?;
+    match g.get(&x) {
+        Some(got) => assert!(max_abs_diff(got, &expected)? < 1e-6, "strided gradient"),
+        None => panic!("missing gradient"),
+    }
     assert!(models::avg_pool2x2(&Tensor::zeros((1, 1, 1, 4), DType::F32, &Device::Cpu)?).is_err());
     Ok(())
 }
@@ -553,4 +564,64 @@ fn reference_grads(
         out.push(gv.clone());
     }
     Ok(out)
+}
+
+#[test]
+fn conv2d_relu_matches_conv2d_then_relu_forward_and_backward() -> Result<()> {
+    // The fused ReLU on both of the convolution's paths: im2col + GEMM (LeNet's two layers,
+    // a strided one) and Winograd (16 channels at 16x16), with and without an input gradient.
+    // (batch, c_in, h, c_out, k, stride, padding, input gradient)
+    let cases = [
+        (3, 1, 12, 6, 5, 1, 2, false),
+        (2, 6, 14, 16, 5, 1, 0, true),
+        (2, 3, 9, 5, 3, 2, 1, true),
+        (4, 16, 16, 16, 3, 1, 1, true),
+    ];
+    for dtype in [DType::F64, DType::F32] {
+        let tol = if dtype == DType::F64 { 1e-10 } else { 1e-4 };
+        for &(b, c, h, c_out, k, stride, padding, dx) in &cases {
+            let case = format!("{dtype:?} {:?}", (b, c, h, c_out, k, stride, padding, dx));
+            let x = var(&[b, c, h, h], dtype)?;
+            let w = var(&[c_out, c, k, k], dtype)?;
+            let bias = var(&[c_out], dtype)?;
+            let xt = if dx {
+                x.as_tensor().clone()
+            } else {
+                x.as_tensor().detach()
+            };
+            let ours = models::conv2d_relu(&xt, &w, Some(&bias), stride, padding)?;
+            let reference = models::conv2d(&xt, &w, Some(&bias), stride, padding)?.relu()?;
+            assert!(rel_diff(&ours, &reference)? < tol, "{case}: forward");
+            let zeros = ours
+                .eq(0.0)?
+                .to_dtype(DType::F64)?
+                .sum_all()?
+                .to_scalar::<f64>()?;
+            assert!(zeros > 0.0, "{case}: the ReLU clipped nothing");
+            let r = Tensor::randn(0f64, 1., ours.shape(), &Device::Cpu)?.to_dtype(dtype)?;
+            let g = (&ours * &r)?.sum_all()?.backward()?;
+            let g_ref = (&reference * &r)?.sum_all()?.backward()?;
+            for (name, t) in [("x", &x), ("weight", &w), ("bias", &bias)] {
+                match (g.get(t), g_ref.get(t)) {
+                    (Some(a), Some(e)) => {
+                        assert!(rel_diff(a, e)? < tol, "{case}: {name} gradient")
+                    }
+                    (None, None) if name == "x" && !dx => {}
+                    (a, e) => panic!(
+                        "{case}: {name} gradient {:?} vs {:?}",
+                        a.is_some(),
+                        e.is_some()
+                    ),
+                }
+            }
+        }
+    }
+    // NaN stays NaN through the fused ReLU, as through `relu`.
+    let x = Tensor::new(&[[[[f32::NAN, 1.0], [2.0, 3.0]]]], &Device::Cpu)?;
+    let w = Tensor::ones((1, 1, 1, 1), DType::F32, &Device::Cpu)?;
+    let y = models::conv2d_relu(&x, &w, None, 1, 0)?
+        .flatten_all()?
+        .to_vec1::<f32>()?;
+    assert!(y[0].is_nan() && y[1..] == [1.0, 2.0, 3.0], "{y:?}");
+    Ok(())
 }

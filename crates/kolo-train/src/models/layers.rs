@@ -92,6 +92,13 @@ impl Conv2d {
     }
 }
 
+impl Conv2d {
+    /// `relu(self.forward(x))` as one op ([`crate::ops::conv2d_relu`]).
+    pub(crate) fn forward_relu(&self, x: &Tensor) -> Result<Tensor> {
+        crate::ops::conv2d_relu(x, &self.weight, Some(&self.bias), self.stride, self.padding)
+    }
+}
+
 impl Module for Conv2d {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         crate::ops::conv2d(x, &self.weight, Some(&self.bias), self.stride, self.padding)

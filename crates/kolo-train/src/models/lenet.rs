@@ -58,8 +58,8 @@ impl Lenet {
 impl Model for Lenet {
     fn forward(&self, x: &Tensor, _train: bool) -> Result<Tensor> {
         layers::check_input(NAME, x, self.input_shape)?;
-        let x = pool2x2(&relu(&self.conv1.forward(x)?)?, Pool::Avg)?;
-        let x = pool2x2(&relu(&self.conv2.forward(&x)?)?, Pool::Avg)?;
+        let x = pool2x2(&self.conv1.forward_relu(x)?, Pool::Avg)?;
+        let x = pool2x2(&self.conv2.forward_relu(&x)?, Pool::Avg)?;
         let x = x.flatten_from(1)?;
         let x = relu(&self.fc1.forward(&x)?)?;
         let x = relu(&self.fc2.forward(&x)?)?;

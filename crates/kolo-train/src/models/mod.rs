@@ -74,7 +74,7 @@ mod resnet;
 mod simple_cnn;
 mod sync_bn;
 
-pub use crate::ops::{avg_pool2x2, conv2d, max_pool2x2, relu};
+pub use crate::ops::{avg_pool2x2, conv2d, conv2d_relu, max_pool2x2, relu};
 pub use batch_norm::{BatchNorm, BatchNormConfig};
 pub(crate) use channel_stats::channel_sums_no_grad;
 pub use lenet::Lenet;

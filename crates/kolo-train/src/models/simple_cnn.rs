@@ -52,8 +52,8 @@ impl SimpleCnn {
 impl Model for SimpleCnn {
     fn forward(&self, x: &Tensor, _train: bool) -> Result<Tensor> {
         layers::check_input(NAME, x, self.input_shape)?;
-        let x = pool2x2(&relu(&self.conv1.forward(x)?)?, Pool::Max)?;
-        let x = pool2x2(&relu(&self.conv2.forward(&x)?)?, Pool::Max)?;
+        let x = pool2x2(&self.conv1.forward_relu(x)?, Pool::Max)?;
+        let x = pool2x2(&self.conv2.forward_relu(&x)?, Pool::Max)?;
         let x = x.flatten_from(1)?;
         let x = relu(&self.fc1.forward(&x)?)?;
         self.fc2.forward(&x)

@@ -17,7 +17,7 @@ mod winograd;
 
 pub(crate) use batch_norm::{batch_norm_train, BatchStats};
 pub(crate) use bn_loops::channel_sums;
-pub use conv::conv2d;
+pub use conv::{conv2d, conv2d_relu};
 pub(crate) use conv::{conv_out, low_precision};
 pub use pool::{avg_pool2x2, max_pool2x2};
 pub(crate) use pool::{pool2x2, Pool};

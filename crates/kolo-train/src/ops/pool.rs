@@ -79,9 +79,34 @@ fn argmax2x2<T: WithDType>(
     best
 }
 
+/// Average pooling of contiguous planes of `h × w` (`h`, `w` even or not): each output row from
+/// two input rows, pairs summed — loops over fixed-size pairs that vectorize, where the general
+/// strided loop computes one index per element.
+fn avg_fwd_contiguous<T: WithDType>(src: &[T], planes: usize, h: usize, w: usize) -> Vec<T> {
+    let (oh, ow) = (h / 2, w / 2);
+    let quarter = T::from_f64(0.25);
+    let mut dst = Vec::with_capacity(planes * oh * ow);
+    for plane in src.chunks_exact(h * w).take(planes) {
+        for rows in plane.chunks_exact(2 * w).take(oh) {
+            let (r0, r1) = rows.split_at(w);
+            let pairs = r0.chunks_exact(2).zip(r1.chunks_exact(2)).take(ow);
+            dst.extend(pairs.map(|(a, b)| (a[0] + a[1] + b[0] + b[1]) * quarter));
+        }
+    }
+    dst
+}
+
 fn pool_fwd<T: WithDType>(src: &[T], layout: &Layout, pool: Pool) -> Result<(Vec<T>, Shape)> {
     let ([b, c, h, w], s, offset) = rank4(layout, "kolo-pool2x2")?;
     let (oh, ow) = (h / 2, w / 2);
+    if pool == Pool::Avg {
+        if let Some((start, end)) = layout.contiguous_offsets() {
+            if let Some(src) = src.get(start..end) {
+                let dst = avg_fwd_contiguous(src, b * c, h, w);
+                return Ok((dst, Shape::from((b, c, oh, ow))));
+            }
+        }
+    }
     let st = Strided { c, s, offset };
     let quarter = T::from_f64(0.25);
     let mut dst = Vec::with_capacity(b * c * oh * ow);
@@ -138,6 +163,28 @@ fn pool_bwd<T: WithDType>(
         offset: off_g,
     };
     let quarter = T::from_f64(0.25);
+    if pool == Pool::Avg && h % 2 == 0 && w % 2 == 0 && ow > 0 {
+        if let Some(g) = grad
+            .1
+            .contiguous_offsets()
+            .and_then(|(a, z)| grad.0.get(a..z))
+        {
+            // Every input element gets a quarter of its window's gradient: each gradient row
+            // widened once (each value to a pair) and written as two input rows — no zero
+            // fill, no per-element indexing.
+            let mut dst = Vec::with_capacity(b * c * h * w);
+            let mut wide = vec![T::zero(); w];
+            for row in g.chunks_exact(ow) {
+                for (pair, &v) in wide.chunks_exact_mut(2).zip(row) {
+                    pair[0] = v * quarter;
+                    pair[1] = v * quarter;
+                }
+                dst.extend_from_slice(&wide);
+                dst.extend_from_slice(&wide);
+            }
+            return Ok((dst, Shape::from((b, c, h, w))));
+        }
+    }
     let mut dst = vec![T::zero(); b * c * h * w];
     for (plane, out) in dst.chunks_mut(h * w).enumerate() {
         let (base_in, base_g) = (at_in.plane(plane), at_g.plane(plane));

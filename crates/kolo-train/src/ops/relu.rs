@@ -23,7 +23,7 @@ pub fn relu(x: &Tensor) -> Result<Tensor> {
 
 /// `v` if it is positive or NaN, else 0.
 #[inline(always)]
-fn pos<T: candle_core::WithDType>(v: T, zero: T) -> T {
+pub(super) fn pos<T: candle_core::WithDType>(v: T, zero: T) -> T {
     // NaN (unordered) stays.
     if v <= zero {
         zero

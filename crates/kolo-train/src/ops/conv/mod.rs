@@ -27,40 +27,11 @@ use candle_core::{
     CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor, WithDType,
 };
 
-use super::gemm::{matmul_into, MatRef};
-use super::im2col::{col2im_into, gather, im2col_into, Geom};
+use super::im2col::{gather, Geom};
+use super::relu::ReluGrad;
 use super::slices::contiguous;
-use super::winograd;
 
-/// `[c_out, C, k, k]` -> `[C, c_out, k, k]` flipped in space: the kernel of the input gradient
-/// of a stride-1 convolution.
-fn flip_transpose<T: WithDType>(w: &[T], c_out: usize, c: usize, k: usize) -> Vec<T> {
-    let kk = k * k;
-    let mut out = Vec::with_capacity(w.len());
-    for ci in 0..c {
-        for co in 0..c_out {
-            let src = &w[(co * c + ci) * kk..(co * c + ci + 1) * kk];
-            out.extend(src.iter().rev());
-        }
-    }
-    out
-}
-
-/// Makes `cols` an all-zero patch matrix of `len` values for [`im2col_into`] — unless it already
-/// has that length: im2col writes the same (non-padding) positions for every chunk of the same
-/// size, so the previous chunk's padding zeros are still in place and the rest is overwritten.
-fn refill_zeros<T: WithDType>(cols: &mut Vec<T>, len: usize) {
-    if cols.len() != len {
-        cols.clear();
-        cols.resize(len, T::zero());
-    }
-}
-
-/// The bias gradient: `grad` (`[B, c_out, p]`) summed over samples and pixels.
-fn bias_grad<T: WithDType>(grad: &[T], c_out: usize, p: usize) -> Vec<T> {
-    let sums = super::bn_loops::channel_sums(grad, p, c_out);
-    sums[..c_out].iter().map(|&s| T::from_f64(s)).collect()
-}
+mod compute;
 
 /// Which gradients the backward pass computes.
 #[derive(Debug, Clone, Copy)]
@@ -70,9 +41,16 @@ struct Wanted {
     bias: bool,
 }
 
-/// The convolution `(x, weight[, bias]) -> y` with its own backward pass: a [`CustomOp2`]
-/// without bias, a [`CustomOp3`] with bias.
-struct ConvGemm(Geom, Option<KernelCache>);
+/// The convolution `(x, weight[, bias]) -> y` (or `relu(y)`) with its own backward pass: a
+/// [`CustomOp2`] without bias, a [`CustomOp3`] with bias.
+struct ConvGemm {
+    geom: Geom,
+    /// The forward pass's Winograd-transformed kernel, for tracked convolutions.
+    cache: Option<KernelCache>,
+    /// ReLU fused into the output: `relu(conv(x))` in one pass, and in the backward pass the
+    /// output gradient masked by `y > 0` first — no separate ReLU op and output tensor.
+    relu: bool,
+}
 
 /// The Winograd-transformed kernel a forward pass computed, kept in its op (in candle's graph)
 /// for the backward pass, which then does not transform the kernel again: present for tracked
@@ -95,173 +73,28 @@ impl KernelCache {
 }
 
 impl ConvGemm {
-    /// `y[b, co] = weight[co] · patches(x[b]) (+ bias[co])` as a contiguous
-    /// `[B, c_out, H', W']`, appended to `out` (which the backward pass gives the capacity of all
-    /// its gradients, so that appending them does not copy `y`); `w` is the contiguous
-    /// `[c_out, C·k·k]` kernel.
-    fn forward_slices<T: WithDType>(
-        &self,
-        x: (&[T], &Layout),
-        w: &[T],
-        bias: Option<&[T]>,
-        mut out: Vec<T>,
-    ) -> Result<Vec<T>> {
-        let g = &self.0;
-        let (rows, p) = (g.rows(), g.pixels());
-        let c_out = w.len() / rows.max(1);
-        if c_out * rows != w.len() || bias.is_some_and(|b| b.len() != c_out) {
-            candle_core::bail!("kolo-conv2d: kernel of {} values for {rows} rows", w.len());
+    /// The op for the arithmetic alone (no kernel cache, no ReLU).
+    fn plain(geom: Geom) -> Self {
+        ConvGemm {
+            geom,
+            cache: None,
+            relu: false,
         }
-        if let Some(variant) = winograd::eligible(g, c_out) {
-            let (y, u) = winograd::forward(x, g, w, bias, variant)?;
-            if let Some(cache) = &self.1 {
-                cache.keep(T::to_cpu_storage_owned(u));
-            }
-            if out.is_empty() {
-                return Ok(y);
-            }
-            out.extend_from_slice(&y);
-            return Ok(out);
-        }
-        let w_m = MatRef::row_major(w, c_out, rows);
-        out.reserve(g.b * c_out * p);
-        let chunk = g.chunk();
-        let (mut cols, mut ys) = (Vec::new(), Vec::new());
-        for b0 in (0..g.b).step_by(chunk) {
-            let bc = chunk.min(g.b - b0);
-            let n = bc * p;
-            refill_zeros(&mut cols, rows * n);
-            im2col_into(x.0, x.1, g, (b0, bc), &mut cols)?;
-            ys.resize(c_out * n, T::zero());
-            let cols_m = MatRef::row_major(&cols, rows, n);
-            matmul_into("kolo-conv2d", &mut ys, (n, 1), w_m, cols_m, false)?;
-            for bi in 0..bc {
-                for co in 0..c_out {
-                    let row = &ys[co * n + bi * p..co * n + (bi + 1) * p];
-                    match bias {
-                        Some(b) => out.extend(row.iter().map(|&v| v + b[co])),
-                        None => out.extend_from_slice(row),
-                    }
-                }
-            }
-        }
-        Ok(out)
     }
 
-    /// The wanted gradients, concatenated: `dx` (`[B, C, H, W]`), `dweight` (`[c_out, C·k·k]`),
-    /// `dbias` (`[c_out]`). `grad` is the contiguous `[B, c_out, H', W']` output gradient; `u`
-    /// the forward pass's Winograd-transformed kernel, if kept.
-    fn backward_slices<T: WithDType>(
-        &self,
-        x: (&[T], &Layout),
-        (w, u): (&[T], Option<&CpuStorage>),
-        grad: &[T],
-        want: Wanted,
-    ) -> Result<Vec<T>> {
-        let g = &self.0;
-        let (rows, p) = (g.rows(), g.pixels());
-        let c_out = w.len() / rows.max(1);
-        if c_out * rows != w.len() || grad.len() != g.b * c_out * p {
-            candle_core::bail!(
-                "kolo-conv2d: gradient of {} values does not match",
-                grad.len()
-            );
-        }
-        const OP: &str = "kolo-conv2d-backward";
-        // The gradients are concatenated into one buffer made with their total size: growing
-        // `dx`'s instead would copy all of `dx` once more (into fresh memory) per convolution.
-        let dx_len = g.b * g.c * g.h * g.w;
-        let total = [
-            (want.x, dx_len),
-            (want.weight, rows * c_out),
-            (want.bias, c_out),
-        ]
-        .iter()
-        .map(|&(wanted, len)| if wanted { len } else { 0 })
-        .sum();
-        let mut out = Vec::with_capacity(total);
-        if let Some(variant) = winograd::eligible(g, c_out) {
-            let u = u.map(T::cpu_storage_as_slice).transpose()?;
-            let wanted = (want.x, want.weight);
-            winograd::backward(x, (w, u), g, grad, wanted, variant, &mut out)?;
-            if want.bias {
-                out.extend(bias_grad(grad, c_out, p));
-            }
-            return Ok(out);
-        }
-        // The input gradient as a convolution of the output gradient with the flipped kernel
-        // (stride 1 only) or as GEMM + col2im, whichever has the smaller patch matrix: the
-        // flipped convolution's holds `c_out·k²` values per input pixel, the scattered one
-        // `C·k²` per output pixel (LeNet's second convolution, 6 -> 16 channels: 5.3× smaller).
-        let flipped = match g.input_grad(c_out) {
-            Some(gt) if want.x && c_out * g.h * g.w <= g.c * p => Some(gt),
-            _ => None,
-        };
-        let scatter = want.x && flipped.is_none();
-        if scatter {
-            out.resize(dx_len, T::zero());
-        }
-        // The kernel gradient accumulated over the chunks: as dweightᵀ (`[C·k·k, c_out]`, made
-        // row-major and transposed at the end) when it has at least as many rows as columns,
-        // as dweight (`[c_out, C·k·k]`) otherwise. The `gemm` crate's product of these shapes
-        // is much faster into the taller layout: LeNet's second convolution (150 × 16), 37 vs
-        // 70 µs per chunk; ResNet's 576 × 128, 259 vs 286 µs; 64 × 128 the other way round,
-        // 64 vs 70 µs.
-        let gemm_dw = want.weight;
-        let dw_t = rows >= c_out;
-        let (dw_rs, dw_cs) = if dw_t { (c_out, 1) } else { (1, rows) };
-        let mut dw = vec![T::zero(); if gemm_dw { rows * c_out } else { 0 }];
-        if gemm_dw || scatter {
-            let chunk = g.chunk();
-            let (mut cols, mut dcols) = (Vec::new(), Vec::new());
-            for b0 in (0..g.b).step_by(chunk) {
-                let bc = chunk.min(g.b - b0);
-                let n = bc * p;
-                // This chunk's gradient as [c_out, bc·H'·W'].
-                let mut gc = Vec::with_capacity(c_out * n);
-                for co in 0..c_out {
-                    for bi in 0..bc {
-                        let at = ((b0 + bi) * c_out + co) * p;
-                        gc.extend_from_slice(&grad[at..at + p]);
-                    }
-                }
-                let gc_m = MatRef::row_major(&gc, c_out, n);
-                if gemm_dw {
-                    refill_zeros(&mut cols, rows * n);
-                    im2col_into(x.0, x.1, g, (b0, bc), &mut cols)?;
-                    // dweightᵀ += cols @ gcᵀ: the long reduction runs along the rows of both
-                    // operands as stored, which the GEMM packs faster than gc @ colsᵀ.
-                    let cols_m = MatRef::row_major(&cols, rows, n);
-                    matmul_into(OP, &mut dw, (dw_rs, dw_cs), cols_m, gc_m.t(), true)?;
-                }
-                if scatter {
-                    dcols.resize(rows * n, T::zero());
-                    let wt = MatRef::row_major(w, c_out, rows).t();
-                    matmul_into(OP, &mut dcols, (n, 1), wt, gc_m, false)?;
-                    let plane = g.c * g.h * g.w;
-                    col2im_into(&dcols, g, bc, &mut out[b0 * plane..(b0 + bc) * plane]);
-                }
-            }
-        }
-        if let Some(gt) = flipped {
-            let layout = Layout::contiguous((g.b, c_out, g.oh, g.ow));
-            let wf = flip_transpose(w, c_out, g.c, g.k);
-            out = ConvGemm(gt, None).forward_slices((grad, &layout), &wf, None, out)?;
-        }
-        if dw_t {
-            // [C·k·k, c_out] -> [c_out, C·k·k].
-            out.extend((0..dw.len()).map(|i| dw[(i % rows) * c_out + i / rows]));
+    /// The output gradient the convolution itself sees: `grad` masked by `res > 0` when the
+    /// op's output went through its ReLU.
+    fn pre_relu_grad(&self, res: &Tensor, grad: &Tensor) -> Result<Tensor> {
+        if self.relu {
+            grad.contiguous()?
+                .apply_op2_no_bwd(&res.contiguous()?, &ReluGrad)
         } else {
-            out.extend_from_slice(&dw);
+            Ok(grad.clone())
         }
-        if want.bias {
-            out.extend(bias_grad(grad, c_out, p));
-        }
-        Ok(out)
     }
 
     fn out_shape(&self, weight: &Layout) -> Shape {
-        let g = &self.0;
+        let g = &self.geom;
         let c_out = weight.dims().first().copied().unwrap_or(0);
         Shape::from((g.b, c_out, g.oh, g.ow))
     }
@@ -289,14 +122,14 @@ impl ConvGemm {
         bias: Option<&Tensor>,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let g = &self.0;
+        let g = &self.geom;
         let c_out = weight.dim(0)?;
         let want = Wanted {
             x: x.track_op(),
             weight: weight.track_op(),
             bias: bias.is_some_and(Tensor::track_op),
         };
-        let u = self.1.as_ref().and_then(KernelCache::take);
+        let u = self.cache.as_ref().and_then(KernelCache::take);
         let all = x.detach().apply_op3_no_bwd(
             &weight.detach(),
             &grad.detach().contiguous()?,
@@ -339,7 +172,7 @@ impl CustomOp3 for ConvBackward {
         const OP: &str = "kolo-conv2d-backward";
         let out = match (s1, s2, s3) {
             (CpuStorage::F32(x), CpuStorage::F32(w), CpuStorage::F32(g)) => {
-                CpuStorage::F32(ConvGemm(self.0, None).backward_slices(
+                CpuStorage::F32(ConvGemm::plain(self.0).backward_slices(
                     (x, l1),
                     (&gather(w, l2)?, self.2.as_ref()),
                     contiguous(g, l3, OP)?,
@@ -347,7 +180,7 @@ impl CustomOp3 for ConvBackward {
                 )?)
             }
             (CpuStorage::F64(x), CpuStorage::F64(w), CpuStorage::F64(g)) => {
-                CpuStorage::F64(ConvGemm(self.0, None).backward_slices(
+                CpuStorage::F64(ConvGemm::plain(self.0).backward_slices(
                     (x, l1),
                     (&gather(w, l2)?, self.2.as_ref()),
                     contiguous(g, l3, OP)?,
@@ -396,10 +229,11 @@ impl CustomOp2 for ConvGemm {
         &self,
         x: &Tensor,
         weight: &Tensor,
-        _res: &Tensor,
+        res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let (gx, gw, _) = self.backward(x, weight, None, grad)?;
+        let grad = self.pre_relu_grad(res, grad)?;
+        let (gx, gw, _) = self.backward(x, weight, None, &grad)?;
         Ok((gx, gw))
     }
 }
@@ -436,10 +270,11 @@ impl CustomOp3 for ConvGemm {
         x: &Tensor,
         weight: &Tensor,
         bias: &Tensor,
-        _res: &Tensor,
+        res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        self.backward(x, weight, Some(bias), grad)
+        let grad = self.pre_relu_grad(res, grad)?;
+        self.backward(x, weight, Some(bias), &grad)
     }
 }
 
@@ -456,8 +291,32 @@ pub fn conv2d(
     stride: usize,
     padding: usize,
 ) -> Result<Tensor> {
+    conv2d_with(x, weight, bias, (stride, padding), false)
+}
+
+/// `relu(conv2d(x, weight) + bias)` as one op on CPU f32 / f64 (the ReLU applied as the output
+/// is written, its mask applied to the output gradient in the convolution's backward pass: no
+/// ReLU pass and no tensor in between); otherwise [`conv2d`] then [`super::relu`]. Arguments
+/// and errors as for [`conv2d`].
+pub fn conv2d_relu(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    stride: usize,
+    padding: usize,
+) -> Result<Tensor> {
+    conv2d_with(x, weight, bias, (stride, padding), true)
+}
+
+fn conv2d_with(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    (stride, padding): (usize, usize),
+    relu: bool,
+) -> Result<Tensor> {
     if let Some(y) = low_precision(x, &[Some(weight), bias], |t| {
-        conv2d(&t[0], &t[1], t.get(2), stride, padding)
+        conv2d_with(&t[0], &t[1], t.get(2), (stride, padding), relu)
     }) {
         return y;
     }
@@ -495,10 +354,11 @@ pub fn conv2d(
         && b > 0;
     if !fast {
         let y = x.conv2d(weight, padding, stride, 1, 1)?;
-        return match bias {
-            Some(bias) => y.broadcast_add(&bias.reshape((1, c_out, 1, 1))?),
-            None => Ok(y),
+        let y = match bias {
+            Some(bias) => y.broadcast_add(&bias.reshape((1, c_out, 1, 1))?)?,
+            None => y,
         };
+        return if relu { super::relu::relu(&y) } else { Ok(y) };
     }
     let geom = Geom {
         b,
@@ -512,7 +372,11 @@ pub fn conv2d(
         ow,
     };
     let tracked = x.track_op() || weight.track_op() || bias.is_some_and(Tensor::track_op);
-    let op = ConvGemm(geom, tracked.then(KernelCache::default));
+    let op = ConvGemm {
+        geom,
+        cache: tracked.then(KernelCache::default),
+        relu,
+    };
     match (tracked, bias) {
         // Inference: no graph to record.
         (false, Some(bias)) => x.apply_op3_no_bwd(weight, bias, &op),
