@@ -16,7 +16,12 @@
 //! (`cols @ gradᵀ`), the bias gradient, and — only when the input needs one — the input
 //! gradient: for stride 1 as the convolution of the output gradient with the flipped,
 //! transposed kernel (no patch-sized gradient, no scatter), otherwise as `weightᵀ @ grad`
-//! plus a col2im scatter.
+//! plus a col2im scatter. A ReLU that follows the convolution can be fused into it
+//! ([`conv2d_relu`]): applied as the output is written, and its mask applied to the output
+//! gradient before the backward pass.
+//!
+//! The arithmetic on raw slices is in `compute`; this module holds the custom ops, their
+//! backward plumbing and the public [`conv2d`] / [`conv2d_relu`].
 //!
 //! Non-CPU tensors and dtypes other than f32 / f64 fall back to candle's `conv2d`.
 
