@@ -5,7 +5,7 @@ use std::borrow::Cow;
 
 use candle_core::{Layout, Result, WithDType};
 
-use super::slices::{add_rows, copy_row, copy_rows};
+use super::slices::{add_rows, copy_rows};
 
 /// Geometry of one convolution (square kernel, symmetric padding, no dilation or groups).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -158,8 +158,8 @@ pub(super) fn im2col_into<T: WithDType>(
                 let start = base + (iy_lo + j * stride) * s2;
                 let line = &mut out[oy * g.ow + x_lo..oy * g.ow + x_hi];
                 let step = stride * s3;
+                // (Stride-1 contiguous rows took `copy_rows` above.)
                 match src.get(start..start + step * len) {
-                    Some(run) if step == 1 => copy_row(line, run),
                     // Fixed-step reads as pairs: vectorized (even elements of a run), where the
                     // run-time step of the general case is one load per element.
                     Some(run) if step == 2 => {

@@ -18,6 +18,15 @@ pub(crate) fn same_len<'a, T, U>(a: &'a [T], b: &'a [U], op: &str) -> Result<(&'
     Ok((a, b))
 }
 
+/// The first and the last `N` elements of a row of `N < len ≤ 2N`, as two fixed-size copies
+/// that overlap in the middle (see [`copy_row`]).
+#[inline(always)]
+fn ends<T: Copy, const N: usize>(dst: &mut [T], src: &[T]) {
+    let len = dst.len();
+    dst[..N].copy_from_slice(&src[..N]);
+    dst[len - N..].copy_from_slice(&src[len - N..len]);
+}
+
 /// `dst.copy_from_slice(src)` without a `memcpy` call for rows of up to 64 elements: a copy of
 /// a run-time length is a call, whose overhead dominates the short rows of small images (LeNet's
 /// 10- and 28-pixel rows, ResNet's 4×4 and 7×7 stages). Rows of up to 8 elements are one
@@ -26,12 +35,6 @@ pub(crate) fn same_len<'a, T, U>(a: &'a [T], b: &'a [U], op: &str) -> Result<(&'
 /// registers, inlined. `dst` and `src` must have the same length.
 #[inline(always)]
 pub(crate) fn copy_row<T: Copy>(dst: &mut [T], src: &[T]) {
-    #[inline(always)]
-    fn ends<T: Copy, const N: usize>(dst: &mut [T], src: &[T]) {
-        let len = dst.len();
-        dst[..N].copy_from_slice(&src[..N]);
-        dst[len - N..].copy_from_slice(&src[len - N..len]);
-    }
     macro_rules! fixed {
         ($($n:literal)*) => {
             match dst.len() {
@@ -74,12 +77,6 @@ pub(crate) fn copy_rows<T: Copy>(
                 &src[i * src_step..i * src_step + len],
             );
         }
-    }
-    #[inline(always)]
-    fn ends<T: Copy, const N: usize>(dst: &mut [T], src: &[T]) {
-        let len = dst.len();
-        dst[..N].copy_from_slice(&src[..N]);
-        dst[len - N..].copy_from_slice(&src[len - N..len]);
     }
     let (d, s) = ((dst, dst_step), (src, src_step));
     match len {
