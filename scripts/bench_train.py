@@ -47,6 +47,12 @@ With --torch-backends (PyTorch on Gloo vs PyTorch on kolo's Python backend), ins
         kolo wheel installed in this Python, crates/kolo-py)
 reporting samples/s, the time per step (per-worker batch / (samples/s / workers)) and kolo / Gloo.
 
+With --device cuda (GPUs: `kolo train --device cuda` against PyTorch DDP on NCCL), instead, alternating:
+  kolo-W   `kolo train -n W --device cuda` with KOLO_BACKEND=nccl (DDP's buckets on the GPU, to NCCL)
+  torch-W  scripts/torch_ddp_resnet18.py with DEVICE=cuda (NCCL, TF32 off) and MODEL=--model
+with W = --workers (at most one per GPU), the same model, batch, lr, momentum, epochs and data limits;
+reporting samples/s (medians of --rounds) and kolo / PyTorch. Needs a build with the cuda and nccl features.
+
 With --baseline OLD_KOLO, OLD_KOLO's `kolo train -n 1` and `-n 2` run in the same rounds too (base-1,
 base-2), for a before/after comparison under the same load.
 
@@ -223,6 +229,54 @@ def torch(a, n):
     return statistics.median(rates)
 
 
+def gpu(a):
+    """kolo train --device cuda against PyTorch DDP on NCCL, alternating (see the module doc)."""
+    limits = (["--train-limit", str(a.train_limit)] if a.train_limit else []) + \
+             (["--test-limit", str(a.test_limit)] if a.test_limit else [])
+    env = {"MOMENTUM": str(a.momentum), "MODEL": a.model, "DEVICE": "cuda",
+           "TRAIN_LIMIT": str(a.train_limit or 0), "TEST_LIMIT": str(a.test_limit or 0)}
+
+    def kolo_gpu():
+        d = tempfile.mkdtemp(prefix="kolo-bench-")
+        try:
+            run([os.path.join(a.bin, "kolo"), "train", "-n", str(a.workers), "--device", "cuda", "--model", a.model,
+                 "--epochs", str(a.epochs), "--batch-size", str(a.batch), "--lr", str(a.lr), "--momentum",
+                 str(a.momentum), "--no-progress", "--out", d] + limits, env={"KOLO_BACKEND": "nccl"})
+            with open(os.path.join(d, "summary.json")) as f:
+                s = json.load(f)
+            return s["samples_per_second"], s.get("final_accuracy")
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+
+    def torch_gpu():
+        out = run([sys.executable, PEER_RESNET, str(a.workers), str(a.epochs), str(a.batch), str(a.lr)], env=env)
+        summary = json.loads(out.strip().splitlines()[-1])
+        return summary["train_samples_per_s"], summary["final_acc"]
+
+    rows = {f"kolo-{a.workers}": kolo_gpu, f"torch-{a.workers}": torch_gpu}
+    res = {k: [] for k in rows}
+    acc = {k: [] for k in rows}
+    for r in range(a.rounds):
+        order = list(rows) if r % 2 == 0 else list(rows)[::-1]
+        for name in order:
+            t = time.time()
+            sps, accuracy = rows[name]()
+            res[name].append(sps)
+            acc[name].append(accuracy)
+            print(f"round {r + 1} {name:8s} {sps:9.0f} samples/s  accuracy {accuracy}  ({time.time() - t:.0f} s)",
+                  file=sys.stderr, flush=True)
+    med = {k: statistics.median(v) for k, v in res.items()}
+    kolo_row, torch_row = list(rows)
+    print(f"\n{a.model} on GPU, {a.workers} worker(s) x batch {a.batch}, {a.epochs} epoch(s), train limit "
+          f"{a.train_limit or 'all'}, medians of {a.rounds} rounds (samples/s):")
+    for k in med:
+        print(f"  {k:8s} {med[k]:9.0f}   (runs: {', '.join(f'{x:.0f}' for x in res[k])}; accuracy {acc[k]})")
+    print(f"  kolo / PyTorch DDP (NCCL): {med[kolo_row] / med[torch_row]:.3f}x")
+    print(json.dumps({"device": "cuda", "model": a.model, "workers": a.workers, "batch": a.batch, "epochs": a.epochs,
+                      "train_limit": a.train_limit, "medians": med, "runs": res, "accuracy": acc,
+                      "kolo_over_torch": med[kolo_row] / med[torch_row]}))
+
+
 def peer_with_backend(path, backend):
     """A copy of the PyTorch peer at `path` whose process group uses `backend` instead of Gloo."""
     with open(path) as f:
@@ -308,6 +362,8 @@ def main():
     ap.add_argument("--timeline", action="store_true", help="the cost of --timeline (see above)")
     ap.add_argument("--torch-backends", action="store_true", help="PyTorch DDP on Gloo vs on kolo (see above)")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                    help="cuda: kolo train --device cuda against PyTorch DDP on NCCL (see above)")
     ap.add_argument("--bin", default="target/release", help="where the kolo binary and the examples are")
     ap.add_argument("--baseline", help="an older kolo binary: its kolo-1 and kolo-2 run in the same "
                                        "rounds, as base-1 and base-2 (a before/after comparison)")
@@ -325,6 +381,8 @@ def main():
         return timeline(a)
     if a.torch_backends:
         return torch_backends(a)
+    if a.device == "cuda":
+        return gpu(a)
     if a.model not in ("lenet", "resnet18"):
         ap.error(f"--model {a.model}: the comparison with PyTorch has lenet and resnet18")
     # The LeNet peer reads the data with numpy; the ResNet-18 peer needs torch only.

@@ -2,7 +2,8 @@
 """Peer baseline for `kolo train --model resnet18`: PyTorch DDP (Gloo, CPU, one thread per worker) training
 the ResNet-18 of kolo (crates/kolo-train/src/models/resnet.rs) on Fashion-MNIST.
 
-Usage: [MOMENTUM=m] [WEIGHT_DECAY=w] [TRAIN_LIMIT=N] [TEST_LIMIT=N] python torch_ddp_resnet18.py N EPOCHS [BATCH] [LR]
+Usage: [MOMENTUM=m] [WEIGHT_DECAY=w] [TRAIN_LIMIT=N] [TEST_LIMIT=N] [MODEL=resnet18|lenet] [DEVICE=cpu|cuda]
+           python torch_ddp_resnet18.py N EPOCHS [BATCH] [LR]
        python torch_ddp_resnet18.py --check-against CHECKPOINT   (a kolo run directory, checkpoint directory or
                                                                model.safetensors: same tensors, shapes, counts?)
        python torch_ddp_resnet18.py --flops resnet18|lenet     (training FLOPs per sample, one JSON line)
@@ -27,6 +28,10 @@ What matches `kolo train` (so that samples/s compare):
              running statistics stay local during the epoch and rank 0's are copied to all before evaluating
              (kolo's `sync_buffers`; hence forward_sync_buffers=False, or broadcast_buffers=False in older torch). samples/s counts trained samples of all
              workers over the epoch's training time (no evaluation).
+On GPUs (DEVICE=cuda, `kolo train --device cuda`'s peer): DDP on NCCL, worker r on GPU r % GPUs, each batch
+copied to the GPU as kolo's loader does, TF32 off (kolo's candle computes f32 convolutions and products in f32),
+the epoch timed after torch.cuda.synchronize(). MODEL=lenet trains kolo's LeNet instead of the ResNet-18.
+
 FLOPs are those torch.utils.flop_counter.FlopCounterMode counts (convolutions and matrix products, forward and
 backward; not BatchNorm, ReLU, pooling, loss or optimizer). Needs only torch (no numpy).
 """
@@ -168,14 +173,14 @@ def check_against(path):
     return rep
 
 
-def evaluate(model, x, y, rank, n, batch=256):
+def evaluate(model, x, y, rank, n, dev=torch.device("cpu"), batch=256):
     """Test accuracy over all ranks, each evaluating its share (rank, rank + n, ...), as kolo's eval sampler."""
     model.eval()
-    correct = torch.zeros(2, dtype=torch.float64)
+    correct = torch.zeros(2, dtype=torch.float64, device=dev)
     with torch.no_grad():
         xs, ys = x[rank::n], y[rank::n]
         for i in range(0, len(ys), batch):
-            correct[0] += (model(xs[i:i + batch]).argmax(1) == ys[i:i + batch]).sum().item()
+            correct[0] += (model(xs[i:i + batch].to(dev)).argmax(1).cpu() == ys[i:i + batch]).sum().item()
         correct[1] = len(ys)
     dist.all_reduce(correct)
     return (correct[0] / correct[1].clamp(min=1)).item()
@@ -198,23 +203,25 @@ def run(rank, n, epochs, bs, lr, port, flops):
     sampler = torch.utils.data.DistributedSampler(range(len(xtr)), num_replicas=n, rank=rank, shuffle=True, seed=0)
     t_all = time.perf_counter(); seen = 0; train_s = 0.0; first88 = None; acc = 0.0
     for ep in range(epochs):
-        sampler.set_epoch(ep); idxs = torch.tensor(list(sampler)); model.train(); t0 = time.perf_counter()
+        sampler.set_epoch(ep); idxs = torch.tensor(list(sampler)); model.train(); sync(); t0 = time.perf_counter()
         steps = 0
         for i in range(0, len(idxs) - bs + 1, bs):
-            b = idxs[i:i + bs]; opt.zero_grad(); F.cross_entropy(model(xtr[b]), ytr[b]).backward(); opt.step()
+            b = idxs[i:i + bs]; opt.zero_grad()
+            F.cross_entropy(model(xtr[b].to(dev)), ytr[b].to(dev)).backward(); opt.step()
             steps += 1
+        sync()
         dt = time.perf_counter() - t0
         seen += steps * bs * n; train_s += dt
         for buf in net.buffers():  # rank 0's running statistics for evaluation, as kolo's sync_buffers
             dist.broadcast(buf, 0)
-        acc = evaluate(net, xte, yte, rank, n)
+        acc = evaluate(net, xte, yte, rank, n, dev)
         if rank == 0:
             print(f"epoch {ep+1} test_acc {acc:.4f} epoch_s {dt:.2f} samples_s {steps * bs * n / max(dt, 1e-9):.1f}",
                   flush=True)
         if first88 is None and acc >= 0.88: first88 = time.perf_counter() - t_all
     if rank == 0:
         tot = time.perf_counter() - t_all
-        print(json.dumps({"impl": "torch-ddp-gloo", "model": "resnet18", "n": n, "epochs": epochs, "batch": bs,
+        print(json.dumps({"impl": "torch-ddp-nccl" if gpu else "torch-ddp-gloo", "model": name, "n": n, "epochs": epochs, "batch": bs,
                           "lr": lr, "train_samples": seen, "final_acc": round(acc, 4),
                           "train_samples_per_s": round(seen / max(train_s, 1e-9), 1), "secs_to_88": first88,
                           "total_s": round(tot, 1), "train_flops_per_sample": flops}))
@@ -244,7 +251,7 @@ def main():
         return
     if a.n is None or a.epochs is None or a.n < 1 or a.epochs < 1 or a.batch < 1:
         ap.error("N and EPOCHS (and BATCH) must be positive integers")
-    flops = train_flops_per_sample("resnet18")
+    flops = train_flops_per_sample(os.environ.get("MODEL", "resnet18"))
     mp.spawn(run, args=(a.n, a.epochs, a.batch, a.lr, 29000 + os.getpid() % 1000, flops), nprocs=a.n)
 
 

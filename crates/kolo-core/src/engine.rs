@@ -91,6 +91,12 @@ pub trait Engine: Send + Sync + fmt::Debug {
     /// The engine of a sub-group: ranks passing the same `color` ordered by `key` (ties by rank);
     /// `None` for a rank passing no color. Collective over this group (MPI's `MPI_Comm_split`).
     fn split(&self, color: Option<u32>, key: i64) -> Result<Option<Arc<dyn Engine>>>;
+
+    /// The engine's collectives on GPU memory, if its library has them (NCCL): GPU tensors go
+    /// to it where they lie. `None` (the default): host memory only.
+    fn device(&self) -> Option<&dyn crate::DeviceCollectives> {
+        None
+    }
 }
 
 /// The error behind an agreement that failed ([`Engine::agree`]): `all` holds every rank's encoded

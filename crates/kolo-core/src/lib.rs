@@ -8,9 +8,11 @@
 
 pub mod arena;
 pub mod call;
+pub mod device;
 pub mod dtype;
 pub mod engine;
 pub mod error;
+pub mod gpu;
 pub mod host;
 pub mod reduce;
 pub mod settings;
@@ -18,6 +20,7 @@ pub mod transport;
 
 pub use arena::Arena;
 pub use call::{Algorithm, Call, Header, OpKind, Tag, TagSpace, HEADER_LEN};
+pub use device::{DeviceBuffer, DeviceCollectives, DeviceTicket};
 pub use dtype::{DType, Element};
 pub use engine::{disagreement, Engine};
 pub use error::{Error, LinkFailure, RecvError, Result};

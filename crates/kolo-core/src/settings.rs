@@ -102,6 +102,7 @@ pub const SETTINGS: &[Setting] = &[
     s("KOLO_CPUS", "set by `kolo run`", "the CPUs a bound worker may run on"),
     s("KOLO_SSH", "`ssh -o BatchMode=yes`", "the command `kolo run` starts the other hosts' launchers with"),
     s("KOLO_BACKEND", "`auto`", "`auto`: MPI under `mpirun`/`srun` when built with the `mpi` feature, else kolo's; `kolo`; `mpi`; `nccl` (collectives on NCCL, one process per GPU; `mpi` and `nccl` are errors in a build without their feature)"),
+    s("KOLO_CUDA_DEVICE", "the local rank (GPU 0 for a rank that sees one GPU through `CUDA_VISIBLE_DEVICES`)", "the GPU this rank uses with `KOLO_BACKEND=nccl` and `kolo train --device cuda`"),
     s("KOLO_NCCL_LIBRARY", "`libnccl.so.2` from the loader's path", "the NCCL library `KOLO_BACKEND=nccl` loads (a path or a name)"),
     s("KOLO_MPI_HALF", "`op`", "f16/bf16 reductions on MPI: `op` (user-defined MPI operators on the 16-bit values) or `convert` (to f32 and back)"),
     s("KOLO_MPIRUN", "`mpirun`", "the launcher `--backend mpi` runs"),

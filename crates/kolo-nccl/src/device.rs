@@ -32,20 +32,16 @@ pub(crate) fn driver_error(
 }
 
 impl Gpu {
-    /// Device `ordinal`'s primary context and a new stream on it.
-    pub(crate) fn open(ordinal: usize, rank: usize) -> Result<Gpu> {
+    /// The primary context of the GPU of the rank with local rank `local_rank` (the rule of
+    /// [`kolo_core::gpu::device_ordinal`]) and a new stream on it.
+    pub(crate) fn open(local_rank: usize, rank: usize) -> Result<Gpu> {
         let count = CudaContext::device_count()
             .map_err(|e| driver_error("init", rank, "device count", e))?;
-        if ordinal >= count.max(0) as usize {
-            return Err(Error::Config {
-                var: "LOCAL_RANK".into(),
-                value: ordinal.to_string(),
-                reason: format!(
-                    "rank {rank} would use GPU {ordinal}, but this host has {count}: start at \
-                     most one process per GPU on each host"
-                ),
-            });
-        }
+        let ordinal = kolo_core::gpu::device_ordinal(
+            kolo_core::settings::ProcessEnv,
+            (rank, local_rank),
+            count.max(0) as usize,
+        )?;
         let ctx =
             CudaContext::new(ordinal).map_err(|e| driver_error("init", rank, "context", e))?;
         let stream = ctx
@@ -61,9 +57,9 @@ impl Gpu {
             .map_err(|e| driver_error(op, rank, "context", e))
     }
 
-    /// Waits until everything queued on the stream has run. Polls, so that it can give up at
-    /// `deadline` (`Ok(false)`), return `interrupted`'s error (a peer's abort) or NCCL's
-    /// asynchronous error (`async_error`, checked while waiting).
+    /// Waits until `done` (a stream's or an event's query) says the GPU work has run. Polls, so
+    /// that it can give up at `deadline` (`Ok(false)`), return `interrupted`'s error (a peer's
+    /// abort) or NCCL's asynchronous error (`async_error`, checked while waiting).
     pub(crate) fn wait(
         &self,
         op: &'static str,
@@ -71,16 +67,14 @@ impl Gpu {
         deadline: Instant,
         interrupted: &dyn Fn() -> Result<()>,
         async_error: &dyn Fn() -> Result<()>,
+        done: &dyn Fn() -> Result<bool>,
     ) -> Result<bool> {
-        use cudarc::driver::sys::{cuStreamQuery, CUresult};
+        self.bind(op, rank)?;
         let started = Instant::now();
         let mut spins = 0u32;
         loop {
-            // SAFETY: the stream is alive (owned by `self`).
-            match unsafe { cuStreamQuery(self.stream.cu_stream()) } {
-                CUresult::CUDA_SUCCESS => return Ok(true),
-                CUresult::CUDA_ERROR_NOT_READY => {}
-                e => return Err(driver_error(op, rank, "stream", e)),
+            if done()? {
+                return Ok(true);
             }
             spins += 1;
             if spins % 64 == 0 {
@@ -96,6 +90,21 @@ impl Gpu {
                 std::thread::sleep(Duration::from_micros(20));
             }
         }
+    }
+}
+
+/// Whether the GPU work behind a CUDA query (`cuStreamQuery`, `cuEventQuery`) has run.
+pub(crate) fn query(
+    op: &'static str,
+    rank: usize,
+    what: &str,
+    q: impl FnOnce() -> cudarc::driver::sys::CUresult,
+) -> Result<bool> {
+    use cudarc::driver::sys::CUresult;
+    match q() {
+        CUresult::CUDA_SUCCESS => Ok(true),
+        CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+        e => Err(driver_error(op, rank, what, e)),
     }
 }
 

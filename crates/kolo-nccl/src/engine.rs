@@ -1,18 +1,26 @@
 //! [`NcclEngine`]: kolo's [`Engine`] on an NCCL communicator. Host buffers are staged through
-//! device memory (upload, NCCL on the engine's stream, download); GPU tensors go straight to NCCL
-//! ([`NcclEngine::all_reduce_device`]). Every wait on the GPU has a deadline: a collective that
-//! does not complete in the communicator's timeout aborts the NCCL communicator (`ncclCommAbort`,
-//! as PyTorch's watchdog does) and returns an error instead of hanging.
+//! device memory (upload, NCCL on the engine's stream, download); GPU memory goes straight to NCCL
+//! ([`kolo_core::DeviceCollectives`], `device_ops.rs`). The communicator is non-blocking (NCCL's
+//! `blocking = 0`), so that no call can hold a thread past its deadline: joining, splitting,
+//! every collective and the final flush poll NCCL with the communicator's timeout and kolo's
+//! heartbeats, and a wait that runs out aborts the NCCL communicator (`ncclCommAbort`, as
+//! PyTorch's watchdog does) and returns an error instead of hanging (`lifecycle.rs`).
 
+use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use kolo_core::{DType, Error, ReduceOp, Result};
+use cudarc::driver::CudaEvent;
+use kolo_core::{DType, Error, Result};
 
 use crate::device::{download, ptr, ptr_mut, upload, Gpu, Staging};
 use crate::ffi::{self, Comm, Nccl, RawId, Status, Stream, SUCCESS, UNIQUE_ID_BYTES};
-use crate::types::{data_type, UINT8};
+use crate::types::UINT8;
+
+/// What the engine polls while it waits on NCCL or the GPU: `Err` when kolo's transport learned
+/// that a peer failed (its heartbeats), so a wait ends at once instead of at the timeout.
+pub type Watch = Arc<dyn Fn() -> Result<()> + Send + Sync>;
 
 /// What rank 0 creates (`ncclGetUniqueId`) and every rank needs to join the communicator: 128
 /// opaque bytes, passed around through kolo's rendezvous store.
@@ -71,13 +79,18 @@ struct RawComm(Comm);
 // SAFETY: NCCL communicators may be used from any thread, one call at a time (the engine's mutex).
 unsafe impl Send for RawComm {}
 
-/// What the lock guards: the communicator and the staging buffers.
+/// What the lock guards: the communicator, the staging buffers and the queued device
+/// collectives.
 struct State {
     comm: RawComm,
     a: Staging,
     b: Staging,
     /// Why the communicator was aborted, once it was.
     aborted: Option<String>,
+    /// Device collectives queued and not yet waited for: each one's completion event.
+    inflight: HashMap<u64, CudaEvent>,
+    /// The next device collective's ticket.
+    next_ticket: u64,
 }
 
 /// What a staged operation reads and writes on the host.
@@ -97,7 +110,8 @@ pub struct NcclEngine {
     size: usize,
     node_ids: Vec<String>,
     timeout: Duration,
-    gpu: Arc<Gpu>,
+    pub(crate) gpu: Arc<Gpu>,
+    watch: Watch,
     state: Mutex<State>,
 }
 
@@ -112,17 +126,18 @@ impl std::fmt::Debug for NcclEngine {
 }
 
 impl NcclEngine {
-    /// Joins the NCCL communicator `id` names as `rank` of `size`, on GPU `device` of this host.
+    /// Joins the NCCL communicator `id` names as `rank` of `size`, on the GPU of local rank
+    /// `local_rank` (GPU `local_rank`, or `KOLO_CUDA_DEVICE`: [`kolo_core::gpu::device_ordinal`]).
     /// `node_ids` names each rank's host (rank order); `timeout` bounds the join and every
-    /// collective; `interrupted` is polled while waiting for the others to join (a peer that
-    /// failed: its error is returned). Collective: every rank calls it with the same id.
+    /// collective; `watch` is polled by every wait (a peer that failed: its error is returned at
+    /// once). Collective: every rank calls it with the same id.
     pub fn new(
         id: &NcclId,
         (rank, size): (usize, usize),
-        device: usize,
+        local_rank: usize,
         node_ids: Vec<String>,
         timeout: Duration,
-        interrupted: &dyn Fn() -> Result<()>,
+        watch: Watch,
     ) -> Result<NcclEngine> {
         if rank >= size {
             return Err(Error::RankOutOfRange {
@@ -143,60 +158,14 @@ impl NcclEngine {
         }
         let nccl = ffi::nccl().map_err(|e| at_rank(e, rank))?;
         crate::driver_present().map_err(|e| at_rank(e, rank))?;
-        let gpu = Arc::new(Gpu::open(device, rank)?);
-        let (n, r) = (
-            int("init", rank, "size", size)?,
-            int("init", rank, "rank", rank)?,
-        );
-        let raw = id.raw();
-        // ncclCommInitRank blocks until every rank has joined; a rank that never comes would
-        // hold this one forever, so it runs on a thread waited for with the timeout.
-        let (tx, rx) = std::sync::mpsc::channel();
-        let g = gpu.clone();
-        std::thread::spawn(move || {
-            let result = g.bind("init", rank).map(|()| {
-                let mut comm: Comm = std::ptr::null_mut();
-                // SAFETY: `comm` is an out-parameter; the context is current on this thread.
-                let rc = unsafe { (nccl.comm_init_rank)(&mut comm, n, raw, r) };
-                (rc, RawComm(comm))
-            });
-            let _ = tx.send(result);
-        });
-        let deadline = Instant::now() + timeout;
-        let (rc, comm) = loop {
-            match rx.recv_timeout(Duration::from_millis(50)) {
-                Ok(r) => break r?,
-                Err(std::sync::mpsc::RecvTimeoutError::Timeout) if Instant::now() < deadline => {
-                    interrupted()?
-                }
-                Err(_) => {
-                    return Err(Error::Backend {
-                        op: "init",
-                        rank,
-                        backend: "nccl",
-                        reason: format!(
-                            "ncclCommInitRank did not complete within {timeout:?}: not every one \
-                             of the {size} ranks joined (a rank failed before it, or uses another \
-                             id)"
-                        ),
-                    })
-                }
-            }
-        };
-        if rc != SUCCESS {
-            return Err(Error::Backend {
-                op: "init",
-                rank,
-                backend: "nccl",
-                reason: format!("ncclCommInitRank: {}", nccl.describe(rc)),
-            });
-        }
+        let gpu = Arc::new(Gpu::open(local_rank, rank)?);
+        let comm = lifecycle::join(nccl, &gpu, id, (rank, size), timeout, &*watch)?;
         Ok(NcclEngine::over(
             nccl,
             comm,
             (rank, size),
             node_ids,
-            timeout,
+            (timeout, watch),
             gpu,
         ))
     }
@@ -206,7 +175,7 @@ impl NcclEngine {
         comm: RawComm,
         (rank, size): (usize, usize),
         node_ids: Vec<String>,
-        timeout: Duration,
+        (timeout, watch): (Duration, Watch),
         gpu: Arc<Gpu>,
     ) -> NcclEngine {
         NcclEngine {
@@ -216,11 +185,14 @@ impl NcclEngine {
             node_ids,
             timeout,
             gpu,
+            watch,
             state: Mutex::new(State {
                 comm,
                 a: Staging::default(),
                 b: Staging::default(),
                 aborted: None,
+                inflight: HashMap::new(),
+                next_ticket: 0,
             }),
         }
     }
@@ -228,41 +200,6 @@ impl NcclEngine {
     /// The GPU (CUDA device ordinal) this engine's collectives run on.
     pub fn device(&self) -> usize {
         self.gpu.ctx.ordinal()
-    }
-
-    /// In-place all-reduce of a buffer in GPU memory (`DType` must match `T`'s size): the path
-    /// for GPU tensors, with no host copies; `Avg` is NCCL's `ncclAvg`. Collective.
-    pub fn all_reduce_device<T: cudarc::driver::DeviceRepr>(
-        &self,
-        buf: &mut cudarc::driver::CudaSlice<T>,
-        dtype: DType,
-        op: ReduceOp,
-    ) -> Result<()> {
-        const OP: &str = "all_reduce";
-        if dtype.size() != std::mem::size_of::<T>() {
-            return Err(Error::InvalidArgument {
-                op: OP,
-                rank: self.rank,
-                arg: "dtype",
-                reason: format!(
-                    "{dtype:?} has {} bytes per element, the buffer's type {}",
-                    dtype.size(),
-                    std::mem::size_of::<T>()
-                ),
-            });
-        }
-        let mut st = self.lock(OP)?;
-        self.gpu.bind(OP, self.rank)?;
-        let count = buf.len();
-        let (p, _sync) = cudarc::driver::DevicePtrMut::device_ptr_mut(buf, &self.gpu.stream);
-        let p = p as usize as *mut c_void;
-        let (dt, rop) = (data_type(dtype), crate::types::device_op(op));
-        let comm = st.comm.0;
-        // SAFETY: `p` addresses `count` elements of `dtype` on this engine's device, alive until
-        // the wait below returns (the guard `_sync` orders it on the stream).
-        let rc = unsafe { (self.nccl.all_reduce)(p, p, count, dt, rop, comm, self.stream()) };
-        self.check(OP, rc)?;
-        self.complete(OP, &mut st, Instant::now() + self.timeout, &|| Ok(()))
     }
 
     fn stream(&self) -> Stream {
@@ -283,9 +220,10 @@ impl NcclEngine {
         Ok(st)
     }
 
-    /// An error for a failed NCCL call.
+    /// An error for a failed NCCL call. `ncclInProgress` is no error: the call goes on in the
+    /// background, and [`NcclEngine::complete`] (or [`NcclEngine::settle`]) waits for it.
     fn check(&self, op: &'static str, rc: Status) -> Result<()> {
-        if rc == SUCCESS {
+        if rc == SUCCESS || rc == ffi::IN_PROGRESS {
             return Ok(());
         }
         Err(Error::Backend {
@@ -305,21 +243,39 @@ impl NcclEngine {
         deadline: Instant,
         interrupted: &dyn Fn() -> Result<()>,
     ) -> Result<()> {
-        let comm = st.comm.0;
-        let async_error = || {
-            let mut e: Status = SUCCESS;
-            // SAFETY: `comm` is this engine's live communicator.
-            let rc = unsafe { (self.nccl.comm_get_async_error)(comm, &mut e) };
-            self.check(op, rc)?;
-            match e {
-                SUCCESS | ffi::IN_PROGRESS => Ok(()),
-                e => self.check(op, e),
-            }
-        };
+        let stream = self.gpu.stream.cu_stream();
+        self.wait_until(op, st, (deadline, interrupted), &|| {
+            crate::device::query(op, self.rank, "stream", || {
+                // SAFETY: the stream is alive (owned by the engine's GPU).
+                unsafe { cudarc::driver::sys::cuStreamQuery(stream) }
+            })
+        })
+    }
+
+    /// Waits until `done` says so: first for NCCL to have queued the last call (a non-blocking
+    /// communicator's `ncclInProgress`), then for the GPU, polling NCCL's asynchronous error,
+    /// `interrupted` and the engine's watch. Past `deadline`, or on an error, the communicator is
+    /// aborted and the error returned.
+    fn wait_until(
+        &self,
+        op: &'static str,
+        st: &mut State,
+        (deadline, interrupted): (Instant, &dyn Fn() -> Result<()>),
+        done: &dyn Fn() -> Result<bool>,
+    ) -> Result<()> {
         let started = Instant::now();
-        let outcome = self
-            .gpu
-            .wait(op, self.rank, deadline, interrupted, &async_error);
+        let stop = || {
+            interrupted()?;
+            (self.watch)()
+        };
+        let outcome = self.settle(op, st.comm.0, deadline, &stop).and_then(|settled| {
+            if !settled {
+                return Ok(false);
+            }
+            let async_error = || self.async_error(op, st.comm.0).map(|_| ());
+            self.gpu
+                .wait(op, self.rank, deadline, &stop, &async_error, done)
+        });
         let error = match outcome {
             Ok(true) => return Ok(()),
             Ok(false) => Error::Backend {
@@ -334,11 +290,45 @@ impl NcclEngine {
             },
             Err(e) => e,
         };
-        // SAFETY: `comm` is live; after the abort it is never used again (`aborted` is set).
-        unsafe { (self.nccl.comm_abort)(comm) };
+        Err(self.abort(st, error))
+    }
+
+    /// NCCL's asynchronous state of `comm`: `Ok(true)` while a call is still in progress,
+    /// `Ok(false)` when idle, the error it reports otherwise.
+    fn async_error(&self, op: &'static str, comm: Comm) -> Result<bool> {
+        let mut e: Status = SUCCESS;
+        // SAFETY: `comm` is this engine's live communicator.
+        let rc = unsafe { (self.nccl.comm_get_async_error)(comm, &mut e) };
+        self.check(op, rc)?;
+        match e {
+            SUCCESS => Ok(false),
+            ffi::IN_PROGRESS => Ok(true),
+            e => self.check(op, e).map(|()| false),
+        }
+    }
+
+    /// Waits until NCCL has finished queuing the last call on `comm` (`Ok(true)`), or `deadline`
+    /// passes (`Ok(false)`), or an error.
+    fn settle(
+        &self,
+        op: &'static str,
+        comm: Comm,
+        deadline: Instant,
+        stop: &dyn Fn() -> Result<()>,
+    ) -> Result<bool> {
+        lifecycle::poll(deadline, stop, || self.async_error(op, comm).map(|busy| !busy))
+    }
+
+    /// Aborts the communicator after `error` (later calls fail at once with it) and returns it.
+    fn abort(&self, st: &mut State, error: Error) -> Error {
+        if !st.comm.0.is_null() {
+            // SAFETY: `comm` is live; after the abort it is never used again (`aborted` is set).
+            unsafe { (self.nccl.comm_abort)(st.comm.0) };
+        }
         st.comm = RawComm(std::ptr::null_mut());
+        st.inflight.clear();
         st.aborted = Some(error.to_string());
-        Err(error)
+        error
     }
 
     /// Runs one NCCL operation on staged buffers (see [`Io`]) within the communicator's timeout.
@@ -469,8 +459,8 @@ impl Drop for NcclEngine {
     fn drop(&mut self) {
         let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
         if st.aborted.is_none() && !st.comm.0.is_null() {
-            // SAFETY: the communicator is live and no call is in flight (we own the engine).
-            unsafe { (self.nccl.comm_destroy)(st.comm.0) };
+            let comm = std::mem::replace(&mut st.comm, RawComm(std::ptr::null_mut()));
+            lifecycle::close(self.nccl, &self.gpu, comm, self.timeout);
         }
     }
 }
@@ -504,3 +494,5 @@ fn at_rank(e: Error, rank: usize) -> Error {
 }
 
 mod collectives;
+mod device_ops;
+mod lifecycle;

@@ -16,7 +16,8 @@ pub(crate) type Stream = *mut c_void;
 pub(crate) type Status = c_int;
 /// `ncclSuccess`.
 pub(crate) const SUCCESS: Status = 0;
-/// `ncclInProgress` (non-blocking communicators only; kolo's are blocking).
+/// `ncclInProgress`: a call on a non-blocking communicator (kolo's are) is still running; poll
+/// `ncclCommGetAsyncError` until it is not.
 pub(crate) const IN_PROGRESS: Status = 7;
 /// `NCCL_SPLIT_NOCOLOR`.
 pub(crate) const SPLIT_NOCOLOR: c_int = -1;
@@ -30,6 +31,44 @@ pub(crate) struct RawId {
     pub(crate) internal: [c_char; UNIQUE_ID_BYTES],
 }
 
+/// `ncclConfig_t` as NCCL 2.17 laid it out (NCCL reads the fields its `size` and `version`
+/// cover and gives later ones their defaults).
+#[repr(C)]
+#[derive(Debug)]
+pub(crate) struct Config {
+    size: usize,
+    magic: u32,
+    version: u32,
+    pub(crate) blocking: c_int,
+    cga_cluster_size: c_int,
+    min_ctas: c_int,
+    max_ctas: c_int,
+    net_name: *const c_char,
+    split_share: c_int,
+}
+
+/// `NCCL_CONFIG_UNDEF_INT`.
+const UNDEF: c_int = c_int::MIN;
+
+impl Config {
+    /// `NCCL_CONFIG_INITIALIZER` of NCCL 2.18 with `blocking = 0`: calls on the communicator
+    /// return `ncclInProgress` instead of blocking, so that every wait can have a deadline and
+    /// end in `ncclCommAbort`.
+    pub(crate) fn non_blocking() -> Config {
+        Config {
+            size: std::mem::size_of::<Config>(),
+            magic: 0xcafe_beef,
+            version: 21800,
+            blocking: 0,
+            cga_cluster_size: UNDEF,
+            min_ctas: UNDEF,
+            max_ctas: UNDEF,
+            net_name: std::ptr::null(),
+            split_share: UNDEF,
+        }
+    }
+}
+
 /// The NCCL entry points kolo uses.
 pub(crate) struct Nccl {
     // Kept loaded for the function pointers' lifetime (the whole process).
@@ -39,12 +78,14 @@ pub(crate) struct Nccl {
     pub(crate) get_version: unsafe extern "C" fn(*mut c_int) -> Status,
     pub(crate) get_error_string: unsafe extern "C" fn(Status) -> *const c_char,
     pub(crate) get_unique_id: unsafe extern "C" fn(*mut RawId) -> Status,
-    pub(crate) comm_init_rank: unsafe extern "C" fn(*mut Comm, c_int, RawId, c_int) -> Status,
+    pub(crate) comm_init_rank_config:
+        unsafe extern "C" fn(*mut Comm, c_int, RawId, c_int, *mut Config) -> Status,
     pub(crate) comm_abort: unsafe extern "C" fn(Comm) -> Status,
+    pub(crate) comm_finalize: unsafe extern "C" fn(Comm) -> Status,
     pub(crate) comm_destroy: unsafe extern "C" fn(Comm) -> Status,
     pub(crate) comm_get_async_error: unsafe extern "C" fn(Comm, *mut Status) -> Status,
     pub(crate) comm_split:
-        unsafe extern "C" fn(Comm, c_int, c_int, *mut Comm, *mut c_void) -> Status,
+        unsafe extern "C" fn(Comm, c_int, c_int, *mut Comm, *mut Config) -> Status,
     #[allow(clippy::type_complexity)]
     pub(crate) all_reduce: unsafe extern "C" fn(
         *const c_void,
@@ -170,8 +211,9 @@ impl Nccl {
                 get_version: symbol(&lib, n, "ncclGetVersion")?,
                 get_error_string: symbol(&lib, n, "ncclGetErrorString")?,
                 get_unique_id: symbol(&lib, n, "ncclGetUniqueId")?,
-                comm_init_rank: symbol(&lib, n, "ncclCommInitRank")?,
+                comm_init_rank_config: symbol(&lib, n, "ncclCommInitRankConfig")?,
                 comm_abort: symbol(&lib, n, "ncclCommAbort")?,
+                comm_finalize: symbol(&lib, n, "ncclCommFinalize")?,
                 comm_destroy: symbol(&lib, n, "ncclCommDestroy")?,
                 comm_get_async_error: symbol(&lib, n, "ncclCommGetAsyncError")?,
                 comm_split: symbol(&lib, n, "ncclCommSplit")?,

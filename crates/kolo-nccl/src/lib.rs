@@ -33,7 +33,7 @@ mod ffi;
 mod tests;
 mod types;
 
-pub use engine::{NcclEngine, NcclId};
+pub use engine::{NcclEngine, NcclId, Watch};
 pub use ffi::{version, UNIQUE_ID_BYTES};
 
 /// The number of CUDA devices this process sees, or an error naming why none can be used (no

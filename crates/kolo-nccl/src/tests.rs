@@ -86,7 +86,7 @@ fn the_installed_nccl_loads_and_reports_its_version() {
 fn a_bad_rank_or_node_list_is_refused_before_anything_loads() {
     let id = NcclId::from_bytes(&[0u8; 128]).expect("id");
     let one = Duration::from_secs(1);
-    let e = NcclEngine::new(&id, (2, 2), 0, vec!["a".into(); 2], one, &|| Ok(()))
+    let e = NcclEngine::new(&id, (2, 2), 0, vec!["a".into(); 2], one, std::sync::Arc::new(|| Ok(())))
         .expect_err("rank 2 of 2");
     assert!(
         matches!(
@@ -99,7 +99,7 @@ fn a_bad_rank_or_node_list_is_refused_before_anything_loads() {
         ),
         "{e}"
     );
-    let e = NcclEngine::new(&id, (0, 2), 0, vec!["a".into()], one, &|| Ok(()))
+    let e = NcclEngine::new(&id, (0, 2), 0, vec!["a".into()], one, std::sync::Arc::new(|| Ok(())))
         .expect_err("one node id for two ranks");
     assert!(e.to_string().contains("1 node ids for 2 ranks"), "{e}");
 }
@@ -112,7 +112,7 @@ fn without_a_gpu_the_engine_is_an_error_naming_what_is_missing() {
     }
     let id = NcclId::from_bytes(&[0u8; 128]).expect("id");
     let names = vec!["a".to_owned(); 2];
-    let err = NcclEngine::new(&id, (1, 2), 0, names, Duration::from_secs(1), &|| Ok(()))
+    let err = NcclEngine::new(&id, (1, 2), 0, names, Duration::from_secs(1), std::sync::Arc::new(|| Ok(())))
         .expect_err("no GPU here");
     let msg = err.to_string();
     // Either library may be the first missing one, and the error names the rank.
@@ -122,4 +122,71 @@ fn without_a_gpu_the_engine_is_an_error_naming_what_is_missing() {
         "{msg}"
     );
     assert!(crate::device_count().is_err());
+}
+
+/// With a GPU and NCCL (`scripts/gpu-check.sh`): a world of one process joins through the
+/// non-blocking init, reduces device memory (`NcclEngine::all_reduce_device`, the queued
+/// `DeviceCollectives` form and its deadline-bounded wait), runs a host collective, splits, and
+/// closes both communicators (finalize, then destroy). Prints `nccl engine gpu ok` for the
+/// script to count; skipped (no line) without a GPU.
+#[test]
+fn on_a_gpu_a_world_of_one_reduces_device_memory() {
+    use kolo_core::{DType, DeviceBuffer, DeviceCollectives, Engine, ReduceOp};
+    if crate::device_count().map_or(true, |n| n == 0) || crate::ffi::nccl().is_err() {
+        eprintln!("no GPU or no NCCL here: skipped");
+        return;
+    }
+    let id = NcclId::new().expect("unique id");
+    let watch: crate::Watch = std::sync::Arc::new(|| Ok(()));
+    let engine = NcclEngine::new(&id, (0, 1), 0, vec!["h".into()], Duration::from_secs(60), watch)
+        .expect("a world of one joins");
+    let stream = engine.gpu.stream.clone();
+    let host = [1.5f32, -2.0, 3.25, 7.0];
+    let mut dev = stream.clone_htod(&host).expect("upload");
+    engine
+        .all_reduce_device(&mut dev, DType::F32, ReduceOp::Sum)
+        .expect("all_reduce_device");
+    engine
+        .all_reduce_device(&mut dev, DType::F32, ReduceOp::Avg)
+        .expect("all_reduce_device avg");
+    assert_eq!(stream.clone_dtoh(&dev).expect("download"), host);
+    let e = engine
+        .all_reduce_device(&mut dev, DType::F64, ReduceOp::Sum)
+        .expect_err("f64 on an f32 buffer");
+    assert!(e.to_string().contains("bytes per element"), "{e}");
+    // The queued form: a ticket, waited for once.
+    let (ptr, _sync) = cudarc::driver::DevicePtr::device_ptr(&dev, &stream);
+    let buf = DeviceBuffer {
+        ptr,
+        count: host.len(),
+        dtype: DType::F32,
+        ready: 0,
+    };
+    let t = engine
+        .all_reduce_async(buf, ReduceOp::Max)
+        .expect("queued");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    engine.wait(t, deadline, &|| Ok(())).expect("waited");
+    let e = engine
+        .wait(t, deadline, &|| Ok(()))
+        .expect_err("a ticket is waited for once");
+    assert!(e.to_string().contains("not queued"), "{e}");
+    drop(_sync);
+    assert_eq!(stream.clone_dtoh(&dev).expect("download"), host);
+    // A staged host collective and a split (non-blocking, polled), then both close.
+    let mut bytes = 5.0f64.to_le_bytes();
+    Engine::all_reduce(&engine, &mut bytes, DType::F64, ReduceOp::Sum).expect("host all-reduce");
+    assert_eq!(f64::from_le_bytes(bytes), 5.0);
+    let child = engine
+        .split(Some(0), 0)
+        .expect("split")
+        .expect("in the new group");
+    let mut one = [3u8];
+    child
+        .all_reduce(&mut one, DType::U8, ReduceOp::Max)
+        .expect("child all-reduce");
+    assert_eq!(one, [3]);
+    drop(child);
+    drop(engine);
+    println!("nccl engine gpu ok");
 }

@@ -1,9 +1,11 @@
 //! Where a worker's tensors live: the CPU (kolo's kernels), or with the `cuda` feature one GPU per
-//! rank, GPU number *local rank* of its host (PyTorch's `torch.cuda.set_device(local_rank)`).
+//! rank, GPU number *local rank* of its host (PyTorch's `torch.cuda.set_device(local_rank)`;
+//! `KOLO_CUDA_DEVICE` names another, see [`kolo::gpu_ordinal`]).
 //!
 //! The training stack is device-generic: kolo's CPU kernels step aside for candle's own ops on a
-//! GPU, the optimizers fall back to candle's tensor arithmetic, and DDP moves each gradient bucket
-//! through host memory for the communicator (any backend; NCCL stages it back onto its GPU).
+//! GPU and the optimizers fall back to candle's tensor arithmetic. DDP's gradient buckets stay on
+//! the GPU and go to NCCL from there when the job runs on NCCL (`KOLO_BACKEND=nccl`); on kolo's
+//! own transports they travel through host memory.
 
 use std::fmt;
 use std::str::FromStr;
@@ -25,28 +27,35 @@ pub enum DeviceKind {
 }
 
 impl DeviceKind {
-    /// The device of the rank with local rank `local_rank`: the CPU, or GPU `local_rank`.
-    pub fn device(self, local_rank: usize) -> Result<Device> {
+    /// The device of rank `rank` with local rank `local_rank`: the CPU, or its GPU (GPU
+    /// `local_rank` unless `KOLO_CUDA_DEVICE` says otherwise: [`kolo::gpu_ordinal`]).
+    pub fn device(self, (rank, local_rank): (usize, usize)) -> Result<Device> {
         match self {
             DeviceKind::Cpu => Ok(Device::Cpu),
-            DeviceKind::Cuda => cuda(local_rank),
+            DeviceKind::Cuda => cuda(rank, local_rank),
         }
     }
 }
 
 #[cfg(feature = "cuda")]
-fn cuda(ordinal: usize) -> Result<Device> {
+fn cuda(rank: usize, local_rank: usize) -> Result<Device> {
+    use candle_core::cuda::cudarc::driver::CudaContext;
+    let unusable = |e: String| TrainError::InvalidArgument {
+        arg: "device",
+        reason: format!("rank {rank} has no GPU to train on: {e}"),
+    };
+    let visible = CudaContext::device_count().map_err(|e| unusable(format!("{e:?}")))?;
+    let env = kolo::settings::ProcessEnv;
+    let ordinal = kolo::gpu_ordinal(env, (rank, local_rank), visible.max(0) as usize)
+        .map_err(|e| unusable(e.to_string()))?;
     Device::new_cuda(ordinal).map_err(|e| TrainError::InvalidArgument {
         arg: "device",
-        reason: format!(
-            "GPU {ordinal} (this rank's local rank) cannot be used: {e}; start at most one \
-             worker per GPU on each host"
-        ),
+        reason: format!("GPU {ordinal} (rank {rank}'s) cannot be used: {e}"),
     })
 }
 
 #[cfg(not(feature = "cuda"))]
-fn cuda(_ordinal: usize) -> Result<Device> {
+fn cuda(_rank: usize, _local_rank: usize) -> Result<Device> {
     Err(TrainError::InvalidArgument {
         arg: "device",
         reason: "this build of kolo has no CUDA support: build it with `--features \
@@ -88,14 +97,14 @@ mod tests {
         let e = "tpu".parse::<DeviceKind>().expect_err("no TPUs");
         assert!(e.contains("expected cpu or cuda"), "{e}");
         assert_eq!(DeviceKind::Cuda.to_string(), "cuda");
-        assert!(matches!(DeviceKind::Cpu.device(3), Ok(Device::Cpu)));
+        assert!(matches!(DeviceKind::Cpu.device((3, 3)), Ok(Device::Cpu)));
     }
 
     #[cfg(not(feature = "cuda"))]
     #[test]
     fn cuda_without_the_feature_says_how_to_get_it() {
         let e = DeviceKind::Cuda
-            .device(0)
+            .device((0, 0))
             .expect_err("no CUDA in this build");
         assert!(e.to_string().contains("--features kolo-cli/cuda"), "{e}");
     }

@@ -10,6 +10,8 @@ pub mod ddp;
 pub mod device;
 pub mod distributed;
 mod error;
+#[cfg(feature = "cuda")]
+pub mod gpu;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod models;

@@ -43,6 +43,7 @@ mod work;
 
 pub use adasum::AdasumFloat;
 pub use communicator::Communicator;
+pub use collectives::device::DeviceWork;
 pub use config::Config;
 pub use init::{
     init, init_mpi, init_nccl, init_with, launched_by_mpi, local_communicators, run_local,
@@ -50,7 +51,12 @@ pub use init::{
     TransportChoice,
 };
 pub use kolo_collectives::select::HIERARCHICAL_MIN_BYTES;
-pub use kolo_core::{Algorithm, Call, DType, Element, Error, OpKind, ReduceOp, Result, Transport};
+pub use kolo_core::gpu::device_ordinal as gpu_ordinal;
+/// kolo's settings (`KOLO_*` variables) and where they are read from.
+pub use kolo_core::settings;
+pub use kolo_core::{
+    Algorithm, Call, DType, DeviceBuffer, Element, Error, OpKind, ReduceOp, Result, Transport,
+};
 /// The rendezvous stores.
 pub use kolo_store as store;
 /// The transports kolo ships (local threads, TCP), for building communicators by hand.

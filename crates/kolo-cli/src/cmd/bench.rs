@@ -13,6 +13,9 @@ use clap::{Args, ValueEnum};
 use kolo::{bf16, f16, Communicator, Element, ReduceOp};
 
 use super::error::CliError;
+use kolo_train::device::DeviceKind;
+
+mod device;
 
 pub const LONG_ABOUT: &str = "\
 Time one of kolo's collectives (or point-to-point ping-pong) on N workers, like nccl-tests, \
@@ -134,6 +137,10 @@ pub struct BenchArgs {
     /// Element type: f32, f64, f16, bf16, i32, i64
     #[arg(long, default_value = "f32")]
     dtype: Dtype,
+    /// Where the buffers live: `cpu`, or `cuda` (allreduce of f32 GPU memory on NCCL,
+    /// KOLO_BACKEND=nccl; a build with the `cuda` and `nccl` features)
+    #[arg(long, default_value = "cpu")]
+    device: DeviceKind,
     #[command(flatten)]
     launch: super::launch_args::LaunchArgs,
     /// Run as a worker of a job (set by the launcher)
@@ -426,16 +433,34 @@ fn bench_size<T: BenchElement>(
 }
 
 fn run<T: BenchElement>(comm: &Communicator, args: &BenchArgs) -> kolo::Result<u64> {
-    let (n, rank) = (comm.size(), comm.rank());
-    let lead = rank == 0;
     let implementation = format!("kolo-{}", comm.transport_kind());
+    report(comm, args, (&implementation, T::NAME), |bytes| {
+        bench_size::<T>(comm, args, bytes)
+    })
+}
+
+/// Times every size with `bench_size` and prints its row on rank 0 (`implementation` and the
+/// element type's name label them); returns the wrong elements over all sizes.
+fn report(
+    comm: &Communicator,
+    args: &BenchArgs,
+    (implementation, type_name): (&str, &str),
+    mut bench_size: impl FnMut(u64) -> kolo::Result<Row>,
+) -> kolo::Result<u64> {
+    let n = comm.size();
+    let lead = comm.rank() == 0;
     if lead && !args.json {
         println!(
-            "# kolo bench {}: {n} ranks, transport {}, dtype {}, {} warm-up iterations; \
+            "# kolo bench {}: {n} ranks, transport {}{}, dtype {}, {} warm-up iterations; \
              time = slowest rank's mean per iteration{}",
             args.op().name(),
             comm.transport_kind(),
-            T::NAME,
+            match comm.device_ordinal() {
+                Some(d) if args.device == DeviceKind::Cuda =>
+                    format!(", collectives on GPU {d} ({})", comm.backend()),
+                _ => String::new(),
+            },
+            type_name,
             args.warmup,
             if args.op() == Op::P2p {
                 " (one way, half a round trip)"
@@ -450,7 +475,7 @@ fn run<T: BenchElement>(comm: &Communicator, args: &BenchArgs) -> kolo::Result<u
     }
     let mut total_wrong = 0u64;
     for &bytes in &args.sizes {
-        let row = bench_size::<T>(comm, args, bytes)?;
+        let row = bench_size(bytes)?;
         total_wrong += row.wrong;
         if !lead {
             continue;
@@ -460,7 +485,7 @@ fn run<T: BenchElement>(comm: &Communicator, args: &BenchArgs) -> kolo::Result<u
             println!(
                 "{{\"impl\":{},\"op\":\"{}\",\"n\":{n},\"bytes\":{},\"time_us\":{:.3},\
                  \"algbw_gbps\":{:.4},\"busbw_gbps\":{:.4},\"wrong\":{}}}",
-                serde_json::Value::from(implementation.as_str()),
+                serde_json::Value::from(implementation),
                 args.op().name(),
                 row.bytes,
                 row.time_us,
@@ -473,7 +498,7 @@ fn run<T: BenchElement>(comm: &Communicator, args: &BenchArgs) -> kolo::Result<u
                 "  {:>12} {:>12} {:>6} {:>12.2} {:>12.3} {:>12.3} {:>8}",
                 row.bytes,
                 row.count,
-                T::NAME,
+                type_name,
                 row.time_us,
                 row.algbw,
                 row.busbw,
@@ -491,6 +516,7 @@ fn worker(args: &BenchArgs) -> Result<ExitCode, CliError> {
         return Err(CliError::Failed("p2p needs at least 2 ranks".into()));
     }
     let result = match args.dtype {
+        _ if args.device == DeviceKind::Cuda => device::run(&comm, args),
         Dtype::F32 => run::<f32>(&comm, args),
         Dtype::F64 => run::<f64>(&comm, args),
         Dtype::F16 => run::<f16>(&comm, args),
@@ -525,6 +551,12 @@ pub fn execute(args: BenchArgs) -> ExitCode {
 fn launch_job(args: &BenchArgs) -> Result<ExitCode, super::error::CliError> {
     if args.launch.on_hosts() {
         return super::launch_args::execute_hosts("bench", args.nproc, &args.launch);
+    }
+    if args.device == DeviceKind::Cuda && (args.op() != Op::Allreduce || args.dtype != Dtype::F32)
+    {
+        return Err(super::error::CliError::Usage(
+            "--device cuda times the f32 allreduce (GPU memory on NCCL)".into(),
+        ));
     }
     // With several nodes the world is larger than -n (the workers check the world's size).
     if args.op() == Op::P2p && args.nproc * args.launch.nnodes.1 < 2 {

@@ -285,7 +285,7 @@ fn launch_job(args: &TrainArgs) -> Result<ExitCode, CliError> {
     }
     // Without CUDA in this build every worker would fail the same way: say it once, up front.
     if args.device == DeviceKind::Cuda && !cfg!(feature = "cuda") {
-        if let Err(e) = args.device.device(0) {
+        if let Err(e) = args.device.device((0, 0)) {
             return Err(CliError::Usage(format!("--device cuda: {e}")));
         }
     }

@@ -8,8 +8,8 @@ use std::time::Instant;
 use kolo_core::call::fnv1a;
 use kolo_core::{DType, Engine, Error, Header, ReduceOp, Reducer, Result, HEADER_LEN};
 
-use super::{int, Io, NcclEngine, RawComm};
-use crate::ffi::{Comm, SPLIT_NOCOLOR, SUCCESS};
+use super::{int, lifecycle, Io, NcclEngine, RawComm};
+use crate::ffi::{Comm, Config, SPLIT_NOCOLOR, SUCCESS};
 use crate::types::{data_type, host_op, MAX, SUM, UINT64, UINT8};
 
 impl NcclEngine {
@@ -367,13 +367,45 @@ impl Engine for NcclEngine {
             })
             .collect();
         members.sort();
-        let guard = self.lock(OP)?;
+        let mut guard = self.lock(OP)?;
         self.gpu.bind(OP, self.rank)?;
         let mut out: Comm = std::ptr::null_mut();
-        // SAFETY: live communicator; `out` is written by NCCL; a null config is the default.
-        let rc =
-            unsafe { (self.nccl.comm_split)(guard.comm.0, c, k, &mut out, std::ptr::null_mut()) };
+        let mut config = Config::non_blocking();
+        // SAFETY: live communicator; `out` is written by NCCL; the config outlives the call.
+        let rc = unsafe { (self.nccl.comm_split)(guard.comm.0, c, k, &mut out, &mut config) };
         self.check(OP, rc)?;
+        // The split is a call on this communicator, then the new one joins: both within the
+        // timeout, or both are aborted (a rank that never splits).
+        let deadline = Instant::now() + self.timeout;
+        let joined = self
+            .settle(OP, guard.comm.0, deadline, &*self.watch)
+            .and_then(|settled| match settled && !out.is_null() {
+                true => lifecycle::poll(deadline, &*self.watch, || {
+                    self.async_error(OP, out).map(|busy| !busy)
+                }),
+                false => Ok(settled),
+            });
+        let failure = match joined {
+            Ok(true) => None,
+            Ok(false) => Some(Error::Backend {
+                op: OP,
+                rank: self.rank,
+                backend: "nccl",
+                reason: format!(
+                    "ncclCommSplit did not complete within {:?}: not every rank split (the NCCL \
+                     communicator is aborted)",
+                    self.timeout
+                ),
+            }),
+            Err(e) => Some(e),
+        };
+        if let Some(e) = failure {
+            if !out.is_null() {
+                // SAFETY: the half-made communicator is never used again.
+                unsafe { (self.nccl.comm_abort)(out) };
+            }
+            return Err(self.abort(&mut guard, e));
+        }
         drop(guard);
         if out.is_null() {
             return Ok(None);
@@ -395,7 +427,7 @@ impl Engine for NcclEngine {
             RawComm(out),
             (rank, members.len()),
             node_ids,
-            self.timeout,
+            (self.timeout, self.watch.clone()),
             self.gpu.clone(),
         ))))
     }

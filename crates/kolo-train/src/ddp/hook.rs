@@ -45,6 +45,20 @@ impl CustomOp1 for GradHook {
         Ok((out, l.shape().clone()))
     }
 
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        use candle_core::backend::BackendStorage;
+        // A `VarMap` variable is its own contiguous storage: the copy is the whole buffer.
+        if !l.is_contiguous() || l.start_offset() != 0 {
+            candle_core::bail!("kolo ddp: a parameter is not contiguous")
+        }
+        Ok((s.try_clone(l)?, l.shape().clone()))
+    }
+
     fn bwd(
         &self,
         _arg: &Tensor,

@@ -23,7 +23,9 @@
 //!   rank), then rank 0's values are broadcast.
 //! - Gradients travel in buckets (default 25 MiB) filled in reverse parameter order, each averaged by
 //!   an asynchronous all-reduce; with overlap on (the default) a bucket leaves as soon as backward has
-//!   produced all its gradients, so communication overlaps the rest of backward.
+//!   produced all its gradients, so communication overlaps the rest of backward. On a GPU with the
+//!   job on NCCL, buckets stay in GPU memory and are reduced on NCCL's own stream
+//!   ([`Ddp::buckets_on_gpu`]).
 //! - [`Ddp::set_require_sync`] / [`Ddp::no_sync`] skip communication for gradient accumulation.
 //! - A parameter without a gradient on some rank counts as zeros there; every rank sends the same
 //!   buckets in the same order.
@@ -37,6 +39,7 @@
 pub mod adasum_hook;
 mod bucket;
 pub mod comm_hook;
+mod device_buckets;
 mod hook;
 pub mod join;
 mod sync;
@@ -211,15 +214,18 @@ impl Ddp {
             .enumerate()
             .map(|(i, n)| (n.clone(), i))
             .collect();
+        let mut sync = Synchronizer::new(comm.clone(), layout, names, dtype);
+        if let Some((_, first)) = params.first() {
+            sync.set_device_buckets(device_buckets::DeviceBuckets::on(
+                comm,
+                first.device(),
+                params.len(),
+            ));
+        }
         let ddp = Ddp {
             comm: comm.clone(),
             varmap: varmap.clone(),
-            sync: Arc::new(Mutex::new(Synchronizer::new(
-                comm.clone(),
-                layout,
-                names,
-                dtype,
-            ))),
+            sync: Arc::new(Mutex::new(sync)),
             params,
             buffers,
             opts,
@@ -285,6 +291,13 @@ impl Ddp {
     /// Buffers (BatchNorm running statistics), ordered by name.
     pub fn buffers(&self) -> &[(String, Var)] {
         &self.buffers
+    }
+
+    /// Whether the gradient buckets stay on the GPU and go to the communicator's engine from there
+    /// (the parameters are on the GPU of a job on NCCL, `KOLO_BACKEND=nccl`, and no communication
+    /// hook is set); otherwise they travel through host memory.
+    pub fn buckets_on_gpu(&self) -> bool {
+        self.lock().on_device()
     }
 
     /// The bucket layout of the gradients.

@@ -10,6 +10,9 @@
 //! With a [`CommHook`] registered, the hook replaces the all-reduce of each (f32) bucket: it is
 //! called at the moment the bucket would have been launched, and its [`BucketFuture`] is waited on
 //! where the all-reduce would have been.
+//!
+//! Parameters on the GPU of a communicator with device collectives (NCCL) keep their buckets on
+//! the GPU ([`DeviceBuckets`]): same order, same launch rule, no host copies.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -19,6 +22,7 @@ use candle_core::{DType, Tensor, Var};
 use kolo::{Communicator, ReduceOp, Work};
 
 use super::bucket::BucketLayout;
+use super::device_buckets::{DeviceBuckets, InFlight};
 use super::comm_hook::{BucketFuture, BucketParams, CommHook, GradBucket, Reduction};
 use crate::error::{Result, TrainError};
 use crate::timeline::{BucketEvent, Timeline};
@@ -33,6 +37,10 @@ enum Pending {
     F32(Work<Vec<f32>>),
     F64(Work<Vec<f64>>),
     Hook(BucketFuture),
+    /// A bucket reduced on the GPU.
+    Device(InFlight),
+    /// A bucket that could not be launched: the error surfaces where it is waited on.
+    Failed(TrainError),
 }
 
 /// Waits for `w`; with the timeline on, also when it ran.
@@ -68,6 +76,8 @@ pub(crate) struct Synchronizer {
     timeline: Timeline,
     /// When each bucket was launched (timeline on).
     launched: Vec<Option<Instant>>,
+    /// Buckets on the GPU, when the parameters and the communicator's engine are there.
+    device: Option<DeviceBuckets>,
 }
 
 fn zeros(dtype: DType, n: usize) -> Buf {
@@ -93,6 +103,7 @@ impl Synchronizer {
             })
             .collect();
         Synchronizer {
+            device: None,
             timeline: Timeline::disabled(),
             launched: vec![None; n],
             hook: None,
@@ -113,6 +124,16 @@ impl Synchronizer {
 
     pub fn layout_ref(&self) -> &BucketLayout {
         &self.layout
+    }
+
+    /// Keeps the buckets on the GPU from the next pass on (see [`DeviceBuckets`]).
+    pub fn set_device_buckets(&mut self, device: Option<DeviceBuckets>) {
+        self.device = device;
+    }
+
+    /// Whether this pass's buckets stay on the GPU (a communication hook takes host buckets).
+    pub fn on_device(&self) -> bool {
+        self.device.is_some() && self.hook.is_none()
     }
 
     /// Sets the communication hook of the next passes (`None`: the built-in all-reduce).
@@ -151,10 +172,26 @@ impl Synchronizer {
             }
         }
         self.pending.iter_mut().for_each(|p| *p = None);
+        if let Some(d) = self.device.as_mut() {
+            d.clear();
+        }
     }
 
     fn copy_in(&mut self, index: usize, grad: Option<&Tensor>) -> Result<()> {
         let (b, range) = self.layout.slot[index].clone();
+        if self.on_device() {
+            if b < self.next {
+                return Err(TrainError::LateGradient {
+                    name: self.names[index].clone(),
+                });
+            }
+            if let Some(d) = self.device.as_mut() {
+                d.put(index, grad, (range.len(), self.dtype))?;
+            }
+            self.have[index] = true;
+            self.missing[b] -= 1;
+            return Ok(());
+        }
         let Some(buf) = self.bufs[b].as_mut() else {
             return Err(TrainError::LateGradient {
                 name: self.names[index].clone(),
@@ -179,6 +216,16 @@ impl Synchronizer {
 
     fn launch(&mut self, b: usize) {
         self.launched[b] = self.timeline.now();
+        if self.on_device() {
+            if let Some(d) = self.device.as_mut() {
+                let launched = d.launch(&self.comm, &self.layout.buckets[b], self.op);
+                self.pending[b] = Some(match launched {
+                    Ok(f) => Pending::Device(f),
+                    Err(e) => Pending::Failed(e),
+                });
+            }
+            return;
+        }
         self.pending[b] = match self.bufs[b].take() {
             Some(Buf::F32(v)) => Some(match &self.hook {
                 None => Pending::F32(self.comm.all_reduce_async(v, self.op)),
@@ -276,6 +323,12 @@ impl Synchronizer {
                     }
                     (Buf::F32(v), t)
                 }
+                Some(Pending::Device(f)) => {
+                    let flat = f.wait()?;
+                    self.device_done(b, flat, vars, divide_by, grads)?;
+                    continue;
+                }
+                Some(Pending::Failed(e)) => return Err(e),
                 None => continue,
             };
             if let Some(launched) = self.launched[b].take() {
@@ -314,6 +367,43 @@ impl Synchronizer {
                 grads.insert(var.as_tensor(), t);
             }
             self.bufs[b] = Some(done);
+        }
+        Ok(())
+    }
+
+    /// Bucket `b`, reduced on the GPU: each parameter's gradient becomes its view of it.
+    fn device_done(
+        &mut self,
+        b: usize,
+        flat: Tensor,
+        vars: &[Var],
+        divide_by: Option<usize>,
+        grads: &mut GradStore,
+    ) -> Result<()> {
+        if let Some(launched) = self.launched[b].take() {
+            self.timeline.bucket(BucketEvent {
+                bucket: b,
+                bytes: self.layout.len[b] * self.dtype.size_in_bytes(),
+                hook: "allreduce".into(),
+                launched,
+                times: None,
+                waited: Instant::now(),
+            });
+        }
+        let flat = match divide_by {
+            Some(n) => (flat / n as f64)?,
+            None => flat,
+        };
+        for &p in &self.layout.buckets[b] {
+            let range = self.layout.slot[p].1.clone();
+            let var = &vars[p];
+            let t = flat.narrow(0, range.start, range.len())?.reshape(var.shape())?;
+            let t = if t.dtype() == var.dtype() {
+                t
+            } else {
+                t.to_dtype(var.dtype())?
+            };
+            grads.insert(var.as_tensor(), t);
         }
         Ok(())
     }

@@ -7,9 +7,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kolo_collectives::select::Group;
-use kolo_core::{Algorithm, DType, Engine, ReduceOp, Result};
+use kolo_core::{Algorithm, DType, DeviceBuffer, DeviceTicket, Engine, ReduceOp, Result};
 
-use super::{Backend, Job, Members, Native};
+use super::{no_device_collectives, Backend, Job, Members, Native};
+use crate::communicator::Inner;
 
 /// Any [`Engine`] as a communicator's backend.
 pub(crate) struct EngineBackend {
@@ -50,6 +51,13 @@ impl EngineBackend {
             Ok(())
         };
         agreed.and_then(|()| f(engine)).map_err(|e| inner.poison(e))
+    }
+
+    /// The engine's device collectives, or the error saying it has none.
+    fn device(&self, rank: usize) -> Result<&dyn kolo_core::DeviceCollectives> {
+        self.engine
+            .device()
+            .ok_or_else(|| no_device_collectives(rank, self.engine.name()))
     }
 }
 
@@ -171,5 +179,29 @@ impl Backend for EngineBackend {
             Some(native) => native.all_to_all(job, send, recv, dtype, counts),
             None => self.run(job, |e| e.all_to_all(send, recv, dtype, counts)),
         }
+    }
+
+    fn device_all_reduce(&self, job: Job, buf: DeviceBuffer, op: ReduceOp) -> Result<DeviceTicket> {
+        // Device memory goes to the engine whatever algorithm the cost model named: kolo's own
+        // algorithms work on host memory.
+        let device = self.device(job.inner.rank).map_err(|e| job.inner.poison(e))?;
+        let mut ticket = None;
+        self.run(job, |_| {
+            ticket = Some(device.all_reduce_async(buf, op)?);
+            Ok(())
+        })?;
+        ticket.ok_or_else(|| no_device_collectives(job.inner.rank, self.engine.name()))
+    }
+
+    fn device_wait(&self, inner: &Inner, ticket: DeviceTicket) -> Result<()> {
+        let device = self.device(inner.rank)?;
+        let deadline = Instant::now() + inner.config.timeout;
+        let interrupted = || match inner.transport.failure() {
+            Some(f) => Err(f.into_error("all_reduce", inner.rank)),
+            None => Ok(()),
+        };
+        device
+            .wait(ticket, deadline, &interrupted)
+            .map_err(|e| inner.poison(e))
     }
 }

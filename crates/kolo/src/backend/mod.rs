@@ -20,7 +20,7 @@ mod native;
 use std::sync::Arc;
 
 use kolo_collectives::select::Group;
-use kolo_core::{Call, DType, Engine, ReduceOp, Result};
+use kolo_core::{Call, DType, DeviceBuffer, DeviceTicket, Engine, Error, ReduceOp, Result};
 
 use crate::communicator::Inner;
 use crate::topology::Topology;
@@ -111,6 +111,29 @@ pub(crate) trait Backend: Send + Sync {
         dtype: DType,
         counts: Option<(&[usize], &[usize])>,
     ) -> Result<()>;
+
+    /// Queues an in-place all-reduce of GPU memory on the engine's device collectives
+    /// ([`kolo_core::DeviceCollectives`]); kolo's own algorithms work on host memory only.
+    fn device_all_reduce(&self, job: Job, buf: DeviceBuffer, op: ReduceOp) -> Result<DeviceTicket> {
+        let _ = (buf, op);
+        Err(no_device_collectives(job.inner.rank, self.name()))
+    }
+
+    /// Waits for a device collective queued by [`Backend::device_all_reduce`].
+    fn device_wait(&self, inner: &Inner, ticket: DeviceTicket) -> Result<()> {
+        let _ = ticket;
+        Err(no_device_collectives(inner.rank, self.name()))
+    }
+}
+
+/// The error for GPU memory handed to a backend without device collectives.
+pub(crate) fn no_device_collectives(rank: usize, backend: &str) -> Error {
+    Error::Unsupported {
+        what: format!(
+            "collectives on GPU memory on rank {rank}: the {backend} backend works on host memory \
+             (start the job with KOLO_BACKEND=nccl, in a build with the `nccl` feature)"
+        ),
+    }
 }
 
 /// Where a group's members are: what a backend is chosen from.

@@ -9,6 +9,7 @@
 
 mod blocking;
 mod check;
+pub(crate) mod device;
 mod nonblocking;
 
 use kolo_collectives::algorithms::barrier_monitored;

@@ -126,14 +126,15 @@ pub fn init_nccl(opts: InitOptions) -> Result<Communicator> {
 
 /// The NCCL engine of `rank` (`local_rank` on its node), its id exchanged through `store`. Rank
 /// 0 publishes the id, or why it has none (so that the others fail at once instead of waiting);
-/// `interrupted` reports a peer's failure while the ranks join.
+/// `watch` reports a peer's failure (kolo's heartbeats) while the ranks join and while the engine
+/// waits on NCCL later.
 #[cfg(feature = "nccl")]
 fn nccl_engine(
     store: Option<(&dyn Store, &str)>,
     (rank, size, local_rank): (usize, usize, usize),
     node_ids: Vec<String>,
     timeout: std::time::Duration,
-    interrupted: &dyn Fn() -> Result<()>,
+    watch: kolo_nccl::Watch,
 ) -> Result<Arc<dyn kolo_core::Engine>> {
     use kolo_nccl::{NcclEngine, NcclId, UNIQUE_ID_BYTES};
     let id = match store {
@@ -168,7 +169,7 @@ fn nccl_engine(
         local_rank,
         node_ids,
         timeout,
-        interrupted,
+        watch,
     )?;
     Ok(Arc::new(engine))
 }
@@ -203,7 +204,7 @@ fn connect(opts: InitOptions, nccl: bool) -> Result<Communicator> {
                     (0, 1, 0),
                     vec![opts.node_id.clone()],
                     timeout,
-                    &|| Ok(()),
+                    Arc::new(|| Ok(())),
                 )?),
                 false => None,
             };
@@ -335,16 +336,17 @@ fn connect(opts: InitOptions, nccl: bool) -> Result<Communicator> {
     #[cfg(feature = "nccl")]
     let engine = match nccl {
         true => {
-            let interrupted = || match transport.failure() {
-                Some(f) => Err(f.into_error("init", opts.rank)),
+            let (t, rank) = (transport.clone(), opts.rank);
+            let watch: kolo_nccl::Watch = Arc::new(move || match t.failure() {
+                Some(f) => Err(f.into_error("nccl", rank)),
                 None => Ok(()),
-            };
+            });
             Some(nccl_engine(
                 Some((&*store, &prefix)),
                 (opts.rank, opts.size, local_rank),
                 ids,
                 timeout,
-                &interrupted,
+                watch,
             )?)
         }
         false => None,

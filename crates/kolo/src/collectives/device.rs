@@ -1,0 +1,75 @@
+//! Collectives on GPU memory ([`Communicator::all_reduce_device`]): where the communicator's engine
+//! has them (`KOLO_BACKEND=nccl`), a GPU tensor is reduced where it lies, on the engine's own
+//! communication stream, instead of through host memory. The call is checked and fingerprinted as
+//! every collective is (the ranks agree on it first), and the wait has the communicator's deadline.
+
+use kolo_core::{Algorithm, DeviceBuffer, DeviceTicket, OpKind, ReduceOp, Result};
+
+use crate::communicator::{Communicator, Inner};
+
+/// A queued collective on GPU memory: [`DeviceWork::wait`] before the buffer is read. Dropped
+/// without a wait, it is waited for then (the buffer must outlive the collective).
+#[derive(Debug)]
+#[must_use = "the buffer holds the result only after wait()"]
+pub struct DeviceWork {
+    comm: Communicator,
+    ticket: Option<DeviceTicket>,
+}
+
+impl DeviceWork {
+    /// Waits until the collective has completed on the GPU: the buffer then holds the result,
+    /// for any stream. An error (a peer that died or stalled: the communicator's timeout; the
+    /// engine's own error) poisons the communicator.
+    pub fn wait(mut self) -> Result<()> {
+        match self.ticket.take() {
+            Some(t) => self.comm.inner.backend.device_wait(&self.comm.inner, t),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for DeviceWork {
+    fn drop(&mut self) {
+        if let Some(t) = self.ticket.take() {
+            // An error has poisoned the communicator: the next call reports it.
+            let _ = self.comm.inner.backend.device_wait(&self.comm.inner, t);
+        }
+    }
+}
+
+impl Communicator {
+    /// The CUDA device whose memory [`Communicator::all_reduce_device`] takes, when the
+    /// communicator's engine has collectives on GPU memory (`KOLO_BACKEND=nccl`); `None` otherwise.
+    pub fn device_ordinal(&self) -> Option<usize> {
+        self.inner
+            .backend
+            .engine()
+            .and_then(|e| e.device())
+            .map(|d| d.device_ordinal())
+    }
+
+    /// Reduces GPU memory in place over all ranks with `op`, every rank getting the result: queued
+    /// on the engine's communication stream once `buf.ready` (an event on the producer's stream)
+    /// has completed, so it overlaps the producer's later work. Returns at once; the buffer holds
+    /// the result after [`DeviceWork::wait`]. The buffer must be on
+    /// [`Communicator::device_ordinal`] and stay allocated until then. Collective, in order with
+    /// the communicator's other collectives; an error where the engine has no device collectives.
+    pub fn all_reduce_device(&self, buf: DeviceBuffer, op: ReduceOp) -> Result<DeviceWork> {
+        let seq = self.inner.issue_blocking()?;
+        let ticket = self.inner.all_reduce_device(seq, buf, op)?;
+        Ok(DeviceWork {
+            comm: self.clone(),
+            ticket: Some(ticket),
+        })
+    }
+}
+
+impl Inner {
+    fn all_reduce_device(&self, seq: u64, buf: DeviceBuffer, op: ReduceOp) -> Result<DeviceTicket> {
+        let mut call = self.check_args(OpKind::AllReduce, |c| {
+            Ok(c.call(buf.dtype, buf.count, Some(op), None))
+        })?;
+        call.algo = Algorithm::Engine;
+        self.backend.device_all_reduce(self.job(seq, call), buf, op)
+    }
+}
