@@ -14,7 +14,8 @@
 #      a mismatched GPU collective; a peer that exits (rank 0's next collective fails in seconds);
 #   5. the matrix example under KOLO_BACKEND=nccl;
 #   6. kolo train --device cuda (LeNet / Fashion-MNIST, 3 epochs) on kolo's transports and on
-#      NCCL: each must reach 85 % test accuracy.
+#      NCCL, one worker per GPU, and on 2 ranks on NCCL (gradient buckets on the GPU): each must
+#      reach 85 % test accuracy.
 #
 # Every check counts what it must see, one line per rank (`rank R: ... ok`), besides the exit
 # status: a rank that returned early, or a test filter that matched nothing, fails the check. With
@@ -149,6 +150,10 @@ else
       "KOLO_BACKEND=$backend \"\$kolo\" train -n $n --device cuda --model lenet --epochs 3 \
          --no-progress --out \"\$(mktemp -d)\""
   done
+  # DDP's gradient buckets on the GPU, to NCCL, in kolo train (ranks share GPUs where too few).
+  check "kolo train --device cuda, 2 ranks on NCCL, 85 %" 1 'final test accuracy (8[5-9]|9[0-9])\.' \
+    'ranks 2 "$kolo" train --worker --device cuda --model lenet --epochs 3 --no-progress \
+       --out "$(mktemp -d)"'
 fi
 
 echo "gpu-check: $passed passed, $failed failed, $skipped skipped (logs in $logs)"

@@ -189,15 +189,26 @@ def evaluate(model, x, y, rank, n, dev=torch.device("cpu"), batch=256):
 def run(rank, n, epochs, bs, lr, port, flops):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=n)
+    gpu = os.environ.get("DEVICE", "cpu") == "cuda"
+    name = os.environ.get("MODEL", "resnet18")
+    if gpu:
+        dev = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(dev)
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
+        dist.init_process_group("nccl", rank=rank, world_size=n, device_id=dev)
+    else:
+        dev = torch.device("cpu")
+        dist.init_process_group("gloo", rank=rank, world_size=n)
+    sync = torch.cuda.synchronize if gpu else (lambda: None)
     torch.manual_seed(0)
     xtr, ytr = load("train", int(os.environ.get("TRAIN_LIMIT", "0")))
     xte, yte = load("t10k", int(os.environ.get("TEST_LIMIT", "0")))
-    net = Resnet18(1, 10)
+    net = MODELS[name](1, 10).to(dev)
     # Buffers copied once at construction, not before every forward (newer torch names it forward_sync_buffers).
     keep = {"forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP).parameters
             else "broadcast_buffers": False}
-    model = DDP(net, bucket_cap_mb=25, **keep)
+    model = DDP(net, bucket_cap_mb=25, device_ids=[dev.index] if gpu else None, **keep)
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=float(os.environ.get("MOMENTUM", "0.9")),
                           weight_decay=float(os.environ.get("WEIGHT_DECAY", "0")))
     sampler = torch.utils.data.DistributedSampler(range(len(xtr)), num_replicas=n, rank=rank, shuffle=True, seed=0)

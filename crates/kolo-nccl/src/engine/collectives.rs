@@ -61,6 +61,10 @@ impl Engine for NcclEngine {
         Ok(self.node_ids.clone())
     }
 
+    fn device(&self) -> Option<&dyn kolo_core::DeviceCollectives> {
+        Some(self)
+    }
+
     fn agree(
         &self,
         header: &Header,
