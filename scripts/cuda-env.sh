@@ -14,6 +14,9 @@
 # driver older than the nvcc that wrote it refuses it (CUDA_ERROR_UNSUPPORTED_PTX_VERSION). PTX from
 # 13.0 loads on every CUDA 13 driver (580 and later).
 #
+# CUDA_ENV_LINK=0 leaves out what only linking needs (the libraries' wheels, about 700 MB, and
+# the stub), for checks that compile without linking (cargo check, clippy).
+#
 # No GPU is needed to build; running needs one, its driver, and NCCL for KOLO_BACKEND=nccl.
 # A machine with the CUDA toolkit installed needs none of this: nvcc on PATH is enough.
 _kolo_cuda_venv=${KOLO_CUDA_VENV:-$HOME/.cache/kolo/cuda-13.0}
@@ -24,8 +27,7 @@ if [[ -z $_kolo_nvcc ]]; then
   python3 -m venv "$_kolo_cuda_venv" &&
     "$_kolo_cuda_venv/bin/pip" install -q --no-cache-dir --retries 5 \
       nvidia-cuda-nvcc==13.0.88 nvidia-nvvm==13.0.88 nvidia-cuda-crt==13.0.88 nvidia-cuda-runtime==13.0.96 \
-      nvidia-cuda-cccl==13.0.85 nvidia-cuda-nvrtc==13.0.88 nvidia-curand==10.4.0.35 \
-      nvidia-cublas==13.0.2.14 >&2
+      nvidia-cuda-cccl==13.0.85 >&2
   _kolo_nvcc=$(_kolo_find_nvcc)
 fi
 if [[ -n $_kolo_nvcc ]]; then
@@ -34,8 +36,15 @@ if [[ -n $_kolo_nvcc ]]; then
   export CUDA_COMPUTE_CAP=${CUDA_COMPUTE_CAP:-${_kolo_cap:-90}}
   export CUDARC_CUDA_VERSION=${CUDARC_CUDA_VERSION:-13000}
   _kolo_cu13=$(dirname "$(dirname "$_kolo_nvcc")")
-  export CUDA_HOME="$_kolo_cuda_venv/cuda-home"
-  if [[ ! -e $CUDA_HOME/lib/stubs/libcuda.so ]]; then
+  if [[ ${CUDA_ENV_LINK:-1} != 0 && ! -e $_kolo_cu13/lib/libcublas.so.13 ]]; then
+    echo "cuda-env: installing the CUDA 13.0 libraries candle links (cublas, curand, nvrtc)" >&2
+    "$_kolo_cuda_venv/bin/pip" install -q --no-cache-dir --retries 5 nvidia-cuda-nvrtc==13.0.88 \
+      nvidia-curand==10.4.0.35 nvidia-cublas==13.0.2.14 >&2
+  fi
+  if [[ ${CUDA_ENV_LINK:-1} != 0 ]]; then
+    export CUDA_HOME="$_kolo_cuda_venv/cuda-home"
+  fi
+  if [[ ${CUDA_ENV_LINK:-1} != 0 && ! -e $CUDA_HOME/lib/stubs/libcuda.so ]]; then
     mkdir -p "$CUDA_HOME/lib/stubs"
     for _kolo_l in cudart nvrtc curand cublas cublasLt; do
       ln -sf "$(ls "$_kolo_cu13/lib/lib$_kolo_l.so."* | head -1)" "$CUDA_HOME/lib/lib$_kolo_l.so"

@@ -116,7 +116,7 @@ stage "CUDA training build: kolo train --device cuda with NCCL (nvcc from PyPI; 
 # Compiles candle's CUDA kernels to PTX (about 8 minutes on 2 cores); what needs a GPU to run is
 # scripts/gpu-check.sh. In a subshell: nvcc and CUDARC_CUDA_VERSION stay out of the other stages.
 (
-  . scripts/cuda-env.sh
+  CUDA_ENV_LINK=0 . scripts/cuda-env.sh
   cargo clippy -p kolo-cli -p kolo-train --features kolo-cli/cuda,kolo-cli/nccl --all-targets \
     --locked -- -D warnings
 )

@@ -61,11 +61,11 @@ mod tests {
         assert_eq!(device_ordinal(env(&[]), (5, 1), 4).ok(), Some(1));
         let named = env(&[("KOLO_CUDA_DEVICE", "3")]);
         assert_eq!(device_ordinal(named, (5, 1), 4).ok(), Some(3));
-        let e = device_ordinal(env(&[("KOLO_CUDA_DEVICE", "4")]), (5, 1), 4)
-            .expect_err("GPU 4 of 4");
+        let e =
+            device_ordinal(env(&[("KOLO_CUDA_DEVICE", "4")]), (5, 1), 4).expect_err("GPU 4 of 4");
         assert!(e.to_string().contains("rank 5 would use GPU 4"), "{e}");
-        let e = device_ordinal(env(&[("KOLO_CUDA_DEVICE", "x")]), (0, 0), 1)
-            .expect_err("not a number");
+        let e =
+            device_ordinal(env(&[("KOLO_CUDA_DEVICE", "x")]), (0, 0), 1).expect_err("not a number");
         assert!(e.to_string().contains("KOLO_CUDA_DEVICE"), "{e}");
     }
 

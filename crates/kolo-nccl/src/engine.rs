@@ -268,14 +268,16 @@ impl NcclEngine {
             interrupted()?;
             (self.watch)()
         };
-        let outcome = self.settle(op, st.comm.0, deadline, &stop).and_then(|settled| {
-            if !settled {
-                return Ok(false);
-            }
-            let async_error = || self.async_error(op, st.comm.0).map(|_| ());
-            self.gpu
-                .wait(op, self.rank, deadline, &stop, &async_error, done)
-        });
+        let outcome = self
+            .settle(op, st.comm.0, deadline, &stop)
+            .and_then(|settled| {
+                if !settled {
+                    return Ok(false);
+                }
+                let async_error = || self.async_error(op, st.comm.0).map(|_| ());
+                self.gpu
+                    .wait(op, self.rank, deadline, &stop, &async_error, done)
+            });
         let error = match outcome {
             Ok(true) => return Ok(()),
             Ok(false) => Error::Backend {
@@ -316,7 +318,9 @@ impl NcclEngine {
         deadline: Instant,
         stop: &dyn Fn() -> Result<()>,
     ) -> Result<bool> {
-        lifecycle::poll(deadline, stop, || self.async_error(op, comm).map(|busy| !busy))
+        lifecycle::poll(deadline, stop, || {
+            self.async_error(op, comm).map(|busy| !busy)
+        })
     }
 
     /// Aborts the communicator after `error` (later calls fail at once with it) and returns it.

@@ -86,8 +86,15 @@ fn the_installed_nccl_loads_and_reports_its_version() {
 fn a_bad_rank_or_node_list_is_refused_before_anything_loads() {
     let id = NcclId::from_bytes(&[0u8; 128]).expect("id");
     let one = Duration::from_secs(1);
-    let e = NcclEngine::new(&id, (2, 2), 0, vec!["a".into(); 2], one, std::sync::Arc::new(|| Ok(())))
-        .expect_err("rank 2 of 2");
+    let e = NcclEngine::new(
+        &id,
+        (2, 2),
+        0,
+        vec!["a".into(); 2],
+        one,
+        std::sync::Arc::new(|| Ok(())),
+    )
+    .expect_err("rank 2 of 2");
     assert!(
         matches!(
             e,
@@ -99,8 +106,15 @@ fn a_bad_rank_or_node_list_is_refused_before_anything_loads() {
         ),
         "{e}"
     );
-    let e = NcclEngine::new(&id, (0, 2), 0, vec!["a".into()], one, std::sync::Arc::new(|| Ok(())))
-        .expect_err("one node id for two ranks");
+    let e = NcclEngine::new(
+        &id,
+        (0, 2),
+        0,
+        vec!["a".into()],
+        one,
+        std::sync::Arc::new(|| Ok(())),
+    )
+    .expect_err("one node id for two ranks");
     assert!(e.to_string().contains("1 node ids for 2 ranks"), "{e}");
 }
 
@@ -112,8 +126,15 @@ fn without_a_gpu_the_engine_is_an_error_naming_what_is_missing() {
     }
     let id = NcclId::from_bytes(&[0u8; 128]).expect("id");
     let names = vec!["a".to_owned(); 2];
-    let err = NcclEngine::new(&id, (1, 2), 0, names, Duration::from_secs(1), std::sync::Arc::new(|| Ok(())))
-        .expect_err("no GPU here");
+    let err = NcclEngine::new(
+        &id,
+        (1, 2),
+        0,
+        names,
+        Duration::from_secs(1),
+        std::sync::Arc::new(|| Ok(())),
+    )
+    .expect_err("no GPU here");
     let msg = err.to_string();
     // Either library may be the first missing one, and the error names the rank.
     assert!(msg.contains("on rank 1"), "{msg}");
@@ -138,8 +159,15 @@ fn on_a_gpu_a_world_of_one_reduces_device_memory() {
     }
     let id = NcclId::new().expect("unique id");
     let watch: crate::Watch = std::sync::Arc::new(|| Ok(()));
-    let engine = NcclEngine::new(&id, (0, 1), 0, vec!["h".into()], Duration::from_secs(60), watch)
-        .expect("a world of one joins");
+    let engine = NcclEngine::new(
+        &id,
+        (0, 1),
+        0,
+        vec!["h".into()],
+        Duration::from_secs(60),
+        watch,
+    )
+    .expect("a world of one joins");
     let stream = engine.gpu.stream.clone();
     let host = [1.5f32, -2.0, 3.25, 7.0];
     let mut dev = stream.clone_htod(&host).expect("upload");
@@ -162,9 +190,7 @@ fn on_a_gpu_a_world_of_one_reduces_device_memory() {
         dtype: DType::F32,
         ready: 0,
     };
-    let t = engine
-        .all_reduce_async(buf, ReduceOp::Max)
-        .expect("queued");
+    let t = engine.all_reduce_async(buf, ReduceOp::Max).expect("queued");
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     engine.wait(t, deadline, &|| Ok(())).expect("waited");
     let e = engine
@@ -189,4 +215,21 @@ fn on_a_gpu_a_world_of_one_reduces_device_memory() {
     drop(child);
     drop(engine);
     println!("nccl engine gpu ok");
+}
+
+/// `ncclConfig_t` as NCCL 2.17+ lays it out (nccl.h): a wrong offset would hand NCCL a blocking
+/// communicator, or garbage, without any error.
+#[test]
+fn the_config_struct_has_ncclconfig_ts_layout() {
+    use std::mem::{offset_of, size_of};
+    use crate::ffi::Config;
+    assert_eq!(size_of::<Config>(), 48);
+    assert_eq!(offset_of!(Config, blocking), 16);
+    let c = Config::non_blocking();
+    assert_eq!(c.blocking, 0);
+    // SAFETY: reading the first 16 bytes of a live, initialized repr(C) value.
+    let head = unsafe { std::slice::from_raw_parts((&c as *const Config).cast::<u8>(), 16) };
+    assert_eq!(&head[..8], &48usize.to_ne_bytes(), "size");
+    assert_eq!(&head[8..12], &0xcafe_beefu32.to_ne_bytes(), "magic");
+    assert_eq!(&head[12..16], &21800u32.to_ne_bytes(), "version 2.18.0");
 }

@@ -50,7 +50,11 @@ pub fn all_reduce_tensor(comm: &Communicator, t: &Tensor, op: ReduceOp) -> Resul
         DType::F64 => kolo::DType::F64,
         DType::F16 => kolo::DType::F16,
         DType::BF16 => kolo::DType::BF16,
-        other => return Err(unsupported(format!("all-reducing {other:?} tensors on the GPU"))),
+        other => {
+            return Err(unsupported(format!(
+                "all-reducing {other:?} tensors on the GPU"
+            )))
+        }
     };
     let (ptr, stream) = {
         let (storage, layout) = t.storage_and_layout();

@@ -10,10 +10,10 @@ pub mod ddp;
 pub mod device;
 pub mod distributed;
 mod error;
-#[cfg(feature = "cuda")]
-pub mod gpu;
 #[doc(hidden)]
 pub mod fuzzing;
+#[cfg(feature = "cuda")]
+pub mod gpu;
 pub mod models;
 mod ops;
 pub mod optim;

@@ -174,7 +174,12 @@ fn init(varmap: &VarMap, dev: &Device) {
 fn params(varmap: &VarMap) -> Vec<(String, Vec<f32>)> {
     sorted_vars(varmap)
         .into_iter()
-        .map(|(k, v)| (k, v.flatten_all().and_then(|t| t.to_vec1()).expect("values")))
+        .map(|(k, v)| {
+            (
+                k,
+                v.flatten_all().and_then(|t| t.to_vec1()).expect("values"),
+            )
+        })
         .collect()
 }
 
@@ -210,8 +215,8 @@ fn gpu_ddp_rank() {
         let ddp = Ddp::new(&comm, &varmap, opts).expect("ddp");
         assert_eq!(ddp.buckets_on_gpu(), n > 1, "buckets on the GPU");
         assert!(ddp.layout().count() > 2, "several buckets");
-        let mut opt = SGD::new(ddp.params().iter().map(|(_, v)| v.clone()).collect(), LR)
-            .expect("sgd");
+        let mut opt =
+            SGD::new(ddp.params().iter().map(|(_, v)| v.clone()).collect(), LR).expect("sgd");
         for step in 0..STEPS {
             let net = Net::new(ddp.var_builder(DType::F32, &dev)).expect("net");
             let (x, y) = batch(step, n, &dev);

@@ -42,8 +42,8 @@ mod wait;
 mod work;
 
 pub use adasum::AdasumFloat;
-pub use communicator::Communicator;
 pub use collectives::device::DeviceWork;
+pub use communicator::Communicator;
 pub use config::Config;
 pub use init::{
     init, init_mpi, init_nccl, init_with, launched_by_mpi, local_communicators, run_local,

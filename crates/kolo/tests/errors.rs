@@ -393,3 +393,33 @@ fn matched_asymmetric_collectives_still_work_and_leave_nothing_behind() {
         assert!(res.iter().all(|r| r.is_ok()), "{kind:?}: {res:?}");
     }
 }
+
+/// GPU memory handed to a communicator on kolo's own transports (host memory only) is an
+/// `Unsupported` error naming the backend that has device collectives, on every rank at once; the
+/// communicator stays usable (every rank refused the same call), and `device_ordinal` is `None`.
+#[test]
+fn gpu_memory_without_nccl_is_refused_on_every_rank() {
+    for kind in KINDS {
+        let results = spawn(kind, 2, quick(), |comm| -> kolo::Result<(String, f32)> {
+            assert_eq!(comm.device_ordinal(), None);
+            let buf = kolo::DeviceBuffer {
+                ptr: 0x1000,
+                count: 4,
+                dtype: DType::F32,
+                ready: 0,
+            };
+            let e = comm
+                .all_reduce_device(buf, ReduceOp::Sum)
+                .map(|_| ())
+                .expect_err("no device collectives on kolo's transports");
+            let mut v = [comm.rank() as f32];
+            comm.all_reduce(&mut v, ReduceOp::Sum)?;
+            Ok((e.to_string(), v[0]))
+        });
+        for r in results {
+            let (e, sum) = r.expect("collectives after the refusal");
+            assert!(e.contains("KOLO_BACKEND=nccl") && e.contains("kolo backend"), "{kind:?}: {e}");
+            assert_eq!(sum, 1.0);
+        }
+    }
+}

@@ -496,13 +496,7 @@ fn report(
         } else {
             println!(
                 "  {:>12} {:>12} {:>6} {:>12.2} {:>12.3} {:>12.3} {:>8}",
-                row.bytes,
-                row.count,
-                type_name,
-                row.time_us,
-                row.algbw,
-                row.busbw,
-                row.wrong
+                row.bytes, row.count, type_name, row.time_us, row.algbw, row.busbw, row.wrong
             );
         }
     }
@@ -552,8 +546,7 @@ fn launch_job(args: &BenchArgs) -> Result<ExitCode, super::error::CliError> {
     if args.launch.on_hosts() {
         return super::launch_args::execute_hosts("bench", args.nproc, &args.launch);
     }
-    if args.device == DeviceKind::Cuda && (args.op() != Op::Allreduce || args.dtype != Dtype::F32)
-    {
+    if args.device == DeviceKind::Cuda && (args.op() != Op::Allreduce || args.dtype != Dtype::F32) {
         return Err(super::error::CliError::Usage(
             "--device cuda times the f32 allreduce (GPU memory on NCCL)".into(),
         ));
@@ -571,6 +564,37 @@ fn launch_job(args: &BenchArgs) -> Result<ExitCode, super::error::CliError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `kolo bench` as clap parses it.
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        bench: BenchArgs,
+    }
+
+    #[test]
+    fn gpu_buffers_are_the_f32_allreduce_only() {
+        use clap::Parser;
+        for args in [
+            &["kolo", "allgather", "--device", "cuda"][..],
+            &["kolo", "allreduce", "--device", "cuda", "--dtype", "f64"],
+        ] {
+            let cli = Cli::try_parse_from(args).expect("parses");
+            match launch_job(&cli.bench) {
+                Err(CliError::Usage(e)) => assert!(e.contains("f32 allreduce"), "{e}"),
+                other => panic!("{args:?}: {other:?}"),
+            }
+        }
+        // Without CUDA in the build, a worker says how to get it.
+        if !cfg!(feature = "cuda") {
+            let cli = Cli::try_parse_from(["kolo", "allreduce", "--device", "cuda"]).expect("parses");
+            let results = kolo::run_local(1, kolo::Config::default(), |comm| {
+                device::run(&comm, &cli.bench).map_err(|e| e.to_string())
+            });
+            let e = results[0].as_ref().expect("ran").as_ref().expect_err("no CUDA");
+            assert!(e.contains("--features kolo-cli/cuda"), "{e}");
+        }
+    }
 
     #[test]
     fn sizes_parse() {

@@ -69,7 +69,12 @@ impl DeviceCollectives for NcclEngine {
             // SAFETY: the caller's event, alive for this call; the wait is queued on our stream.
             let rc = unsafe { cuStreamWaitEvent(stream, buf.ready as CUevent, 0) };
             if rc != CUresult::CUDA_SUCCESS {
-                return Err(driver_error(OP, self.rank, "wait for the buffer's event", rc));
+                return Err(driver_error(
+                    OP,
+                    self.rank,
+                    "wait for the buffer's event",
+                    rc,
+                ));
             }
         }
         let p = buf.ptr as usize as *mut c_void;

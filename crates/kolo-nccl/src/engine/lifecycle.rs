@@ -90,7 +90,9 @@ pub(super) fn join(
     if comm.is_null() {
         return failed(format!("{WHAT} returned no communicator"));
     }
-    match poll(Instant::now() + timeout, watch, || idle(nccl, comm, rank, WHAT)) {
+    match poll(Instant::now() + timeout, watch, || {
+        idle(nccl, comm, rank, WHAT)
+    }) {
         Ok(true) => Ok(RawComm(comm)),
         Ok(false) => failed(format!(
             "{WHAT} did not complete within {timeout:?}: not every one of the {size} ranks \
@@ -115,7 +117,12 @@ pub(super) fn close(nccl: &Nccl, gpu: &Gpu, comm: RawComm, timeout: Duration) {
     let deadline = Instant::now() + timeout;
     let flushed = (rc == SUCCESS || rc == IN_PROGRESS)
         && matches!(
-            poll(deadline, &|| Ok(()), || idle(nccl, comm, 0, "ncclCommFinalize")),
+            poll(deadline, &|| Ok(()), || idle(
+                nccl,
+                comm,
+                0,
+                "ncclCommFinalize"
+            )),
             Ok(true)
         );
     // SAFETY: finalized (destroy frees it) or not (abort ends what is in flight); never used again.

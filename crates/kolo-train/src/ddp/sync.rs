@@ -22,8 +22,8 @@ use candle_core::{DType, Tensor, Var};
 use kolo::{Communicator, ReduceOp, Work};
 
 use super::bucket::BucketLayout;
-use super::device_buckets::{DeviceBuckets, InFlight};
 use super::comm_hook::{BucketFuture, BucketParams, CommHook, GradBucket, Reduction};
+use super::device_buckets::{DeviceBuckets, InFlight};
 use crate::error::{Result, TrainError};
 use crate::timeline::{BucketEvent, Timeline};
 
@@ -397,7 +397,9 @@ impl Synchronizer {
         for &p in &self.layout.buckets[b] {
             let range = self.layout.slot[p].1.clone();
             let var = &vars[p];
-            let t = flat.narrow(0, range.start, range.len())?.reshape(var.shape())?;
+            let t = flat
+                .narrow(0, range.start, range.len())?
+                .reshape(var.shape())?;
             let t = if t.dtype() == var.dtype() {
                 t
             } else {

@@ -298,7 +298,11 @@ fn check_config(cfg: &TrainConfig) -> Result<()> {
 /// Trains on this rank of `comm` according to `cfg`, on `cfg.device` (the CPU, or GPU number
 /// local rank of this host); every rank returns the summary.
 pub fn run(comm: &Communicator, cfg: &TrainConfig) -> Result<Summary> {
-    run_on(comm, cfg, &cfg.device.device((comm.rank(), comm.local_rank()))?)
+    run_on(
+        comm,
+        cfg,
+        &cfg.device.device((comm.rank(), comm.local_rank()))?,
+    )
 }
 
 /// Trains on this rank of `comm` according to `cfg` with tensors on `device`; every rank returns

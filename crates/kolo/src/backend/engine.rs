@@ -184,7 +184,9 @@ impl Backend for EngineBackend {
     fn device_all_reduce(&self, job: Job, buf: DeviceBuffer, op: ReduceOp) -> Result<DeviceTicket> {
         // Device memory goes to the engine whatever algorithm the cost model named: kolo's own
         // algorithms work on host memory.
-        let device = self.device(job.inner.rank).map_err(|e| job.inner.poison(e))?;
+        let device = self
+            .device(job.inner.rank)
+            .map_err(|e| job.inner.poison(e))?;
         let mut ticket = None;
         self.run(job, |_| {
             ticket = Some(device.all_reduce_async(buf, op)?);

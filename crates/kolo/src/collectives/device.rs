@@ -55,6 +55,14 @@ impl Communicator {
     /// [`Communicator::device_ordinal`] and stay allocated until then. Collective, in order with
     /// the communicator's other collectives; an error where the engine has no device collectives.
     pub fn all_reduce_device(&self, buf: DeviceBuffer, op: ReduceOp) -> Result<DeviceWork> {
+        // Refused before it takes a place in the sequence: every rank refuses the same way, and
+        // the communicator goes on.
+        if self.device_ordinal().is_none() {
+            return Err(crate::backend::no_device_collectives(
+                self.rank(),
+                self.backend(),
+            ));
+        }
         let seq = self.inner.issue_blocking()?;
         let ticket = self.inner.all_reduce_device(seq, buf, op)?;
         Ok(DeviceWork {

@@ -163,14 +163,7 @@ fn nccl_engine(
             }
         }
     };
-    let engine = NcclEngine::new(
-        &id,
-        (rank, size),
-        local_rank,
-        node_ids,
-        timeout,
-        watch,
-    )?;
+    let engine = NcclEngine::new(&id, (rank, size), local_rank, node_ids, timeout, watch)?;
     Ok(Arc::new(engine))
 }
 
