@@ -221,8 +221,8 @@ fn on_a_gpu_a_world_of_one_reduces_device_memory() {
 /// communicator, or garbage, without any error.
 #[test]
 fn the_config_struct_has_ncclconfig_ts_layout() {
-    use std::mem::{offset_of, size_of};
     use crate::ffi::Config;
+    use std::mem::{offset_of, size_of};
     assert_eq!(size_of::<Config>(), 48);
     assert_eq!(offset_of!(Config, blocking), 16);
     let c = Config::non_blocking();

@@ -131,7 +131,10 @@ fn train_rank(
         init(&varmap); // the others start from random values: Ddp must copy rank 0's
     }
     let ddp = Ddp::new(comm, &varmap, opts)?;
-    assert!(!ddp.buckets_on_gpu(), "parameters on the CPU: buckets in host memory");
+    assert!(
+        !ddp.buckets_on_gpu(),
+        "parameters on the CPU: buckets in host memory"
+    );
     let mut opt = SGD::new(ddp.params().iter().map(|(_, v)| v.clone()).collect(), LR)?;
     for step in 0..STEPS {
         let net = Net::new(ddp.var_builder(DType::F32, &Device::Cpu), false)?;

@@ -418,7 +418,10 @@ fn gpu_memory_without_nccl_is_refused_on_every_rank() {
         });
         for r in results {
             let (e, sum) = r.expect("collectives after the refusal");
-            assert!(e.contains("KOLO_BACKEND=nccl") && e.contains("kolo backend"), "{kind:?}: {e}");
+            assert!(
+                e.contains("KOLO_BACKEND=nccl") && e.contains("kolo backend"),
+                "{kind:?}: {e}"
+            );
             assert_eq!(sum, 1.0);
         }
     }
