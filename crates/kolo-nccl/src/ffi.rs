@@ -142,11 +142,11 @@ impl std::fmt::Debug for Nccl {
     }
 }
 
-/// The names tried, in order: `$KOLO_NCCL_LIBRARY` if set, then NCCL's soname and the
+/// The names tried, in order: `KOLO_NCCL_LIBRARY` of `env` if set, then NCCL's soname and the
 /// development link.
-fn candidates() -> Vec<String> {
+pub(crate) fn candidates(env: impl kolo_core::settings::Env) -> Vec<String> {
     let mut names = Vec::new();
-    if let Ok(path) = std::env::var("KOLO_NCCL_LIBRARY") {
+    if let Some(path) = env.lookup("KOLO_NCCL_LIBRARY") {
         if !path.is_empty() {
             names.push(path);
         }
@@ -181,7 +181,7 @@ pub(crate) fn unavailable(reason: String) -> Error {
 
 impl Nccl {
     fn load() -> Result<Nccl> {
-        Nccl::load_from(&candidates())
+        Nccl::load_from(&candidates(kolo_core::settings::ProcessEnv))
     }
 
     /// The first of `names` that loads and has every entry point.

@@ -233,3 +233,17 @@ fn the_config_struct_has_ncclconfig_ts_layout() {
     assert_eq!(&head[8..12], &0xcafe_beefu32.to_ne_bytes(), "magic");
     assert_eq!(&head[12..16], &21800u32.to_ne_bytes(), "version 2.18.0");
 }
+
+#[test]
+fn kolo_nccl_library_goes_first_when_set() {
+    use kolo_core::settings::MapEnv;
+    let set: MapEnv = [("KOLO_NCCL_LIBRARY", "/opt/nccl/libnccl.so.2")]
+        .into_iter()
+        .collect();
+    assert_eq!(
+        crate::ffi::candidates(set),
+        ["/opt/nccl/libnccl.so.2", "libnccl.so.2", "libnccl.so"]
+    );
+    let empty: MapEnv = [("KOLO_NCCL_LIBRARY", "")].into_iter().collect();
+    assert_eq!(crate::ffi::candidates(empty), ["libnccl.so.2", "libnccl.so"]);
+}

@@ -20,7 +20,12 @@ pub const ERROR_FILE_ENV: &str = "TORCHELASTIC_ERROR_FILE";
 
 /// The error file this process should write, if a launcher named one.
 pub fn error_file() -> Option<PathBuf> {
-    std::env::var_os(ERROR_FILE_ENV)
+    error_file_in(kolo_core::settings::ProcessEnv)
+}
+
+/// The error file `env` names, if any.
+pub fn error_file_in(env: impl kolo_core::settings::Env) -> Option<PathBuf> {
+    env.lookup_os(ERROR_FILE_ENV)
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)
 }

@@ -14,10 +14,15 @@ use std::io::Read;
 use std::sync::{Mutex, Once, Weak};
 use std::time::{Duration, Instant};
 
-use crate::communicator::Inner;
+/// A world whose first failure can be written when the process is told to stop (implemented by
+/// the communicator).
+pub(crate) trait StopReport: Send + Sync {
+    /// Writes the failure, if there is one; whether there was.
+    fn report_on_stop(&self) -> bool;
+}
 
 static INSTALL: Once = Once::new();
-static WORLDS: Mutex<Vec<Weak<Inner>>> = Mutex::new(Vec::new());
+static WORLDS: Mutex<Vec<Weak<dyn StopReport>>> = Mutex::new(Vec::new());
 
 /// How long a stopped worker waits for its transports to notice a dead peer (a socket's reader
 /// thread may not have run yet) before it gives up and exits without a report.
@@ -25,7 +30,7 @@ const GRACE: Duration = Duration::from_millis(300);
 
 /// Registers a world communicator to be checked when torchrun stops this worker; installs the
 /// SIGTERM handler on first use. Does nothing outside torchrun.
-pub(crate) fn watch(world: Weak<Inner>) {
+pub(crate) fn watch(world: Weak<dyn StopReport>) {
     if crate::error_file::error_file().is_none() {
         return;
     }

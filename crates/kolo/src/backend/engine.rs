@@ -9,8 +9,7 @@ use std::time::Instant;
 use kolo_collectives::select::Group;
 use kolo_core::{Algorithm, DType, DeviceBuffer, DeviceTicket, Engine, ReduceOp, Result};
 
-use super::{no_device_collectives, Backend, Job, Members, Native};
-use crate::communicator::Inner;
+use super::{no_device_collectives, Backend, Job, Members, Native, Runner};
 
 /// Any [`Engine`] as a communicator's backend.
 pub(crate) struct EngineBackend {
@@ -35,22 +34,22 @@ impl EngineBackend {
     /// Runs `job` on the engine: the ranks first agree on the call (unless `KOLO_CONFIRM_CALLS=0`),
     /// then `f` runs it. An error poisons the communicator.
     fn run(&self, job: Job, f: impl FnOnce(&dyn Engine) -> Result<()>) -> Result<()> {
-        let inner = job.inner;
-        inner.check()?;
+        let comm = job.comm;
+        comm.check()?;
         let engine = &*self.engine;
-        let header = inner.collective_header(job.seq, job.call);
-        let agreed = if inner.config.confirm_calls {
-            let deadline = Instant::now() + inner.config.timeout;
+        let header = comm.collective_header(job.seq, job.call);
+        let agreed = if comm.config().confirm_calls {
+            let deadline = Instant::now() + comm.config().timeout;
             // A peer's abort arrives through the transport while this rank waits for the others.
-            let interrupted = || match inner.transport.failure() {
-                Some(f) => Err(f.into_error(job.call.op.name(), inner.rank)),
+            let interrupted = || match comm.transport().failure() {
+                Some(f) => Err(f.into_error(job.call.op.name(), comm.rank())),
                 None => Ok(()),
             };
             engine.agree(&header, deadline, &interrupted)
         } else {
             Ok(())
         };
-        agreed.and_then(|()| f(engine)).map_err(|e| inner.poison(e))
+        agreed.and_then(|()| f(engine)).map_err(|e| comm.poison(e))
     }
 
     /// The engine's device collectives, or the error saying it has none.
@@ -185,25 +184,25 @@ impl Backend for EngineBackend {
         // Device memory goes to the engine whatever algorithm the cost model named: kolo's own
         // algorithms work on host memory.
         let device = self
-            .device(job.inner.rank)
-            .map_err(|e| job.inner.poison(e))?;
+            .device(job.comm.rank())
+            .map_err(|e| job.comm.poison(e))?;
         let mut ticket = None;
         self.run(job, |_| {
             ticket = Some(device.all_reduce_async(buf, op)?);
             Ok(())
         })?;
-        ticket.ok_or_else(|| no_device_collectives(job.inner.rank, self.engine.name()))
+        ticket.ok_or_else(|| no_device_collectives(job.comm.rank(), self.engine.name()))
     }
 
-    fn device_wait(&self, inner: &Inner, ticket: DeviceTicket) -> Result<()> {
-        let device = self.device(inner.rank)?;
-        let deadline = Instant::now() + inner.config.timeout;
-        let interrupted = || match inner.transport.failure() {
-            Some(f) => Err(f.into_error("all_reduce", inner.rank)),
+    fn device_wait(&self, comm: &dyn Runner, ticket: DeviceTicket) -> Result<()> {
+        let device = self.device(comm.rank())?;
+        let deadline = Instant::now() + comm.config().timeout;
+        let interrupted = || match comm.transport().failure() {
+            Some(f) => Err(f.into_error("all_reduce", comm.rank())),
             None => Ok(()),
         };
         device
             .wait(ticket, deadline, &interrupted)
-            .map_err(|e| inner.poison(e))
+            .map_err(|e| comm.poison(e))
     }
 }

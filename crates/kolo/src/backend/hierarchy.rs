@@ -7,8 +7,9 @@ use kolo_collectives::select::Hosts;
 use kolo_collectives::Ctx;
 use kolo_core::{Call, Result};
 
-use super::Members;
-use crate::communicator::{Communicator, Inner, ARENA_GROUP};
+use std::sync::Arc;
+
+use super::{Members, Runner, ARENA_GROUP};
 
 /// Which ranks form the two levels; derived from the topology without communication, the same on
 /// every rank.
@@ -60,22 +61,14 @@ impl Plan {
     }
 
     /// The two levels' communicators, sub-groups of `inner`.
-    pub fn build(&self, inner: &Inner) -> Hierarchy {
+    pub fn build(&self, comm: &dyn Runner) -> Hierarchy {
         let child = |members: Vec<usize>, rank: usize, what: &[u8], which: usize| {
             let id = kolo_core::call::fnv1a(&[
-                &inner.group.to_le_bytes(),
+                &comm.group().to_le_bytes(),
                 what,
                 &(which as u64).to_le_bytes(),
             ]);
-            Communicator::from_parts(
-                inner.transport.clone(),
-                members,
-                rank,
-                id,
-                inner.topology.clone(),
-                inner.config.clone(),
-                None,
-            )
+            comm.child(members, rank, id)
         };
         Hierarchy {
             local: child(
@@ -96,12 +89,12 @@ impl Plan {
 
 /// A world's two levels: this rank's host, and its peers of the same local index on other hosts.
 pub(crate) struct Hierarchy {
-    local: Communicator,
-    cross: Communicator,
+    local: Arc<dyn Runner>,
+    cross: Arc<dyn Runner>,
 }
 
 impl Hierarchy {
-    fn level(&self, level: Level) -> &Communicator {
+    fn level(&self, level: Level) -> &Arc<dyn Runner> {
         match level {
             Level::Local => &self.local,
             Level::Cross => &self.cross,
@@ -120,8 +113,8 @@ impl Levels for Hierarchy {
         call: Call,
         step: &mut dyn FnMut(&Ctx) -> Result<()>,
     ) -> Result<()> {
-        let inner = &self.level(level).inner;
-        let seq = inner.issue_blocking()?;
-        inner.run(seq, call, |ctx| step(ctx))
+        let comm = self.level(level);
+        let seq = comm.issue_blocking()?;
+        comm.run_step(seq, call, step)
     }
 }

@@ -20,21 +20,77 @@ mod native;
 use std::sync::Arc;
 
 use kolo_collectives::select::Group;
-use kolo_core::{Call, DType, DeviceBuffer, DeviceTicket, Engine, Error, ReduceOp, Result};
+use kolo_collectives::Ctx;
+use kolo_core::{
+    Call, DType, DeviceBuffer, DeviceTicket, Engine, Error, Header, ReduceOp, Result, Transport,
+};
 
-use crate::communicator::Inner;
+use crate::config::Config;
 use crate::topology::Topology;
 
 pub(crate) use engine::EngineBackend;
 pub(crate) use native::Native;
 
+/// The group that owns a transport's arena: the world communicator.
+pub(crate) const ARENA_GROUP: u64 = 1;
+
+/// The communicator as its backend sees it: the narrow set of things a backend asks of it.
+/// Implemented by the communicator's state (`communicator::Inner`), so that the backends never
+/// name the communicator's types and the dependency runs one way, communicator → backend.
+pub(crate) trait Runner: Send + Sync {
+    /// This rank in the group.
+    fn rank(&self) -> usize;
+    /// Ranks in the group.
+    fn size(&self) -> usize;
+    /// The communicator's settings (timeout, the fingerprint step).
+    fn config(&self) -> &Config;
+    /// The transport it runs on (an engine's agreement watches its failures).
+    fn transport(&self) -> &Arc<dyn Transport>;
+    /// The first error, once the communicator has failed.
+    fn check(&self) -> Result<()>;
+    /// Records `e` as the communicator's failure (the first one sticks) and tells the peers.
+    fn poison(&self, e: Error) -> Error;
+    /// The header of collective number `seq` with fingerprint `call`.
+    fn collective_header(&self, seq: u64, call: Call) -> Header;
+    /// Runs `step` (one of kolo's algorithms) as collective number `seq`: its tag, fingerprint,
+    /// deadline and turn; an error poisons the communicator.
+    fn run_step(
+        &self,
+        seq: u64,
+        call: Call,
+        step: &mut dyn FnMut(&Ctx) -> Result<()>,
+    ) -> Result<()>;
+    /// The next sequence number for a blocking collective.
+    fn issue_blocking(&self) -> Result<u64>;
+    /// A sub-group of `members` (transport ranks) in which this process is `rank`, with group id
+    /// `id`, over the same transport, topology and settings: a level of the hierarchical
+    /// all-reduce.
+    fn child(&self, members: Vec<usize>, rank: usize, id: u64) -> Arc<dyn Runner>;
+    /// The group's id.
+    fn group(&self) -> u64;
+}
+
 /// One collective as the communicator hands it to its backend: the communicator, the collective's
 /// sequence number and its fingerprint (with the chosen algorithm).
 #[derive(Clone, Copy)]
 pub(crate) struct Job<'a> {
-    pub inner: &'a Inner,
+    pub comm: &'a dyn Runner,
     pub seq: u64,
     pub call: Call,
+}
+
+impl Job<'_> {
+    /// Runs `step`, one of kolo's algorithms, as this collective ([`Runner::run_step`]).
+    pub fn run(self, step: impl FnOnce(&Ctx) -> Result<()>) -> Result<()> {
+        let mut step = Some(step);
+        self.comm
+            .run_step(self.seq, self.call, &mut |ctx| match step.take() {
+                Some(f) => f(ctx),
+                None => Err(Error::Unsupported {
+                    what: "a collective step run twice".into(),
+                }),
+            })
+    }
 }
 
 /// Whole collectives on raw bytes of one element type, checked by the caller (lengths agree with the
@@ -116,13 +172,13 @@ pub(crate) trait Backend: Send + Sync {
     /// ([`kolo_core::DeviceCollectives`]); kolo's own algorithms work on host memory only.
     fn device_all_reduce(&self, job: Job, buf: DeviceBuffer, op: ReduceOp) -> Result<DeviceTicket> {
         let _ = (buf, op);
-        Err(no_device_collectives(job.inner.rank, self.name()))
+        Err(no_device_collectives(job.comm.rank(), self.name()))
     }
 
     /// Waits for a device collective queued by [`Backend::device_all_reduce`].
-    fn device_wait(&self, inner: &Inner, ticket: DeviceTicket) -> Result<()> {
+    fn device_wait(&self, comm: &dyn Runner, ticket: DeviceTicket) -> Result<()> {
         let _ = ticket;
-        Err(no_device_collectives(inner.rank, self.name()))
+        Err(no_device_collectives(comm.rank(), self.name()))
     }
 }
 

@@ -1,6 +1,6 @@
 //! [`Native`]: kolo's own algorithms (`kolo_collectives::algorithms`) over the communicator's
-//! transport, run by the communicator's run machinery ([`Inner::run`]: tags, fingerprints, the
-//! arena's turn and fingerprint step, deadlines).
+//! transport, run by the communicator's run machinery ([`Runner::run_step`]: tags, fingerprints,
+//! the arena's turn and fingerprint step, deadlines).
 
 use std::sync::{Arc, OnceLock};
 
@@ -13,6 +13,8 @@ use kolo_collectives::select::Group;
 use kolo_core::{Algorithm, DType, Engine, Error, ReduceOp, Reducer, Result};
 
 use super::hierarchy::{Hierarchy, Plan};
+#[cfg(doc)]
+use super::Runner;
 use super::{Backend, Job, Members};
 
 /// kolo's own collectives over the transport.
@@ -44,7 +46,7 @@ impl Native {
 
     fn hierarchy(&self, job: Job) -> Result<&Hierarchy> {
         match &self.plan {
-            Some(plan) => Ok(self.hierarchy.get_or_init(|| plan.build(job.inner))),
+            Some(plan) => Ok(self.hierarchy.get_or_init(|| plan.build(job.comm))),
             None => Err(Error::Unsupported {
                 what: "hierarchical all_reduce on a group on one host".into(),
             }),
@@ -66,27 +68,20 @@ impl Backend for Native {
     }
 
     fn barrier(&self, job: Job) -> Result<()> {
-        job.inner
-            .run(job.seq, job.call, barrier_dissemination::barrier)
+        job.run(barrier_dissemination::barrier)
     }
 
     fn broadcast(&self, job: Job, buf: &mut [u8], dtype: DType, root: usize) -> Result<()> {
-        job.inner.run(job.seq, job.call, |ctx| {
-            broadcast_binomial::broadcast(ctx, buf, dtype.size(), root)
-        })
+        job.run(|ctx| broadcast_binomial::broadcast(ctx, buf, dtype.size(), root))
     }
 
     fn all_reduce(&self, job: Job, buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
         if job.call.algo == Algorithm::Hierarchical {
-            let h = self.hierarchy(job).map_err(|e| job.inner.poison(e))?;
-            return job.inner.run(job.seq, job.call, |_| {
-                allreduce_hierarchical::all_reduce(h, buf, dtype, op)
-            });
+            let h = self.hierarchy(job).map_err(|e| job.comm.poison(e))?;
+            return job.run(|_| allreduce_hierarchical::all_reduce(h, buf, dtype, op));
         }
         let red = Reducer::new(dtype, op);
-        job.inner.run(job.seq, job.call, |ctx| {
-            kolo_collectives::all_reduce(ctx, buf, dtype.size(), &red)
-        })
+        job.run(|ctx| kolo_collectives::all_reduce(ctx, buf, dtype.size(), &red))
     }
 
     fn reduce(
@@ -98,7 +93,7 @@ impl Backend for Native {
         root: usize,
     ) -> Result<()> {
         let red = Reducer::new(dtype, op);
-        job.inner.run(job.seq, job.call, |ctx| {
+        job.run(|ctx| {
             if job.call.algo == Algorithm::Direct {
                 red.finish(buf, 1);
                 return Ok(());
@@ -115,12 +110,10 @@ impl Backend for Native {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<()> {
-        let (e, n) = (dtype.size(), job.inner.size());
+        let (e, n) = (dtype.size(), job.comm.size());
         let red = Reducer::new(dtype, op);
         let blocks = even_blocks(recv.len() / e * n, n, e);
-        job.inner.run(job.seq, job.call, |ctx| {
-            ring::reduce_scatter(ctx, send, recv, &blocks, e, &red)
-        })
+        job.run(|ctx| ring::reduce_scatter(ctx, send, recv, &blocks, e, &red))
     }
 
     fn all_gather(
@@ -131,14 +124,12 @@ impl Backend for Native {
         dtype: DType,
         counts: Option<&[usize]>,
     ) -> Result<()> {
-        let (e, n) = (dtype.size(), job.inner.size());
+        let (e, n) = (dtype.size(), job.comm.size());
         let blocks = match counts {
             None => even_blocks(send.len() / e * n, n, e),
             Some(counts) => blocks_from_counts(counts, e),
         };
-        job.inner.run(job.seq, job.call, |ctx| {
-            ring::all_gather(ctx, send, recv, &blocks, e)
-        })
+        job.run(|ctx| ring::all_gather(ctx, send, recv, &blocks, e))
     }
 
     fn gather(
@@ -152,9 +143,7 @@ impl Backend for Native {
     ) -> Result<()> {
         let e = dtype.size();
         let blocks = rooted_blocks(job, send.len() / e, counts, e);
-        job.inner.run(job.seq, job.call, |ctx| {
-            linear::gather(ctx, send, recv, &blocks, e, root)
-        })
+        job.run(|ctx| linear::gather(ctx, send, recv, &blocks, e, root))
     }
 
     fn scatter(
@@ -168,9 +157,7 @@ impl Backend for Native {
     ) -> Result<()> {
         let e = dtype.size();
         let blocks = rooted_blocks(job, recv.len() / e, counts, e);
-        job.inner.run(job.seq, job.call, |ctx| {
-            linear::scatter(ctx, send, recv, &blocks, e, root)
-        })
+        job.run(|ctx| linear::scatter(ctx, send, recv, &blocks, e, root))
     }
 
     fn all_to_all(
@@ -181,7 +168,7 @@ impl Backend for Native {
         dtype: DType,
         counts: Option<(&[usize], &[usize])>,
     ) -> Result<()> {
-        let (e, n) = (dtype.size(), job.inner.size());
+        let (e, n) = (dtype.size(), job.comm.size());
         let (sb, rb) = match counts {
             None => {
                 let b = even_blocks(send.len() / e, n, e);
@@ -189,9 +176,7 @@ impl Backend for Native {
             }
             Some((sc, rc)) => (blocks_from_counts(sc, e), blocks_from_counts(rc, e)),
         };
-        job.inner.run(job.seq, job.call, |ctx| {
-            alltoall_pairwise::all_to_all(ctx, send, &sb, recv, &rb, e)
-        })
+        job.run(|ctx| alltoall_pairwise::all_to_all(ctx, send, &sb, recv, &rb, e))
     }
 }
 
@@ -202,7 +187,7 @@ fn rooted_blocks(
     counts: Option<&[usize]>,
     e: usize,
 ) -> Vec<std::ops::Range<usize>> {
-    let n = job.inner.size();
+    let n = job.comm.size();
     match counts {
         None => even_blocks(piece * n, n, e),
         Some(counts) => blocks_from_counts(counts, e),

@@ -22,7 +22,7 @@ impl DeviceWork {
     /// engine's own error) poisons the communicator.
     pub fn wait(mut self) -> Result<()> {
         match self.ticket.take() {
-            Some(t) => self.comm.inner.backend.device_wait(&self.comm.inner, t),
+            Some(t) => self.comm.inner.backend.device_wait(&*self.comm.inner, t),
             None => Ok(()),
         }
     }
@@ -32,7 +32,7 @@ impl Drop for DeviceWork {
     fn drop(&mut self) {
         if let Some(t) = self.ticket.take() {
             // An error has poisoned the communicator: the next call reports it.
-            let _ = self.comm.inner.backend.device_wait(&self.comm.inner, t);
+            let _ = self.comm.inner.backend.device_wait(&*self.comm.inner, t);
         }
     }
 }

@@ -39,7 +39,7 @@ impl Inner {
 
     fn job(&self, seq: u64, call: Call) -> Job<'_> {
         Job {
-            inner: self,
+            comm: self,
             seq,
             call,
         }

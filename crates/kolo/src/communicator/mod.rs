@@ -21,8 +21,7 @@ use crate::work::WorkQueue;
 
 mod run;
 
-/// The group that owns a transport's arena: the world communicator.
-pub(crate) const ARENA_GROUP: u64 = 1;
+pub(crate) use crate::backend::ARENA_GROUP;
 
 pub(crate) struct Inner {
     pub transport: Arc<dyn Transport>,
@@ -145,7 +144,8 @@ impl Communicator {
             }),
         };
         if group == ARENA_GROUP {
-            crate::stop_report::watch(Arc::downgrade(&comm.inner));
+            let world: Arc<dyn crate::stop_report::StopReport> = comm.inner.clone();
+            crate::stop_report::watch(Arc::downgrade(&world));
         }
         comm
     }

@@ -7,9 +7,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kolo_collectives::Ctx;
-use kolo_core::{Call, Header, Result, Tag, TagSpace};
+use kolo_core::{Call, Error, Header, Result, Tag, TagSpace, Transport};
 
-use super::Inner;
+use super::{Communicator, Inner};
+use crate::backend::Runner;
+use crate::config::Config;
+use crate::stop_report::StopReport;
 use crate::wait::TurnGuard;
 use crate::work::WorkQueue;
 
@@ -127,5 +130,72 @@ impl Inner {
             Some(q) => q.push(task),
             None => Ok(()),
         }
+    }
+}
+
+/// The communicator as its backend sees it.
+impl Runner for Inner {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        Inner::size(self)
+    }
+
+    fn config(&self) -> &Config {
+        &self.config
+    }
+
+    fn transport(&self) -> &Arc<dyn Transport> {
+        &self.transport
+    }
+
+    fn check(&self) -> Result<()> {
+        Inner::check(self)
+    }
+
+    fn poison(&self, e: Error) -> Error {
+        Inner::poison(self, e)
+    }
+
+    fn collective_header(&self, seq: u64, call: Call) -> Header {
+        Inner::collective_header(self, seq, call)
+    }
+
+    fn run_step(
+        &self,
+        seq: u64,
+        call: Call,
+        step: &mut dyn FnMut(&Ctx) -> Result<()>,
+    ) -> Result<()> {
+        self.run(seq, call, step)
+    }
+
+    fn issue_blocking(&self) -> Result<u64> {
+        Inner::issue_blocking(self)
+    }
+
+    fn child(&self, members: Vec<usize>, rank: usize, id: u64) -> Arc<dyn Runner> {
+        let child = Communicator::from_parts(
+            self.transport.clone(),
+            members,
+            rank,
+            id,
+            self.topology.clone(),
+            self.config.clone(),
+            None,
+        );
+        child.inner
+    }
+
+    fn group(&self) -> u64 {
+        self.group
+    }
+}
+
+impl StopReport for Inner {
+    fn report_on_stop(&self) -> bool {
+        Inner::report_on_stop(self)
     }
 }
