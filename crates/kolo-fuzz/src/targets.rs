@@ -165,7 +165,7 @@ pub fn data_seeds(_: &Path) -> Result<Vec<(String, Vec<u8>)>, String> {
 /// `checkpoint`: 0 `latest`, 1 safetensors, 2 `state.json`.
 #[cfg(feature = "train")]
 pub fn checkpoint(data: &[u8]) {
-    use kolo_train::fuzzing as train_fz;
+    use kolo_ddp::fuzzing as train_fz;
     let Some((which, rest)) = select(data, 3) else {
         return;
     };
@@ -185,7 +185,7 @@ pub fn checkpoint(data: &[u8]) {
 /// Seeds of [`checkpoint`].
 #[cfg(feature = "train")]
 pub fn checkpoint_seeds(dir: &Path) -> Result<Vec<(String, Vec<u8>)>, String> {
-    let seeds = kolo_train::fuzzing::seeds(dir).map_err(|e| e.to_string())?;
+    let seeds = kolo_ddp::fuzzing::seeds(dir).map_err(|e| e.to_string())?;
     Ok(seeds
         .into_iter()
         .flat_map(|(name, data)| {

@@ -14,10 +14,9 @@ use std::time::Instant;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{VarBuilder, VarMap};
 use kolo_data::{batches, DatasetKind, DistributedSampler, Split};
-use kolo_train::ddp::sorted_vars;
-use kolo_train::models::{self, ModelKind};
-use kolo_train::optim::{self, OptimizerConfig, SgdConfig};
-use kolo_train::trainer::seeded_init;
+use kolo_ddp::optim::{self, OptimizerConfig, SgdConfig};
+use kolo_models::{self as models, seeded_init, ModelKind};
+use kolo_nn::vars::named_parameters;
 
 struct Args {
     model: ModelKind,
@@ -77,10 +76,7 @@ fn train(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
         data.num_classes,
     )?;
     seeded_init(&varmap, 0)?;
-    let params: Vec<_> = sorted_vars(&varmap)
-        .into_iter()
-        .filter(|(n, _)| !kolo_train::ddp::is_buffer(n))
-        .collect();
+    let params = named_parameters(&varmap);
     let mut opt = optim::build(
         params,
         OptimizerConfig::Sgd(SgdConfig {

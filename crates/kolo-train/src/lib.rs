@@ -1,26 +1,15 @@
 //! # kolo-train
 //!
-//! Data-parallel training on [candle](https://github.com/huggingface/candle): models, optimizers with
-//! checkpointable state, distributed data parallel ([`ddp`]), and the training loop behind
-//! `kolo train`.
+//! The training loop behind `kolo train` ([`trainer`]): data (kolo-data), the model (kolo-models),
+//! DDP and the distributed optimizer (kolo-ddp), metrics, plots and progress in a run directory
+//! (kolo-metrics); and the scaling simulator behind `kolo simulate` ([`simulate`]), which profiles
+//! kolo's models and prices their gradient all-reduces with kolo-collectives' cost model.
+//!
+//! The building blocks live in their own crates, usable without this one: kernels and layers in
+//! kolo-nn, models in kolo-models, DDP, optimizers and checkpoints in kolo-ddp.
 
-pub mod autograd;
-pub mod checkpoint;
-pub mod ddp;
-pub mod device;
-pub mod distributed;
 mod error;
-#[doc(hidden)]
-pub mod fuzzing;
-#[cfg(feature = "cuda")]
-pub mod gpu;
-pub mod models;
-mod ops;
-pub mod optim;
-pub mod precision;
-pub mod replicas;
 pub mod simulate;
-pub mod timeline;
 pub mod trainer;
 
-pub use error::{Result, TrainError};
+pub use error::{Result, RunError};

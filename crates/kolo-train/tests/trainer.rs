@@ -8,9 +8,10 @@ use std::time::Duration;
 use candle_core::{Device, Tensor};
 use kolo::Config;
 use kolo_data::DatasetKind;
-use kolo_train::models::ModelKind;
+use kolo_ddp::TrainError;
+use kolo_models::ModelKind;
 use kolo_train::trainer::{run, Summary, TrainConfig};
-use kolo_train::TrainError;
+use kolo_train::RunError;
 
 fn synthetic(out: &Path, epochs: usize) -> TrainConfig {
     TrainConfig {
@@ -26,7 +27,7 @@ fn synthetic(out: &Path, epochs: usize) -> TrainConfig {
     }
 }
 
-fn train(n: usize, cfg: &TrainConfig) -> Vec<Result<Summary, TrainError>> {
+fn train(n: usize, cfg: &TrainConfig) -> Vec<Result<Summary, RunError>> {
     kolo::run_local(
         n,
         Config::default().with_timeout(Duration::from_secs(120)),
@@ -150,10 +151,10 @@ fn bad_settings_are_errors() {
     );
     assert!(matches!(
         res[0],
-        Err(TrainError::InvalidArgument {
+        Err(RunError::Train(TrainError::InvalidArgument {
             arg: "batch size",
             ..
-        })
+        }))
     ));
     let res = train(
         1,
@@ -162,7 +163,10 @@ fn bad_settings_are_errors() {
             ..synthetic(dir.path(), 1)
         },
     );
-    assert!(matches!(res[0], Err(TrainError::InvalidArgument { .. })));
+    assert!(matches!(
+        res[0],
+        Err(RunError::Train(TrainError::InvalidArgument { .. }))
+    ));
     let res = train(
         1,
         &TrainConfig {
@@ -185,7 +189,9 @@ fn a_diverging_loss_stops_every_rank() {
     };
     for r in train(2, &cfg) {
         match r {
-            Err(TrainError::NonFiniteLoss { losses, .. }) => assert_eq!(losses.len(), 2),
+            Err(RunError::Train(TrainError::NonFiniteLoss { losses, .. })) => {
+                assert_eq!(losses.len(), 2)
+            }
             other => panic!("expected a non-finite loss error, got {other:?}"),
         }
     }

@@ -13,7 +13,7 @@ use clap::{Args, ValueEnum};
 use kolo::{bf16, f16, Communicator, Element, ReduceOp};
 
 use super::error::CliError;
-use kolo_train::device::DeviceKind;
+use kolo_ddp::device::DeviceKind;
 
 mod device;
 

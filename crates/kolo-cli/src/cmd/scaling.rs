@@ -11,7 +11,7 @@ use clap::Args;
 use super::error::CliError;
 use kolo_data::DatasetKind;
 use kolo_metrics::{plot_scaling, RunDir, ScalingPoint};
-use kolo_train::models::ModelKind;
+use kolo_models::ModelKind;
 
 pub const LONG_ABOUT: &str = "\
 Trains the same model on the same amount of data (--train-limit samples, one epoch) with `kolo \

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use clap::Args;
 
 use super::error::CliError;
-use kolo_train::models::ModelKind;
+use kolo_models::ModelKind;
 use kolo_train::simulate::{
     predict_all, profile, published, Prediction, Profile, RawCluster, RawLink, SimError,
 };

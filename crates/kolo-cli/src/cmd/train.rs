@@ -12,11 +12,11 @@ use std::process::ExitCode;
 use clap::Args;
 use kolo_core::settings::{Env, ProcessEnv};
 use kolo_data::DatasetKind;
-use kolo_train::ddp::{Compression, GradientReduce};
-use kolo_train::device::DeviceKind;
-use kolo_train::models::ModelKind;
-use kolo_train::optim::OptimizerKind;
-use kolo_train::precision::Precision;
+use kolo_ddp::ddp::{Compression, GradientReduce};
+use kolo_ddp::device::DeviceKind;
+use kolo_ddp::optim::OptimizerKind;
+use kolo_ddp::precision::Precision;
+use kolo_models::ModelKind;
 use kolo_train::trainer::{self, TrainConfig};
 
 use super::error::CliError;

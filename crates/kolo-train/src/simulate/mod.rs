@@ -60,5 +60,5 @@ pub enum SimError {
     Candle(#[from] candle_core::Error),
     /// Profiling failed.
     #[error("profiling: {0}")]
-    Train(#[from] crate::TrainError),
+    Train(#[from] kolo_ddp::TrainError),
 }

@@ -20,7 +20,7 @@ use super::cluster::{AlgoChoice, Cluster};
 use super::overlap;
 use super::profile::Profile;
 use super::SimError;
-use crate::ddp::BucketLayout;
+use kolo_ddp::ddp::BucketLayout;
 
 /// The prediction for one world size.
 #[derive(Clone, Debug, PartialEq)]

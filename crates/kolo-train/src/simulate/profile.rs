@@ -22,8 +22,8 @@ use candle_nn::{Init, VarBuilder, VarMap};
 use serde::{Deserialize, Serialize};
 
 use super::SimError;
-use crate::models::{self, ModelKind};
-use crate::optim::{Sgd, SgdConfig};
+use kolo_ddp::optim::{Sgd, SgdConfig};
+use kolo_models::{self as models, ModelKind};
 
 /// One trainable parameter (a gradient DDP all-reduces).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -313,7 +313,7 @@ pub fn measure(
         input_shape,
         classes,
     )?;
-    let params = models::named_parameters(&varmap);
+    let params = kolo_nn::vars::named_parameters(&varmap);
     let index = params
         .iter()
         .enumerate()

@@ -8,11 +8,13 @@ use kolo::{Communicator, ReduceOp};
 use kolo_data::{batches, Dataset, DistributedSampler};
 use kolo_metrics::Progress;
 
-use super::{Placement, TrainConfig};
-use crate::distributed::{check_loss, check_loss_active, DistributedOptimizer};
+use kolo_ddp::replicas::Placement;
+
+use super::config::TrainConfig;
 use crate::error::Result;
-use crate::models;
-use crate::optim::DynOptimizer;
+use kolo_ddp::distributed::{check_loss, check_loss_active, DistributedOptimizer};
+use kolo_ddp::optim::DynOptimizer;
+use kolo_models as models;
 
 /// What an epoch of training measured.
 #[derive(Clone, Copy, Debug)]
@@ -33,7 +35,7 @@ pub(super) struct EpochCtx<'a> {
     pub place: Placement,
     pub train: &'a Dataset,
     pub steps_per_epoch: usize,
-    pub timeline: &'a crate::timeline::Timeline,
+    pub timeline: &'a kolo_ddp::timeline::Timeline,
 }
 
 /// Trains one epoch: this process's shard of the training set in batches of `cfg.batch_size`, this

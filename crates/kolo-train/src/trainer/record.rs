@@ -4,11 +4,14 @@
 use candle_nn::VarMap;
 use kolo_metrics::{MetricsCsv, RunDir, TensorBoardWriter, TrainingSeries, TRAINING_COLUMNS};
 
-use super::{EpochStats, Summary, TrainConfig};
-use crate::checkpoint::{self, TrainState};
-use crate::ddp::sorted_vars;
-use crate::error::{Result, TrainError};
-use crate::optim::StateSnapshot;
+use super::config::TrainConfig;
+use super::summary::{EpochStats, Summary};
+use kolo_ddp::checkpoint::{self, TrainState};
+use kolo_ddp::TrainError;
+use kolo_nn::vars::sorted_vars;
+
+use crate::error::Result;
+use kolo_ddp::optim::StateSnapshot;
 
 /// Rank 0's outputs.
 pub(super) struct Recorder {

@@ -3,48 +3,22 @@
 
 use std::path::PathBuf;
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Device};
 use candle_nn::{VarBuilder, VarMap};
 use kolo::Communicator;
 use kolo_data::{Dataset, DistributedSampler, Split};
 use kolo_metrics::RunDir;
 
-use super::TrainConfig;
-use crate::checkpoint::{self, TrainState};
-use crate::ddp::{sorted_vars, Ddp, DdpOptions};
-use crate::distributed::{DistributedOptimizer, LrSchedule};
-use crate::error::{Result, TrainError};
-use crate::models;
-use crate::optim::{self, AdamWConfig, DynOptimizer, OptimizerConfig, OptimizerKind, SgdConfig};
+use super::config::TrainConfig;
+use kolo_ddp::checkpoint::{self, TrainState};
+use kolo_ddp::ddp::{Ddp, DdpOptions};
+use kolo_ddp::distributed::{DistributedOptimizer, LrSchedule};
+use kolo_ddp::TrainError;
+use kolo_nn::vars::sorted_vars;
 
-/// Deterministic PyTorch-style initialization from `seed`: weights (2-d and more) and their biases
-/// uniform in ±1/√fan_in, as `nn.Linear`/`nn.Conv2d` do; BatchNorm scales, shifts and buffers are left
-/// as built. Candle's CPU random generator cannot be seeded, so runs are reproducible only with this.
-pub fn seeded_init(varmap: &VarMap, seed: u64) -> Result<()> {
-    let vars = sorted_vars(varmap);
-    let fan_in = |name: &str| -> Option<usize> {
-        let w = vars.iter().find(|(n, _)| n == name)?;
-        let d = w.1.dims();
-        (d.len() >= 2).then(|| d[1..].iter().product())
-    };
-    let mut rng = kolo_data::rng::SplitMix64::new(seed);
-    for (name, var) in &vars {
-        let fan = if name.ends_with(".weight") {
-            fan_in(name)
-        } else if let Some(prefix) = name.strip_suffix(".bias") {
-            fan_in(&format!("{prefix}.weight"))
-        } else {
-            None
-        };
-        let Some(fan) = fan else { continue };
-        let bound = 1.0 / (fan as f64).sqrt();
-        let vals: Vec<f32> = (0..var.elem_count())
-            .map(|_| ((rng.next_f64() * 2.0 - 1.0) * bound) as f32)
-            .collect();
-        var.set(&Tensor::from_vec(vals, var.shape(), var.device())?.to_dtype(var.dtype())?)?;
-    }
-    Ok(())
-}
+use crate::error::Result;
+use kolo_ddp::optim::{self, AdamWConfig, DynOptimizer, OptimizerConfig, OptimizerKind, SgdConfig};
+use kolo_models as models;
 
 fn optimizer_config(cfg: &TrainConfig) -> OptimizerConfig {
     match cfg.optimizer {
@@ -91,7 +65,7 @@ pub(super) fn build_optimizer(
         shape,
         classes,
     )?;
-    seeded_init(&varmap, cfg.seed)?;
+    models::seeded_init(&varmap, cfg.seed)?;
     let mut ddp = Ddp::new(
         comm,
         &varmap,
@@ -176,7 +150,8 @@ pub(super) fn resume(
         return Err(TrainError::Checkpoint {
             path: ckpt_root,
             reason: format!("was written for model {}, not {}", state.model, cfg.model),
-        });
+        }
+        .into());
     }
     let all_vars = sorted_vars(varmap);
     let model = checkpoint::broadcast_tensors(comm, 0, ckpt.as_ref().map(|c| &c.model), device)?;

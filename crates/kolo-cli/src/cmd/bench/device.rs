@@ -14,14 +14,14 @@ use super::Row;
 #[cfg(feature = "cuda")]
 pub(super) fn run(comm: &Communicator, args: &BenchArgs) -> kolo::Result<u64> {
     let implementation = format!("kolo-{}-cuda", comm.backend());
-    let device = kolo_train::device::DeviceKind::Cuda
+    let device = kolo_ddp::device::DeviceKind::Cuda
         .device((comm.rank(), comm.local_rank()))
         .map_err(|e| kolo::Error::Unsupported {
             what: e.to_string(),
         })?;
     super::report(comm, args, (&implementation, "f32"), |bytes| {
         bench_size(comm, args, &device, bytes).map_err(|e| match e {
-            kolo_train::TrainError::Comm(e) => e,
+            kolo_ddp::TrainError::Comm(e) => e,
             e => kolo::Error::Unsupported {
                 what: e.to_string(),
             },
@@ -35,10 +35,10 @@ fn bench_size(
     args: &BenchArgs,
     device: &candle_core::Device,
     bytes: u64,
-) -> kolo_train::Result<Row> {
+) -> kolo_ddp::Result<Row> {
     use candle_core::Tensor;
     use kolo::ReduceOp;
-    use kolo_train::gpu::all_reduce_tensor;
+    use kolo_ddp::gpu::all_reduce_tensor;
     use std::time::Instant;
 
     let (n, rank) = (comm.size(), comm.rank());
@@ -58,7 +58,7 @@ fn bench_size(
     let start = Instant::now();
     let queued = (0..iters)
         .map(|_| all_reduce_tensor(comm, &buf, ReduceOp::Sum))
-        .collect::<kolo_train::Result<Vec<_>>>()?;
+        .collect::<kolo_ddp::Result<Vec<_>>>()?;
     for w in queued {
         w.wait()?;
     }

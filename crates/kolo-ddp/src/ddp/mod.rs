@@ -1,0 +1,372 @@
+//! Distributed data parallel: every rank holds a full replica of the model, computes gradients on its
+//! own shard of the data, and the gradients are averaged across ranks before each optimizer step.
+//!
+//! ```no_run
+//! # use candle_core::{DType, Device, Tensor};
+//! # use candle_nn::VarMap;
+//! # use kolo_ddp::ddp::{Ddp, DdpOptions};
+//! # fn build(vb: candle_nn::VarBuilder) -> candle_core::Result<candle_nn::Linear> { candle_nn::linear(4, 2, vb) }
+//! # fn main() -> kolo_ddp::Result<()> {
+//! let comm = kolo::init()?;
+//! let varmap = VarMap::new();
+//! build(candle_nn::VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu))?; // creates the parameters
+//! let ddp = Ddp::new(&comm, &varmap, DdpOptions::default())?;     // checks ranks agree, copies rank 0's values
+//! // each step: build the model from ddp.var_builder() (so gradients are sent while backward runs) ...
+//! let model = build(ddp.var_builder(DType::F32, &Device::Cpu))?;
+//! # let loss = Tensor::zeros((), DType::F32, &Device::Cpu)?;
+//! let grads = ddp.backward(&loss)?; // ... and get gradients averaged over all ranks
+//! # Ok(()) }
+//! ```
+//!
+//! - Parameters are ordered by name (never hash-map order). At construction every rank's parameter
+//!   names, shapes and types are compared with rank 0's (the first difference is an error on every
+//!   rank), then rank 0's values are broadcast.
+//! - Gradients travel in buckets (default 25 MiB) filled in reverse parameter order, each averaged by
+//!   an asynchronous all-reduce; with overlap on (the default) a bucket leaves as soon as backward has
+//!   produced all its gradients, so communication overlaps the rest of backward. On a GPU with the
+//!   job on NCCL, buckets stay in GPU memory and are reduced on NCCL's own stream
+//!   ([`Ddp::buckets_on_gpu`]).
+//! - [`Ddp::set_require_sync`] / [`Ddp::no_sync`] skip communication for gradient accumulation.
+//! - A parameter without a gradient on some rank counts as zeros there; every rank sends the same
+//!   buckets in the same order.
+//! - BatchNorm running statistics (`VarMap` entries whose last name component is `running_mean` or
+//!   `running_var`, [`is_buffer_name`]) are buffers: not averaged, broadcast from rank 0 by
+//!   [`Ddp::sync_buffers`].
+//! - Ranks with different numbers of batches: see [`join`] ([`Ddp::set_join`], [`Ddp::join`],
+//!   [`Ddp::join_with`]).
+//! - What happens to a bucket can be replaced by a communication hook ([`Ddp::register_comm_hook`],
+//!   see [`comm_hook`]), e.g. fp16 or bf16 compression ([`Ddp::set_compression`]).
+
+pub mod adasum_hook;
+mod bucket;
+pub mod comm_hook;
+mod device_buckets;
+mod hook;
+pub mod join;
+mod sync;
+
+pub use adasum_hook::{AdasumHook, GradientReduce};
+pub use bucket::BucketLayout;
+pub use comm_hook::{
+    AllReduceHook, BucketFuture, CommHook, CompressHook, Compression, GradBucket, Reduction,
+};
+pub use join::JoinReport;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use candle_core::backprop::GradStore;
+use candle_core::{DType, Device, Tensor, Var};
+use candle_nn::{VarBuilder, VarMap};
+use kolo::Communicator;
+
+use kolo_nn::batch_norm::is_buffer_name;
+use kolo_nn::vars::sorted_vars;
+
+use crate::error::{Result, TrainError};
+use crate::vars_comm;
+use hook::HookedBackend;
+use sync::Synchronizer;
+
+/// Settings of [`Ddp`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DdpOptions {
+    /// Bytes of gradients per all-reduce (default 25 MiB, PyTorch's default).
+    pub bucket_bytes: usize,
+    /// Send buckets while backward runs (needs the model built from [`Ddp::var_builder`] each step).
+    pub overlap: bool,
+}
+
+impl Default for DdpOptions {
+    fn default() -> Self {
+        DdpOptions {
+            bucket_bytes: 25 << 20,
+            overlap: true,
+        }
+    }
+}
+
+/// Distributed data parallel over a candle `VarMap`.
+pub struct Ddp {
+    comm: Communicator,
+    varmap: VarMap,
+    params: Vec<(String, Var)>,
+    buffers: Vec<(String, Var)>,
+    opts: DdpOptions,
+    require_sync: bool,
+    sync: Arc<Mutex<Synchronizer>>,
+    index: HashMap<String, usize>,
+    join: join::JoinState,
+}
+
+impl std::fmt::Debug for Ddp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ddp")
+            .field("rank", &self.comm.rank())
+            .field("size", &self.comm.size())
+            .field("params", &self.params.len())
+            .field("buffers", &self.buffers.len())
+            .field("opts", &self.opts)
+            .field("comm_hook", &self.comm_hook_name())
+            .finish()
+    }
+}
+
+impl Ddp {
+    /// Wraps the parameters of `varmap` (already created by building the model once): checks that every
+    /// rank has the same parameters and broadcasts rank 0's values to all.
+    pub fn new(comm: &Communicator, varmap: &VarMap, opts: DdpOptions) -> Result<Ddp> {
+        let all = sorted_vars(varmap);
+        let (buffers, params): (Vec<_>, Vec<_>) =
+            all.into_iter().partition(|(n, _)| is_buffer_name(n));
+        vars_comm::check_same_vars(comm, &params, "parameter")?;
+        let dtype = vars_comm::common_float_dtype(&params, "parameter")?;
+        let numels: Vec<usize> = params.iter().map(|(_, v)| v.elem_count()).collect();
+        let layout = BucketLayout::new(&numels, dtype.size_in_bytes(), opts.bucket_bytes);
+        let names: Vec<String> = params.iter().map(|(n, _)| n.clone()).collect();
+        let index = names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.clone(), i))
+            .collect();
+        let mut sync = Synchronizer::new(comm.clone(), layout, names, dtype);
+        if let Some((_, first)) = params.first() {
+            sync.set_device_buckets(device_buckets::DeviceBuckets::on(
+                comm,
+                first.device(),
+                params.len(),
+            ));
+        }
+        let ddp = Ddp {
+            comm: comm.clone(),
+            varmap: varmap.clone(),
+            sync: Arc::new(Mutex::new(sync)),
+            params,
+            buffers,
+            opts,
+            require_sync: true,
+            index,
+            join: join::JoinState::default(),
+        };
+        ddp.broadcast_parameters(0)?;
+        Ok(ddp)
+    }
+
+    /// Replaces the all-reduce of each gradient bucket by `hook` (see [`comm_hook`] for the
+    /// contract), from the next pass on. Every rank registers the same hook. Hooks see f32 buckets:
+    /// a model with f64 parameters is [`TrainError::Unsupported`].
+    pub fn register_comm_hook(&mut self, hook: impl CommHook + 'static) -> Result<()> {
+        self.set_comm_hook(Some(Arc::new(hook)))
+    }
+
+    /// Sets (`Some`) or removes (`None`: the built-in f32/f64 average) the communication hook,
+    /// from the next pass on; see [`Ddp::register_comm_hook`].
+    pub fn set_comm_hook(&mut self, hook: Option<Arc<dyn CommHook>>) -> Result<()> {
+        if hook.is_some() {
+            if let Some((name, v)) = self.params.iter().find(|(_, v)| v.dtype() != DType::F32) {
+                return Err(TrainError::Unsupported {
+                    what: format!(
+                        "communication hooks on {:?} parameters ({name}); hooks reduce f32 buckets",
+                        v.dtype()
+                    ),
+                });
+            }
+        }
+        self.lock().set_hook(hook);
+        Ok(())
+    }
+
+    /// Compresses the gradient all-reduces to 16 bits ([`Compression::Fp16`],
+    /// [`Compression::Bf16`], see [`CompressHook`]), or turns compression off
+    /// ([`Compression::None`]: the built-in average). Every rank sets the same compression.
+    /// ```no_run
+    /// # fn f(ddp: &mut kolo_ddp::ddp::Ddp) -> kolo_ddp::Result<()> {
+    /// ddp.set_compression("fp16".parse()?)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn set_compression(&mut self, compression: Compression) -> Result<()> {
+        self.set_comm_hook(compression.hook())
+    }
+
+    /// The name of the registered communication hook (`None`: the built-in average).
+    pub fn comm_hook_name(&self) -> Option<String> {
+        self.lock().hook_name()
+    }
+
+    /// The communicator.
+    pub fn comm(&self) -> &Communicator {
+        &self.comm
+    }
+
+    /// Trainable parameters, ordered by name (give these to the optimizer).
+    pub fn params(&self) -> &[(String, Var)] {
+        &self.params
+    }
+
+    /// Buffers (BatchNorm running statistics), ordered by name.
+    pub fn buffers(&self) -> &[(String, Var)] {
+        &self.buffers
+    }
+
+    /// Whether the gradient buckets stay on the GPU and go to the communicator's engine from there
+    /// (the parameters are on the GPU of a job on NCCL, `KOLO_BACKEND=nccl`, and no communication
+    /// hook is set); otherwise they travel through host memory.
+    pub fn buckets_on_gpu(&self) -> bool {
+        self.lock().on_device()
+    }
+
+    /// The bucket layout of the gradients.
+    pub fn layout(&self) -> BucketLayout {
+        self.lock().layout_clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Synchronizer> {
+        self.sync.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn hooks_active(&self) -> bool {
+        self.opts.overlap && self.require_sync && self.comm.size() > 1
+    }
+
+    /// A `VarBuilder` to build this step's model from. With overlap on (and more than one rank), its
+    /// parameters report their gradients as backward produces them; build the model anew each step,
+    /// since the hooked weights are copies taken when the model is built.
+    pub fn var_builder(&self, dtype: DType, device: &Device) -> VarBuilder<'static> {
+        if !self.hooks_active() {
+            return VarBuilder::from_varmap(&self.varmap, dtype, device);
+        }
+        self.backend(None, dtype, device)
+    }
+
+    /// Like [`Ddp::var_builder`] for mixed precision: the trainable parameters come cast to
+    /// `compute` (e.g. bf16) so the model computes in it, while the `VarMap` keeps the f32 master
+    /// weights, which get the gradients (cast back to f32) and the optimizer's updates. Buffers
+    /// (BatchNorm running statistics) stay f32. See [`crate::precision`].
+    pub fn var_builder_in(&self, compute: DType, device: &Device) -> VarBuilder<'static> {
+        self.backend(Some(compute), DType::F32, device)
+    }
+
+    fn backend(
+        &self,
+        compute: Option<DType>,
+        dtype: DType,
+        device: &Device,
+    ) -> VarBuilder<'static> {
+        let backend = HookedBackend {
+            varmap: self.varmap.clone(),
+            index: self.index.clone(),
+            sync: self.hooks_active().then(|| self.sync.clone()),
+            compute,
+        };
+        VarBuilder::from_backend(Box::new(backend), dtype, device.clone())
+    }
+
+    /// Whether the next backward passes average gradients (true by default).
+    pub fn set_require_sync(&mut self, on: bool) {
+        self.require_sync = on;
+    }
+
+    /// Runs `f` with gradient averaging off (gradient accumulation: average only on the last pass).
+    pub fn no_sync<R>(&mut self, f: impl FnOnce(&mut Self) -> R) -> R {
+        let before = self.require_sync;
+        self.require_sync = false;
+        let r = f(self);
+        self.require_sync = before;
+        r
+    }
+
+    fn vars(&self) -> Vec<Var> {
+        self.params.iter().map(|(_, v)| v.clone()).collect()
+    }
+
+    /// `loss.backward()`, then (unless sync is off) the gradients averaged over all ranks — in join
+    /// mode, over the ranks that still have data (see [`join`]).
+    pub fn backward(&self, loss: &Tensor) -> Result<GradStore> {
+        let sync = self.require_sync && self.comm.size() > 1;
+        let hooks = self.hooks_active();
+        // In join mode the count of active ranks goes first, ahead of the buckets backward launches.
+        let count = if sync {
+            self.start_active_count()
+        } else {
+            None
+        };
+        let timeline = {
+            let mut s = self.lock();
+            s.begin_pass(hooks, self.reduce_op());
+            s.timeline().clone()
+        };
+        let mut grads = {
+            let _s = timeline.span("backward");
+            loss.backward()?
+        };
+        if sync {
+            let _s = timeline.span("gradient sync");
+            let divide_by = self.finish_active_count(count)?;
+            self.lock().finish(&mut grads, &self.vars(), divide_by)?;
+        }
+        Ok(grads)
+    }
+
+    /// Records backward passes, gradient waits and every bucket's reduction on `timeline` (see
+    /// [`crate::timeline`]); [`Timeline::disabled`](crate::timeline::Timeline::disabled) stops.
+    pub fn set_timeline(&self, timeline: crate::timeline::Timeline) {
+        self.lock().set_timeline(timeline);
+    }
+
+    /// The timeline set with [`Ddp::set_timeline`] (disabled by default).
+    pub fn timeline(&self) -> crate::timeline::Timeline {
+        self.lock().timeline().clone()
+    }
+
+    /// Averages the gradients in `grads` over all ranks (e.g. gradients accumulated over several
+    /// passes), bucket by bucket — in join mode, over the ranks that still have data.
+    pub fn sync_gradients(&self, grads: &mut GradStore) -> Result<()> {
+        if self.comm.size() <= 1 {
+            return Ok(());
+        }
+        let count = self.start_active_count();
+        let divide_by = self.finish_active_count(count)?;
+        let mut s = self.lock();
+        let timeline = s.timeline().clone();
+        let _span = timeline.span("gradient sync");
+        s.begin_pass(false, self.reduce_op());
+        s.finish(grads, &self.vars(), divide_by)
+    }
+
+    /// Copies `vars` of rank `root` to every rank: one flat broadcast per type.
+    fn broadcast_vars(&self, vars: &[(String, Var)], root: usize) -> Result<()> {
+        for dtype in [DType::F32, DType::F64] {
+            let group: Vec<&Var> = vars
+                .iter()
+                .map(|(_, v)| v)
+                .filter(|v| v.dtype() == dtype)
+                .collect();
+            match dtype {
+                DType::F64 => vars_comm::broadcast_vars::<f64>(&self.comm, &group, root)?,
+                _ => vars_comm::broadcast_vars::<f32>(&self.comm, &group, root)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies the parameters and buffers of rank `root` to every rank.
+    pub fn broadcast_parameters(&self, root: usize) -> Result<()> {
+        self.broadcast_vars(&self.params, root)?;
+        self.sync_buffers_from(root)
+    }
+
+    /// Copies the buffers (BatchNorm running statistics) of rank 0 to every rank.
+    pub fn sync_buffers(&self) -> Result<()> {
+        self.sync_buffers_from(0)
+    }
+
+    fn sync_buffers_from(&self, root: usize) -> Result<()> {
+        self.broadcast_vars(&self.buffers, root)
+    }
+}
+
+impl Synchronizer {
+    fn layout_clone(&self) -> BucketLayout {
+        self.layout_ref().clone()
+    }
+}

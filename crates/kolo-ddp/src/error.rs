@@ -1,0 +1,138 @@
+//! kolo-ddp's error type.
+
+use std::path::PathBuf;
+
+/// Result with [`TrainError`].
+pub type Result<T, E = TrainError> = std::result::Result<T, E>;
+
+/// What can go wrong while setting up or running data-parallel training.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TrainError {
+    /// Communication failed (a lost peer, a mismatch, a timeout, ...).
+    #[error(transparent)]
+    Comm(#[from] kolo::Error),
+
+    /// A tensor operation failed.
+    #[error("tensor: {0}")]
+    Candle(#[from] candle_core::Error),
+
+    /// Ranks hold different models.
+    #[error(
+        "model mismatch: rank {rank} {what} (rank 0 has {expected}, rank {rank} has {actual})"
+    )]
+    ModelMismatch {
+        /// Rank that differs from rank 0.
+        rank: usize,
+        /// What differs (e.g. "parameter conv1.weight has another shape").
+        what: String,
+        /// Rank 0's value.
+        expected: String,
+        /// The other rank's value.
+        actual: String,
+    },
+
+    /// The loss became NaN or infinite on some rank; every rank stops with this error.
+    #[error("non-finite loss at step {step}: {}", describe_losses(.losses))]
+    NonFiniteLoss {
+        /// Global step.
+        step: u64,
+        /// Every rank's loss, in rank order.
+        losses: Vec<f64>,
+    },
+
+    /// A parameter received a gradient after its bucket had been sent.
+    #[error("parameter {name} got a second gradient in one backward pass (is it used twice in the forward pass?); build Ddp with overlap disabled")]
+    LateGradient {
+        /// Parameter name.
+        name: String,
+    },
+
+    /// Join mode: the all-reduced count of ranks still training is impossible (a rank that is not in
+    /// join mode, or a corrupted message).
+    #[error("join: rank {rank} counted {count} active ranks in a world of {size} (is join mode on on every rank?)")]
+    JoinCount {
+        /// Rank that saw the count.
+        rank: usize,
+        /// The count.
+        count: i64,
+        /// World size.
+        size: usize,
+    },
+
+    /// A communication hook returned a result that cannot be a bucket's gradients.
+    #[error("communication hook {hook}: bucket {bucket}: {reason}")]
+    CommHook {
+        /// The hook's name.
+        hook: String,
+        /// The bucket.
+        bucket: usize,
+        /// What is wrong.
+        reason: String,
+    },
+
+    /// Unsupported parameter type or layout.
+    #[error("unsupported: {what}")]
+    Unsupported {
+        /// What is not supported.
+        what: String,
+    },
+
+    /// A checkpoint could not be written or read.
+    #[error("checkpoint {path}: {reason}")]
+    Checkpoint {
+        /// File.
+        path: PathBuf,
+        /// What went wrong.
+        reason: String,
+    },
+
+    /// A checkpoint's tensors could not be encoded or decoded.
+    #[error("checkpoint {path}: {source}")]
+    CheckpointTensors {
+        /// File.
+        path: PathBuf,
+        /// What safetensors (through candle) reported.
+        #[source]
+        source: candle_core::Error,
+    },
+
+    /// A checkpoint's or a run's JSON could not be encoded or decoded.
+    #[error("checkpoint {path}: {source}")]
+    CheckpointJson {
+        /// File.
+        path: PathBuf,
+        /// What serde_json reported.
+        #[source]
+        source: serde_json::Error,
+    },
+
+    /// A file could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// File.
+        path: PathBuf,
+        /// OS error.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A setting is invalid.
+    #[error("invalid {arg}: {reason}")]
+    InvalidArgument {
+        /// The setting.
+        arg: &'static str,
+        /// Why.
+        reason: String,
+    },
+}
+
+fn describe_losses(losses: &[f64]) -> String {
+    let bad: Vec<String> = losses
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| !l.is_finite())
+        .map(|(r, l)| format!("rank {r} has {l}"))
+        .collect();
+    bad.join(", ")
+}

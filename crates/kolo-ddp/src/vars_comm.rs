@@ -1,0 +1,200 @@
+//! Communication of many variables at once, in one place: their values as one flat buffer
+//! ([`Flat`]: flatten, one collective, scatter back), a broadcast of variables built on it
+//! ([`broadcast_vars`]), and the check that all ranks hold the same variables
+//! ([`check_same_vars`], with [`common_float_dtype`] for the type they share).
+//!
+//! [`Ddp`](crate::ddp::Ddp) broadcasts its parameters and buffers with these, the
+//! [`ShardedOptimizer`](crate::optim::ShardedOptimizer) its updated shards,
+//! [`checkpoint::broadcast_tensors`](crate::checkpoint::broadcast_tensors) a checkpoint's tensors,
+//! and [`replicas::all_reduce_mean`](crate::replicas::all_reduce_mean) averages tensors.
+
+use candle_core::{DType, Device, Shape, Tensor, Var, WithDType};
+use kolo::{Communicator, Element};
+
+use crate::error::{Result, TrainError};
+
+/// The values of a list of tensors (or variables), flattened in order into one buffer of `T`
+/// for a single collective, and cut back into tensors of their shapes afterwards.
+#[derive(Debug, Clone)]
+pub struct Flat<T> {
+    values: Vec<T>,
+    shapes: Vec<Shape>,
+}
+
+impl<T: Element + WithDType> Flat<T> {
+    /// The values of `tensors`, in order, converted to `T`.
+    pub fn of<'a>(tensors: impl IntoIterator<Item = &'a Tensor>) -> Result<Self> {
+        let (mut values, mut shapes) = (Vec::new(), Vec::new());
+        for t in tensors {
+            values.extend(
+                t.flatten_all()?
+                    .to_dtype(<T as WithDType>::DTYPE)?
+                    .to_vec1::<T>()?,
+            );
+            shapes.push(t.shape().clone());
+        }
+        Ok(Flat { values, shapes })
+    }
+
+    /// Zeros for tensors of `shapes`: the buffer of a rank that only receives.
+    pub fn zeros(shapes: Vec<Shape>) -> Self {
+        let len = shapes.iter().map(Shape::elem_count).sum();
+        Flat {
+            values: vec![T::zeroed(); len],
+            shapes,
+        }
+    }
+
+    /// The buffer, for the collective.
+    pub fn values_mut(&mut self) -> &mut [T] {
+        &mut self.values
+    }
+
+    /// The parts of the buffer, one per shape, in order.
+    fn parts(&self) -> impl Iterator<Item = (&[T], &Shape)> {
+        self.shapes.iter().scan(0, |at, shape| {
+            let n = shape.elem_count();
+            let part = self.values.get(*at..*at + n).unwrap_or_default();
+            *at += n;
+            Some((part, shape))
+        })
+    }
+
+    /// The buffer cut back into tensors of type `T` on `device`, one per shape.
+    pub fn tensors(&self, device: &Device) -> Result<Vec<Tensor>> {
+        self.parts()
+            .map(|(part, shape)| Ok(Tensor::from_slice(part, shape, device)?))
+            .collect()
+    }
+
+    /// Writes the buffer back into `vars` (one per shape, in order), each in its own type and on
+    /// its own device.
+    pub fn set_vars<'a>(&self, vars: impl IntoIterator<Item = &'a Var>) -> Result<()> {
+        for ((part, shape), var) in self.parts().zip(vars) {
+            if var.shape() != shape {
+                return Err(TrainError::Unsupported {
+                    what: format!(
+                        "writing values of shape {shape:?} into a variable of shape {:?}",
+                        var.shape()
+                    ),
+                });
+            }
+            let t = Tensor::from_slice(part, shape, var.device())?;
+            var.set(&t.to_dtype(var.dtype())?)?;
+        }
+        Ok(())
+    }
+}
+
+/// Copies the values of `vars` on rank `root` into `vars` on every rank, as one flat broadcast
+/// in `T` (the root sends, the others receive). Every rank passes variables of the same shapes.
+pub fn broadcast_vars<T: Element + WithDType>(
+    comm: &Communicator,
+    vars: &[&Var],
+    root: usize,
+) -> Result<()> {
+    if comm.size() <= 1 || vars.is_empty() {
+        return Ok(());
+    }
+    let mut flat = if comm.rank() == root {
+        Flat::<T>::of(vars.iter().map(|v| v.as_tensor()))?
+    } else {
+        Flat::zeros(vars.iter().map(|v| v.shape().clone()).collect())
+    };
+    comm.broadcast(flat.values_mut(), root)?;
+    if comm.rank() != root {
+        flat.set_vars(vars.iter().copied())?;
+    }
+    Ok(())
+}
+
+/// The type all of `vars` share, f32 or f64 (f32 for none); otherwise
+/// [`TrainError::Unsupported`] naming them as `noun`s (e.g. "parameter").
+pub fn common_float_dtype(vars: &[(String, Var)], noun: &str) -> Result<DType> {
+    let dtype = vars.first().map_or(DType::F32, |(_, v)| v.dtype());
+    if !matches!(dtype, DType::F32 | DType::F64) {
+        return Err(TrainError::Unsupported {
+            what: format!("{noun}s of type {dtype:?} (f32 and f64 are supported)"),
+        });
+    }
+    if let Some((n, v)) = vars.iter().find(|(_, v)| v.dtype() != dtype) {
+        return Err(TrainError::Unsupported {
+            what: format!("{noun} {n} is {:?} while others are {dtype:?}", v.dtype()),
+        });
+    }
+    Ok(dtype)
+}
+
+/// A variable's name, shape and type, as ranks compare them.
+type Signature = Vec<(String, Vec<usize>, String)>;
+
+fn signature(vars: &[(String, Var)]) -> Signature {
+    vars.iter()
+        .map(|(n, v)| (n.clone(), v.dims().to_vec(), format!("{:?}", v.dtype())))
+        .collect()
+}
+
+/// Checks that every rank passes the same variables (names, shapes and types, in order): a
+/// collective. The first difference between rank 0's and another rank's is
+/// [`TrainError::ModelMismatch`] on every rank, naming the variables as `noun`s (e.g.
+/// "parameter").
+pub fn check_same_vars(comm: &Communicator, vars: &[(String, Var)], noun: &str) -> Result<()> {
+    let everyone: Vec<Signature> = comm.all_gather_object(&signature(vars))?;
+    for (rank, sig) in everyone.iter().enumerate().skip(1) {
+        if let Some(e) = compare(rank, &everyone[0], sig, noun) {
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+/// The first difference between rank 0's and `rank`'s variables.
+fn compare(rank: usize, want: &Signature, got: &Signature, noun: &str) -> Option<TrainError> {
+    let mismatch = |what: String, expected: String, actual: String| TrainError::ModelMismatch {
+        rank,
+        what,
+        expected,
+        actual,
+    };
+    for i in 0..want.len().max(got.len()) {
+        match (want.get(i), got.get(i)) {
+            (Some(a), Some(b)) if a.0 != b.0 => {
+                return Some(mismatch(
+                    format!("{noun} #{i} has another name"),
+                    a.0.clone(),
+                    b.0.clone(),
+                ))
+            }
+            (Some(a), Some(b)) if a.1 != b.1 => {
+                return Some(mismatch(
+                    format!("{noun} {} has another shape", a.0),
+                    format!("{:?}", a.1),
+                    format!("{:?}", b.1),
+                ))
+            }
+            (Some(a), Some(b)) if a.2 != b.2 => {
+                return Some(mismatch(
+                    format!("{noun} {} has another type", a.0),
+                    a.2.clone(),
+                    b.2.clone(),
+                ))
+            }
+            (Some(a), None) => {
+                return Some(mismatch(
+                    format!("lacks {noun} {}", a.0),
+                    a.0.clone(),
+                    "nothing".into(),
+                ))
+            }
+            (None, Some(b)) => {
+                return Some(mismatch(
+                    format!("has an extra {noun} {}", b.0),
+                    "nothing".into(),
+                    b.0.clone(),
+                ))
+            }
+            _ => {}
+        }
+    }
+    None
+}

@@ -1,0 +1,218 @@
+//! Times kolo's convolution (`kolo_nn::ops::conv2d`, forward and backward) on the 3×3 layers
+//! of kolo's ResNet-18 (28×28 input, batch 32) or, with `--model lenet`, on LeNet's two 5×5
+//! layers (batch 64): the kernel-level benchmark behind the training figures of
+//! `scripts/bench_train.py`, steadier than whole training runs on a shared machine (each figure
+//! is the best of R repetitions).
+//!
+//! ```text
+//! RAYON_NUM_THREADS=1 cargo run --release -p kolo-nn --example conv_layers -- \
+//!     [--model resnet18|lenet] [--batch 32] [--repeats 7] [--channels C]
+//! ```
+//!
+//! Prints one line per layer (milliseconds for the forward pass and for forward + backward, and
+//! the GFLOP/s of the direct convolution's `2·B·C·K·k²·H'·W'` flops per pass, three passes per
+//! step, two for a layer whose input needs no gradient: LeNet's first) and a JSON line with the
+//! totals; `--channels C` times only the layers with `C` output channels.
+//!
+//! glibc's allocator is told to keep freed memory (as it does in a training process, whose
+//! steps reuse the heap): otherwise one layer's buffers go back to the system after every pass
+//! and page faults on fresh memory dominate the small layers (64 channels at 28×28: 39 vs 22 ms
+//! per step).
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+use candle_core::{Device, Result, Tensor, Var};
+
+/// One convolution of a network: channels in and out, input side, kernel, stride, padding, how
+/// many of it the network has, and whether its input needs a gradient.
+#[derive(Clone, Copy)]
+struct Layer {
+    c_in: usize,
+    c_out: usize,
+    side: usize,
+    k: usize,
+    stride: usize,
+    pad: usize,
+    count: usize,
+    dx: bool,
+}
+
+/// A 3×3, padding-1 layer of ResNet-18 (`c` output channels; half as many in where it strides).
+const fn res(c: usize, side: usize, stride: usize, count: usize) -> Layer {
+    let c_in = if stride == 2 { c / 2 } else { c };
+    Layer {
+        c_in,
+        c_out: c,
+        side,
+        k: 3,
+        stride,
+        pad: 1,
+        count,
+        dx: true,
+    }
+}
+
+/// ResNet-18's 3×3 convolutions on 28×28 inputs.
+const RESNET18: [Layer; 7] = [
+    res(64, 28, 1, 4),
+    res(128, 28, 2, 1),
+    res(128, 14, 1, 3),
+    res(256, 14, 2, 1),
+    res(256, 7, 1, 3),
+    res(512, 7, 2, 1),
+    res(512, 4, 1, 3),
+];
+
+/// LeNet's convolutions on 1×28×28 inputs (the first one's input is the data: no gradient).
+const LENET: [Layer; 2] = [
+    Layer {
+        c_in: 1,
+        c_out: 6,
+        side: 28,
+        k: 5,
+        stride: 1,
+        pad: 2,
+        count: 1,
+        dx: false,
+    },
+    Layer {
+        c_in: 6,
+        c_out: 16,
+        side: 14,
+        k: 5,
+        stride: 1,
+        pad: 0,
+        count: 1,
+        dx: true,
+    },
+];
+
+struct Args {
+    layers: &'static [Layer],
+    batch: usize,
+    repeats: usize,
+    only: Option<usize>,
+}
+
+fn parse() -> std::result::Result<Args, String> {
+    let (mut batch, mut repeats, mut only, mut layers) = (None, 7, None, &RESNET18[..]);
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let v = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        if flag == "--model" {
+            layers = match v.as_str() {
+                "resnet18" => &RESNET18[..],
+                "lenet" => &LENET[..],
+                other => return Err(format!("--model {other}: expected resnet18 or lenet")),
+            };
+            continue;
+        }
+        let n: usize = v.parse().map_err(|e| format!("{flag} {v}: {e}"))?;
+        match flag.as_str() {
+            "--batch" => batch = Some(n),
+            "--repeats" => repeats = n,
+            "--channels" => only = Some(n),
+            other => {
+                return Err(format!(
+                    "unknown option {other} (--model M, --batch N, --repeats R, --channels C)"
+                ))
+            }
+        }
+    }
+    let batch = batch.unwrap_or(if layers.len() == LENET.len() { 64 } else { 32 });
+    if batch == 0 || repeats == 0 {
+        return Err("--batch and --repeats must be at least 1".to_owned());
+    }
+    Ok(Args {
+        layers,
+        batch,
+        repeats,
+        only,
+    })
+}
+
+/// Best-of-`repeats` seconds of the forward pass and of forward + backward.
+fn time_layer(batch: usize, l: &Layer, repeats: usize) -> Result<(f64, f64)> {
+    let dev = Device::Cpu;
+    let x = Tensor::randn(0f32, 1., (batch, l.c_in, l.side, l.side), &dev)?;
+    let x = if l.dx {
+        Var::from_tensor(&x)?.as_tensor().clone()
+    } else {
+        x
+    };
+    let w = Tensor::randn(0f32, 1., (l.c_out, l.c_in, l.k, l.k), &dev)?;
+    let w = Var::from_tensor(&(w * 0.05)?)?;
+    let b = Var::from_tensor(&Tensor::zeros(l.c_out, candle_core::DType::F32, &dev)?)?;
+    let (mut fwd, mut step) = (f64::MAX, f64::MAX);
+    for _ in 0..repeats + 1 {
+        let t = Instant::now();
+        let y = kolo_nn::ops::conv2d(&x, w.as_tensor(), Some(b.as_tensor()), l.stride, l.pad)?;
+        let f = t.elapsed().as_secs_f64();
+        let grads = y.sqr()?.sum_all()?.backward()?;
+        let s = t.elapsed().as_secs_f64();
+        if grads.get(&w).is_none() {
+            candle_core::bail!("no kernel gradient");
+        }
+        fwd = fwd.min(f);
+        step = step.min(s);
+    }
+    Ok((fwd, step))
+}
+
+/// Freed memory stays in the heap: no `mmap` for buffers under 32 MiB, no trimming.
+fn keep_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: `mallopt` only sets allocator parameters; called before any other thread runs.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30);
+    }
+}
+
+fn main() -> ExitCode {
+    keep_freed_memory();
+    let Args {
+        layers,
+        batch,
+        repeats,
+        only,
+    } = match parse() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("conv_layers: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let (mut total, mut flops) = (0., 0.);
+    for l in layers {
+        let (c, side, stride, count) = (l.c_out, l.side, l.stride, l.count);
+        if only.is_some_and(|o| o != c) {
+            continue;
+        }
+        let (fwd, step) = match time_layer(batch, l, repeats) {
+            Ok(t) => t,
+            Err(e) => {
+                eprintln!("conv_layers: {c} channels at {side}×{side}: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let out = (side + 2 * l.pad - l.k) / stride + 1;
+        let f = 2. * (batch * l.c_in * c * l.k * l.k * out * out) as f64;
+        let passes = if l.dx { 3. } else { 2. };
+        println!(
+            "{c:>4} ch {side:>2}x{side:<2} stride {stride} (x{count}): forward {:7.2} ms, step {:7.2} ms, {:6.1} GFLOP/s",
+            fwd * 1e3,
+            step * 1e3,
+            passes * f / step / 1e9
+        );
+        total += step * count as f64;
+        flops += passes * f * count as f64;
+    }
+    println!(
+        "{{\"batch\": {batch}, \"step_ms\": {:.2}, \"gflops\": {:.1}}}",
+        total * 1e3,
+        flops / total / 1e9
+    );
+    ExitCode::SUCCESS
+}

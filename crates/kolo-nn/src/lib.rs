@@ -1,0 +1,30 @@
+//! # kolo-nn
+//!
+//! Kernels and layers for [candle](https://github.com/huggingface/candle) models, usable from any
+//! candle model, data parallel or not:
+//!
+//! - [`ops`]: CPU kernels with their own backward passes, faster than candle's — convolution
+//!   (Winograd or im2col + GEMM, optionally fused with a ReLU), 2×2 pooling, ReLU, per-channel
+//!   statistics and training-mode batch normalization with its epilogue (residual add, ReLU).
+//!   Other devices and dtypes fall back to candle's ops.
+//! - [`layers`]: `Linear` and `Conv2d` with PyTorch's default initialization, on those kernels.
+//! - [`batch_norm`]: [`BatchNorm`](batch_norm::BatchNorm), PyTorch's `BatchNorm1d/2d`, which can
+//!   be synchronized over the ranks of a kolo [`Communicator`](kolo::Communicator)
+//!   (`SyncBatchNorm`), and [`is_buffer_name`](batch_norm::is_buffer_name), the one test of
+//!   which `VarMap` entries are its buffers.
+//! - [`autograd`]: collectives as differentiable tensor operations
+//!   ([`all_reduce_sum`](autograd::all_reduce_sum)).
+//! - [`vars`]: a `VarMap`'s variables in one order (by name), split into parameters and buffers.
+//!
+//! The layers stand on the kernels and never the other way round: the kernels know neither the
+//! layers nor communication. Synchronized BatchNorm's all-reduce sits in the layer, between the
+//! statistics op ([`ops::batch_norm_stats`]) and the normalization op
+//! ([`ops::batch_norm_train_with_stats`]), as a differentiable [`autograd::all_reduce_sum`] whose
+//! backward pass sums the statistics' gradients over the ranks. The crate depends on kolo (for
+//! the communicator), candle and gemm only.
+
+pub mod autograd;
+pub mod batch_norm;
+pub mod layers;
+pub mod ops;
+pub mod vars;

@@ -1,0 +1,165 @@
+//! Per-channel `Σx` and `Σx²` of a `[B, C, S]` tensor in one pass, accumulated in f64, as a
+//! differentiable op (the statistics batch normalization normalizes with).
+//!
+//! Composing it from candle ops (convert to f64, square, reduce twice) reads the activations
+//! five times forward and about as often backward; this op reads them once forward and its
+//! backward, `∂/∂x = g₁[c] + 2·x·g₂[c]`, is one element-wise pass in the input's type on CPU.
+
+use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape, Tensor, WithDType};
+
+use super::bn_loops;
+
+/// `[Σx over b, s for each c…, Σx² over b, s for each c…]` (`[2C]`, f64) of `x` (`[B, C, S]`,
+/// f32 or f64), differentiable.
+pub fn channel_sums(x: &Tensor) -> candle_core::Result<Tensor> {
+    if x.rank() != 3 {
+        candle_core::bail!("channel_sums: expected [B, C, S], got {:?}", x.shape());
+    }
+    let x = x.contiguous()?;
+    let (batch, channels, per_channel) = x.dims3()?;
+    if x.device().is_cpu() {
+        x.apply_op1(ChannelSums {
+            batch,
+            channels,
+            per_channel,
+        })
+    } else {
+        // No device kernel: the same math from candle ops.
+        let x64 = x.to_dtype(DType::F64)?;
+        let sum = x64.sum(2)?.sum(0)?;
+        let sum_sq = x64.sqr()?.sum(2)?.sum(0)?;
+        Tensor::cat(&[&sum, &sum_sq], 0)
+    }
+}
+
+/// Per-channel `[Σx…, Σx²…]` (f64) of a `[B, C, S]` tensor, outside the graph.
+pub(crate) fn channel_sums_no_grad(x: &Tensor) -> candle_core::Result<Vec<f64>> {
+    let (batch, channels, per_channel) = x.dims3()?;
+    x.contiguous()?
+        .apply_op1_no_bwd(&ChannelSums {
+            batch,
+            channels,
+            per_channel,
+        })?
+        .to_vec1()
+}
+
+#[derive(Clone)]
+struct ChannelSums {
+    batch: usize,
+    channels: usize,
+    per_channel: usize,
+}
+
+impl ChannelSums {
+    fn sums<T: WithDType>(&self, x: &[T]) -> Vec<f64> {
+        bn_loops::channel_sums(x, self.per_channel, self.channels)
+    }
+
+    /// `x·(2·g₂[c]) + g₁[c]` (the input gradient) over a contiguous `x`.
+    fn grad<T: WithDType>(&self, x: &[T], g: &[f64]) -> Vec<T> {
+        let c = self.channels;
+        let scale: Vec<T> = g[c..].iter().map(|v| T::from_f64(v * 2.0)).collect();
+        let shift: Vec<T> = g[..c].iter().map(|&v| T::from_f64(v)).collect();
+        bn_loops::normalize(x, None, &scale, &shift, self.per_channel, false)
+    }
+}
+
+impl CustomOp1 for ChannelSums {
+    fn name(&self) -> &'static str {
+        "kolo-channel-sums"
+    }
+
+    fn cpu_fwd(
+        &self,
+        storage: &CpuStorage,
+        layout: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let Some((a, b)) = layout.contiguous_offsets() else {
+            candle_core::bail!("channel_sums: the input is not contiguous");
+        };
+        if b - a != self.batch * self.channels * self.per_channel {
+            candle_core::bail!("channel_sums: the input does not match its shape");
+        }
+        let out = match storage {
+            CpuStorage::F32(v) => self.sums(&v[a..b]),
+            CpuStorage::F64(v) => self.sums(&v[a..b]),
+            _ => candle_core::bail!("channel_sums: the input must be f32 or f64"),
+        };
+        Ok((CpuStorage::F64(out), Shape::from(2 * self.channels)))
+    }
+
+    fn bwd(
+        &self,
+        arg: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<Option<Tensor>> {
+        let c = self.channels;
+        let dtype = arg.dtype();
+        if arg.device().is_cpu() && matches!(dtype, DType::F32 | DType::F64) {
+            let grad = grad.to_dtype(DType::F64)?.contiguous()?;
+            let dx = arg
+                .contiguous()?
+                .apply_op2_no_bwd(&grad, &ChannelSumsGrad(self.clone()))?;
+            return Ok(Some(dx));
+        }
+        let g_sum = grad.narrow(0, 0, c)?.to_dtype(dtype)?.reshape((1, c, 1))?;
+        let g_sum_sq = (grad.narrow(0, c, c)? * 2.0)?
+            .to_dtype(dtype)?
+            .reshape((1, c, 1))?;
+        Ok(Some(arg.broadcast_mul(&g_sum_sq)?.broadcast_add(&g_sum)?))
+    }
+}
+
+/// `(x, [g₁…, g₂…]) -> x·(2·g₂[c]) + g₁[c]`: the input gradient of [`ChannelSums`] in one pass.
+struct ChannelSumsGrad(ChannelSums);
+
+impl candle_core::CustomOp2 for ChannelSumsGrad {
+    fn name(&self) -> &'static str {
+        "kolo-channel-sums-grad"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let op = self.name();
+        let x = |len: usize| match l1.contiguous_offsets() {
+            Some((a, b)) if b - a == len => Ok((a, b)),
+            _ => Err(candle_core::Error::Msg(format!(
+                "{op}: the input is not contiguous or does not match its shape"
+            ))),
+        };
+        let Some((ga, gb)) = l2.contiguous_offsets() else {
+            candle_core::bail!("{op}: the gradient is not contiguous");
+        };
+        let CpuStorage::F64(g) = s2 else {
+            candle_core::bail!("{op}: the gradient must be f64");
+        };
+        let g = &g[ga..gb];
+        if g.len() != 2 * self.0.channels {
+            candle_core::bail!(
+                "{op}: {} gradient values for {} channels",
+                g.len(),
+                self.0.channels
+            );
+        }
+        let len = self.0.batch * self.0.channels * self.0.per_channel;
+        let out = match s1 {
+            CpuStorage::F32(v) => {
+                let (a, b) = x(len)?;
+                CpuStorage::F32(self.0.grad(&v[a..b], g))
+            }
+            CpuStorage::F64(v) => {
+                let (a, b) = x(len)?;
+                CpuStorage::F64(self.0.grad(&v[a..b], g))
+            }
+            _ => candle_core::bail!("{op}: the input must be f32 or f64"),
+        };
+        Ok((out, l1.shape().clone()))
+    }
+}

@@ -1,0 +1,404 @@
+//! A faster CPU 2-D convolution with a matching backward pass: Winograd F(4×4, 3×3) or F(2×2,
+//! 3×3) for the 3×3 stride-1 convolutions where one pays ([`super::winograd`]; the transformed
+//! kernel of the forward pass is kept for the backward pass), im2col + GEMM chunk by chunk of
+//! samples for the others.
+//!
+//! candle 0.11's CPU `conv2d` is slow for the small, shallow convolutions of LeNet-style
+//! models, and its backward pass is slower still: the input gradient goes through a naive
+//! `conv_transpose2d` loop (computed even for the network input, which needs no gradient) and
+//! the kernel gradient through a convolution whose "kernel" is the whole output gradient.
+//! Here the forward pass lowers a chunk of samples to a `[C·k·k, bc·H'·W']` patch matrix (small
+//! enough to stay in cache, large enough for an efficient GEMM, see [`Geom::chunk`]), multiplies
+//! it by the kernel (the `gemm` crate, through [`super::gemm`]) and writes the result into the
+//! `[B, c_out, H', W']` output. The backward pass recomputes the patch matrices (instead of
+//! keeping them alive between forward and backward, which would cost a lot of memory for
+//! ResNet) and, in one pass over the chunks, accumulates the kernel gradient
+//! (`cols @ gradᵀ`), the bias gradient, and — only when the input needs one — the input
+//! gradient: for stride 1 as the convolution of the output gradient with the flipped,
+//! transposed kernel (no patch-sized gradient, no scatter), otherwise as `weightᵀ @ grad`
+//! plus a col2im scatter. A ReLU that follows the convolution can be fused into it
+//! ([`conv2d_relu`]): applied as the output is written, and its mask applied to the output
+//! gradient before the backward pass.
+//!
+//! The arithmetic on raw slices is in `compute`; this module holds the custom ops, their
+//! backward plumbing and the public [`conv2d`] / [`conv2d_relu`].
+//!
+//! Non-CPU tensors and dtypes other than f32 / f64 fall back to candle's `conv2d`.
+
+use std::sync::Mutex;
+
+use candle_core::backend::BackendStorage;
+use candle_core::{
+    CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor, WithDType,
+};
+
+use super::im2col::{gather, Geom};
+use super::low_precision::low_precision;
+use super::relu::ReluGrad;
+use super::slices::contiguous;
+
+mod compute;
+
+/// Which gradients the backward pass computes.
+#[derive(Debug, Clone, Copy)]
+struct Wanted {
+    x: bool,
+    weight: bool,
+    bias: bool,
+}
+
+/// The convolution `(x, weight[, bias]) -> y` (or `relu(y)`) with its own backward pass: a
+/// [`CustomOp2`] without bias, a [`CustomOp3`] with bias.
+struct ConvGemm {
+    geom: Geom,
+    /// The forward pass's Winograd-transformed kernel, for tracked convolutions.
+    cache: Option<KernelCache>,
+    /// ReLU fused into the output: `relu(conv(x))` in one pass, and in the backward pass the
+    /// output gradient masked by `y > 0` first — no separate ReLU op and output tensor.
+    relu: bool,
+}
+
+/// The Winograd-transformed kernel a forward pass computed, kept in its op (in candle's graph)
+/// for the backward pass, which then does not transform the kernel again: present for tracked
+/// convolutions only (`None` in inference), holding a value only after a Winograd forward pass
+/// and until the first backward pass takes it. It costs the transformed kernel's memory (4× the
+/// kernel for F(4, 3), 16/9× for F(2, 3)) from the forward to the backward pass.
+#[derive(Default)]
+struct KernelCache(Mutex<Option<CpuStorage>>);
+
+impl KernelCache {
+    fn keep(&self, u: CpuStorage) {
+        if let Ok(mut slot) = self.0.lock() {
+            *slot = Some(u);
+        }
+    }
+
+    fn take(&self) -> Option<CpuStorage> {
+        self.0.lock().ok()?.take()
+    }
+}
+
+impl ConvGemm {
+    /// The op for the arithmetic alone (no kernel cache, no ReLU).
+    fn plain(geom: Geom) -> Self {
+        ConvGemm {
+            geom,
+            cache: None,
+            relu: false,
+        }
+    }
+
+    /// The output gradient the convolution itself sees: `grad` masked by `res > 0` when the
+    /// op's output went through its ReLU.
+    fn pre_relu_grad(&self, res: &Tensor, grad: &Tensor) -> Result<Tensor> {
+        if self.relu {
+            grad.contiguous()?
+                .apply_op2_no_bwd(&res.contiguous()?, &ReluGrad)
+        } else {
+            Ok(grad.clone())
+        }
+    }
+
+    fn out_shape(&self, weight: &Layout) -> Shape {
+        let g = &self.geom;
+        let c_out = weight.dims().first().copied().unwrap_or(0);
+        Shape::from((g.b, c_out, g.oh, g.ow))
+    }
+
+    /// Forward pass on raw storage (inside the custom op).
+    fn cpu_forward<T: WithDType>(
+        &self,
+        x: (&[T], &Layout),
+        weight: (&[T], &Layout),
+        bias: Option<(&[T], &Layout)>,
+    ) -> Result<Vec<T>> {
+        let w = gather(weight.0, weight.1)?;
+        let b = match bias {
+            Some((b, l)) => Some(gather(b, l)?),
+            None => None,
+        };
+        self.forward_slices(x, &w, b.as_deref(), Vec::new())
+    }
+
+    /// Gradients of `x`, `weight` and `bias` (each only if it is tracked).
+    fn backward(
+        &self,
+        x: &Tensor,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let g = &self.geom;
+        let c_out = weight.dim(0)?;
+        let want = Wanted {
+            x: x.track_op(),
+            weight: weight.track_op(),
+            bias: bias.is_some_and(Tensor::track_op),
+        };
+        let u = self.cache.as_ref().and_then(KernelCache::take);
+        let all = x.detach().apply_op3_no_bwd(
+            &weight.detach(),
+            &grad.detach().contiguous()?,
+            &ConvBackward(*g, want, u),
+        )?;
+        let mut at = 0;
+        let mut take = |wanted: bool, len: usize, shape: Shape| -> Result<Option<Tensor>> {
+            if !wanted {
+                return Ok(None);
+            }
+            let t = all.narrow(0, at, len)?.reshape(shape)?;
+            at += len;
+            Ok(Some(t))
+        };
+        let dx = take(want.x, x.elem_count(), x.shape().clone())?;
+        let dw = take(want.weight, weight.elem_count(), weight.shape().clone())?;
+        let db = take(want.bias, c_out, Shape::from(c_out))?;
+        Ok((dx, dw, db))
+    }
+}
+
+/// `(x, weight, grad) -> [dx…, dweight…, dbias…]` (the wanted ones), backward-less; with the
+/// forward pass's Winograd-transformed kernel if it was kept.
+struct ConvBackward(Geom, Wanted, Option<CpuStorage>);
+
+impl CustomOp3 for ConvBackward {
+    fn name(&self) -> &'static str {
+        "kolo-conv2d-backward"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        const OP: &str = "kolo-conv2d-backward";
+        let out = match (s1, s2, s3) {
+            (CpuStorage::F32(x), CpuStorage::F32(w), CpuStorage::F32(g)) => {
+                CpuStorage::F32(ConvGemm::plain(self.0).backward_slices(
+                    (x, l1),
+                    (&gather(w, l2)?, self.2.as_ref()),
+                    contiguous(g, l3, OP)?,
+                    self.1,
+                )?)
+            }
+            (CpuStorage::F64(x), CpuStorage::F64(w), CpuStorage::F64(g)) => {
+                CpuStorage::F64(ConvGemm::plain(self.0).backward_slices(
+                    (x, l1),
+                    (&gather(w, l2)?, self.2.as_ref()),
+                    contiguous(g, l3, OP)?,
+                    self.1,
+                )?)
+            }
+            (x, w, g) => return Err(unsupported(&[x, w, g])),
+        };
+        let n = out.as_slice::<f32>().map(<[f32]>::len);
+        let n = n.or_else(|_| out.as_slice::<f64>().map(<[f64]>::len))?;
+        Ok((out, Shape::from(n)))
+    }
+}
+
+fn unsupported(storages: &[&CpuStorage]) -> candle_core::Error {
+    let dtypes: Vec<DType> = storages.iter().map(|s| s.dtype()).collect();
+    candle_core::Error::Msg(format!("kolo-conv2d: unsupported dtypes {dtypes:?}"))
+}
+
+impl CustomOp2 for ConvGemm {
+    fn name(&self) -> &'static str {
+        "kolo-conv2d"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let shape = self.out_shape(l2);
+        let y = match (s1, s2) {
+            (CpuStorage::F32(x), CpuStorage::F32(w)) => {
+                CpuStorage::F32(self.cpu_forward((x, l1), (w, l2), None)?)
+            }
+            (CpuStorage::F64(x), CpuStorage::F64(w)) => {
+                CpuStorage::F64(self.cpu_forward((x, l1), (w, l2), None)?)
+            }
+            (x, w) => return Err(unsupported(&[x, w])),
+        };
+        Ok((y, shape))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        weight: &Tensor,
+        res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let grad = self.pre_relu_grad(res, grad)?;
+        let (gx, gw, _) = self.backward(x, weight, None, &grad)?;
+        Ok((gx, gw))
+    }
+}
+
+impl CustomOp3 for ConvGemm {
+    fn name(&self) -> &'static str {
+        "kolo-conv2d-bias"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let shape = self.out_shape(l2);
+        let y = match (s1, s2, s3) {
+            (CpuStorage::F32(x), CpuStorage::F32(w), CpuStorage::F32(b)) => {
+                CpuStorage::F32(self.cpu_forward((x, l1), (w, l2), Some((b, l3)))?)
+            }
+            (CpuStorage::F64(x), CpuStorage::F64(w), CpuStorage::F64(b)) => {
+                CpuStorage::F64(self.cpu_forward((x, l1), (w, l2), Some((b, l3)))?)
+            }
+            (x, w, b) => return Err(unsupported(&[x, w, b])),
+        };
+        Ok((y, shape))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        weight: &Tensor,
+        bias: &Tensor,
+        res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let grad = self.pre_relu_grad(res, grad)?;
+        self.backward(x, weight, Some(bias), &grad)
+    }
+}
+
+/// `conv2d(x, weight) + bias`, with stride and symmetric zero padding, differentiable:
+/// im2col + GEMM on CPU for f32 / f64 (see the notes at the top of this module), candle's
+/// `conv2d` otherwise. `x` is `[B, C, H, W]`, `weight` `[c_out, C, k, k]` (square kernels, no
+/// dilation or groups), `bias` (optional) `[c_out]`; the result is `[B, c_out, H', W']`.
+///
+/// Errors if the shapes do not match or the input is smaller than the (padded) kernel.
+pub fn conv2d(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    stride: usize,
+    padding: usize,
+) -> Result<Tensor> {
+    conv2d_with(x, weight, bias, (stride, padding), false)
+}
+
+/// `relu(conv2d(x, weight) + bias)` as one op on CPU f32 / f64 (the ReLU applied as the output
+/// is written, its mask applied to the output gradient in the convolution's backward pass: no
+/// ReLU pass and no tensor in between); otherwise [`conv2d`] then [`super::relu`]. Arguments
+/// and errors as for [`conv2d`].
+pub fn conv2d_relu(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    stride: usize,
+    padding: usize,
+) -> Result<Tensor> {
+    conv2d_with(x, weight, bias, (stride, padding), true)
+}
+
+fn conv2d_with(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    (stride, padding): (usize, usize),
+    relu: bool,
+) -> Result<Tensor> {
+    if let Some(y) = low_precision(x, &[Some(weight), bias], |t| {
+        conv2d_with(&t[0], &t[1], t.get(2), (stride, padding), relu)
+    }) {
+        return y;
+    }
+    let (b, c, h, w) = x.dims4()?;
+    let (c_out, c_w, k, k2) = weight.dims4()?;
+    if c != c_w || k != k2 {
+        candle_core::bail!(
+            "conv2d: input {:?} does not match kernel {:?}",
+            x.shape(),
+            weight.shape()
+        );
+    }
+    if let Some(bias) = bias {
+        if bias.dims() != [c_out] {
+            candle_core::bail!(
+                "conv2d: bias {:?} does not match kernel {:?}",
+                bias.shape(),
+                weight.shape()
+            );
+        }
+    }
+    let out = |size: usize| conv_out(size, k, stride, padding).filter(|&o| o > 0);
+    let (Some(oh), Some(ow)) = (out(h), out(w)) else {
+        candle_core::bail!(
+            "conv2d: input {:?} too small for a {k}x{k} kernel with padding {padding}",
+            x.shape()
+        );
+    };
+    let dtype = x.dtype();
+    let fast = x.device().is_cpu()
+        && weight.device().is_cpu()
+        && weight.dtype() == dtype
+        && bias.is_none_or(|b| b.device().is_cpu() && b.dtype() == dtype)
+        && matches!(dtype, DType::F32 | DType::F64)
+        && b > 0;
+    if !fast {
+        let y = x.conv2d(weight, padding, stride, 1, 1)?;
+        let y = match bias {
+            Some(bias) => y.broadcast_add(&bias.reshape((1, c_out, 1, 1))?)?,
+            None => y,
+        };
+        return if relu { super::relu::relu(&y) } else { Ok(y) };
+    }
+    let geom = Geom {
+        b,
+        c,
+        h,
+        w,
+        k,
+        stride,
+        padding,
+        oh,
+        ow,
+    };
+    let tracked = x.track_op() || weight.track_op() || bias.is_some_and(Tensor::track_op);
+    let op = ConvGemm {
+        geom,
+        cache: tracked.then(KernelCache::default),
+        relu,
+    };
+    match (tracked, bias) {
+        // Inference: no graph to record.
+        (false, Some(bias)) => x.apply_op3_no_bwd(weight, bias, &op),
+        (false, None) => x.apply_op2_no_bwd(weight, &op),
+        (true, Some(bias)) => x.apply_op3(weight, bias, op),
+        (true, None) => x.apply_op2(weight, op),
+    }
+}
+
+/// Spatial output size of a convolution / pooling window, or `None` when the window does not
+/// fit (PyTorch's floor semantics).
+pub fn conv_out(size: usize, kernel: usize, stride: usize, padding: usize) -> Option<usize> {
+    let padded = size + 2 * padding;
+    if padded < kernel || stride == 0 {
+        None
+    } else {
+        Some((padded - kernel) / stride + 1)
+    }
+}

@@ -1,0 +1,28 @@
+//! CPU kernels with their own backward passes, faster than candle's: convolution (Winograd
+//! F(4×4, 3×3) or F(2×2, 3×3), or im2col + GEMM), 2×2 pooling, ReLU, per-channel statistics and
+//! training-mode batch normalization with its epilogue (residual add, ReLU); their element loops
+//! are compiled for AVX-512 / AVX2 and picked at run time (`ops::simd`). Each is a function over
+//! candle tensors, usable in any candle model; other devices and dtypes fall back to candle's
+//! ops. The layers of this crate ([`crate::layers`], [`crate::batch_norm`]) are built on them;
+//! nothing here knows the layers or communication.
+
+mod batch_norm;
+mod bn_loops;
+mod channel_stats;
+mod conv;
+mod gemm;
+mod im2col;
+mod low_precision;
+mod pool;
+mod relu;
+mod scratch;
+mod simd;
+mod slices;
+mod winograd;
+
+pub use batch_norm::{batch_norm_stats, batch_norm_train, batch_norm_train_with_stats, BatchStats};
+pub use channel_stats::channel_sums;
+pub use conv::{conv2d, conv2d_relu, conv_out};
+pub use low_precision::low_precision;
+pub use pool::{avg_pool2x2, max_pool2x2};
+pub use relu::relu;

@@ -1,0 +1,191 @@
+//! What a run is told ([`TrainConfig`]) and the settings it refuses.
+
+use std::path::PathBuf;
+
+use kolo_data::DatasetKind;
+use kolo_ddp::optim::OptimizerKind;
+use kolo_ddp::{Result, TrainError};
+use kolo_models::ModelKind;
+use serde::{Deserialize, Serialize};
+
+/// Everything one training run needs; the same on every rank.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TrainConfig {
+    /// Model.
+    pub model: ModelKind,
+    /// Dataset.
+    pub dataset: DatasetKind,
+    /// Where the data is (default: the dataset's standard places).
+    pub data_dir: Option<PathBuf>,
+    /// Epochs to train.
+    pub epochs: usize,
+    /// Batch size per worker process (split among its replicas).
+    pub batch_size: usize,
+    /// Replicas per worker process: ranks that are threads of one process, each taking its share of
+    /// every batch of the process (single-process data parallel). The communicator's ranks are
+    /// `process × replicas + replica`.
+    pub replicas: usize,
+    /// Learning rate (of one worker, before scaling).
+    pub lr: f64,
+    /// Optimizer.
+    pub optimizer: OptimizerKind,
+    /// SGD momentum.
+    pub momentum: f64,
+    /// Weight decay.
+    pub weight_decay: f64,
+    /// Seed of the initialization and the sampler.
+    pub seed: u64,
+    /// Gradient bucket size in bytes.
+    pub bucket_bytes: usize,
+    /// Overlap gradient communication with backward.
+    pub overlap: bool,
+    /// Backward passes per optimizer step (gradient accumulation).
+    pub backward_passes_per_step: usize,
+    /// Scale the learning rate by the number of workers (linear scaling rule).
+    pub scale_lr: bool,
+    /// Epochs of learning-rate warm-up when scaling.
+    pub warmup_epochs: f64,
+    /// Run directory (default: a new directory under `runs/`).
+    pub out: Option<PathBuf>,
+    /// Continue from the newest checkpoint in the run directory.
+    pub resume: bool,
+    /// Use only the first N training samples (quick runs and tests).
+    pub train_limit: Option<usize>,
+    /// Use only the first N test samples.
+    pub test_limit: Option<usize>,
+    /// Stop after this many epochs even if `epochs` is larger (to simulate an interrupted job).
+    pub stop_after: Option<usize>,
+    /// Show the progress bar on rank 0.
+    pub progress: bool,
+    /// Test accuracy in (0, 1] whose first epoch is reported as the time to reach it.
+    pub target_accuracy: f64,
+    /// Uneven inputs: every sample once per epoch without padding (ranks may take different numbers
+    /// of batches), a rank out of batches joining the others' steps until all are out
+    /// ([`kolo_ddp::ddp::join`]).
+    pub uneven: bool,
+    /// Synchronized BatchNorm: batch statistics over the global batch of all ranks
+    /// ([`kolo_models::convert_sync_batchnorm`]); the model must have BatchNorm layers.
+    pub sync_bn: bool,
+    /// What forward and backward compute in ([`kolo_ddp::precision`]).
+    pub precision: kolo_ddp::precision::Precision,
+    /// Gradient compression of the bucket all-reduces ([`kolo_ddp::ddp::comm_hook`]).
+    pub compression: kolo_ddp::ddp::Compression,
+    /// How gradients are combined: the average, or Adasum ([`kolo_ddp::ddp::adasum_hook`]).
+    pub reduce: kolo_ddp::ddp::GradientReduce,
+    /// Optimizer-state sharding (ZeRO stage 1, [`kolo_ddp::optim::ShardedOptimizer`]): each rank keeps
+    /// the state of 1/N of the parameters; checkpoints hold the full state.
+    pub shard_optimizer: bool,
+    /// Write a timeline of the run (Chrome trace, [`kolo_ddp::timeline`]) to this file.
+    #[serde(default)]
+    pub timeline: Option<PathBuf>,
+    /// Where the tensors live: the CPU, or one GPU per rank ([`kolo_ddp::device`]).
+    #[serde(default)]
+    pub device: kolo_ddp::device::DeviceKind,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            model: ModelKind::Lenet,
+            dataset: DatasetKind::FashionMnist,
+            data_dir: None,
+            epochs: 10,
+            batch_size: 64,
+            lr: 0.05,
+            optimizer: OptimizerKind::Sgd,
+            momentum: 0.9,
+            weight_decay: 0.0,
+            seed: 0,
+            bucket_bytes: 25 << 20,
+            overlap: true,
+            backward_passes_per_step: 1,
+            scale_lr: false,
+            warmup_epochs: 0.0,
+            out: None,
+            resume: false,
+            train_limit: None,
+            test_limit: None,
+            stop_after: None,
+            progress: true,
+            replicas: 1,
+            target_accuracy: 0.88,
+            uneven: false,
+            sync_bn: false,
+            precision: kolo_ddp::precision::Precision::F32,
+            compression: kolo_ddp::ddp::Compression::None,
+            reduce: kolo_ddp::ddp::GradientReduce::Average,
+            shard_optimizer: false,
+            timeline: None,
+            device: kolo_ddp::device::DeviceKind::Cpu,
+        }
+    }
+}
+
+/// Refuses settings that cannot train, before anything starts.
+pub(super) fn check_config(cfg: &TrainConfig) -> Result<()> {
+    let bad = |arg: &'static str, reason: &str| {
+        Err(TrainError::InvalidArgument {
+            arg,
+            reason: reason.to_string(),
+        })
+    };
+    if cfg.batch_size == 0 {
+        return bad("batch size", "must be at least 1");
+    }
+    if cfg.epochs == 0 {
+        return bad("epochs", "must be at least 1");
+    }
+    if !(cfg.lr.is_finite() && cfg.lr > 0.0) {
+        return bad("learning rate", "must be a positive number");
+    }
+    if cfg.backward_passes_per_step == 0 {
+        return bad("backward passes per step", "must be at least 1");
+    }
+    if cfg.replicas == 0 {
+        return bad("replicas", "must be at least 1");
+    }
+    if cfg.replicas > cfg.batch_size {
+        return Err(TrainError::InvalidArgument {
+            arg: "replicas",
+            reason: format!(
+                "{} replicas are more than the {} samples of a batch (each replica takes a share of every batch)",
+                cfg.replicas, cfg.batch_size
+            ),
+        });
+    }
+    if cfg.uneven && cfg.backward_passes_per_step > 1 {
+        return bad(
+            "uneven",
+            "cannot be combined with more than one backward pass per step (the per-batch loss \
+             check of a rank out of data could not be shadowed)",
+        );
+    }
+    if cfg.sync_bn && !cfg.model.has_batch_norm() {
+        return Err(TrainError::InvalidArgument {
+            arg: "sync-bn",
+            reason: format!(
+                "model {} has no batch norm layers to synchronize (resnet18 has)",
+                cfg.model
+            ),
+        });
+    }
+    if cfg.reduce == kolo_ddp::ddp::GradientReduce::Adasum {
+        if cfg.compression != kolo_ddp::ddp::Compression::None {
+            return bad(
+                "reduce",
+                "Adasum and gradient compression cannot be combined (each replaces the average)",
+            );
+        }
+        if cfg.uneven {
+            return bad(
+                "reduce",
+                "Adasum cannot be combined with --uneven (a joined rank's zero gradient is not \
+                 neutral under Adasum)",
+            );
+        }
+    }
+    if !(cfg.target_accuracy > 0.0 && cfg.target_accuracy <= 1.0) {
+        return bad("target accuracy", "must be in (0, 1]");
+    }
+    Ok(())
+}

@@ -1,0 +1,46 @@
+//! What a run reports: per epoch ([`EpochStats`]) and at the end ([`Summary`]).
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use super::config::TrainConfig;
+
+/// Per-epoch results.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EpochStats {
+    /// Epoch number, from 1.
+    pub epoch: usize,
+    /// Mean training loss over the epoch (all ranks).
+    pub train_loss: f64,
+    /// Mean test loss.
+    pub test_loss: f64,
+    /// Test accuracy in [0, 1].
+    pub test_accuracy: f64,
+    /// Seconds of training in the epoch.
+    pub epoch_seconds: f64,
+    /// Training samples per second, all workers together.
+    pub samples_per_second: f64,
+}
+
+/// What a run produced.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    /// The configuration.
+    pub config: TrainConfig,
+    /// Ranks (worker processes × replicas).
+    pub world_size: usize,
+    /// Epochs trained in this run (after any resumed ones).
+    pub epochs: Vec<EpochStats>,
+    /// Final test accuracy.
+    pub final_accuracy: f64,
+    /// Training samples per second over the run, all workers together.
+    pub samples_per_second: f64,
+    /// Seconds from the start of the run to the end of the first epoch whose test accuracy reached
+    /// [`TrainConfig::target_accuracy`].
+    pub seconds_to_target: Option<f64>,
+    /// Total seconds.
+    pub total_seconds: f64,
+    /// The run directory.
+    pub run_dir: Option<PathBuf>,
+}
