@@ -9,7 +9,7 @@
 #   2. the conformance matrix on NCCL (every collective, element type and operator, against
 #      expected values) with 1 and 2 ranks, and up to 4 where the GPUs are there;
 #   3. a mismatched call on 2 ranks: every rank fails with an error, none hangs;
-#   4. GPU tensors on NCCL (kolo-train's tests/gpu.rs): all-reduce of every float type and
+#   4. GPU tensors on NCCL (kolo-ddp's tests/gpu.rs): all-reduce of every float type and
 #      operator against the host's arithmetic; the DDP invariant with gradient buckets on the GPU;
 #      a mismatched GPU collective; a peer that exits (rank 0's next collective fails in seconds);
 #   5. the matrix example under KOLO_BACKEND=nccl;
@@ -47,7 +47,7 @@ echo "gpu-check: NCCL: ${KOLO_NCCL_LIBRARY:-as the system finds it}"
 
 if [[ -n $prebuilt ]]; then
   bin=$prebuilt
-  nccl_tests=$bin/kolo-nccl-tests conformance=$bin/conformance gpu_tests=$bin/kolo-train-gpu
+  nccl_tests=$bin/kolo-nccl-tests conformance=$bin/conformance gpu_tests=$bin/kolo-ddp-gpu
   matrix=$bin/matrix kolo=$bin/kolo
 else
   command -v nvcc >/dev/null || . scripts/cuda-env.sh
@@ -64,7 +64,7 @@ for line in sys.stdin:
   cargo build --release -p kolo --features nccl --example matrix
   nccl_tests=$(test_exe -p kolo-nccl --lib)
   conformance=$(test_exe -p kolo --features nccl --test conformance)
-  gpu_tests=$(test_exe -p kolo-train --features cuda,nccl --test gpu)
+  gpu_tests=$(test_exe -p kolo-ddp --features cuda,nccl --test gpu)
   set +e
   matrix=target/release/examples/matrix kolo=target/release/kolo
 fi

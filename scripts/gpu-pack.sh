@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds what scripts/gpu-check.sh runs and puts it, stripped, in DIR, for a GPU machine without
 # Rust (a cluster node; the build machine needs no GPU): kolo (with the cuda and nccl features),
-# the NCCL conformance and kolo-nccl tests, kolo-train's GPU tests, the matrix example. On the GPU
+# the NCCL conformance and kolo-nccl tests, kolo-ddp's GPU tests, the matrix example. On the GPU
 # machine: `scripts/gpu-check.sh --prebuilt DIR`, with CUDA's libraries (cudart, cublas, curand:
 # NVIDIA's wheels, or the toolkit) and NCCL on LD_LIBRARY_PATH.
 #
@@ -25,5 +25,5 @@ strip -o "$out/kolo" target/release/kolo
 strip -o "$out/matrix" target/release/examples/matrix
 strip -o "$out/kolo-nccl-tests" "$(test_exe -p kolo-nccl --lib)"
 strip -o "$out/conformance" "$(test_exe -p kolo --features nccl --test conformance)"
-strip -o "$out/kolo-train-gpu" "$(test_exe -p kolo-train --features cuda,nccl --test gpu)"
+strip -o "$out/kolo-ddp-gpu" "$(test_exe -p kolo-ddp --features cuda,nccl --test gpu)"
 ls -l "$out"

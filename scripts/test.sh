@@ -97,8 +97,8 @@ rm -rf target/wheels
 (cd crates/kolo-py && KOLO_BIN="$PWD/../../target/debug/kolo" "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests)
 
 # The MPI backend: the same crates built with the `mpi` feature (a second build of the kolo crates).
-MPI_FEATURES=kolo/mpi,kolo-train/mpi,kolo-cli/mpi
-MPI_CRATES=(-p kolo-mpi -p kolo -p kolo-train -p kolo-cli)
+MPI_FEATURES=kolo/mpi,kolo-ddp/mpi,kolo-train/mpi,kolo-cli/mpi
+MPI_CRATES=(-p kolo-mpi -p kolo -p kolo-ddp -p kolo-train -p kolo-cli)
 
 stage "MPI backend: clippy and docs with the mpi feature"
 cargo clippy "${MPI_CRATES[@]}" --features "$MPI_FEATURES" --all-targets --locked -- -D warnings
@@ -117,7 +117,8 @@ stage "CUDA training build: kolo train --device cuda with NCCL (nvcc from PyPI; 
 # scripts/gpu-check.sh. In a subshell: nvcc and CUDARC_CUDA_VERSION stay out of the other stages.
 (
   CUDA_ENV_LINK=0 . scripts/cuda-env.sh
-  cargo clippy -p kolo-cli -p kolo-train --features kolo-cli/cuda,kolo-cli/nccl --all-targets \
+  cargo clippy -p kolo-cli -p kolo-nn -p kolo-models -p kolo-ddp -p kolo-train \
+    --features kolo-cli/cuda,kolo-cli/nccl --all-targets \
     --locked -- -D warnings
 )
 

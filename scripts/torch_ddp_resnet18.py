@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Peer baseline for `kolo train --model resnet18`: PyTorch DDP (Gloo, CPU, one thread per worker) training
-the ResNet-18 of kolo (crates/kolo-train/src/models/resnet.rs) on Fashion-MNIST.
+the ResNet-18 of kolo (crates/kolo-models/src/resnet.rs) on Fashion-MNIST.
 
 Usage: [MOMENTUM=m] [WEIGHT_DECAY=w] [TRAIN_LIMIT=N] [TEST_LIMIT=N] [MODEL=resnet18|lenet] [DEVICE=cpu|cuda]
            python torch_ddp_resnet18.py N EPOCHS [BATCH] [LR]
