@@ -15,7 +15,7 @@
 //! - [`timeline`]: a Chrome trace of the job (Horovod's timeline);
 //! - [`precision`]: bf16 compute with f32 master weights;
 //! - [`replicas`]: single-process data parallel by hand (d2l's building blocks);
-//! - [`device`] (and [`gpu`](mod@gpu) with the `cuda` feature): where the tensors live.
+//! - [`device`] (and `gpu` with the `cuda` feature: GPU tensors on NCCL): where the tensors live.
 //!
 //! Everything that is communication of variables goes through one place ([`vars_comm`]): the
 //! flat collective over a set of variables and the check that all ranks hold the same ones.
