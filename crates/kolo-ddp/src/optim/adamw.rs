@@ -6,61 +6,10 @@ use std::fmt;
 use candle_core::backprop::GradStore;
 use candle_core::{Result, Tensor, Var};
 
-use super::{
-    grad_of, positional_names, take_state, DynOptimizer, OptimizerKind, OptimizerState, Params,
-};
+use super::config::{AdamWConfig, OptimizerKind};
+use super::state::{grad_of, positional_names, take_state, DynOptimizer, OptimizerState, Params};
 
 const NAME: &str = "adamw";
-
-/// Hyper-parameters of [`AdamW`] (PyTorch's defaults).
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(default)]
-pub struct AdamWConfig {
-    /// Learning rate (default 1e-3).
-    pub lr: f64,
-    /// Decay of the first moment (default 0.9).
-    pub beta1: f64,
-    /// Decay of the second moment (default 0.999).
-    pub beta2: f64,
-    /// Added to the denominator (default 1e-8).
-    pub eps: f64,
-    /// Decoupled weight decay (default 0.01).
-    pub weight_decay: f64,
-}
-
-impl Default for AdamWConfig {
-    fn default() -> Self {
-        Self {
-            lr: 1e-3,
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
-            weight_decay: 0.01,
-        }
-    }
-}
-
-impl AdamWConfig {
-    fn validate(&self) -> Result<()> {
-        let finite_non_negative = |v: f64| v.is_finite() && v >= 0.0;
-        if !finite_non_negative(self.lr) {
-            candle_core::bail!("{NAME}: invalid learning rate {}", self.lr);
-        }
-        if !finite_non_negative(self.eps) {
-            candle_core::bail!("{NAME}: invalid eps {}", self.eps);
-        }
-        if !(0.0..1.0).contains(&self.beta1) {
-            candle_core::bail!("{NAME}: invalid beta1 {} (must be in [0, 1))", self.beta1);
-        }
-        if !(0.0..1.0).contains(&self.beta2) {
-            candle_core::bail!("{NAME}: invalid beta2 {} (must be in [0, 1))", self.beta2);
-        }
-        if !finite_non_negative(self.weight_decay) {
-            candle_core::bail!("{NAME}: invalid weight decay {}", self.weight_decay);
-        }
-        Ok(())
-    }
-}
 
 /// AdamW with PyTorch's `torch.optim.AdamW` update rule (no AMSGrad). For each variable with
 /// gradient `g`, with `t` the number of updates of that variable including this one:

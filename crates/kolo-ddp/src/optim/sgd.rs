@@ -7,62 +7,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use candle_core::backprop::GradStore;
 use candle_core::{Result, Tensor, Var};
 
+use super::config::{OptimizerKind, SgdConfig};
 use super::in_place::{self, MomentumPass, ParamPass};
-use super::{
-    grad_of, positional_names, take_state, DynOptimizer, OptimizerKind, OptimizerState, Params,
-};
+use super::state::{grad_of, positional_names, take_state, DynOptimizer, OptimizerState, Params};
 
 const NAME: &str = "sgd";
-
-/// Hyper-parameters of [`Sgd`] (PyTorch's names and defaults).
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(default)]
-pub struct SgdConfig {
-    /// Learning rate (default 1e-3).
-    pub lr: f64,
-    /// Momentum factor (default 0: plain SGD).
-    pub momentum: f64,
-    /// Dampening for momentum (default 0).
-    pub dampening: f64,
-    /// L2 penalty added to the gradient (default 0).
-    pub weight_decay: f64,
-    /// Nesterov momentum (default false; needs momentum > 0 and dampening = 0).
-    pub nesterov: bool,
-}
-
-impl Default for SgdConfig {
-    fn default() -> Self {
-        Self {
-            lr: 1e-3,
-            momentum: 0.0,
-            dampening: 0.0,
-            weight_decay: 0.0,
-            nesterov: false,
-        }
-    }
-}
-
-impl SgdConfig {
-    fn validate(&self) -> Result<()> {
-        let finite_non_negative = |v: f64| v.is_finite() && v >= 0.0;
-        if !finite_non_negative(self.lr) {
-            candle_core::bail!("{NAME}: invalid learning rate {}", self.lr);
-        }
-        if !finite_non_negative(self.momentum) {
-            candle_core::bail!("{NAME}: invalid momentum {}", self.momentum);
-        }
-        if !self.dampening.is_finite() {
-            candle_core::bail!("{NAME}: invalid dampening {}", self.dampening);
-        }
-        if !finite_non_negative(self.weight_decay) {
-            candle_core::bail!("{NAME}: invalid weight decay {}", self.weight_decay);
-        }
-        if self.nesterov && (self.momentum <= 0.0 || self.dampening != 0.0) {
-            candle_core::bail!("{NAME}: nesterov momentum requires a momentum and zero dampening");
-        }
-        Ok(())
-    }
-}
 
 /// SGD with PyTorch's `torch.optim.SGD` update rule. For each variable with gradient `g`:
 ///

@@ -42,7 +42,9 @@ use candle_core::backprop::GradStore;
 use candle_core::{DType, Tensor, Var, WithDType};
 use kolo::{Communicator, Element};
 
-use super::{build, decode_step, DynOptimizer, OptimizerConfig, OptimizerKind, OptimizerState};
+use super::build::build;
+use super::config::{OptimizerConfig, OptimizerKind};
+use super::state::{decode_step, DynOptimizer, OptimizerState, StateSnapshot};
 use crate::error::{Result, TrainError};
 use crate::vars_comm;
 
@@ -84,41 +86,6 @@ fn candle_err(e: TrainError) -> candle_core::Error {
     match e {
         TrainError::Candle(e) => e,
         other => candle_core::Error::wrap(other),
-    }
-}
-
-/// The optimizer state to write to a checkpoint, as returned by
-/// [`DynOptimizer::gather_state`]: the full state of every variable (named as an unsharded
-/// optimizer names it) and the optimizer's step count. Pass it to
-/// [`crate::checkpoint::save`] as the optimizer.
-#[derive(Clone, Debug)]
-pub struct StateSnapshot {
-    /// Named state tensors, in the order of the variables.
-    pub tensors: Vec<(String, Tensor)>,
-    /// The optimizer's step count.
-    pub step_count: u64,
-}
-
-impl OptimizerState for StateSnapshot {
-    fn state(&self) -> Vec<(String, Tensor)> {
-        self.tensors.clone()
-    }
-
-    /// Replaces the tensors by `state` (sorted by name); no validation.
-    fn load_state(&mut self, state: &HashMap<String, Tensor>) -> candle_core::Result<()> {
-        let mut tensors: Vec<(String, Tensor)> =
-            state.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-        tensors.sort_by(|a, b| a.0.cmp(&b.0));
-        self.tensors = tensors;
-        Ok(())
-    }
-
-    fn step_count(&self) -> u64 {
-        self.step_count
-    }
-
-    fn set_step_count(&mut self, n: u64) {
-        self.step_count = n;
     }
 }
 

@@ -28,7 +28,7 @@ use serde::Deserialize;
 
 use kolo_collectives::cost::Link;
 
-use super::SimError;
+use super::error::SimError;
 
 /// A link as written in the description.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Deserialize)]

@@ -17,9 +17,9 @@ use kolo_collectives::cost::{self, Link};
 use kolo_collectives::select::{self, Group, Hosts, Overrides};
 
 use super::cluster::{AlgoChoice, Cluster};
+use super::error::SimError;
 use super::overlap;
 use super::profile::Profile;
-use super::SimError;
 use kolo_ddp::ddp::BucketLayout;
 
 /// The prediction for one world size.

@@ -21,7 +21,7 @@ use candle_nn::var_builder::SimpleBackend;
 use candle_nn::{Init, VarBuilder, VarMap};
 use serde::{Deserialize, Serialize};
 
-use super::SimError;
+use super::error::SimError;
 use kolo_ddp::optim::{Sgd, SgdConfig};
 use kolo_models::{self as models, ModelKind};
 

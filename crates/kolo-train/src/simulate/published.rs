@@ -10,8 +10,8 @@
 //! (VGG-16's per-layer FLOPs are exact at 224×224; the ResNet-101 and Inception V3 shares are
 //! per stage, approximate). Reduction runs on the GPU (γ = 0.002 ns/byte).
 
+use super::error::SimError;
 use super::profile::{ParamProfile, Profile};
-use super::SimError;
 
 /// Images per GPU and step in the published benchmarks.
 pub const BATCH: usize = 64;

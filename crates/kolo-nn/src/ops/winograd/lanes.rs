@@ -1,11 +1,36 @@
 //! The lane vectors the Winograd passes work on ([`LANES`] tiles at a time, one SIMD register of
-//! f32 per value), the interface of an algorithm's transforms ([`Transforms`]), and the loads,
-//! stores and two-sided application between them and the chunk buffers. All `#[inline(always)]`:
-//! they are inlined into the vectorized passes of [`super::passes`].
+//! f32 per value) and the tiling they come from ([`Tiles`]), the interface of an algorithm's
+//! transforms ([`Transforms`]), and the loads, stores and two-sided application between them and
+//! the chunk buffers. All `#[inline(always)]`: they are inlined into the vectorized passes of
+//! [`super::passes`].
 
 use candle_core::WithDType;
 
-use super::LANES;
+use crate::ops::im2col::Geom;
+
+/// Tiles transformed together.
+pub(super) const LANES: usize = 16;
+
+/// The tiling of a chunk of samples: tile rows and columns per sample.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Tiles {
+    pub(super) rows: usize,
+    pub(super) cols: usize,
+}
+
+impl Tiles {
+    /// The tiling of `g`'s output by `m × m` tiles.
+    pub(super) fn of(g: &Geom, m: usize) -> Self {
+        Tiles {
+            rows: g.oh.div_ceil(m),
+            cols: g.ow.div_ceil(m),
+        }
+    }
+
+    pub(super) fn per_sample(&self) -> usize {
+        self.rows * self.cols
+    }
+}
 
 pub(super) type Lanes<T> = [T; LANES];
 

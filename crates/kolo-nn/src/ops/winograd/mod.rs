@@ -12,8 +12,8 @@
 //! input gradient the forward pass's adjoint (`dV[e] = U[e]ᵀ @ dM[e]`, then `B dV Bᵀ` added tile
 //! by tile, overlapping tiles summing up).
 //!
-//! The transforms work on [`LANES`] tiles at a time (one SIMD register of f32 per value); both
-//! algorithms share every pass, generic over their [`Transforms`](lanes::Transforms).
+//! The transforms work on [`LANES`](lanes::LANES) tiles at a time (one SIMD register of f32 per
+//! value); both algorithms share every pass, generic over their [`Transforms`](lanes::Transforms).
 
 use std::borrow::Cow;
 
@@ -30,15 +30,12 @@ mod passes;
 mod tests;
 mod transforms;
 
-use lanes::Transforms;
+use lanes::{Tiles, Transforms};
 use passes::{
     grad_transform, input_grad_transform, input_transform, kernel_grad_transform, kernel_transform,
     output_transform, OutChunk,
 };
 use transforms::{F2, F4};
-
-/// Tiles transformed together.
-const LANES: usize = 16;
 
 /// Which Winograd algorithm a convolution takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,27 +87,6 @@ pub(super) fn eligible(g: &Geom, c_out: usize) -> Option<Variant> {
         .map(|v| (v, cost(v)))
         .min_by_key(|&(_, c)| c)?;
     (4 * direct >= 5 * winograd).then_some(variant)
-}
-
-/// The tiling of a chunk of samples: tile rows and columns per sample.
-#[derive(Debug, Clone, Copy)]
-struct Tiles {
-    rows: usize,
-    cols: usize,
-}
-
-impl Tiles {
-    /// The tiling of `g`'s output by `m × m` tiles.
-    fn of(g: &Geom, m: usize) -> Self {
-        Tiles {
-            rows: g.oh.div_ceil(m),
-            cols: g.ow.div_ceil(m),
-        }
-    }
-
-    fn per_sample(&self) -> usize {
-        self.rows * self.cols
-    }
 }
 
 /// Bytes of a chunk's `V` and `M` (`e` values per tile): about 4 MiB. Smaller chunks measured

@@ -4,8 +4,7 @@
 
 use candle_core::WithDType;
 
-use super::lanes::{copy_lanes, load, store, two_sided, Lanes, Transforms};
-use super::{Tiles, LANES};
+use super::lanes::{copy_lanes, load, store, two_sided, Lanes, Tiles, Transforms, LANES};
 use crate::ops::simd::vectorized_fn;
 
 /// Every `N × N` tile of every channel of the padded chunk `p` (planes of `pp` values, rows `pw`

@@ -7,8 +7,7 @@
 
 use candle_core::WithDType;
 
-use super::lanes::{Lanes, Transforms};
-use super::LANES;
+use super::lanes::{Lanes, Transforms, LANES};
 
 fn k<T: WithDType>(v: f64) -> T {
     T::from_f64(v)

@@ -1,0 +1,16 @@
+//! Any optimizer from its configuration ([`build`]).
+
+use candle_core::{Result, Var};
+
+use super::adamw::AdamW;
+use super::config::OptimizerConfig;
+use super::sgd::Sgd;
+use super::state::DynOptimizer;
+
+/// Builds a boxed optimizer over `vars` (name, variable) pairs, in the given order.
+pub fn build(vars: Vec<(String, Var)>, config: OptimizerConfig) -> Result<Box<dyn DynOptimizer>> {
+    Ok(match config {
+        OptimizerConfig::Sgd(c) => Box::new(Sgd::new(vars, c)?),
+        OptimizerConfig::AdamW(c) => Box::new(AdamW::new(vars, c)?),
+    })
+}
