@@ -8,7 +8,7 @@
 //! 3×32×32 images.
 //!
 //! ```text
-//! cargo run --release -p kolo-train --example zero_memory -- [--batch 8] [--steps 2] [--worlds 1,2,4]
+//! cargo run --release -p kolo-ddp --example zero_memory -- [--batch 8] [--steps 2] [--worlds 1,2,4]
 //! ```
 
 use std::io::{BufRead, BufReader};
