@@ -228,7 +228,7 @@ impl BatchNorm {
             // The statistics of the batch — of the global batch, all-reduced, when synchronized.
             let stats = ops::batch_norm_stats(x)?;
             let stats = match &self.comm {
-                Some(comm) => all_reduce_sum(&stats, comm)?,
+                Some(comm) => stats.map(|s| all_reduce_sum(s, comm))?,
                 None => stats,
             };
             if let Some((y, batch)) =
@@ -237,7 +237,7 @@ impl BatchNorm {
                 self.update_from(&batch, x)?;
                 return Ok(y);
             }
-            self.forward_train_composed(x, &stats)?
+            self.forward_train_composed(x, stats.tensor())?
         } else {
             self.forward_eval(x)?
         };

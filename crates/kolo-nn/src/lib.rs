@@ -20,8 +20,9 @@
 //! layers nor communication. Synchronized BatchNorm's all-reduce sits in the layer, between the
 //! statistics op ([`ops::batch_norm_stats`]) and the normalization op
 //! ([`ops::batch_norm_train_with_stats`]), as a differentiable [`autograd::all_reduce_sum`] whose
-//! backward pass sums the statistics' gradients over the ranks. The crate depends on kolo (for
-//! the communicator), candle and gemm only.
+//! backward pass sums the statistics' gradients over the ranks; the normalization leaves its input
+//! gradient to the statistics' backward pass ([`ops::BatchNormStats`]), which writes all of it in
+//! one pass. The crate depends on kolo (for the communicator), candle and gemm only.
 
 pub mod autograd;
 pub mod batch_norm;

@@ -27,6 +27,9 @@
 //!
 //! [`ShardedOptimizer`] keeps the state of only its share of the variables on each rank (ZeRO
 //! stage 1); its checkpoints have the layout above (see [`DynOptimizer::gather_state`]).
+//!
+//! [`GradStore`]: candle_core::backprop::GradStore
+//! [`Var::set`]: candle_core::Var::set
 
 mod adamw;
 mod build;

@@ -4,10 +4,37 @@
 //! Composing it from candle ops (convert to f64, square, reduce twice) reads the activations
 //! five times forward and about as often backward; this op reads them once forward and its
 //! backward, `∂/∂x = g₁[c] + 2·x·g₂[c]`, is one element-wise pass in the input's type on CPU.
+//!
+//! A consumer of the sums whose own input gradient is one more element-wise pass over the same
+//! input (batch normalization's) can leave it in a [`GradLink`]: this op's backward pass then
+//! computes the whole input gradient in that one pass, from the sums' gradient, instead of two
+//! passes and candle's addition of the two.
+
+use std::sync::{Arc, Mutex};
 
 use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape, Tensor, WithDType};
 
 use super::bn_loops;
+
+/// The input gradient of the op, given the input (`[B, C, S]` values) and the gradient of the sums
+/// (`[Σx…, Σx²…]` in f64): what a consumer of the sums leaves in a [`GradLink`].
+pub(crate) type FinishGrad = Box<dyn FnOnce(&Tensor, &[f64]) -> candle_core::Result<Tensor> + Send>;
+
+/// Where the consumer of a [`channel_sums_linked`] op leaves, during its backward pass (which
+/// runs first), how to compute the whole input gradient; the op's backward pass takes it.
+#[derive(Clone, Default)]
+pub(crate) struct GradLink(Arc<Mutex<Option<FinishGrad>>>);
+
+impl GradLink {
+    /// Leaves `finish` for the op's backward pass.
+    pub(crate) fn set(&self, finish: FinishGrad) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(finish);
+    }
+
+    fn take(&self) -> Option<FinishGrad> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}
 
 /// `[Σx over b, s for each c…, Σx² over b, s for each c…]` (`[2C]`, f64) of `x` (`[B, C, S]`,
 /// f32 or f64), differentiable.
@@ -15,17 +42,36 @@ pub fn channel_sums(x: &Tensor) -> candle_core::Result<Tensor> {
     if x.rank() != 3 {
         candle_core::bail!("channel_sums: expected [B, C, S], got {:?}", x.shape());
     }
+    channel_sums_linked(x, x.dims3()?, None)
+}
+
+/// [`channel_sums`] of `x` of any shape holding `[B, C, S]` (`dims`) values in order (no reshape:
+/// its gradient goes straight to `x`), whose backward pass computes the input gradient the
+/// consumer left in `link`, if any (see the module notes).
+pub(crate) fn channel_sums_linked(
+    x: &Tensor,
+    (batch, channels, per_channel): (usize, usize, usize),
+    link: Option<GradLink>,
+) -> candle_core::Result<Tensor> {
+    if x.elem_count() != batch * channels * per_channel {
+        candle_core::bail!(
+            "channel_sums: {:?} does not hold [{batch}, {channels}, {per_channel}]",
+            x.shape()
+        );
+    }
     let x = x.contiguous()?;
-    let (batch, channels, per_channel) = x.dims3()?;
     if x.device().is_cpu() {
         x.apply_op1(ChannelSums {
             batch,
             channels,
             per_channel,
+            link,
         })
     } else {
         // No device kernel: the same math from candle ops.
-        let x64 = x.to_dtype(DType::F64)?;
+        let x64 = x
+            .reshape((batch, channels, per_channel))?
+            .to_dtype(DType::F64)?;
         let sum = x64.sum(2)?.sum(0)?;
         let sum_sq = x64.sqr()?.sum(2)?.sum(0)?;
         Tensor::cat(&[&sum, &sum_sq], 0)
@@ -40,6 +86,7 @@ pub(crate) fn channel_sums_no_grad(x: &Tensor) -> candle_core::Result<Vec<f64>> 
             batch,
             channels,
             per_channel,
+            link: None,
         })?
         .to_vec1()
 }
@@ -49,6 +96,7 @@ struct ChannelSums {
     batch: usize,
     channels: usize,
     per_channel: usize,
+    link: Option<GradLink>,
 }
 
 impl ChannelSums {
@@ -97,6 +145,10 @@ impl CustomOp1 for ChannelSums {
     ) -> candle_core::Result<Option<Tensor>> {
         let c = self.channels;
         let dtype = arg.dtype();
+        if let Some(finish) = self.link.as_ref().and_then(GradLink::take) {
+            let g: Vec<f64> = grad.to_dtype(DType::F64)?.to_vec1()?;
+            return Ok(Some(finish(arg, &g)?));
+        }
         if arg.device().is_cpu() && matches!(dtype, DType::F32 | DType::F64) {
             let grad = grad.to_dtype(DType::F64)?.contiguous()?;
             let dx = arg
@@ -108,7 +160,9 @@ impl CustomOp1 for ChannelSums {
         let g_sum_sq = (grad.narrow(0, c, c)? * 2.0)?
             .to_dtype(dtype)?
             .reshape((1, c, 1))?;
-        Ok(Some(arg.broadcast_mul(&g_sum_sq)?.broadcast_add(&g_sum)?))
+        let x = arg.reshape((self.batch, c, self.per_channel))?;
+        let dx = x.broadcast_mul(&g_sum_sq)?.broadcast_add(&g_sum)?;
+        Ok(Some(dx.reshape(arg.shape())?))
     }
 }
 

@@ -20,7 +20,9 @@ mod simd;
 mod slices;
 mod winograd;
 
-pub use batch_norm::{batch_norm_stats, batch_norm_train, batch_norm_train_with_stats, BatchStats};
+pub use batch_norm::{
+    batch_norm_stats, batch_norm_train, batch_norm_train_with_stats, BatchNormStats, BatchStats,
+};
 pub use channel_stats::channel_sums;
 pub use conv::{conv2d, conv2d_relu, conv_out};
 pub use low_precision::low_precision;
