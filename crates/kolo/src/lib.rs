@@ -57,7 +57,8 @@ pub use kolo_core::gpu::device_ordinal as gpu_ordinal;
 /// kolo's settings (`KOLO_*` variables) and where they are read from.
 pub use kolo_core::settings;
 pub use kolo_core::{
-    Algorithm, Call, DType, DeviceBuffer, Element, Error, OpKind, ReduceOp, Result, Transport,
+    Algorithm, Call, DType, DeviceBuffer, Element, Error, ErrorKind, OpKind, ReduceOp, Result,
+    Transport,
 };
 /// The rendezvous stores.
 pub use kolo_store as store;
