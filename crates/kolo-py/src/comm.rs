@@ -15,7 +15,7 @@ use crate::args::{pair, typed};
 use crate::buffer::{hold, hold_opt, Source, Target};
 use crate::names::{parse_op, parse_opt_dtype};
 use crate::objects::Pickled;
-use crate::run::{register, Lane};
+use crate::run::{register, Direction, Lane};
 
 /// A kolo communicator and the state of its asynchronous operations.
 #[pyclass(name = "Communicator", module = "kolo._kolo", frozen)]
@@ -389,7 +389,7 @@ impl PyCommunicator {
     ) -> PyResult<()> {
         let h = hold(buf, parse_opt_dtype(dtype)?, "buf", false)?;
         let dt = h.region.dtype;
-        typed!(dt, T => self.p2p(py, done, Source::<T>::alone(h)?, true, move |c, s| {
+        typed!(dt, T => self.p2p(py, done, Source::<T>::alone(h)?, Direction::Send, move |c, s| {
             c.send(s.elements(), dest, tag)
         }))
     }
@@ -406,7 +406,7 @@ impl PyCommunicator {
     ) -> PyResult<()> {
         let h = hold(buf, parse_opt_dtype(dtype)?, "buf", true)?;
         let dt = h.region.dtype;
-        typed!(dt, T => self.p2p(py, done, Target::<T>::new(h)?, false, move |c, b| {
+        typed!(dt, T => self.p2p(py, done, Target::<T>::new(h)?, Direction::Recv, move |c, b| {
             c.recv(b.elements_mut(), src, tag)
         }))
     }
@@ -419,7 +419,9 @@ impl PyCommunicator {
         src: usize,
         tag: u64,
     ) -> PyResult<Bound<'py, PyBytes>> {
-        let v = self.blocking(py, move |c| c.recv_vec::<u8>(src, tag))?;
+        let v = self.blocking_after(py, Some(Direction::Recv), move |c| {
+            c.recv_vec::<u8>(src, tag)
+        })?;
         Ok(PyBytes::new(py, &v))
     }
 

@@ -9,7 +9,12 @@
 //! and Ctrl-C still raising, `close()` and the exit ([`shutdown_all`]) can let them finish (their
 //! completions run Python code), and a closed communicator refuses new ones — and orders the
 //! asynchronous point-to-point operations, which kolo's queue (numbered collectives) does not
-//! take: each runs after every operation issued before it, a receive on a thread of its own.
+//! take: each runs after the collectives issued before it and after the earlier operations of
+//! its direction (sends in order, receives in order), a receive on a thread of its own. Blocking
+//! operations keep the same order. A send does not wait for an earlier receive (kolo's sends are
+//! buffered: receives posted before the sends on both sides must not wait for each other), nor a
+//! collective for an earlier send or receive (wait for its `Work` first where the collective uses
+//! its buffer).
 
 use std::cell::Cell;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
@@ -38,22 +43,58 @@ struct State {
     /// Collectives queued on kolo's work queue (they complete in issue order), and completed.
     issued: u64,
     finished: u64,
-    /// Point-to-point operations (each runs after the one before it), and completed.
-    p2p_issued: u64,
-    p2p_finished: u64,
+    /// Sends and receives (each runs after the one of its direction before it).
+    p2p: [Chain; 2],
+}
+
+/// Point-to-point operations of one direction issued, and completed.
+#[derive(Debug, Default, Clone, Copy)]
+struct Chain {
+    issued: u64,
+    finished: u64,
+}
+
+/// A direction of point-to-point operations: its chain in [`State::p2p`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Direction {
+    Send = 0,
+    Recv = 1,
+}
+
+impl State {
+    /// The asynchronous operations issued so far.
+    fn mark(&self) -> Mark {
+        Mark {
+            issued: self.issued,
+            p2p: self.p2p.map(|c| c.issued),
+        }
+    }
+
+    /// The asynchronous operations issued so far that an operation of `direction` (a collective:
+    /// `None`) runs after.
+    fn mark_for(&self, direction: Option<Direction>) -> Mark {
+        let mut m = Mark {
+            issued: self.issued,
+            p2p: [0; 2],
+        };
+        if let Some(d) = direction {
+            m.p2p[d as usize] = self.p2p[d as usize].issued;
+        }
+        m
+    }
 }
 
 /// The asynchronous operations issued before an operation.
 #[derive(Debug, Clone, Copy)]
 struct Mark {
     issued: u64,
-    p2p: u64,
+    p2p: [u64; 2],
 }
 
 impl Mark {
     /// Whether all of them have completed.
     fn passed(self, s: &State) -> bool {
-        s.finished >= self.issued && s.p2p_finished >= self.p2p
+        s.finished >= self.issued && s.p2p.iter().zip(self.p2p).all(|(c, m)| c.finished >= m)
     }
 }
 
@@ -124,18 +165,15 @@ impl Lane {
         }
     }
 
-    /// Before a blocking operation: the communicator open, and every asynchronous operation
-    /// issued before it complete.
-    fn before_blocking(&self, py: Python<'_>) -> PyResult<()> {
+    /// Before a blocking operation of `direction` (a collective: `None`): the communicator
+    /// open, and the asynchronous operations it runs after complete.
+    fn before_blocking(&self, py: Python<'_>, direction: Option<Direction>) -> PyResult<()> {
         let mark = {
             let s = self.lock();
             if s.closed {
                 return Err(closed());
             }
-            Mark {
-                issued: s.issued,
-                p2p: s.p2p_issued,
-            }
+            s.mark_for(direction)
         };
         if self.completing_here() && !mark.passed(&self.lock()) {
             return Err(PyRuntimeError::new_err(
@@ -156,19 +194,21 @@ impl Lane {
         Ok(())
     }
 
-    /// Counts an asynchronous point-to-point operation issued: the operations before it, and its
-    /// turn among the point-to-point ones.
-    fn begin_p2p(&self) -> PyResult<(Mark, u64)> {
+    /// Counts an asynchronous point-to-point operation issued; when it may run: after the
+    /// collectives issued before it and the operations of its direction before it.
+    fn begin_p2p(&self, d: Direction) -> PyResult<impl Fn(&State) -> bool + Copy + Send> {
         let mut s = self.lock();
         if s.closed {
             return Err(closed());
         }
-        let mark = Mark {
-            issued: s.issued,
-            p2p: s.p2p_issued,
-        };
-        s.p2p_issued += 1;
-        Ok((mark, mark.p2p))
+        let (collectives, turn) = (s.issued, s.p2p[d as usize].issued);
+        s.p2p[d as usize].issued += 1;
+        Ok(move |s: &State| s.finished >= collectives && s.p2p[d as usize].finished == turn)
+    }
+
+    /// Counts a point-to-point operation of direction `d` completed.
+    fn end_p2p(&self, d: Direction) {
+        self.update(|s| s.p2p[d as usize].finished += 1);
     }
 
     /// Completes an asynchronous operation: its buffers released and `done(None)` or
@@ -200,16 +240,12 @@ impl Lane {
     /// Waits (the GIL released) until every asynchronous operation issued has completed, at
     /// most until `deadline`; whether they have.
     pub(crate) fn drain(&self, deadline: Option<Instant>) -> bool {
-        self.wait_until(deadline, |s| {
-            s.finished >= s.issued && s.p2p_finished >= s.p2p_issued
-        })
+        self.wait_until(deadline, |s| s.mark().passed(s))
     }
 
     /// [`Lane::drain`] without a deadline, Ctrl-C raising.
     pub(crate) fn drain_interruptibly(&self, py: Python<'_>) -> PyResult<()> {
-        self.wait_interruptibly(py, |s| {
-            s.finished >= s.issued && s.p2p_finished >= s.p2p_issued
-        })
+        self.wait_interruptibly(py, |s| s.mark().passed(s))
     }
 }
 
@@ -256,14 +292,25 @@ pub(crate) fn shutdown_all(py: Python<'_>, grace: Duration) {
 }
 
 impl PyCommunicator {
-    /// Runs `f` as a blocking operation: after the asynchronous operations issued before it
+    /// Runs `f` as a blocking collective: after the asynchronous collectives issued before it
     /// (waiting for them with Ctrl-C raising), with the GIL released.
     pub(crate) fn blocking<R: Send>(
         &self,
         py: Python<'_>,
         f: impl FnOnce(&Communicator) -> kolo::Result<R> + Send,
     ) -> PyResult<R> {
-        self.lane.before_blocking(py)?;
+        self.blocking_after(py, None, f)
+    }
+
+    /// [`PyCommunicator::blocking`] for an operation of `direction`: also after the asynchronous
+    /// ones of that direction.
+    pub(crate) fn blocking_after<R: Send>(
+        &self,
+        py: Python<'_>,
+        direction: Option<Direction>,
+        f: impl FnOnce(&Communicator) -> kolo::Result<R> + Send,
+    ) -> PyResult<R> {
+        self.lane.before_blocking(py, direction)?;
         let comm = &*self.comm;
         py.detach(|| f(comm)).map_err(to_py)
     }
@@ -301,31 +348,30 @@ impl PyCommunicator {
         Ok(())
     }
 
-    /// A point-to-point operation `run` on `buffers`: blocking without `done`; with it, after
-    /// every operation issued before it — at once on this thread if those have completed and
-    /// the operation is `eager` (a send: kolo's sends are buffered), else on a thread of its
-    /// own — and `done` is called when it completes.
+    /// A point-to-point operation `run` on `buffers`: blocking without `done`; with it, when
+    /// it may run (see the module's documentation) — at once on this thread if it may already
+    /// and is a send (kolo's sends are buffered), else on a thread of its own — and `done` is
+    /// called when it completes.
     pub(crate) fn p2p<B: Send + 'static>(
         &self,
         py: Python<'_>,
         done: Option<Py<PyAny>>,
         mut buffers: B,
-        eager: bool,
+        direction: Direction,
         run: impl FnOnce(&Communicator, &mut B) -> kolo::Result<()> + Send + 'static,
     ) -> PyResult<()> {
         let Some(done) = done else {
-            let r = self.blocking(py, |c| run(c, &mut buffers));
+            let r = self.blocking_after(py, Some(direction), |c| run(c, &mut buffers));
             drop(buffers);
             return r;
         };
-        let (mark, turn) = self.lane.begin_p2p()?;
-        let ready = move |s: &State| mark.passed(s) && s.p2p_finished == turn;
+        let ready = self.lane.begin_p2p(direction)?;
         let lane = self.lane.clone();
-        if eager && ready(&lane.lock()) {
+        if matches!(direction, Direction::Send) && ready(&lane.lock()) {
             let comm = &*self.comm;
             let r = py.detach(|| run(comm, &mut buffers));
             lane.complete(r.map(|()| buffers), done);
-            lane.update(|s| s.p2p_finished += 1);
+            lane.end_p2p(direction);
             return Ok(());
         }
         let comm = self.comm.clone();
@@ -335,14 +381,14 @@ impl PyCommunicator {
                 lane.wait_until(None, ready);
                 let r = run(&comm, &mut buffers);
                 lane.complete(r.map(|()| buffers), done);
-                lane.update(|s| s.p2p_finished += 1);
+                lane.end_p2p(direction);
             }
         };
         let name = format!("kolo-p2p-{}", self.comm.rank());
         if let Err(e) = std::thread::Builder::new().name(name).spawn(job) {
             // The operation is lost; its turn must still pass to the ones after it.
             py.detach(|| lane.wait_until(None, ready));
-            lane.update(|s| s.p2p_finished += 1);
+            lane.end_p2p(direction);
             return Err(PyRuntimeError::new_err(format!(
                 "could not start a thread for the operation: {e}"
             )));
