@@ -155,6 +155,8 @@ pub enum Error {
         rank: usize,
         /// Rank that aborted.
         by: usize,
+        /// The kind of the aborting rank's error ([`Error::kind`] of it).
+        kind: crate::ErrorKind,
         /// The aborting rank's error.
         reason: String,
     },
@@ -299,7 +301,7 @@ pub enum LinkFailure {
     Aborted {
         /// Aborting rank.
         by: usize,
-        /// Its error.
+        /// Its error, with the error's kind in front ([`crate::error_kind::encode_abort`]).
         reason: String,
     },
     /// `peer` sent an invalid frame.
@@ -338,12 +340,16 @@ impl LinkFailure {
                 reason,
             },
             LinkFailure::PeerClosed { peer } => Error::PeerClosed { op, rank, peer },
-            LinkFailure::Aborted { by, reason } => Error::Aborted {
-                op,
-                rank,
-                by,
-                reason,
-            },
+            LinkFailure::Aborted { by, reason } => {
+                let (kind, reason) = crate::error_kind::decode_abort(&reason);
+                Error::Aborted {
+                    op,
+                    rank,
+                    by,
+                    kind,
+                    reason,
+                }
+            }
             LinkFailure::Protocol { peer, reason } => Error::Protocol { rank, peer, reason },
             LinkFailure::Mismatch {
                 peer,
@@ -357,12 +363,16 @@ impl LinkFailure {
                 remote,
                 tag,
             },
-            LinkFailure::LocalClosed { reason } => Error::Aborted {
-                op,
-                rank,
-                by: rank,
-                reason,
-            },
+            LinkFailure::LocalClosed { reason } => {
+                let (kind, reason) = crate::error_kind::decode_abort(&reason);
+                Error::Aborted {
+                    op,
+                    rank,
+                    by: rank,
+                    kind,
+                    reason,
+                }
+            }
         }
     }
 }

@@ -74,8 +74,9 @@ impl Progress {
     /// Draws a bar on stderr if it is a terminal (and `TERM` is not `dumb`),
     /// otherwise prints plain lines to stderr.
     pub fn new(total_steps_in_epoch: u64, epoch: u64, epochs: u64) -> Progress {
-        let interactive =
-            std::io::stderr().is_terminal() && std::env::var_os("TERM").is_none_or(|t| t != "dumb");
+        use kolo_core::settings::Env;
+        let term = kolo_core::settings::ProcessEnv.lookup_os("TERM");
+        let interactive = std::io::stderr().is_terminal() && term.is_none_or(|t| t != "dumb");
         if interactive {
             Self::with_bar(
                 total_steps_in_epoch,

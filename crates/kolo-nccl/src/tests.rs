@@ -245,5 +245,8 @@ fn kolo_nccl_library_goes_first_when_set() {
         ["/opt/nccl/libnccl.so.2", "libnccl.so.2", "libnccl.so"]
     );
     let empty: MapEnv = [("KOLO_NCCL_LIBRARY", "")].into_iter().collect();
-    assert_eq!(crate::ffi::candidates(empty), ["libnccl.so.2", "libnccl.so"]);
+    assert_eq!(
+        crate::ffi::candidates(empty),
+        ["libnccl.so.2", "libnccl.so"]
+    );
 }

@@ -1,20 +1,30 @@
 //! Python buffers (numpy arrays, `bytearray`, `memoryview`, `array.array`, a torch tensor's numpy
 //! view) as kolo's element slices: their element type read from the buffer's format, checked to
 //! be C-contiguous, aligned and (where kolo writes) writable, and held so that their memory stays
-//! put while a collective runs.
+//! put while a collective runs — as [`Target`] (written in place, or received into) and
+//! [`Source`] (read), kolo's [`CollectiveBuffer`]s, which kolo owns while an asynchronous
+//! collective runs and hands back when it completes.
 
-use kolo::DType;
+use std::cell::OnceCell;
+use std::marker::PhantomData;
+
+use kolo::{CollectiveBuffer, DType, Element};
 use pyo3::buffer::PyUntypedBuffer;
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
+use crate::names::{dtype_list, dtype_name};
+
 /// A held buffer: the exporter cannot free or move the memory until this is dropped (dropping
-/// takes the GIL, so drop it where the GIL is held or can be taken).
+/// takes the GIL where it can; during the interpreter's finalization the export is left as it
+/// is). `None` stands for an absent buffer (a non-root rank's), an empty region.
 #[derive(Debug)]
 pub(crate) struct Held {
     // Kept for its `Drop` (releases the export); the memory is reached through `region`.
-    _buf: PyUntypedBuffer,
+    _buf: Option<PyUntypedBuffer>,
     pub(crate) region: Region,
+    /// Whether kolo may write into it (held for writing, or absent).
+    writable: bool,
 }
 
 /// The memory of a held buffer: `count` elements of `dtype` at `ptr`.
@@ -25,14 +35,13 @@ pub(crate) struct Region {
     pub(crate) dtype: DType,
 }
 
-// SAFETY: a `Region` is only dereferenced while the buffer it came from is held (the `Held` is
-// moved into the same job, or the calling thread waits for the job), and kolo's jobs run one at
-// a time, so the memory is valid wherever the region is sent.
+// SAFETY: a `Region` is only dereferenced through the `Target` or `Source` that holds its buffer
+// (or, for `overlaps`, not at all), so the memory is valid wherever it is sent.
 unsafe impl Send for Region {}
 
 impl Region {
     /// An empty region (a non-root rank's absent buffer).
-    pub(crate) fn empty(dtype: DType) -> Region {
+    fn empty(dtype: DType) -> Region {
         Region {
             ptr: std::ptr::NonNull::<u64>::dangling().as_ptr().cast(),
             count: 0,
@@ -45,7 +54,7 @@ impl Region {
     }
 
     /// Whether the two regions share memory.
-    pub(crate) fn overlaps(&self, other: &Region) -> bool {
+    fn overlaps(&self, other: &Region) -> bool {
         let (a, b) = (self.ptr as usize, other.ptr as usize);
         self.bytes() > 0 && other.bytes() > 0 && a < b + other.bytes() && b < a + self.bytes()
     }
@@ -53,10 +62,9 @@ impl Region {
     /// The elements.
     ///
     /// # Safety
-    /// The buffer must be held, `T` must be `self.dtype`'s type (checked: a mismatch is a
-    /// panic-free error upstream, here an assertion in debug builds), and no `&mut` to it may be
-    /// alive.
-    pub(crate) unsafe fn slice<'a, T: kolo::Element>(self) -> &'a [T] {
+    /// The buffer must be held for `'a`, `T` must be `self.dtype`'s type, and no `&mut` to the
+    /// memory may be alive.
+    unsafe fn slice<'a, T: Element>(self) -> &'a [T] {
         debug_assert_eq!(T::DTYPE, self.dtype);
         // SAFETY: per this function's contract; alignment and length were checked by `hold`.
         unsafe { std::slice::from_raw_parts(self.ptr.cast::<T>(), self.count) }
@@ -65,32 +73,126 @@ impl Region {
     /// The elements, to write.
     ///
     /// # Safety
-    /// As [`Region::slice`], and no other reference to the memory may be alive.
-    pub(crate) unsafe fn slice_mut<'a, T: kolo::Element>(self) -> &'a mut [T] {
+    /// As [`Region::slice`], the buffer held for writing, and no other reference to the memory
+    /// alive.
+    unsafe fn slice_mut<'a, T: Element>(self) -> &'a mut [T] {
         debug_assert_eq!(T::DTYPE, self.dtype);
         // SAFETY: per this function's contract; the buffer was exported writable.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.cast::<T>(), self.count) }
     }
 }
 
-/// kolo's element type named `name` (`float32`/`f32`, `float64`, `float16`, `bfloat16`, `int32`,
-/// `int64`, `uint8`).
-pub(crate) fn parse_dtype(name: &str) -> PyResult<DType> {
-    Ok(match name.trim().to_ascii_lowercase().as_str() {
-        "f32" | "float32" | "float" => DType::F32,
-        "f64" | "float64" | "double" => DType::F64,
-        "f16" | "float16" | "half" => DType::F16,
-        "bf16" | "bfloat16" => DType::BF16,
-        "i32" | "int32" => DType::I32,
-        "i64" | "int64" | "long" => DType::I64,
-        "u8" | "uint8" => DType::U8,
-        other => {
-            return Err(PyTypeError::new_err(format!(
-                "unsupported element type {other:?}: kolo reduces float32, float64, float16, \
-                 bfloat16, int32, int64 and uint8"
-            )))
+/// Checks that `T` is the element type of `h` (the `typed!` dispatch makes it so).
+fn of_type<T: Element>(h: &Held) -> PyResult<()> {
+    if T::DTYPE == h.region.dtype {
+        Ok(())
+    } else {
+        Err(PyRuntimeError::new_err(format!(
+            "internal: a buffer of {} taken as {}",
+            dtype_name(h.region.dtype),
+            dtype_name(T::DTYPE)
+        )))
+    }
+}
+
+/// A held buffer of `T` kolo writes: an in-place collective's, or a receive buffer. It holds the
+/// Python object's export, so the memory stays alive and in place for as long as kolo owns it.
+#[derive(Debug)]
+pub(crate) struct Target<T> {
+    held: Held,
+    _t: PhantomData<fn() -> T>,
+}
+
+impl<T: Element> Target<T> {
+    pub(crate) fn new(held: Held) -> PyResult<Self> {
+        of_type::<T>(&held)?;
+        if !held.writable {
+            return Err(PyRuntimeError::new_err(
+                "internal: a buffer held for reading taken as one kolo writes",
+            ));
         }
-    })
+        Ok(Target {
+            held,
+            _t: PhantomData,
+        })
+    }
+}
+
+impl<T: Element> CollectiveBuffer for Target<T> {
+    type Elem = T;
+
+    fn elements(&self) -> &[T] {
+        // SAFETY: `held` keeps the export (and so the memory) alive while `self` is borrowed; the
+        // type was checked in `new`; this `Target` is the only Rust handle on the memory (a
+        // `Source` that shares it reads a copy, see there).
+        unsafe { self.held.region.slice::<T>() }
+    }
+
+    fn elements_mut(&mut self) -> &mut [T] {
+        // SAFETY: as in `elements`, and the buffer was held for writing (checked in `new`).
+        unsafe { self.held.region.slice_mut::<T>() }
+    }
+}
+
+/// A held buffer of `T` kolo reads: a send buffer. Where it shares memory with the operation's
+/// receive buffer (an all-gather whose input is this rank's slot of the output), kolo reads a
+/// copy, taken when the operation starts reading it (after every operation issued before it), so
+/// that the receive buffer's `&mut` never aliases it.
+#[derive(Debug)]
+pub(crate) struct Source<T> {
+    held: Held,
+    /// Whether to read a copy (the memory is also the receive buffer's).
+    copied: bool,
+    copy: OnceCell<Vec<T>>,
+}
+
+impl<T: Element> Source<T> {
+    /// The send buffer of an operation whose receive buffer is `recv`.
+    pub(crate) fn new(held: Held, recv: &Region) -> PyResult<Self> {
+        of_type::<T>(&held)?;
+        let copied = held.region.overlaps(recv);
+        Ok(Source {
+            held,
+            copied,
+            copy: OnceCell::new(),
+        })
+    }
+
+    /// The send buffer of an operation without a receive buffer.
+    pub(crate) fn alone(held: Held) -> PyResult<Self> {
+        let nothing = Region::empty(held.region.dtype);
+        Source::new(held, &nothing)
+    }
+
+    fn memory(&self) -> &[T] {
+        // SAFETY: `held` keeps the memory alive while `self` is borrowed; the type was checked in
+        // `new`; kolo writes into no buffer that shares it without this `Source` reading a copy.
+        unsafe { self.held.region.slice::<T>() }
+    }
+}
+
+impl<T: Element> CollectiveBuffer for Source<T> {
+    type Elem = T;
+
+    fn elements(&self) -> &[T] {
+        if self.copied {
+            self.copy.get_or_init(|| self.memory().to_vec())
+        } else {
+            self.memory()
+        }
+    }
+
+    /// A copy: kolo writes into no send buffer, and a read-only export must not be written.
+    fn elements_mut(&mut self) -> &mut [T] {
+        if self.copy.get().is_none() {
+            let v = self.memory().to_vec();
+            let _ = self.copy.set(v);
+        }
+        self.copy
+            .get_mut()
+            .map(Vec::as_mut_slice)
+            .unwrap_or_default()
+    }
 }
 
 /// The element type of a buffer format (`struct` module syntax, one item), or `None`.
@@ -144,13 +246,14 @@ pub(crate) fn hold(
         Some(d) => {
             return Err(PyTypeError::new_err(format!(
                 "{arg}: a buffer of format {format:?} ({item}-byte items) cannot be read as {}",
-                d.name()
+                dtype_name(d)
             )))
         }
         None => format_dtype(&format, item).ok_or_else(|| {
             PyTypeError::new_err(format!(
                 "{arg}: unsupported element type (buffer format {format:?}, {item}-byte items): \
-                 kolo reduces float32, float64, float16, bfloat16, int32, int64 and uint8"
+                 kolo reduces {}",
+                dtype_list()
             ))
         })?,
     };
@@ -169,8 +272,9 @@ pub(crate) fn hold(
     if count == 0 {
         // An empty buffer's pointer may be anything; nothing is read or written through it.
         return Ok(Held {
-            _buf: buf,
+            _buf: Some(buf),
             region: Region::empty(dtype),
+            writable: write,
         });
     }
     let ptr = buf.buf_ptr().cast::<u8>();
@@ -181,8 +285,9 @@ pub(crate) fn hold(
         )));
     }
     Ok(Held {
-        _buf: buf,
+        _buf: Some(buf),
         region: Region { ptr, count, dtype },
+        writable: write,
     })
 }
 
@@ -192,14 +297,14 @@ pub(crate) fn hold_opt(
     dtype: DType,
     arg: &str,
     write: bool,
-) -> PyResult<(Option<Held>, Region)> {
+) -> PyResult<Held> {
     match obj {
-        None => Ok((None, Region::empty(dtype))),
-        Some(o) => {
-            let h = hold(o, Some(dtype), arg, write)?;
-            let r = h.region;
-            Ok((Some(h), r))
-        }
+        None => Ok(Held {
+            _buf: None,
+            region: Region::empty(dtype),
+            writable: true,
+        }),
+        Some(o) => hold(o, Some(dtype), arg, write),
     }
 }
 

@@ -1,174 +1,50 @@
 //! `kolo._kolo.Communicator`: a kolo communicator for Python. Every operation takes buffers
 //! (see [`crate::buffer`]) and works on their memory in place; with `done=None` it blocks
-//! (releasing the GIL) and raises on failure, with a callable `done` it returns at once and the
-//! worker thread calls `done(None)` or `done(exception)` when it finishes.
+//! (releasing the GIL) and raises on failure, with a callable `done` it returns at once and
+//! `done(None)` or `done(exception)` is called when it completes (how, in [`crate::run`]).
 
-use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::{Arc, Mutex, Weak};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
-use kolo::Communicator;
+use kolo::{CollectiveBuffer, Communicator};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use crate::args::{pair, parse_op, parse_opt_dtype, source, typed};
-use crate::buffer::{hold, hold_opt, Held};
-use crate::errors::{to_py, KoloError};
-use crate::worker::Worker;
+use crate::args::{pair, typed};
+use crate::buffer::{hold, hold_opt, Source, Target};
+use crate::names::{parse_op, parse_opt_dtype};
+use crate::objects::Pickled;
+use crate::run::{register, Direction, Lane};
 
-/// A kolo communicator and the worker thread its operations run on.
+/// A kolo communicator and the state of its asynchronous operations.
 #[pyclass(name = "Communicator", module = "kolo._kolo", frozen)]
 #[derive(Debug)]
 pub(crate) struct PyCommunicator {
-    comm: Arc<Communicator>,
-    worker: Arc<Worker>,
-}
-
-/// Every communicator made in this process, for [`shutdown_all`].
-static LIVE: Mutex<Vec<(Weak<Worker>, Weak<Communicator>)>> = Mutex::new(Vec::new());
-
-/// Ends every communicator's work before the interpreter finalizes (the package registers it with
-/// `atexit`): queued operations get `grace` to finish (their completions still run Python code;
-/// a thread that reaches for the GIL during finalization is ended by CPython mid-call, which
-/// aborts the process); those still waiting then are aborted (failing at once), and every worker
-/// is joined.
-pub(crate) fn shutdown_all(py: Python<'_>, grace: Duration) {
-    let live: Vec<_> = LIVE
-        .lock()
-        .map(|mut l| std::mem::take(&mut *l))
-        .unwrap_or_default();
-    py.detach(|| {
-        let deadline = Instant::now() + grace;
-        for (worker, comm) in &live {
-            let Some(worker) = worker.upgrade() else {
-                continue;
-            };
-            if !worker.drain(deadline) {
-                if let Some(comm) = comm.upgrade() {
-                    comm.abort(&format!(
-                        "rank {} is exiting with operations still running",
-                        comm.rank()
-                    ));
-                }
-            }
-            worker.close();
-        }
-    });
+    pub(crate) comm: Arc<Communicator>,
+    pub(crate) lane: Arc<Lane>,
 }
 
 impl PyCommunicator {
-    /// Wraps `comm`, starting its worker thread.
+    /// Wraps `comm`.
     pub(crate) fn wrap(comm: Communicator) -> PyResult<Self> {
-        let worker = Arc::new(Worker::start(format!("kolo-rank{}", comm.rank()))?);
         let comm = Arc::new(comm);
-        if let Ok(mut live) = LIVE.lock() {
-            live.retain(|(w, _)| w.strong_count() > 0);
-            live.push((Arc::downgrade(&worker), Arc::downgrade(&comm)));
-        }
-        Ok(PyCommunicator { comm, worker })
-    }
-
-    /// Runs `f` on the worker and waits for it (the GIL released; Ctrl-C still raises), handing
-    /// the held buffers back to drop here.
-    fn blocking<R: Send + 'static>(
-        &self,
-        py: Python<'_>,
-        held: Vec<Held>,
-        f: impl FnOnce(&Communicator) -> kolo::Result<R> + Send + 'static,
-    ) -> PyResult<R> {
-        // Nothing queued: run it here, without the GIL.
-        let worker = self.worker.clone();
-        let comm = self.comm.clone();
-        let mut f = Some(f);
-        let inline = py.detach(|| {
-            worker.run_inline(|| match f.take() {
-                Some(f) => f(&comm),
-                None => Err(kolo::Error::Unsupported {
-                    what: "an operation run twice".into(),
-                }),
-            })
-        });
-        if let Some(r) = inline {
-            drop(held);
-            return r.map_err(to_py);
-        }
-        let Some(f) = f else {
-            return Err(KoloError::new_err("internal: the operation was consumed"));
-        };
-        let (tx, rx) = mpsc::sync_channel::<(kolo::Result<R>, Vec<Held>)>(1);
-        self.worker.submit(Box::new(move || {
-            let r = f(&comm);
-            // The caller may have stopped waiting (an interrupt): the buffers are then released
-            // here.
-            let _ = tx.send((r, held));
-        }))?;
-        let mut rx = rx;
-        loop {
-            // The receiver moves into the GIL-free closure and back (it is not `Sync`).
-            let (got, back) = py.detach(move || (rx.recv_timeout(Duration::from_millis(100)), rx));
-            rx = back;
-            match got {
-                Ok((r, held)) => {
-                    drop(held);
-                    return r.map_err(to_py);
-                }
-                Err(RecvTimeoutError::Timeout) => py.check_signals()?,
-                Err(RecvTimeoutError::Disconnected) => {
-                    return Err(KoloError::new_err(format!(
-                        "rank {}: the operation ended without a result (its worker failed)",
-                        self.comm.rank()
-                    )))
-                }
-            }
-        }
-    }
-
-    /// Queues `f`; the worker calls `done(None)` or `done(exception)` when it finishes.
-    fn queue(
-        &self,
-        held: Vec<Held>,
-        done: Py<PyAny>,
-        f: impl FnOnce(&Communicator) -> kolo::Result<()> + Send + 'static,
-    ) -> PyResult<()> {
-        let comm = self.comm.clone();
-        self.worker.submit(Box::new(move || {
-            let r = f(&comm);
-            // After the interpreter has finalized (shutdown was skipped) there is nobody to tell.
-            let _ = Python::try_attach(|py| {
-                drop(held);
-                let arg = match r {
-                    Ok(()) => py.None(),
-                    Err(e) => to_py(e).into_value(py).into_any(),
-                };
-                if let Err(e) = done.call1(py, (arg,)) {
-                    e.write_unraisable(py, Some(done.bind(py)));
-                }
-            });
-        }))
-    }
-
-    /// [`Self::blocking`] or [`Self::queue`], as `done` asks.
-    fn op(
-        &self,
-        py: Python<'_>,
-        held: Vec<Held>,
-        done: Option<Py<PyAny>>,
-        f: impl FnOnce(&Communicator) -> kolo::Result<()> + Send + 'static,
-    ) -> PyResult<()> {
-        match done {
-            None => self.blocking(py, held, f),
-            Some(d) => self.queue(held, d, f),
-        }
+        let lane = Arc::new(Lane::default());
+        register(&lane, &comm);
+        Ok(PyCommunicator { comm, lane })
     }
 }
 
 impl Drop for PyCommunicator {
     fn drop(&mut self) {
-        let worker = self.worker.clone();
-        // Queued operations finish (their completions take the GIL, so wait without it).
-        if Python::try_attach(|py| py.detach(|| worker.close())).is_none() {
-            worker.close();
+        // Its asynchronous operations complete first (their completions take the GIL, so wait
+        // without it), unless this is one of their completions.
+        if self.lane.completing_here() {
+            return;
+        }
+        let lane = self.lane.clone();
+        if Python::try_attach(|py| py.detach(|| lane.drain(None))).is_none() {
+            lane.drain(None);
         }
     }
 }
@@ -222,10 +98,14 @@ impl PyCommunicator {
         self.comm.abort(reason);
     }
 
-    /// Lets queued operations finish and stops the worker; later operations raise.
-    fn close(&self, py: Python<'_>) {
-        let worker = self.worker.clone();
-        py.detach(|| worker.close());
+    /// Refuses later operations and waits until the asynchronous ones issued have completed
+    /// (Ctrl-C raises meanwhile; from one of their completion callbacks it does not wait).
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        self.lane.close();
+        if self.lane.completing_here() {
+            return Ok(());
+        }
+        self.lane.drain_interruptibly(py)
     }
 
     fn __repr__(&self) -> String {
@@ -239,7 +119,7 @@ impl PyCommunicator {
 
     #[pyo3(signature = (done=None))]
     fn barrier(&self, py: Python<'_>, done: Option<Py<PyAny>>) -> PyResult<()> {
-        self.op(py, vec![], done, |c| c.barrier())
+        self.collective(py, done, (), |c, _| c.barrier(), |c, _| c.barrier_async())
     }
 
     /// A barrier that names the ranks that did not arrive within `timeout` seconds.
@@ -249,7 +129,7 @@ impl PyCommunicator {
                 "timeout: expected a positive number of seconds, got {timeout}"
             )));
         }
-        self.blocking(py, vec![], move |c| {
+        self.blocking(py, move |c| {
             c.monitored_barrier(Duration::from_secs_f64(timeout))
         })
     }
@@ -264,11 +144,14 @@ impl PyCommunicator {
         done: Option<Py<PyAny>>,
     ) -> PyResult<()> {
         let h = hold(buf, parse_opt_dtype(dtype)?, "buf", true)?;
-        let r = h.region;
-        self.op(py, vec![h], done, move |c| {
-            // SAFETY: the buffer is held by this job and nothing else references it.
-            typed!(r.dtype, T => c.broadcast(unsafe { r.slice_mut::<T>() }, root))
-        })
+        let dt = h.region.dtype;
+        typed!(dt, T => self.collective(
+            py,
+            done,
+            Target::<T>::new(h)?,
+            |c, b| c.broadcast(b.elements_mut(), root),
+            |c, b| c.broadcast_async(b, root),
+        ))
     }
 
     #[pyo3(signature = (buf, op="sum", dtype=None, done=None))]
@@ -282,11 +165,14 @@ impl PyCommunicator {
     ) -> PyResult<()> {
         let op = parse_op(op)?;
         let h = hold(buf, parse_opt_dtype(dtype)?, "buf", true)?;
-        let r = h.region;
-        self.op(py, vec![h], done, move |c| {
-            // SAFETY: the buffer is held by this job and nothing else references it.
-            typed!(r.dtype, T => c.all_reduce(unsafe { r.slice_mut::<T>() }, op))
-        })
+        let dt = h.region.dtype;
+        typed!(dt, T => self.collective(
+            py,
+            done,
+            Target::<T>::new(h)?,
+            |c, b| c.all_reduce(b.elements_mut(), op),
+            |c, b| c.all_reduce_async(b, op),
+        ))
     }
 
     #[pyo3(signature = (buf, root, op="sum", dtype=None, done=None))]
@@ -301,11 +187,14 @@ impl PyCommunicator {
     ) -> PyResult<()> {
         let op = parse_op(op)?;
         let h = hold(buf, parse_opt_dtype(dtype)?, "buf", true)?;
-        let r = h.region;
-        self.op(py, vec![h], done, move |c| {
-            // SAFETY: the buffer is held by this job and nothing else references it.
-            typed!(r.dtype, T => c.reduce(unsafe { r.slice_mut::<T>() }, op, root))
-        })
+        let dt = h.region.dtype;
+        typed!(dt, T => self.collective(
+            py,
+            done,
+            Target::<T>::new(h)?,
+            |c, b| c.reduce(b.elements_mut(), op, root),
+            |c, b| c.reduce_async(b, op, root),
+        ))
     }
 
     #[pyo3(signature = (send, recv, dtype=None, done=None))]
@@ -317,13 +206,17 @@ impl PyCommunicator {
         dtype: Option<&str>,
         done: Option<Py<PyAny>>,
     ) -> PyResult<()> {
-        let (held, s, r) = pair(send, recv, dtype)?;
-        self.op(py, held, done, move |c| {
-            typed!(s.dtype, T => {
-                // SAFETY: both buffers are held by this job; `source` copies overlapping input.
-                let src = unsafe { source::<T>(s, r) };
-                c.all_gather(&src, unsafe { r.slice_mut::<T>() })
-            })
+        let (hs, hr) = pair(send, recv, dtype)?;
+        let dt = hs.region.dtype;
+        typed!(dt, T => {
+            let bufs = (Source::<T>::new(hs, &hr.region)?, Target::<T>::new(hr)?);
+            self.collective(
+                py,
+                done,
+                bufs,
+                |c, (s, r)| c.all_gather(s.elements(), r.elements_mut()),
+                |c, (s, r)| c.all_gather_into_async(s, r),
+            )
         })
     }
 
@@ -337,13 +230,18 @@ impl PyCommunicator {
         dtype: Option<&str>,
         done: Option<Py<PyAny>>,
     ) -> PyResult<()> {
-        let (held, s, r) = pair(send, recv, dtype)?;
-        self.op(py, held, done, move |c| {
-            typed!(s.dtype, T => {
-                // SAFETY: both buffers are held by this job; `source` copies overlapping input.
-                let src = unsafe { source::<T>(s, r) };
-                c.all_gather_v(&src, unsafe { r.slice_mut::<T>() }, &counts)
-            })
+        let (hs, hr) = pair(send, recv, dtype)?;
+        let dt = hs.region.dtype;
+        typed!(dt, T => {
+            let bufs = (Source::<T>::new(hs, &hr.region)?, Target::<T>::new(hr)?);
+            let queued_counts = counts.clone();
+            self.collective(
+                py,
+                done,
+                bufs,
+                |c, (s, r)| c.all_gather_v(s.elements(), r.elements_mut(), &counts),
+                |c, (s, r)| c.all_gather_v_into_async(s, r, queued_counts),
+            )
         })
     }
 
@@ -358,13 +256,17 @@ impl PyCommunicator {
         done: Option<Py<PyAny>>,
     ) -> PyResult<()> {
         let op = parse_op(op)?;
-        let (held, s, r) = pair(send, recv, dtype)?;
-        self.op(py, held, done, move |c| {
-            typed!(s.dtype, T => {
-                // SAFETY: both buffers are held by this job; `source` copies overlapping input.
-                let src = unsafe { source::<T>(s, r) };
-                c.reduce_scatter(&src, unsafe { r.slice_mut::<T>() }, op)
-            })
+        let (hs, hr) = pair(send, recv, dtype)?;
+        let dt = hs.region.dtype;
+        typed!(dt, T => {
+            let bufs = (Source::<T>::new(hs, &hr.region)?, Target::<T>::new(hr)?);
+            self.collective(
+                py,
+                done,
+                bufs,
+                |c, (s, r)| c.reduce_scatter(s.elements(), r.elements_mut(), op),
+                |c, (s, r)| c.reduce_scatter_into_async(s, r, op),
+            )
         })
     }
 
@@ -383,19 +285,21 @@ impl PyCommunicator {
         done: Option<Py<PyAny>>,
     ) -> PyResult<()> {
         let hs = hold(send, parse_opt_dtype(dtype)?, "send", false)?;
-        let s = hs.region;
-        let (hr, r) = hold_opt(recv, s.dtype, "recv", true)?;
-        let held = [Some(hs), hr].into_iter().flatten().collect();
-        self.op(py, held, done, move |c| {
-            typed!(s.dtype, T => {
-                // SAFETY: both buffers are held by this job; `source` copies overlapping input.
-                let src = unsafe { source::<T>(s, r) };
-                let dst = unsafe { r.slice_mut::<T>() };
-                match &counts {
-                    None => c.gather(&src, dst, root),
-                    Some(counts) => c.gather_v(&src, dst, counts, root),
-                }
-            })
+        let dt = hs.region.dtype;
+        let hr = hold_opt(recv, dt, "recv", true)?;
+        typed!(dt, T => {
+            let bufs = (Source::<T>::new(hs, &hr.region)?, Target::<T>::new(hr)?);
+            let queued_counts = counts.clone();
+            self.collective(
+                py,
+                done,
+                bufs,
+                |c, (s, r)| match &counts {
+                    None => c.gather(s.elements(), r.elements_mut(), root),
+                    Some(n) => c.gather_v(s.elements(), r.elements_mut(), n, root),
+                },
+                |c, (s, r)| c.gather_into_async(s, r, queued_counts, root),
+            )
         })
     }
 
@@ -414,19 +318,21 @@ impl PyCommunicator {
         done: Option<Py<PyAny>>,
     ) -> PyResult<()> {
         let hr = hold(recv, parse_opt_dtype(dtype)?, "recv", true)?;
-        let r = hr.region;
-        let (hs, s) = hold_opt(send, r.dtype, "send", false)?;
-        let held = [Some(hr), hs].into_iter().flatten().collect();
-        self.op(py, held, done, move |c| {
-            typed!(s.dtype, T => {
-                // SAFETY: both buffers are held by this job; `source` copies overlapping input.
-                let src = unsafe { source::<T>(s, r) };
-                let dst = unsafe { r.slice_mut::<T>() };
-                match &counts {
-                    None => c.scatter(&src, dst, root),
-                    Some(counts) => c.scatter_v(&src, counts, dst, root),
-                }
-            })
+        let dt = hr.region.dtype;
+        let hs = hold_opt(send, dt, "send", false)?;
+        typed!(dt, T => {
+            let bufs = (Source::<T>::new(hs, &hr.region)?, Target::<T>::new(hr)?);
+            let queued_counts = counts.clone();
+            self.collective(
+                py,
+                done,
+                bufs,
+                |c, (s, r)| match &counts {
+                    None => c.scatter(s.elements(), r.elements_mut(), root),
+                    Some(n) => c.scatter_v(s.elements(), n, r.elements_mut(), root),
+                },
+                |c, (s, r)| c.scatter_into_async(s, r, queued_counts, root),
+            )
         })
     }
 
@@ -453,17 +359,21 @@ impl PyCommunicator {
                 ))
             }
         };
-        let (held, s, r) = pair(send, recv, dtype)?;
-        self.op(py, held, done, move |c| {
-            typed!(s.dtype, T => {
-                // SAFETY: both buffers are held by this job; `source` copies overlapping input.
-                let src = unsafe { source::<T>(s, r) };
-                let dst = unsafe { r.slice_mut::<T>() };
-                match &counts {
-                    None => c.all_to_all(&src, dst),
-                    Some((sc, rc)) => c.all_to_all_v(&src, sc, dst, rc),
-                }
-            })
+        let (hs, hr) = pair(send, recv, dtype)?;
+        let dt = hs.region.dtype;
+        typed!(dt, T => {
+            let bufs = (Source::<T>::new(hs, &hr.region)?, Target::<T>::new(hr)?);
+            let queued_counts = counts.clone();
+            self.collective(
+                py,
+                done,
+                bufs,
+                |c, (s, r)| match &counts {
+                    None => c.all_to_all(s.elements(), r.elements_mut()),
+                    Some((sc, rc)) => c.all_to_all_v(s.elements(), sc, r.elements_mut(), rc),
+                },
+                |c, (s, r)| c.all_to_all_into_async(s, r, queued_counts),
+            )
         })
     }
 
@@ -478,11 +388,10 @@ impl PyCommunicator {
         done: Option<Py<PyAny>>,
     ) -> PyResult<()> {
         let h = hold(buf, parse_opt_dtype(dtype)?, "buf", false)?;
-        let r = h.region;
-        self.op(py, vec![h], done, move |c| {
-            // SAFETY: the buffer is held by this job and only read.
-            typed!(r.dtype, T => c.send(unsafe { r.slice::<T>() }, dest, tag))
-        })
+        let dt = h.region.dtype;
+        typed!(dt, T => self.p2p(py, done, Source::<T>::alone(h)?, Direction::Send, move |c, s| {
+            c.send(s.elements(), dest, tag)
+        }))
     }
 
     #[pyo3(signature = (buf, src, tag=0, dtype=None, done=None))]
@@ -496,11 +405,10 @@ impl PyCommunicator {
         done: Option<Py<PyAny>>,
     ) -> PyResult<()> {
         let h = hold(buf, parse_opt_dtype(dtype)?, "buf", true)?;
-        let r = h.region;
-        self.op(py, vec![h], done, move |c| {
-            // SAFETY: the buffer is held by this job and nothing else references it.
-            typed!(r.dtype, T => c.recv(unsafe { r.slice_mut::<T>() }, src, tag))
-        })
+        let dt = h.region.dtype;
+        typed!(dt, T => self.p2p(py, done, Target::<T>::new(h)?, Direction::Recv, move |c, b| {
+            c.recv(b.elements_mut(), src, tag)
+        }))
     }
 
     /// The next message of bytes from `src` with `tag`, whatever its length.
@@ -511,20 +419,57 @@ impl PyCommunicator {
         src: usize,
         tag: u64,
     ) -> PyResult<Bound<'py, PyBytes>> {
-        let v = self.blocking(py, vec![], move |c| c.recv_vec::<u8>(src, tag))?;
+        let v = self.blocking_after(py, Some(Direction::Recv), move |c| {
+            c.recv_vec::<u8>(src, tag)
+        })?;
         Ok(PyBytes::new(py, &v))
+    }
+
+    /// `data` (bytes, on `root`; `None` elsewhere) on every rank: kolo's `broadcast_object` on
+    /// the bytes of a pickled object.
+    #[pyo3(signature = (data, root))]
+    fn broadcast_bytes<'py>(
+        &self,
+        py: Python<'py>,
+        data: Option<Vec<u8>>,
+        root: usize,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let v = self.blocking(py, move |c| c.broadcast_object(data.map(Pickled), root))?;
+        Ok(PyBytes::new(py, &v.0))
+    }
+
+    /// Every rank's `data` in rank order: kolo's `all_gather_object` on pickled bytes.
+    fn all_gather_bytes<'py>(
+        &self,
+        py: Python<'py>,
+        data: Vec<u8>,
+    ) -> PyResult<Vec<Bound<'py, PyBytes>>> {
+        let all = self.blocking(py, move |c| c.all_gather_object(&Pickled(data)))?;
+        Ok(all.iter().map(|p| PyBytes::new(py, &p.0)).collect())
+    }
+
+    /// Every rank's `data` in rank order on `root`, `None` elsewhere: kolo's `gather_object` on
+    /// pickled bytes.
+    fn gather_bytes<'py>(
+        &self,
+        py: Python<'py>,
+        data: Vec<u8>,
+        root: usize,
+    ) -> PyResult<Option<Vec<Bound<'py, PyBytes>>>> {
+        let all = self.blocking(py, move |c| c.gather_object(&Pickled(data), root))?;
+        Ok(all.map(|all| all.iter().map(|p| PyBytes::new(py, &p.0)).collect()))
     }
 
     /// Ranks passing the same `color` form a new communicator ordered by `key`; `None` joins none.
     #[pyo3(signature = (color, key=0))]
     fn split(&self, py: Python<'_>, color: Option<u32>, key: i64) -> PyResult<Option<Self>> {
-        let sub = self.blocking(py, vec![], move |c| c.split(color, key))?;
+        let sub = self.blocking(py, move |c| c.split(color, key))?;
         sub.map(PyCommunicator::wrap).transpose()
     }
 
     /// A communicator of `ranks` (in that order); `None` on the ranks not listed.
     fn new_group(&self, py: Python<'_>, ranks: Vec<usize>) -> PyResult<Option<Self>> {
-        let sub = self.blocking(py, vec![], move |c| c.new_group(&ranks))?;
+        let sub = self.blocking(py, move |c| c.new_group(&ranks))?;
         sub.map(PyCommunicator::wrap).transpose()
     }
 }

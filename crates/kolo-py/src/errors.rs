@@ -94,13 +94,15 @@ pub(crate) fn to_py(e: Error) -> PyErr {
             Some(op.to_string()),
             Some(*peer),
         ),
-        // A peer that saw a mismatch aborts the others with it: theirs is a mismatch too.
+        // A peer that saw a mismatch aborts the others with it: theirs is a mismatch too (the
+        // abort carries the first error's kind).
         Error::Aborted {
             op,
             rank,
             by,
-            reason,
-        } if reason.starts_with("collective mismatch") => (
+            kind: kolo::ErrorKind::Mismatch,
+            ..
+        } => (
             MismatchError::new_err(msg),
             Some(*rank),
             Some(op.to_string()),

@@ -9,8 +9,10 @@ mod args;
 mod buffer;
 mod comm;
 mod errors;
+mod names;
+mod objects;
+mod run;
 mod store;
-mod worker;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -94,8 +96,8 @@ fn local_communicators(size: usize, timeout: Option<f64>) -> PyResult<Vec<PyComm
         .collect()
 }
 
-/// Lets every communicator's queued operations finish (at most `grace` seconds, then aborts
-/// them) and stops their worker threads: registered with `atexit` by the package.
+/// Closes every communicator and lets its asynchronous operations finish (at most `grace`
+/// seconds, then aborts them): registered with `atexit` by the package.
 #[pyfunction]
 #[pyo3(signature = (grace=5.0))]
 fn shutdown(py: Python<'_>, grace: f64) -> PyResult<()> {
@@ -104,7 +106,7 @@ fn shutdown(py: Python<'_>, grace: f64) -> PyResult<()> {
             "grace: expected a non-negative number of seconds, got {grace}"
         )));
     }
-    comm::shutdown_all(py, Duration::from_secs_f64(grace));
+    run::shutdown_all(py, Duration::from_secs_f64(grace));
     Ok(())
 }
 
@@ -116,6 +118,7 @@ fn _kolo(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(local_communicators, m)?)?;
     m.add_function(wrap_pyfunction!(shutdown, m)?)?;
     errors::register(m)?;
+    names::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -107,6 +107,54 @@ def test_mpi4py_examples_under_torchrun():
     ]
 
 
+def test_allreduce_of_several_tensors_is_one_call_per_dtype():
+    # The tensors of a dtype are flattened into one buffer and reduced by one call; the results
+    # are copied back into them. One Work for the lot: kolo's Work, and torch's.
+    import threading
+
+    import torch.distributed as dist
+
+    import kolo
+    import kolo.torch as kt
+    from kolo import _kolo
+
+    class Counting:
+        def __init__(self, native):
+            self.native, self.sizes = native, []
+
+        def __getattr__(self, name):
+            return getattr(self.native, name)
+
+        def all_reduce(self, buf, op, dtype=None, done=None):
+            self.sizes.append(len(buf))
+            return self.native.all_reduce(buf, op, dtype=dtype, done=done)
+
+    comms = [Counting(c) for c in _kolo.local_communicators(2, 10.0)]
+    out = [None, None]
+
+    def body(r):
+        pg = kt.ProcessGroupKolo(comms[r], r, 2)
+        ts = [torch.full((3,), r + 1.0), torch.full((2, 2), r + 1, dtype=torch.int64),
+              torch.full((4,), 10.0 * (r + 1)), torch.tensor([r == 0, False])]
+        w = pg.allreduce_coalesced(ts)
+        w.wait()
+        out[r] = (ts, w)
+
+    threads = [threading.Thread(target=body, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    for r, c in enumerate(comms):
+        assert out[r] is not None, f"rank {r} did not finish"
+        assert c.sizes == [7, 4, 2]  # float32 (3 + 4 elements), int64, bool
+        (f, i, g, b), w = out[r]
+        assert f.tolist() == [3.0] * 3 and g.tolist() == [30.0] * 4
+        assert i.tolist() == [[3, 3], [3, 3]] and b.tolist() == [True, False]
+        assert isinstance(w, kolo.Work) and isinstance(w, dist.Work) and w.is_success()
+        assert w.get_future().value() is out[r][0]
+
+
 def test_a_torch_without_the_hooks_is_a_clear_import_error():
     import types
 

@@ -120,7 +120,7 @@ impl Drop for LocalTransport {
             .own()
             .failure()
             .filter(|f| !matches!(f, LinkFailure::LocalClosed { .. }))
-            .map(|f| f.into_error("shutdown", self.rank).to_string());
+            .map(|f| f.forwarded("shutdown", self.rank));
         for (r, mb) in self.shared.mailboxes.iter().enumerate() {
             if r == self.rank {
                 continue;

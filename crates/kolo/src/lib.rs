@@ -28,6 +28,7 @@
 
 mod adasum;
 mod backend;
+mod buffer;
 mod collectives;
 mod communicator;
 pub mod config;
@@ -42,6 +43,7 @@ mod wait;
 mod work;
 
 pub use adasum::AdasumFloat;
+pub use buffer::CollectiveBuffer;
 pub use collectives::device::DeviceWork;
 pub use communicator::Communicator;
 pub use config::Config;
@@ -55,7 +57,8 @@ pub use kolo_core::gpu::device_ordinal as gpu_ordinal;
 /// kolo's settings (`KOLO_*` variables) and where they are read from.
 pub use kolo_core::settings;
 pub use kolo_core::{
-    Algorithm, Call, DType, DeviceBuffer, Element, Error, OpKind, ReduceOp, Result, Transport,
+    Algorithm, Call, DType, DeviceBuffer, Element, Error, ErrorKind, OpKind, ReduceOp, Result,
+    Transport,
 };
 /// The rendezvous stores.
 pub use kolo_store as store;
@@ -70,6 +73,7 @@ pub use half::{bf16, f16};
 /// The names most programs need: `use kolo::prelude::*;`.
 pub mod prelude {
     pub use crate::{
-        bf16, f16, Communicator, Config, DType, Element, Error, ReduceOp, Request, Work,
+        bf16, f16, CollectiveBuffer, Communicator, Config, DType, Element, Error, ReduceOp,
+        Request, Work,
     };
 }

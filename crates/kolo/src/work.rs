@@ -41,8 +41,13 @@ impl WorkQueue {
     }
 }
 
+/// What runs when a collective completes, instead of storing its result ([`Work::then`]).
+type Callback<R> = Box<dyn FnOnce(Result<R>) + Send>;
+
 struct Slot<R> {
     result: Mutex<Option<Result<R>>>,
+    /// Set by [`Work::then`] (under `result`'s lock) while the collective runs.
+    callback: Mutex<Option<Callback<R>>>,
     done: Condvar,
     times: Mutex<WorkTimes>,
 }
@@ -104,8 +109,23 @@ impl<R> Completer<R> {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .completed = Some(Instant::now());
-        *self.slot.result.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
-        self.slot.done.notify_all();
+        let mut result = self.slot.result.lock().unwrap_or_else(|p| p.into_inner());
+        let callback = self
+            .slot
+            .callback
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        match callback {
+            Some(f) => {
+                drop(result);
+                f(r);
+            }
+            None => {
+                *result = Some(r);
+                self.slot.done.notify_all();
+            }
+        }
     }
 }
 
@@ -123,6 +143,7 @@ impl<R> Work<R> {
     pub(crate) fn new(op: &'static str) -> (Work<R>, Completer<R>) {
         let slot = Arc::new(Slot {
             result: Mutex::new(None),
+            callback: Mutex::new(None),
             done: Condvar::new(),
             times: Mutex::new(WorkTimes::default()),
         });
@@ -182,6 +203,34 @@ impl<R> Work<R> {
         let r = self.wait();
         let times = *slot.times.lock().unwrap_or_else(|p| p.into_inner());
         (r, times)
+    }
+
+    /// Runs `f` with the result once the collective completes instead of waiting for it: on the
+    /// communicator's worker thread, or at once on this thread if it has completed already
+    /// (torch's `Future.then`). `f` runs before the next queued collective starts, so it must be
+    /// short and must not wait for later collectives of the same communicator.
+    ///
+    /// ```
+    /// # use kolo::{Config, ReduceOp};
+    /// let out = kolo::run_local(2, Config::default(), |comm| {
+    ///     let (tx, rx) = std::sync::mpsc::channel();
+    ///     comm.all_reduce_async(vec![1.0f32; 4], ReduceOp::Sum)
+    ///         .then(move |r| tx.send(r.map(|v| v[0])).unwrap_or(()));
+    ///     rx.recv().map_err(|_| "no result")
+    /// });
+    /// assert!(out.iter().all(|r| matches!(r, Ok(Ok(Ok(x))) if *x == 2.0)));
+    /// ```
+    pub fn then(self, f: impl FnOnce(Result<R>) + Send + 'static) {
+        let mut result = self.slot.result.lock().unwrap_or_else(|p| p.into_inner());
+        match result.take() {
+            Some(r) => {
+                drop(result);
+                f(r);
+            }
+            None => {
+                *self.slot.callback.lock().unwrap_or_else(|p| p.into_inner()) = Some(Box::new(f));
+            }
+        }
     }
 
     /// Waits for completion and returns the result (the buffer, for collectives that produce one).

@@ -243,3 +243,98 @@ proptest! {
         }
     }
 }
+
+/// The `*_into_async` forms fill the caller's receive buffer exactly as the blocking calls do,
+/// and give both buffers back; a `Box<[T]>` works where a `Vec<T>` does.
+#[test]
+fn async_into_forms_equal_the_blocking_calls() {
+    for kind in KINDS {
+        for n in [1usize, 2, 3] {
+            let res = spawn(kind, n, cfg(), move |c| -> kolo::Result<()> {
+                let r = c.rank();
+                let send: Vec<f64> = (0..4 * n).map(|i| (i * 7 + r * 3) as f64).collect();
+                let boxed: Box<[f64]> = send.clone().into_boxed_slice();
+                // Blocking references, then the queued forms, compared element for element.
+                let mut want = vec![0.0; n * send.len()];
+                c.all_gather(&send, &mut want)?;
+                let (s, got) = c
+                    .all_gather_into_async(boxed, vec![-1.0; n * send.len()])
+                    .wait()?;
+                assert_eq!((&*s, &got), (&send[..], &want), "all_gather");
+                let mut want = vec![0.0; 4];
+                c.reduce_scatter(&send, &mut want, ReduceOp::Sum)?;
+                let (_, got) = c
+                    .reduce_scatter_into_async(send.clone(), vec![-1.0; 4], ReduceOp::Sum)
+                    .wait()?;
+                assert_eq!(got, want, "reduce_scatter");
+                let mut want = vec![0.0; send.len()];
+                c.all_to_all(&send, &mut want)?;
+                let (_, got) = c
+                    .all_to_all_into_async(send.clone(), vec![-1.0; send.len()], None)
+                    .wait()?;
+                assert_eq!(got, want, "all_to_all");
+                let root = n - 1;
+                let mut want = vec![0.0; if r == root { n * send.len() } else { 0 }];
+                c.gather(&send, &mut want, root)?;
+                let (_, got) = c
+                    .gather_into_async(send.clone(), vec![-1.0; want.len()], None, root)
+                    .wait()?;
+                assert_eq!(got, want, "gather");
+                let mut want = vec![0.0; 4];
+                c.scatter(&send, &mut want, root)?;
+                let (_, got) = c
+                    .scatter_into_async(send.clone(), vec![-1.0; 4], None, root)
+                    .wait()?;
+                assert_eq!(got, want, "scatter");
+                let counts: Vec<usize> = (0..n).map(|i| i + 1).collect();
+                let mine = vec![r as f64; r + 1];
+                let mut want = vec![0.0; counts.iter().sum()];
+                c.all_gather_v(&mine, &mut want, &counts)?;
+                let (_, got) = c
+                    .all_gather_v_into_async(mine.clone(), vec![-1.0; want.len()], counts.clone())
+                    .wait()?;
+                assert_eq!(got, want, "all_gather_v");
+                Ok(())
+            });
+            for r in res {
+                r.unwrap_or_else(|e| panic!("{kind:?} n={n}: {e}"));
+            }
+        }
+    }
+}
+
+/// `Work::then` runs once with the result: on the worker thread when the collective completes,
+/// at once when it already has; errors arrive the same way.
+#[test]
+fn then_hands_over_the_result() {
+    let res = kolo::run_local(2, cfg(), |c| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let tx2 = tx.clone();
+        c.all_reduce_async(vec![1.0f32 + c.rank() as f32; 3], ReduceOp::Sum)
+            .then(move |r| tx.send(r.map(|v| v[0])).unwrap_or(()));
+        let first = rx.recv_timeout(Duration::from_secs(10));
+        // Completed before `then`: runs here.
+        let w = c.barrier_async();
+        assert!(w.wait_timeout(Duration::from_secs(10)));
+        let here = std::thread::current().id();
+        w.then(move |r| {
+            tx2.send(
+                r.map(|()| 0.0)
+                    .and(Ok(f32::from(u8::from(std::thread::current().id() == here)))),
+            )
+            .unwrap_or(())
+        });
+        let second = rx.recv_timeout(Duration::from_secs(10));
+        // An error comes through the callback.
+        let (etx, erx) = std::sync::mpsc::channel();
+        c.all_reduce_async(vec![0u8; 1 + c.rank()], ReduceOp::Sum)
+            .then(move |r| etx.send(r.is_err()).unwrap_or(()));
+        (first, second, erx.recv_timeout(Duration::from_secs(10)))
+    });
+    for r in res {
+        let (first, second, err) = r.unwrap_or_else(|p| panic!("{p}"));
+        assert_eq!(first.expect("callback ran").expect("all-reduce"), 3.0);
+        assert_eq!(second.expect("ran at once").expect("barrier"), 1.0);
+        assert!(err.expect("callback ran"), "a mismatched call fails");
+    }
+}

@@ -16,7 +16,7 @@ torchrun, ``srun``; a world of one without one), made on first use.
 import functools
 import operator
 
-from ._comm import Communicator, init
+from ._comm import REDUCE_OPS, Communicator, init
 
 
 class Op:
@@ -44,7 +44,7 @@ FLOAT = DOUBLE = INT = LONG = BYTE = FLOAT16 = None
 
 def _op_name(op):
     if isinstance(op, Op):
-        if op.name not in ("sum", "prod", "min", "max"):
+        if op.name not in REDUCE_OPS:
             raise ValueError(f"{op!r} cannot reduce buffers")
         return op.name
     raise TypeError(f"expected MPI.SUM, MPI.PROD, MPI.MIN or MPI.MAX, got {op!r}")

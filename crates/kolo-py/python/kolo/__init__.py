@@ -26,8 +26,9 @@ import atexit as _atexit
 
 from . import _kolo
 
-# Before the interpreter finalizes: let queued operations finish (their completions run Python
-# code, which CPython would cut short mid-call during finalization), then stop the worker threads.
+# Before the interpreter finalizes: close every communicator and let its asynchronous operations
+# finish (their completions run Python code, which CPython would cut short mid-call during
+# finalization), aborting those still running after a grace period.
 _atexit.register(_kolo.shutdown)
 
 __all__ = [

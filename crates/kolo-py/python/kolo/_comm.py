@@ -8,8 +8,13 @@ from array import array
 
 from . import _kolo
 
-REDUCE_OPS = ("sum", "prod", "min", "max", "avg")
-DTYPES = ("float32", "float64", "float16", "bfloat16", "int32", "int64", "uint8")
+# kolo's names, from the one table the native module keeps (``_kolo.DTYPE_NAMES`` and
+# ``_kolo.REDUCE_OP_NAMES`` map every accepted spelling to these).
+REDUCE_OPS = _kolo.REDUCE_OPS
+DTYPES = _kolo.DTYPES
+
+# What bad input raises: the errors that end the communicator on every rank (see `aborts`).
+BAD_INPUT = (TypeError, ValueError, NotImplementedError)
 
 
 def _buffer(x, arg):
@@ -23,7 +28,9 @@ def _buffer(x, arg):
     return x, None
 
 
-def _tensor_buffer(t, arg):
+def check_tensor(t, arg):
+    """Raises (TypeError/ValueError) unless `t` is a tensor kolo can work on in place: on the
+    CPU, contiguous, of one of kolo's element types (or bool)."""
     import torch
 
     if not isinstance(t, torch.Tensor):
@@ -36,29 +43,36 @@ def _tensor_buffer(t, arg):
         raise ValueError(f"{arg}: the tensor is not contiguous: pass tensor.contiguous()")
     if t.is_complex():
         raise TypeError(f"{arg}: complex tensors are not supported (torch.view_as_real first)")
+    if t.dtype != torch.bool and str(t.dtype).removeprefix("torch.") not in DTYPES:
+        raise TypeError(
+            f"{arg}: unsupported tensor dtype {t.dtype}: kolo reduces {', '.join(DTYPES)}"
+        )
+
+
+def _tensor_buffer(t, arg):
+    import torch
+
+    check_tensor(t, arg)
     t = t.detach()
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).reshape(-1).numpy(), "bfloat16"
     if t.dtype == torch.bool:
         return t.view(torch.uint8).reshape(-1).numpy(), None
-    name = str(t.dtype).removeprefix("torch.")
-    if name not in DTYPES:
-        raise TypeError(
-            f"{arg}: unsupported tensor dtype {t.dtype}: kolo reduces {', '.join(DTYPES)}"
-        )
     return t.reshape(-1).numpy(), None
 
 
-def _collective(method):
+def aborts(method):
     """Bad input on one rank ends the communicator on every rank (the others get an error naming
     this rank and the cause at once, instead of waiting for a call that will not come): a
-    `TypeError`/`ValueError` raised by the method aborts the communicator before it propagates."""
+    `TypeError`/`ValueError`/`NotImplementedError` raised by the method aborts the native
+    communicator (``self._c``) before it propagates. For kolo's communicator and the torch
+    backend's process group alike."""
 
     @functools.wraps(method)
     def checked(self, *args, **kwargs):
         try:
             return method(self, *args, **kwargs)
-        except (TypeError, ValueError) as e:
+        except BAD_INPUT as e:
             self._c.abort(f"{method.__name__} on rank {self._c.rank}: {e}")
             raise
 
@@ -66,27 +80,73 @@ def _collective(method):
 
 
 class Work:
-    """An operation in flight. `wait()` blocks until it finishes, then returns its result or
-    raises its error; `is_completed()` polls."""
+    """An operation in flight (or several, issued together: `parts`). `wait()` blocks until it
+    finishes, then returns its result or raises its error; `is_completed()` polls. `after`, if
+    given, runs once every part has succeeded, before the work completes (a copy out of a
+    scratch buffer); its exception is the work's error. The torch backend's work is this class
+    too, with torch's `Work` as a second base."""
 
-    def __init__(self, result=None):
+    def __init__(self, result=None, after=None, parts=1):
+        super().__init__()
         self._event = threading.Event()
+        self._lock = threading.Lock()
+        self._parts = parts
         self._error = None
         self._result = result
+        self._after = after
+        if parts <= 0:
+            self._finish()
 
     def _done(self, error):
-        # Called from kolo's worker thread.
-        self._error = error
+        """A part completed (called by kolo when an operation finishes, with the GIL): the work
+        completes with the last, failing with the first error."""
+        with self._lock:
+            if self._parts <= 0:
+                return  # already complete (a part failed to issue)
+            if error is not None and self._error is None:
+                self._error = error
+            self._parts -= 1
+            if self._parts > 0:
+                return
+        self._finish()
+
+    def _fail(self, error):
+        """Completes the work with `error` at once (the parts not yet complete are ignored)."""
+        with self._lock:
+            if self._parts <= 0:
+                return
+            self._parts = 0
+            if self._error is None:
+                self._error = error
+        self._finish()
+
+    def _finish(self):
+        if self._error is None and self._after is not None:
+            try:
+                self._after()
+            except Exception as e:  # noqa: BLE001 - a copy-out that failed is the work's failure
+                self._error = e
+        self._completed(self._error)
         self._event.set()
+
+    def _completed(self, error):
+        """Runs as the work completes, before waiters wake (the torch backend sets its future)."""
 
     def is_completed(self):
         return self._event.is_set()
+
+    def is_success(self):
+        return self._event.is_set() and self._error is None
 
     def wait(self, timeout=None):
         if not self._event.wait(timeout):
             raise TimeoutError(f"the operation did not finish within {timeout} s")
         if self._error is not None:
             raise self._error
+        return self._result
+
+    def result(self):
+        Work.wait(self)
         return self._result
 
     def exception(self):
@@ -157,26 +217,26 @@ class Communicator:
         return work
 
     # -- collectives on buffers --------------------------------------------------------------
-    @_collective
+    @aborts
     def barrier(self, async_op=False):
         return self._run(lambda d: self._c.barrier(done=d), None, async_op)
 
-    @_collective
+    @aborts
     def monitored_barrier(self, timeout=30.0):
         """A barrier that raises, naming the ranks that did not arrive within `timeout` s."""
         self._c.monitored_barrier(float(timeout))
 
-    @_collective
+    @aborts
     def broadcast(self, buf, root=0, async_op=False):
         b, dt = _buffer(buf, "buf")
         return self._run(lambda d: self._c.broadcast(b, root, dtype=dt, done=d), buf, async_op)
 
-    @_collective
+    @aborts
     def all_reduce(self, buf, op="sum", async_op=False):
         b, dt = _buffer(buf, "buf")
         return self._run(lambda d: self._c.all_reduce(b, op, dtype=dt, done=d), buf, async_op)
 
-    @_collective
+    @aborts
     def reduce(self, buf, root=0, op="sum", async_op=False):
         b, dt = _buffer(buf, "buf")
         return self._run(lambda d: self._c.reduce(b, root, op, dtype=dt, done=d), buf, async_op)
@@ -186,7 +246,7 @@ class Communicator:
         src = like if hasattr(like, "shape") else np.frombuffer(like, dtype=np.uint8)
         return np.empty((rows,) + tuple(src.shape), dtype=src.dtype)
 
-    @_collective
+    @aborts
     def all_gather(self, send, recv=None, async_op=False):
         """Every rank's `send` in rank order into `recv` (allocated `[size, *send.shape]` when
         not given)."""
@@ -195,7 +255,7 @@ class Communicator:
         r, _ = _buffer(recv, "recv")
         return self._run(lambda d: self._c.all_gather(s, r, dtype=dt, done=d), recv, async_op)
 
-    @_collective
+    @aborts
     def all_gather_v(self, send, recv, counts, async_op=False):
         s, dt = _buffer(send, "send")
         r, _ = _buffer(recv, "recv")
@@ -204,7 +264,7 @@ class Communicator:
             lambda d: self._c.all_gather_v(s, r, counts, dtype=dt, done=d), recv, async_op
         )
 
-    @_collective
+    @aborts
     def reduce_scatter(self, send, recv, op="sum", async_op=False):
         s, dt = _buffer(send, "send")
         r, _ = _buffer(recv, "recv")
@@ -212,7 +272,7 @@ class Communicator:
             lambda d: self._c.reduce_scatter(s, r, op, dtype=dt, done=d), recv, async_op
         )
 
-    @_collective
+    @aborts
     def gather(self, send, recv=None, root=0, counts=None, async_op=False):
         """Every rank's `send` into `recv` on `root` (allocated there when not given); None
         elsewhere."""
@@ -226,7 +286,7 @@ class Communicator:
             async_op,
         )
 
-    @_collective
+    @aborts
     def scatter(self, send, recv, root=0, counts=None, async_op=False):
         """`root`'s `send` in equal parts (or `counts` per rank) into every rank's `recv`."""
         r, dt = _buffer(recv, "recv")
@@ -235,7 +295,7 @@ class Communicator:
             lambda d: self._c.scatter(s, r, root, counts=counts, dtype=dt, done=d), recv, async_op
         )
 
-    @_collective
+    @aborts
     def all_to_all(self, send, recv, send_counts=None, recv_counts=None, async_op=False):
         s, dt = _buffer(send, "send")
         r, _ = _buffer(recv, "recv")
@@ -245,56 +305,36 @@ class Communicator:
             async_op,
         )
 
-    @_collective
+    @aborts
     def send(self, buf, dest, tag=0, async_op=False):
         b, dt = _buffer(buf, "buf")
         return self._run(lambda d: self._c.send(b, dest, tag, dtype=dt, done=d), None, async_op)
 
-    @_collective
+    @aborts
     def recv(self, buf, src, tag=0, async_op=False):
         b, dt = _buffer(buf, "buf")
         return self._run(lambda d: self._c.recv(b, src, tag, dtype=dt, done=d), buf, async_op)
 
     # -- objects (pickled; only exchange them with ranks you trust, as with mpi4py) -----------
-    @_collective
+    # Python pickles (nothing else can pickle any Python object) and kolo's serde object
+    # collectives move the bytes (``broadcast_bytes`` & co. are kolo's broadcast_object,
+    # all_gather_object and gather_object on them). kolo has no scatter_object: that one is
+    # composed here of buffer collectives.
+    @aborts
     def broadcast_object(self, obj, root=0):
-        data = pickle.dumps(obj) if self.rank == root else b""
-        n = array("q", [len(data)])
-        self._c.broadcast(n, root)
-        buf = bytearray(data) if self.rank == root else bytearray(n[0])
-        self._c.broadcast(buf, root)
-        return obj if self.rank == root else pickle.loads(buf)
+        data = self._c.broadcast_bytes(pickle.dumps(obj) if self.rank == root else None, root)
+        return obj if self.rank == root else pickle.loads(data)
 
-    def _gather_bytes(self, data):
-        lens = array("q", bytes(8 * self.size))
-        self._c.all_gather(array("q", [len(data)]), lens)
-        return list(lens)
-
-    @staticmethod
-    def _split(buf, lens):
-        out, at = [], 0
-        for n in lens:
-            out.append(pickle.loads(buf[at : at + n]))
-            at += n
-        return out
-
-    @_collective
+    @aborts
     def all_gather_object(self, obj):
-        data = pickle.dumps(obj)
-        lens = self._gather_bytes(data)
-        buf = bytearray(sum(lens))
-        self._c.all_gather_v(data, buf, lens)
-        return self._split(buf, lens)
+        return [pickle.loads(b) for b in self._c.all_gather_bytes(pickle.dumps(obj))]
 
-    @_collective
+    @aborts
     def gather_object(self, obj, root=0):
-        data = pickle.dumps(obj)
-        lens = self._gather_bytes(data)
-        buf = bytearray(sum(lens)) if self.rank == root else None
-        self._c.gather(data, buf, root, counts=lens)
-        return self._split(buf, lens) if self.rank == root else None
+        every = self._c.gather_bytes(pickle.dumps(obj), root)
+        return None if every is None else [pickle.loads(b) for b in every]
 
-    @_collective
+    @aborts
     def scatter_object(self, objs, root=0):
         if self.rank == root:
             if objs is None or len(objs) != self.size:
@@ -310,11 +350,11 @@ class Communicator:
         self._c.scatter(send, buf, root, counts=list(lens))
         return pickle.loads(buf)
 
-    @_collective
+    @aborts
     def send_object(self, obj, dest, tag=0):
         self._c.send(pickle.dumps(obj), dest, tag)
 
-    @_collective
+    @aborts
     def recv_object(self, src, tag=0):
         return pickle.loads(self._c.recv_bytes(src, tag))
 

@@ -12,17 +12,15 @@ The ranks meet through the store torch hands the backend (torchrun's, or the one
 
 import datetime
 import functools
+import inspect
 import os
 import secrets
-import threading
-
-import inspect
 
 import torch
 import torch.distributed as dist
 
 from . import _kolo
-from ._comm import _tensor_buffer
+from ._comm import Work, _tensor_buffer, aborts, check_tensor
 
 
 def _check_torch(d):
@@ -54,35 +52,42 @@ _check_torch(dist)
 
 __all__ = ["ProcessGroupKolo", "register", "monitored_barrier"]
 
-_REDUCE = {
-    dist.ReduceOp.SUM: "sum",
-    dist.ReduceOp.PRODUCT: "prod",
-    dist.ReduceOp.MIN: "min",
-    dist.ReduceOp.MAX: "max",
-    dist.ReduceOp.AVG: "avg",
-}
+# As torch's NCCL backend: a reduction of bool tensors is a logical or/and, so that the result
+# stays a bool.
+_BOOL_OPS = {"sum": "max", "max": "max", "prod": "min", "min": "min"}
+
+
+# torch's reductions kolo's table knows (SUM, AVG, PRODUCT, MIN, MAX), for messages.
+_SUPPORTED = ", ".join(
+    n for n in dist.ReduceOp.RedOpType.__members__ if n.lower() in _kolo.REDUCE_OP_NAMES
+)
 
 
 def _op(reduce_op, tensor=None):
-    for k, v in _REDUCE.items():
-        if reduce_op == k:
-            if tensor is not None and tensor.dtype == torch.bool:
-                # As torch's NCCL backend: a logical or/and, so that the result stays a bool.
-                bools = {"sum": "max", "max": "max", "prod": "min", "min": "min"}
-                if v not in bools:
-                    raise ValueError(f"kolo: {reduce_op} of bool tensors is not defined")
-                return bools[v]
-            return v
-    raise ValueError(
-        f"kolo: unsupported reduction {reduce_op}: the kolo backend reduces with SUM, PRODUCT, "
-        "MIN, MAX and AVG"
-    )
+    """kolo's name for torch's reduction `reduce_op` (of `tensor`'s dtype), from kolo's table."""
+    red = getattr(reduce_op, "op", reduce_op)  # a ReduceOp holds its RedOpType in .op
+    name = _kolo.REDUCE_OP_NAMES.get(str(getattr(red, "name", "")).lower())
+    if name is None:
+        raise ValueError(
+            f"kolo: unsupported reduction {reduce_op}: the kolo backend reduces with {_SUPPORTED}"
+        )
+    if tensor is not None and tensor.dtype == torch.bool:
+        if name not in _BOOL_OPS:
+            raise ValueError(f"kolo: {reduce_op} of bool tensors is not defined")
+        return _BOOL_OPS[name]
+    return name
+
+
+def _check(t, arg):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"kolo: {arg}: expected a tensor, got {type(t).__name__}")
+    check_tensor(t, f"kolo: {arg}")
 
 
 def _buf(t, arg):
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"kolo: {arg}: expected a tensor, got {type(t).__name__}")
-    return _tensor_buffer(t, f"kolo: {arg}")
+    return _tensor_buffer(t, f"kolo: {arg}")  # checks it as `check_tensor` does
 
 
 def _one(tensors, op):
@@ -93,69 +98,49 @@ def _one(tensors, op):
     return tensors[0]
 
 
-def _checked(method):
-    """Bad input on one rank (a GPU or non-contiguous tensor, an unsupported dtype or reduction)
-    raises there and ends the group's communicator, so that the other ranks, which may already
-    wait in the collective, fail at once with an error naming this rank and the cause."""
-
-    @functools.wraps(method)
-    def wrapper(self, *args, **kwargs):
-        try:
-            return method(self, *args, **kwargs)
-        except (TypeError, ValueError, NotImplementedError) as e:
-            self._comm.abort(f"{method.__name__} on rank {self.rank()}: {e}")
-            raise
-
-    return wrapper
+def _copy_out(outs, flat):
+    """Copies `flat` (a scratch tensor) into the tensors `outs`, in order."""
+    at = 0
+    for o in outs:
+        n = o.numel()
+        o.copy_(flat.reshape(-1)[at : at + n].view(o.shape))
+        at += n
 
 
-class _Work(dist.Work):
-    """A kolo operation in flight, as torch's `Work`: its future completes with the list of
-    tensors the operation wrote (what DDP's reducer expects), or with its exception."""
+def _then(*afters):
+    """One copy-out running `afters` (the None ones skipped) in order, or None."""
+    todo = [a for a in afters if a is not None]
+    if not todo:
+        return None
 
-    def __init__(self, result, after=None):
-        super().__init__()
-        self._result = result
-        self._after = after
+    def after():
+        for a in todo:
+            a()
+
+    return after
+
+
+class _Work(Work, dist.Work):
+    """kolo's `Work` as torch's: its future completes with the list of tensors the operation
+    wrote (what DDP's reducer expects), or with its exception."""
+
+    def __init__(self, result, after=None, parts=1):
         self._future = torch.futures.Future()
-        self._event = threading.Event()
-        self._error = None
+        super().__init__(result, after, parts)
 
-    def _done(self, error):
-        # Runs on kolo's worker thread, with the GIL.
-        if error is None and self._after is not None:
-            try:
-                self._after()
-            except Exception as e:  # a copy-out that failed is the operation's failure
-                error = e
-        self._error = error
+    def _completed(self, error):
         if error is None:
             self._future.set_result(self._result)
         else:
             self._future.set_exception(error)
-        self._event.set()
 
     def wait(self, timeout=None):
-        self._event.wait()
-        if self._error is not None:
-            raise self._error
+        secs = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout
+        Work.wait(self, secs or None)  # torch's timedelta(0), its default, is no timeout
         return True
-
-    def is_completed(self):
-        return self._event.is_set()
-
-    def is_success(self):
-        return self._event.is_set() and self._error is None
-
-    def exception(self):
-        return self._error
 
     def get_future(self):
         return self._future
-
-    def result(self):
-        self.wait()
-        return self._result
 
     def synchronize(self):
         pass
@@ -168,7 +153,7 @@ class ProcessGroupKolo(dist.ProcessGroup):
 
     def __init__(self, comm, rank, size, name="kolo"):
         super().__init__(rank, size)
-        self._comm = comm
+        self._c = comm
         self._group_name = name
         self._group_desc = ""
 
@@ -191,120 +176,142 @@ class ProcessGroupKolo(dist.ProcessGroup):
     @property
     def comm(self):
         """The kolo communicator (``kolo._kolo.Communicator``) under this group."""
-        return self._comm
+        return self._c
 
     def __repr__(self):
-        return f"ProcessGroupKolo(rank={self.rank()}, size={self.size()}, {self._comm!r})"
+        return f"ProcessGroupKolo(rank={self.rank()}, size={self.size()}, {self._c!r})"
 
     # -- machinery ------------------------------------------------------------------------------
-    def _start(self, result, call, after=None, opts=None):
-        """Runs `call(done)`: queued, with a `Work` that completes later, unless `opts` says the
-        caller waits at once (``asyncOp`` false, as torch's synchronous calls set it): then it
-        runs now, on this thread when nothing is queued, and the `Work` returned is complete."""
-        work = _Work(result, after)
+    # A plan is what one torch call does: (calls, after), each call `call(done)` one kolo
+    # operation, `after` a copy out of scratch tensors once they have all succeeded (or None).
+    # Coalesced calls join their plans into one work.
+    def _start(self, result, plan, opts=None):
+        """Issues `plan`'s calls with one `Work` completing when all have: queued, unless `opts`
+        says the caller waits at once (``asyncOp`` false, as torch's synchronous calls set it):
+        then they run now, on this thread when nothing is queued, and the work is complete."""
+        calls, after = plan
+        work = _Work(result, after, parts=len(calls))
         if opts is not None and getattr(opts, "asyncOp", True) is False:
-            try:
-                call(None)
-            except Exception as e:  # noqa: BLE001 - the work carries it, as a queued one would
-                work._done(e)
-            else:
+            for call in calls:
+                try:
+                    call(None)
+                except Exception as e:  # noqa: BLE001 - the work carries it, as a queued one would
+                    work._fail(e)
+                    break
                 work._done(None)
         else:
-            call(work._done)
+            for call in calls:
+                call(work._done)
         return work
 
+    def _join(self, plans):
+        """One plan of several."""
+        calls = [c for p in plans for c in p[0]]
+        return calls, _then(*(p[1] for p in plans))
+
     # -- collectives ----------------------------------------------------------------------------
-    @_checked
+    @aborts
     def allreduce(self, tensors, opts=None):
-        op = _op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM, tensors[0] if tensors else None)
-        bufs = [_buf(t, "allreduce") for t in tensors]
-
-        def call(done):
-            # Several tensors: one all-reduce each, completing the work with the last.
-            for b, dt in bufs[:-1]:
-                self._comm.all_reduce(b, op, dtype=dt)
-            b, dt = bufs[-1]
-            self._comm.all_reduce(b, op, dtype=dt, done=done)
-
-        return self._start(tensors, call, opts=opts)
+        """One all-reduce per element type: the tensors of a type are flattened into one buffer
+        (a tensor alone is reduced in place), reduced by one call, and copied back."""
+        reduce_op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        _op(reduce_op)
+        groups = {}  # by dtype, in the order of the tensors (the same on every rank)
+        for t in tensors:
+            _check(t, "allreduce")
+            groups.setdefault(t.dtype, []).append(t)
+        calls, afters = [], []
+        for group in groups.values():
+            op = _op(reduce_op, group[0])
+            if len(group) == 1:
+                flat = group[0]
+            else:
+                flat = torch.cat([t.reshape(-1) for t in group])
+                afters.append(functools.partial(_copy_out, group, flat))
+            b, dt = _buf(flat, "allreduce")
+            calls.append(lambda d, b=b, dt=dt, op=op: self._c.all_reduce(b, op, dtype=dt, done=d))
+        return self._start(tensors, (calls, _then(*afters)), opts)
 
     def allreduce_coalesced(self, tensors, opts=None):
         return self.allreduce(tensors, opts)
 
-    @_checked
+    @aborts
     def broadcast(self, tensors, opts=None):
         root = opts.rootRank if opts is not None else 0
         b, dt = _buf(_one(tensors, "broadcast"), "broadcast")
-        return self._start(tensors, lambda d: self._comm.broadcast(b, root, dtype=dt, done=d), opts=opts)
+        return self._start(
+            tensors, ([lambda d: self._c.broadcast(b, root, dtype=dt, done=d)], None), opts)
 
-    @_checked
+    @aborts
     def reduce(self, tensors, opts=None):
         root = opts.rootRank if opts is not None else 0
         tensor = _one(tensors, "reduce")
         op = _op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM, tensor)
         b, dt = _buf(tensor, "reduce")
-        return self._start(tensors, lambda d: self._comm.reduce(b, root, op, dtype=dt, done=d), opts=opts)
+        return self._start(
+            tensors, ([lambda d: self._c.reduce(b, root, op, dtype=dt, done=d)], None), opts)
 
-    @_checked
+    @aborts
     def barrier(self, opts=None):
-        return self._start([], lambda d: self._comm.barrier(done=d), opts=opts)
+        return self._start([], ([lambda d: self._c.barrier(done=d)], None), opts)
 
     def monitored_barrier(self, timeout=None, wait_all_ranks=False):
         secs = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else 30.0
-        self._comm.monitored_barrier(secs)
+        self._c.monitored_barrier(secs)
 
     # all-gather: into one tensor (both generations of names), into a list, coalesced
-    @_checked
-    def all_gather_single(self, output, input, opts=None):
+    def _all_gather_single(self, output, input):
         s, dt = _buf(input, "all_gather input")
         r, _ = _buf(output, "all_gather output")
-        return self._start([output], lambda d: self._comm.all_gather(s, r, dtype=dt, done=d), opts=opts)
+        return [lambda d: self._c.all_gather(s, r, dtype=dt, done=d)], None
+
+    @aborts
+    def all_gather_single(self, output, input, opts=None):
+        return self._start([output], self._all_gather_single(output, input), opts)
 
     _allgather_base = all_gather_single
 
-    @_checked
-    def allgather(self, output_tensors, input_tensors, opts=None):
-        inp = _one(input_tensors, "allgather")
-        outs = _one(output_tensors, "allgather")
+    def _allgather(self, outs, inp):
         if len(outs) != self.size():
             raise ValueError(
                 f"kolo: allgather needs {self.size()} output tensors, got {len(outs)}"
             )
         flat = torch.empty((self.size(),) + tuple(inp.shape), dtype=inp.dtype)
-        s, dt = _buf(inp, "allgather input")
-        r, _ = _buf(flat, "allgather output")
+        calls, _ = self._all_gather_single(flat, inp)
+        return calls, functools.partial(_copy_out, outs, flat)
 
-        def after():
-            for o, part in zip(outs, flat):
-                o.copy_(part)
+    @aborts
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        inp = _one(input_tensors, "allgather")
+        outs = _one(output_tensors, "allgather")
+        return self._start(output_tensors, self._allgather(outs, inp), opts)
 
-        return self._start(
-            output_tensors, lambda d: self._comm.all_gather(s, r, dtype=dt, done=d), after, opts=opts)
-
-    @_checked
+    @aborts
     def allgather_coalesced(self, output_lists, input_list, opts=None):
-        works = [self.allgather([o], [i], opts) for o, i in zip(output_lists, input_list)]
-        return _last(works, output_lists)
+        plans = [self._allgather(o, i) for o, i in zip(output_lists, input_list)]
+        return self._start(output_lists, self._join(plans), opts)
 
-    @_checked
+    @aborts
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
-        works = [self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs)]
-        return _last(works, outputs)
+        plans = [self._all_gather_single(o, i) for o, i in zip(outputs, inputs)]
+        return self._start(outputs, self._join(plans), opts)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
     # reduce-scatter: from one tensor (both generations), from lists, coalesced
-    @_checked
-    def reduce_scatter_single(self, output, input, opts=None):
+    def _reduce_scatter_single(self, output, input, opts):
         op = _op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM, input)
         s, dt = _buf(input, "reduce_scatter input")
         r, _ = _buf(output, "reduce_scatter output")
-        return self._start(
-            [output], lambda d: self._comm.reduce_scatter(s, r, op, dtype=dt, done=d), opts=opts)
+        return [lambda d: self._c.reduce_scatter(s, r, op, dtype=dt, done=d)], None
+
+    @aborts
+    def reduce_scatter_single(self, output, input, opts=None):
+        return self._start([output], self._reduce_scatter_single(output, input, opts), opts)
 
     _reduce_scatter_base = reduce_scatter_single
 
-    @_checked
+    @aborts
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         out = _one(output_tensors, "reduce_scatter")
         ins = _one(input_tensors, "reduce_scatter")
@@ -313,44 +320,41 @@ class ProcessGroupKolo(dist.ProcessGroup):
                 f"kolo: reduce_scatter needs {self.size()} input tensors, got {len(ins)}"
             )
         flat = torch.cat([t.reshape(-1) for t in ins])
-        return self.reduce_scatter_single(out, flat, opts)
+        return self._start(output_tensors, self._reduce_scatter_single(out, flat, opts), opts)
 
-    @_checked
+    @aborts
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
-        works = [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)]
-        return _last(works, outputs)
+        plans = [self._reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)]
+        return self._start(outputs, self._join(plans), opts)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
     # gather / scatter
-    @_checked
+    @aborts
     def gather(self, output_tensors, input_tensors, opts=None):
         root = opts.rootRank if opts is not None else 0
         inp = _one(input_tensors, "gather")
         s, dt = _buf(inp, "gather input")
         if self.rank() != root:
-            return self._start([], lambda d: self._comm.gather(s, None, root, dtype=dt, done=d), opts=opts)
+            return self._start(
+                [], ([lambda d: self._c.gather(s, None, root, dtype=dt, done=d)], None), opts)
         outs = _one(output_tensors, "gather")
         flat = torch.empty((self.size(),) + tuple(inp.shape), dtype=inp.dtype)
         r, _ = _buf(flat, "gather output")
+        call = lambda d: self._c.gather(s, r, root, dtype=dt, done=d)  # noqa: E731
+        return self._start(output_tensors, ([call], functools.partial(_copy_out, outs, flat)), opts)
 
-        def after():
-            for o, part in zip(outs, flat):
-                o.copy_(part)
-
-        return self._start(
-            output_tensors, lambda d: self._comm.gather(s, r, root, dtype=dt, done=d), after, opts=opts)
-
-    @_checked
+    @aborts
     def gather_single(self, output, input, opts=None):
         root = opts.rootRank if opts is not None else 0
         s, dt = _buf(input, "gather input")
         r = _buf(output, "gather output")[0] if self.rank() == root else None
-        return self._start([output], lambda d: self._comm.gather(s, r, root, dtype=dt, done=d), opts=opts)
+        return self._start(
+            [output], ([lambda d: self._c.gather(s, r, root, dtype=dt, done=d)], None), opts)
 
     gather_into_tensor = gather_single
 
-    @_checked
+    @aborts
     def scatter(self, output_tensors, input_tensors, opts=None):
         root = opts.rootRank if opts is not None else 0
         out = _one(output_tensors, "scatter")
@@ -361,10 +365,10 @@ class ProcessGroupKolo(dist.ProcessGroup):
             flat = torch.cat([t.reshape(-1) for t in ins])
             s = _buf(flat, "scatter input")[0]
         return self._start(
-            output_tensors, lambda d: self._comm.scatter(s, r, root, dtype=dt, done=d), opts=opts)
+            output_tensors, ([lambda d: self._c.scatter(s, r, root, dtype=dt, done=d)], None), opts)
 
     # all-to-all
-    @_checked
+    @aborts
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         s, dt = _buf(input, "all_to_all input")
         r, _ = _buf(output, "all_to_all output")
@@ -376,14 +380,14 @@ class ProcessGroupKolo(dist.ProcessGroup):
             row_out = output[0].numel() if output.dim() > 0 and output.shape[0] else 1
             sc = [c * row_in for c in ins]
             rc = [c * row_out for c in outs]
-            call = lambda d: self._comm.all_to_all(s, r, sc, rc, dtype=dt, done=d)  # noqa: E731
+            call = lambda d: self._c.all_to_all(s, r, sc, rc, dtype=dt, done=d)  # noqa: E731
         else:
-            call = lambda d: self._comm.all_to_all(s, r, dtype=dt, done=d)  # noqa: E731
-        return self._start([output], call, opts=opts)
+            call = lambda d: self._c.all_to_all(s, r, dtype=dt, done=d)  # noqa: E731
+        return self._start([output], ([call], None), opts)
 
     alltoall_base = all_to_all_single
 
-    @_checked
+    @aborts
     def alltoall(self, output_tensors, input_tensors, opts=None):
         flat_in = torch.cat([t.reshape(-1) for t in input_tensors])
         counts_in = [t.numel() for t in input_tensors]
@@ -391,54 +395,26 @@ class ProcessGroupKolo(dist.ProcessGroup):
         flat_out = torch.empty(sum(counts_out), dtype=flat_in.dtype)
         s, dt = _buf(flat_in, "alltoall input")
         r, _ = _buf(flat_out, "alltoall output")
-
-        def after():
-            at = 0
-            for o, n in zip(output_tensors, counts_out):
-                o.copy_(flat_out[at : at + n].reshape(o.shape))
-                at += n
-
-        return self._start(
-            output_tensors,
-            lambda d: self._comm.all_to_all(s, r, counts_in, counts_out, dtype=dt, done=d),
-            after, opts=opts)
+        call = lambda d: self._c.all_to_all(s, r, counts_in, counts_out, dtype=dt, done=d)  # noqa: E731
+        after = functools.partial(_copy_out, output_tensors, flat_out)
+        return self._start(output_tensors, ([call], after), opts)
 
     # point to point
-    @_checked
+    @aborts
     def send(self, tensors, dst, tag=0):
         b, dt = _buf(_one(tensors, "send"), "send")
-        return self._start(tensors, lambda d: self._comm.send(b, dst, tag, dtype=dt, done=d))
+        return self._start(tensors, ([lambda d: self._c.send(b, dst, tag, dtype=dt, done=d)], None))
 
-    @_checked
+    @aborts
     def recv(self, tensors, src, tag=0):
         b, dt = _buf(_one(tensors, "recv"), "recv")
-        return self._start(tensors, lambda d: self._comm.recv(b, src, tag, dtype=dt, done=d))
+        return self._start(tensors, ([lambda d: self._c.recv(b, src, tag, dtype=dt, done=d)], None))
 
-    @_checked
+    @aborts
     def recv_anysource(self, tensors, tag=0):
         raise NotImplementedError(
             "kolo: receiving from any source is not supported: name the source rank"
         )
-
-
-def _last(works, result):
-    """One work for several: kolo runs them in order, so the last one finishing means all have;
-    its future completes with `result` (every output) or the error."""
-    work = _Work(result)
-    if not works:
-        work._done(None)
-        return work
-
-    def finish(fut):
-        try:
-            fut.value()
-        except Exception as e:  # noqa: BLE001 - handed to the combined work
-            work._done(e)
-        else:
-            work._done(None)
-
-    works[-1].get_future().add_done_callback(finish)
-    return work
 
 
 def _store_host(store):
@@ -502,7 +478,7 @@ def monitored_barrier(group=None, timeout=None):
     if not isinstance(pg, ProcessGroupKolo):
         raise TypeError("kolo.torch.monitored_barrier: the group is not a kolo process group")
     secs = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else (timeout or 30.0)
-    pg._comm.monitored_barrier(float(secs))
+    pg._c.monitored_barrier(float(secs))
 
 
 def _autoload():

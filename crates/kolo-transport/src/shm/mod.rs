@@ -427,7 +427,7 @@ impl Drop for ShmTransport {
         match self.mailbox.failure() {
             Some(LinkFailure::LocalClosed { reason }) => self.set_state(STATE_ABORTED, &reason),
             Some(f) => {
-                let reason = f.into_error("shutdown", self.rank).to_string();
+                let reason = f.forwarded("shutdown", self.rank);
                 self.set_state(STATE_ABORTED, &reason)
             }
             None if std::thread::panicking() => self.set_state(STATE_LOST, "its thread panicked"),

@@ -450,7 +450,7 @@ impl Drop for TcpTransport {
         let failed = self
             .mailbox
             .failure()
-            .map(|f| f.into_error("shutdown", self.rank).to_string());
+            .map(|f| f.forwarded("shutdown", self.rank));
         for link in self.links.iter().flatten() {
             let mut w = link.writer.lock().unwrap_or_else(|p| p.into_inner());
             if !aborted {

@@ -1,16 +1,27 @@
-//! The asynchronous collectives: each takes its buffers by value and returns a [`Work`] whose `wait`
-//! gives the result buffer back. They run on the communicator's worker thread, in issue order, and
-//! a blocking collective issued after them waits for them first.
+//! The asynchronous collectives: each takes its buffers by value — any [`CollectiveBuffer`]: a
+//! `Vec<T>`, a `Box<[T]>`, or memory the caller keeps alive behind its own type — and returns a
+//! [`Work`] whose `wait` gives the result back. They run on the communicator's worker thread, in
+//! issue order, and a blocking collective issued after them waits for them first.
 //!
-//! Every one is the blocking call run on the worker thread, through one of two paths: in place on
-//! the buffer passed in ([`Communicator::spawn_in_place`]), or from the buffer passed in into a new
-//! one ([`Communicator::spawn_into`]).
+//! Every one is the blocking call run on the worker thread, through one of three paths: in place
+//! on the buffer passed in ([`Communicator::spawn_in_place`]), from the send buffer into a new one
+//! ([`Communicator::spawn_alloc`]), or from the send buffer into the receive buffer passed in (the
+//! `*_into_async` forms, [`Communicator::spawn_into`]), both handed back.
 
 use kolo_core::dtype::{as_bytes, as_bytes_mut};
 use kolo_core::{Element, OpKind, ReduceOp, Result};
 
+use crate::buffer::CollectiveBuffer;
 use crate::communicator::{Communicator, Inner};
 use crate::work::Work;
+
+/// `len` zero elements.
+fn zeroed<T: Element>(len: usize) -> Vec<T> {
+    vec![T::zeroed(); len]
+}
+
+/// The blocking call of a two-buffer collective, on bytes.
+type Run2 = dyn FnOnce(&Inner, u64, &[u8], &mut [u8]) -> Result<()> + Send;
 
 impl Communicator {
     /// Queues `f` as the next collective (on the worker thread); its result completes the returned
@@ -32,29 +43,53 @@ impl Communicator {
 
     /// An asynchronous collective in place: `run` is the blocking call on `buf`'s bytes; `wait`
     /// gives `buf` back.
-    fn spawn_in_place<T: Element>(
+    fn spawn_in_place<B: CollectiveBuffer>(
         &self,
         op: OpKind,
-        mut buf: Vec<T>,
+        mut buf: B,
         run: impl FnOnce(&Inner, u64, &mut [u8]) -> Result<()> + Send + 'static,
-    ) -> Work<Vec<T>> {
+    ) -> Work<B> {
         self.spawn(op, move |inner, seq| {
-            run(inner, seq, as_bytes_mut(&mut buf)).map(|()| buf)
+            run(inner, seq, as_bytes_mut(buf.elements_mut())).map(|()| buf)
         })
     }
 
     /// An asynchronous collective from `send` into a new buffer of `recv_len` elements: `run` is the
     /// blocking call on their bytes; `wait` gives the new buffer.
-    fn spawn_into<T: Element>(
+    fn spawn_alloc<S: CollectiveBuffer>(
         &self,
         op: OpKind,
-        send: Vec<T>,
+        send: S,
         recv_len: usize,
         run: impl FnOnce(&Inner, u64, &[u8], &mut [u8]) -> Result<()> + Send + 'static,
-    ) -> Work<Vec<T>> {
+    ) -> Work<Vec<S::Elem>> {
         self.spawn(op, move |inner, seq| {
-            let mut recv = vec![T::zeroed(); recv_len];
-            run(inner, seq, as_bytes(&send), as_bytes_mut(&mut recv)).map(|()| recv)
+            let mut recv = zeroed::<S::Elem>(recv_len);
+            run(
+                inner,
+                seq,
+                as_bytes(send.elements()),
+                as_bytes_mut(&mut recv),
+            )
+            .map(|()| recv)
+        })
+    }
+
+    /// An asynchronous collective from `send` into `recv`: `run` is the blocking call on their
+    /// bytes; `wait` gives both back.
+    fn spawn_into<S, R>(&self, op: OpKind, send: S, mut recv: R, run: Box<Run2>) -> Work<(S, R)>
+    where
+        S: CollectiveBuffer,
+        R: CollectiveBuffer<Elem = S::Elem>,
+    {
+        self.spawn(op, move |inner, seq| {
+            run(
+                inner,
+                seq,
+                as_bytes(send.elements()),
+                as_bytes_mut(recv.elements_mut()),
+            )
+            .map(|()| (send, recv))
         })
     }
 
@@ -64,122 +99,252 @@ impl Communicator {
     }
 
     /// Asynchronous [`Communicator::broadcast`].
-    pub fn broadcast_async<T: Element>(&self, buf: Vec<T>, root: usize) -> Work<Vec<T>> {
+    pub fn broadcast_async<B: CollectiveBuffer>(&self, buf: B, root: usize) -> Work<B> {
         self.spawn_in_place(OpKind::Broadcast, buf, move |inner, seq, b| {
-            inner.broadcast(seq, b, T::DTYPE, root)
+            inner.broadcast(seq, b, B::Elem::DTYPE, root)
         })
     }
 
     /// Asynchronous [`Communicator::all_reduce`].
-    pub fn all_reduce_async<T: Element>(&self, buf: Vec<T>, op: ReduceOp) -> Work<Vec<T>> {
+    pub fn all_reduce_async<B: CollectiveBuffer>(&self, buf: B, op: ReduceOp) -> Work<B> {
         self.spawn_in_place(OpKind::AllReduce, buf, move |inner, seq, b| {
-            inner.all_reduce(seq, b, T::DTYPE, op)
+            inner.all_reduce(seq, b, B::Elem::DTYPE, op)
         })
     }
 
     /// Asynchronous [`Communicator::reduce`].
-    pub fn reduce_async<T: Element>(&self, buf: Vec<T>, op: ReduceOp, root: usize) -> Work<Vec<T>> {
+    pub fn reduce_async<B: CollectiveBuffer>(&self, buf: B, op: ReduceOp, root: usize) -> Work<B> {
         self.spawn_in_place(OpKind::Reduce, buf, move |inner, seq, b| {
-            inner.reduce(seq, b, T::DTYPE, op, root)
+            inner.reduce(seq, b, B::Elem::DTYPE, op, root)
         })
     }
 
-    /// Asynchronous [`Communicator::reduce_scatter`]; the result has `send.len() / size()` elements.
-    pub fn reduce_scatter_async<T: Element>(&self, send: Vec<T>, op: ReduceOp) -> Work<Vec<T>> {
-        let len = send.len() / self.size().max(1);
-        self.spawn_into(OpKind::ReduceScatter, send, len, move |inner, seq, s, r| {
-            inner.reduce_scatter(seq, s, r, T::DTYPE, op)
+    /// Asynchronous [`Communicator::reduce_scatter`]; the result has `send` / `size()` elements.
+    pub fn reduce_scatter_async<S: CollectiveBuffer>(
+        &self,
+        send: S,
+        op: ReduceOp,
+    ) -> Work<Vec<S::Elem>> {
+        let len = send.elements().len() / self.size().max(1);
+        self.spawn_alloc(OpKind::ReduceScatter, send, len, move |inner, seq, s, r| {
+            inner.reduce_scatter(seq, s, r, S::Elem::DTYPE, op)
         })
     }
 
-    /// Asynchronous [`Communicator::all_gather`]; the result has `size() * send.len()` elements.
-    pub fn all_gather_async<T: Element>(&self, send: Vec<T>) -> Work<Vec<T>> {
-        let len = send.len() * self.size();
-        self.spawn_into(OpKind::AllGather, send, len, |inner, seq, s, r| {
-            inner.all_gather(seq, s, r, T::DTYPE, None)
+    /// Asynchronous [`Communicator::all_gather`]; the result has `size()` × `send` elements.
+    pub fn all_gather_async<S: CollectiveBuffer>(&self, send: S) -> Work<Vec<S::Elem>> {
+        let len = send.elements().len() * self.size();
+        self.spawn_alloc(OpKind::AllGather, send, len, |inner, seq, s, r| {
+            inner.all_gather(seq, s, r, S::Elem::DTYPE, None)
         })
     }
 
-    /// Asynchronous [`Communicator::gather`]; the result is the gathered data on `root`, empty elsewhere.
-    pub fn gather_async<T: Element>(&self, send: Vec<T>, root: usize) -> Work<Vec<T>> {
+    /// Asynchronous [`Communicator::gather`]; the result is the gathered data on `root`, empty
+    /// elsewhere.
+    pub fn gather_async<S: CollectiveBuffer>(&self, send: S, root: usize) -> Work<Vec<S::Elem>> {
         let len = if self.rank() == root {
-            send.len() * self.size()
+            send.elements().len() * self.size()
         } else {
             0
         };
-        self.spawn_into(OpKind::Gather, send, len, move |inner, seq, s, r| {
-            inner.gather(seq, s, r, T::DTYPE, None, root)
+        self.spawn_alloc(OpKind::Gather, send, len, move |inner, seq, s, r| {
+            inner.gather(seq, s, r, S::Elem::DTYPE, None, root)
         })
     }
 
     /// Asynchronous [`Communicator::scatter`]: every rank passes `count`, the root also `send`.
-    pub fn scatter_async<T: Element>(
+    pub fn scatter_async<S: CollectiveBuffer>(
         &self,
-        send: Vec<T>,
+        send: S,
         count: usize,
         root: usize,
-    ) -> Work<Vec<T>> {
-        self.spawn_into(OpKind::Scatter, send, count, move |inner, seq, s, r| {
-            inner.scatter(seq, s, r, T::DTYPE, None, root)
+    ) -> Work<Vec<S::Elem>> {
+        self.spawn_alloc(OpKind::Scatter, send, count, move |inner, seq, s, r| {
+            inner.scatter(seq, s, r, S::Elem::DTYPE, None, root)
         })
     }
 
     /// Asynchronous [`Communicator::all_to_all`].
-    pub fn all_to_all_async<T: Element>(&self, send: Vec<T>) -> Work<Vec<T>> {
-        let len = send.len();
-        self.spawn_into(OpKind::AllToAll, send, len, |inner, seq, s, r| {
-            inner.all_to_all(seq, s, r, T::DTYPE, None)
+    pub fn all_to_all_async<S: CollectiveBuffer>(&self, send: S) -> Work<Vec<S::Elem>> {
+        let len = send.elements().len();
+        self.spawn_alloc(OpKind::AllToAll, send, len, |inner, seq, s, r| {
+            inner.all_to_all(seq, s, r, S::Elem::DTYPE, None)
         })
     }
 
     /// Asynchronous [`Communicator::all_gather_v`]; the result has `counts.iter().sum()` elements.
-    pub fn all_gather_v_async<T: Element>(&self, send: Vec<T>, counts: Vec<usize>) -> Work<Vec<T>> {
+    pub fn all_gather_v_async<S: CollectiveBuffer>(
+        &self,
+        send: S,
+        counts: Vec<usize>,
+    ) -> Work<Vec<S::Elem>> {
         let len = counts.iter().sum();
-        self.spawn_into(OpKind::AllGatherV, send, len, move |inner, seq, s, r| {
-            inner.all_gather(seq, s, r, T::DTYPE, Some(&counts))
+        self.spawn_alloc(OpKind::AllGatherV, send, len, move |inner, seq, s, r| {
+            inner.all_gather(seq, s, r, S::Elem::DTYPE, Some(&counts))
         })
     }
 
     /// Asynchronous [`Communicator::gather_v`]; the gathered data on `root`, empty elsewhere.
-    pub fn gather_v_async<T: Element>(
+    pub fn gather_v_async<S: CollectiveBuffer>(
         &self,
-        send: Vec<T>,
+        send: S,
         counts: Vec<usize>,
         root: usize,
-    ) -> Work<Vec<T>> {
+    ) -> Work<Vec<S::Elem>> {
         let len = if self.rank() == root {
             counts.iter().sum()
         } else {
             0
         };
-        self.spawn_into(OpKind::GatherV, send, len, move |inner, seq, s, r| {
-            inner.gather(seq, s, r, T::DTYPE, Some(&counts), root)
+        self.spawn_alloc(OpKind::GatherV, send, len, move |inner, seq, s, r| {
+            inner.gather(seq, s, r, S::Elem::DTYPE, Some(&counts), root)
         })
     }
 
     /// Asynchronous [`Communicator::scatter_v`]; this rank's `counts[rank]` elements.
-    pub fn scatter_v_async<T: Element>(
+    pub fn scatter_v_async<S: CollectiveBuffer>(
         &self,
-        send: Vec<T>,
+        send: S,
         counts: Vec<usize>,
         root: usize,
-    ) -> Work<Vec<T>> {
+    ) -> Work<Vec<S::Elem>> {
         let len = counts.get(self.rank()).copied().unwrap_or(0);
-        self.spawn_into(OpKind::ScatterV, send, len, move |inner, seq, s, r| {
-            inner.scatter(seq, s, r, T::DTYPE, Some(&counts), root)
+        self.spawn_alloc(OpKind::ScatterV, send, len, move |inner, seq, s, r| {
+            inner.scatter(seq, s, r, S::Elem::DTYPE, Some(&counts), root)
         })
     }
 
     /// Asynchronous [`Communicator::all_to_all_v`].
-    pub fn all_to_all_v_async<T: Element>(
+    pub fn all_to_all_v_async<S: CollectiveBuffer>(
         &self,
-        send: Vec<T>,
+        send: S,
         send_counts: Vec<usize>,
         recv_counts: Vec<usize>,
-    ) -> Work<Vec<T>> {
+    ) -> Work<Vec<S::Elem>> {
         let len = recv_counts.iter().sum();
-        self.spawn_into(OpKind::AllToAllV, send, len, move |inner, seq, s, r| {
-            inner.all_to_all(seq, s, r, T::DTYPE, Some((&send_counts, &recv_counts)))
+        self.spawn_alloc(OpKind::AllToAllV, send, len, move |inner, seq, s, r| {
+            inner.all_to_all(
+                seq,
+                s,
+                r,
+                S::Elem::DTYPE,
+                Some((&send_counts, &recv_counts)),
+            )
         })
+    }
+}
+
+/// The asynchronous collectives into a receive buffer of the caller's: the blocking call's
+/// arguments, both buffers owned by the collective while it runs and given back by `wait` as
+/// `(send, recv)`. Arguments are checked as in the blocking call, when the collective runs.
+impl Communicator {
+    /// Asynchronous [`Communicator::reduce_scatter`] into `recv`.
+    pub fn reduce_scatter_into_async<S, R>(&self, send: S, recv: R, op: ReduceOp) -> Work<(S, R)>
+    where
+        S: CollectiveBuffer,
+        R: CollectiveBuffer<Elem = S::Elem>,
+    {
+        let run = move |inner: &Inner, seq, s: &[u8], r: &mut [u8]| {
+            inner.reduce_scatter(seq, s, r, S::Elem::DTYPE, op)
+        };
+        self.spawn_into(OpKind::ReduceScatter, send, recv, Box::new(run))
+    }
+
+    /// Asynchronous [`Communicator::all_gather`] into `recv`.
+    pub fn all_gather_into_async<S, R>(&self, send: S, recv: R) -> Work<(S, R)>
+    where
+        S: CollectiveBuffer,
+        R: CollectiveBuffer<Elem = S::Elem>,
+    {
+        let run = move |inner: &Inner, seq, s: &[u8], r: &mut [u8]| {
+            inner.all_gather(seq, s, r, S::Elem::DTYPE, None)
+        };
+        self.spawn_into(OpKind::AllGather, send, recv, Box::new(run))
+    }
+
+    /// Asynchronous [`Communicator::all_gather_v`] into `recv`.
+    pub fn all_gather_v_into_async<S, R>(
+        &self,
+        send: S,
+        recv: R,
+        counts: Vec<usize>,
+    ) -> Work<(S, R)>
+    where
+        S: CollectiveBuffer,
+        R: CollectiveBuffer<Elem = S::Elem>,
+    {
+        let run = move |inner: &Inner, seq, s: &[u8], r: &mut [u8]| {
+            inner.all_gather(seq, s, r, S::Elem::DTYPE, Some(&counts))
+        };
+        self.spawn_into(OpKind::AllGatherV, send, recv, Box::new(run))
+    }
+
+    /// Asynchronous [`Communicator::gather`] (`counts`: [`Communicator::gather_v`]) into `recv`
+    /// (used on `root` only).
+    pub fn gather_into_async<S, R>(
+        &self,
+        send: S,
+        recv: R,
+        counts: Option<Vec<usize>>,
+        root: usize,
+    ) -> Work<(S, R)>
+    where
+        S: CollectiveBuffer,
+        R: CollectiveBuffer<Elem = S::Elem>,
+    {
+        let op = match counts {
+            None => OpKind::Gather,
+            Some(_) => OpKind::GatherV,
+        };
+        let run = move |inner: &Inner, seq, s: &[u8], r: &mut [u8]| {
+            inner.gather(seq, s, r, S::Elem::DTYPE, counts.as_deref(), root)
+        };
+        self.spawn_into(op, send, recv, Box::new(run))
+    }
+
+    /// Asynchronous [`Communicator::scatter`] (`counts`: [`Communicator::scatter_v`]) into `recv`
+    /// (`send` used on `root` only).
+    pub fn scatter_into_async<S, R>(
+        &self,
+        send: S,
+        recv: R,
+        counts: Option<Vec<usize>>,
+        root: usize,
+    ) -> Work<(S, R)>
+    where
+        S: CollectiveBuffer,
+        R: CollectiveBuffer<Elem = S::Elem>,
+    {
+        let op = match counts {
+            None => OpKind::Scatter,
+            Some(_) => OpKind::ScatterV,
+        };
+        let run = move |inner: &Inner, seq, s: &[u8], r: &mut [u8]| {
+            inner.scatter(seq, s, r, S::Elem::DTYPE, counts.as_deref(), root)
+        };
+        self.spawn_into(op, send, recv, Box::new(run))
+    }
+
+    /// Asynchronous [`Communicator::all_to_all`] (`counts` = `(send_counts, recv_counts)`:
+    /// [`Communicator::all_to_all_v`]) into `recv`.
+    pub fn all_to_all_into_async<S, R>(
+        &self,
+        send: S,
+        recv: R,
+        counts: Option<(Vec<usize>, Vec<usize>)>,
+    ) -> Work<(S, R)>
+    where
+        S: CollectiveBuffer,
+        R: CollectiveBuffer<Elem = S::Elem>,
+    {
+        let op = match counts {
+            None => OpKind::AllToAll,
+            Some(_) => OpKind::AllToAllV,
+        };
+        let run = move |inner: &Inner, seq, s: &[u8], r: &mut [u8]| {
+            let c = counts.as_ref().map(|(a, b)| (a.as_slice(), b.as_slice()));
+            inner.all_to_all(seq, s, r, S::Elem::DTYPE, c)
+        };
+        self.spawn_into(op, send, recv, Box::new(run))
     }
 }

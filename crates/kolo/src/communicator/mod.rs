@@ -243,6 +243,7 @@ impl Communicator {
             op: "abort",
             rank: self.rank(),
             by: self.rank(),
+            kind: kolo_core::ErrorKind::Other,
             reason: reason.to_string(),
         });
     }
@@ -309,7 +310,11 @@ impl Inner {
         crate::error_file::record_error(&e.to_string());
         // A peer's abort already reached everyone; echoing it would only add noise.
         if !matches!(e, Error::Aborted { by, .. } if by != self.rank) {
-            self.transport.abort(&e.to_string());
+            // The kind travels with the text: a peer's error is then of the same kind.
+            self.transport.abort(&kolo_core::error_kind::encode_abort(
+                e.kind(),
+                &e.to_string(),
+            ));
         }
         e
     }
