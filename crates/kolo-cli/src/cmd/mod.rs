@@ -69,7 +69,7 @@ pub fn launch_workers(
     cfg.direct_output_rank = Some(0);
     launch.apply(&mut cfg)?;
     for (k, v) in defaults {
-        if std::env::var_os(k).is_none() {
+        if kolo_core::settings::Env::lookup_os(&kolo_core::settings::ProcessEnv, k).is_none() {
             cfg.extra_env.push(((*k).into(), v.into()));
         }
     }

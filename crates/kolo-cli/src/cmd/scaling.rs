@@ -142,7 +142,9 @@ fn train_once(args: &ScalingArgs, exe: &Path, dir: &Path, workers: usize) -> Res
     }
     // One compute thread per rank at every point, so that the points differ only in the number of
     // workers (kolo train would give a lone worker all the cores).
-    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
+    if kolo_core::settings::Env::lookup_os(&kolo_core::settings::ProcessEnv, "RAYON_NUM_THREADS")
+        .is_none()
+    {
         cmd.env("RAYON_NUM_THREADS", "1");
     }
     let output = cmd

@@ -206,8 +206,7 @@ impl SimulateArgs {
 
 /// The compute threads candle uses (RAYON_NUM_THREADS, else the cores).
 fn candle_core_threads() -> usize {
-    std::env::var("RAYON_NUM_THREADS")
-        .ok()
+    kolo_core::settings::Env::lookup(&kolo_core::settings::ProcessEnv, "RAYON_NUM_THREADS")
         .and_then(|v| v.trim().parse::<usize>().ok())
         .filter(|&t| t > 0)
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
@@ -319,7 +318,9 @@ pub fn execute(args: SimulateArgs) -> ExitCode {
     // (without them a ResNet-18 step profiled 15-20 % slower than it trains). glibc reads them at
     // start-up only, so run again with them.
     let profiles_here = args.profile.is_empty() && published::profile(&args.model).is_none();
-    if profiles_here && std::env::var_os("GLIBC_TUNABLES").is_none() {
+    let tunables =
+        kolo_core::settings::Env::lookup_os(&kolo_core::settings::ProcessEnv, "GLIBC_TUNABLES");
+    if profiles_here && tunables.is_none() {
         use std::os::unix::process::CommandExt;
         let err = std::env::current_exe().map(|exe| {
             std::process::Command::new(exe)

@@ -184,7 +184,7 @@ impl TrainArgs {
                 .out
                 .clone()
                 .or_else(|| env.lookup_os(RUN_DIR_ENV).map(PathBuf::from))
-                .or_else(|| self.torchrun_run_dir()),
+                .or_else(|| self.torchrun_run_dir(env)),
             resume: self.resume || restart_count(env) > 0,
             train_limit: self.train_limit,
             test_limit: self.test_limit,
@@ -209,8 +209,8 @@ impl TrainArgs {
     /// the job so that a restarted group finds its checkpoints. torchrun's run id is unique with
     /// `--standalone` or a c10d rendezvous; with the default `none` (static rendezvous) rank 0
     /// makes a fresh directory, and restarts need `--out` to resume.
-    fn torchrun_run_dir(&self) -> Option<PathBuf> {
-        let id = std::env::var("TORCHELASTIC_RUN_ID").ok()?;
+    fn torchrun_run_dir(&self, env: &impl Env) -> Option<PathBuf> {
+        let id = env.lookup("TORCHELASTIC_RUN_ID")?;
         let id = id.trim();
         if id.is_empty() || id == "none" || id.contains('/') {
             return None;

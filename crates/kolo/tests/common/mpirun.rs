@@ -1,5 +1,5 @@
 //! Running this test binary's ignored entry points as the ranks of an `mpirun` job (also included
-//! by kolo-train's DDP test).
+//! by kolo-ddp's DDP test).
 #![allow(dead_code)]
 
 /// What `mpirun` printed and how it ended.
