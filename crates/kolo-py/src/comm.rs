@@ -12,7 +12,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use crate::args::{pair, typed};
-use crate::buffer::{hold, hold_opt, Source, Target};
+use crate::buffer::{hold, hold_opt, Held, Source, Target};
 use crate::names::{parse_op, parse_opt_dtype};
 use crate::objects::Pickled;
 use crate::run::{register, Direction, Lane};
@@ -32,6 +32,41 @@ impl PyCommunicator {
         let lane = Arc::new(Lane::default());
         register(&lane, &comm);
         Ok(PyCommunicator { comm, lane })
+    }
+
+    /// Gather (`scatter`: scatter) of the held `(send, recv)` at `root`, with `counts` per rank
+    /// or equal parts.
+    fn rooted(
+        &self,
+        py: Python<'_>,
+        (hs, hr): (Held, Held),
+        (root, counts): (usize, Option<Vec<usize>>),
+        done: Option<Py<PyAny>>,
+        scatter: bool,
+    ) -> PyResult<()> {
+        let dt = hr.region.dtype;
+        typed!(dt, T => {
+            let bufs = (Source::<T>::new(hs, &hr.region)?, Target::<T>::new(hr)?);
+            let queued_counts = counts.clone();
+            self.collective(
+                py,
+                done,
+                bufs,
+                |c, (s, r)| {
+                    let (s, r) = (s.elements(), r.elements_mut());
+                    match (&counts, scatter) {
+                        (None, false) => c.gather(s, r, root),
+                        (Some(n), false) => c.gather_v(s, r, n, root),
+                        (None, true) => c.scatter(s, r, root),
+                        (Some(n), true) => c.scatter_v(s, n, r, root),
+                    }
+                },
+                |c, (s, r)| match scatter {
+                    false => c.gather_into_async(s, r, queued_counts, root),
+                    true => c.scatter_into_async(s, r, queued_counts, root),
+                },
+            )
+        })
     }
 }
 
@@ -197,36 +232,14 @@ impl PyCommunicator {
         ))
     }
 
-    #[pyo3(signature = (send, recv, dtype=None, done=None))]
+    /// Every rank's `send` into `recv`; with `counts`, one count per rank.
+    #[pyo3(signature = (send, recv, counts=None, dtype=None, done=None))]
     fn all_gather(
         &self,
         py: Python<'_>,
         send: &Bound<'_, PyAny>,
         recv: &Bound<'_, PyAny>,
-        dtype: Option<&str>,
-        done: Option<Py<PyAny>>,
-    ) -> PyResult<()> {
-        let (hs, hr) = pair(send, recv, dtype)?;
-        let dt = hs.region.dtype;
-        typed!(dt, T => {
-            let bufs = (Source::<T>::new(hs, &hr.region)?, Target::<T>::new(hr)?);
-            self.collective(
-                py,
-                done,
-                bufs,
-                |c, (s, r)| c.all_gather(s.elements(), r.elements_mut()),
-                |c, (s, r)| c.all_gather_into_async(s, r),
-            )
-        })
-    }
-
-    #[pyo3(signature = (send, recv, counts, dtype=None, done=None))]
-    fn all_gather_v(
-        &self,
-        py: Python<'_>,
-        send: &Bound<'_, PyAny>,
-        recv: &Bound<'_, PyAny>,
-        counts: Vec<usize>,
+        counts: Option<Vec<usize>>,
         dtype: Option<&str>,
         done: Option<Py<PyAny>>,
     ) -> PyResult<()> {
@@ -239,8 +252,11 @@ impl PyCommunicator {
                 py,
                 done,
                 bufs,
-                |c, (s, r)| c.all_gather_v(s.elements(), r.elements_mut(), &counts),
-                |c, (s, r)| c.all_gather_v_into_async(s, r, queued_counts),
+                |c, (s, r)| match &counts {
+                    None => c.all_gather(s.elements(), r.elements_mut()),
+                    Some(n) => c.all_gather_v(s.elements(), r.elements_mut(), n),
+                },
+                |c, (s, r)| c.all_gather_into_async(s, r, queued_counts),
             )
         })
     }
@@ -285,22 +301,8 @@ impl PyCommunicator {
         done: Option<Py<PyAny>>,
     ) -> PyResult<()> {
         let hs = hold(send, parse_opt_dtype(dtype)?, "send", false)?;
-        let dt = hs.region.dtype;
-        let hr = hold_opt(recv, dt, "recv", true)?;
-        typed!(dt, T => {
-            let bufs = (Source::<T>::new(hs, &hr.region)?, Target::<T>::new(hr)?);
-            let queued_counts = counts.clone();
-            self.collective(
-                py,
-                done,
-                bufs,
-                |c, (s, r)| match &counts {
-                    None => c.gather(s.elements(), r.elements_mut(), root),
-                    Some(n) => c.gather_v(s.elements(), r.elements_mut(), n, root),
-                },
-                |c, (s, r)| c.gather_into_async(s, r, queued_counts, root),
-            )
-        })
+        let hr = hold_opt(recv, hs.region.dtype, "recv", true)?;
+        self.rooted(py, (hs, hr), (root, counts), done, false)
     }
 
     /// `root`'s `send` in equal parts (or `counts` per rank) into every rank's `recv` (`send`
@@ -318,22 +320,8 @@ impl PyCommunicator {
         done: Option<Py<PyAny>>,
     ) -> PyResult<()> {
         let hr = hold(recv, parse_opt_dtype(dtype)?, "recv", true)?;
-        let dt = hr.region.dtype;
-        let hs = hold_opt(send, dt, "send", false)?;
-        typed!(dt, T => {
-            let bufs = (Source::<T>::new(hs, &hr.region)?, Target::<T>::new(hr)?);
-            let queued_counts = counts.clone();
-            self.collective(
-                py,
-                done,
-                bufs,
-                |c, (s, r)| match &counts {
-                    None => c.scatter(s.elements(), r.elements_mut(), root),
-                    Some(n) => c.scatter_v(s.elements(), n, r.elements_mut(), root),
-                },
-                |c, (s, r)| c.scatter_into_async(s, r, queued_counts, root),
-            )
-        })
+        let hs = hold_opt(send, hr.region.dtype, "send", false)?;
+        self.rooted(py, (hs, hr), (root, counts), done, true)
     }
 
     /// Part `j` of every rank's `send` to rank `j`; with counts, `send_counts[j]` elements to

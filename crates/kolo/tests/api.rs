@@ -258,7 +258,7 @@ fn async_into_forms_equal_the_blocking_calls() {
                 let mut want = vec![0.0; n * send.len()];
                 c.all_gather(&send, &mut want)?;
                 let (s, got) = c
-                    .all_gather_into_async(boxed, vec![-1.0; n * send.len()])
+                    .all_gather_into_async(boxed, vec![-1.0; n * send.len()], None)
                     .wait()?;
                 assert_eq!((&*s, &got), (&send[..], &want), "all_gather");
                 let mut want = vec![0.0; 4];
@@ -291,7 +291,11 @@ fn async_into_forms_equal_the_blocking_calls() {
                 let mut want = vec![0.0; counts.iter().sum()];
                 c.all_gather_v(&mine, &mut want, &counts)?;
                 let (_, got) = c
-                    .all_gather_v_into_async(mine.clone(), vec![-1.0; want.len()], counts.clone())
+                    .all_gather_into_async(
+                        mine.clone(),
+                        vec![-1.0; want.len()],
+                        Some(counts.clone()),
+                    )
                     .wait()?;
                 assert_eq!(got, want, "all_gather_v");
                 Ok(())

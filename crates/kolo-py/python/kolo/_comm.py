@@ -261,7 +261,7 @@ class Communicator:
         r, _ = _buffer(recv, "recv")
         counts = [int(c) for c in counts]
         return self._run(
-            lambda d: self._c.all_gather_v(s, r, counts, dtype=dt, done=d), recv, async_op
+            lambda d: self._c.all_gather(s, r, counts, dtype=dt, done=d), recv, async_op
         )
 
     @aborts

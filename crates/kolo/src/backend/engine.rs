@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kolo_collectives::select::Group;
-use kolo_core::{Algorithm, DType, DeviceBuffer, DeviceTicket, Engine, ReduceOp, Result};
+use kolo_core::{Algorithm, DeviceBuffer, DeviceTicket, Engine, ReduceOp, Result};
 
-use super::{no_device_collectives, Backend, Job, Members, Native, Runner};
+use super::{no_device_collectives, Backend, Collective, Job, Members, Native, Runner};
 
 /// Any [`Engine`] as a communicator's backend.
 pub(crate) struct EngineBackend {
@@ -33,7 +33,7 @@ impl EngineBackend {
 
     /// Runs `job` on the engine: the ranks first agree on the call (unless `KOLO_CONFIRM_CALLS=0`),
     /// then `f` runs it. An error poisons the communicator.
-    fn run(&self, job: Job, f: impl FnOnce(&dyn Engine) -> Result<()>) -> Result<()> {
+    fn run_on_engine(&self, job: Job, f: impl FnOnce(&dyn Engine) -> Result<()>) -> Result<()> {
         let comm = job.comm;
         comm.check()?;
         let engine = &*self.engine;
@@ -73,111 +73,55 @@ impl Backend for EngineBackend {
         self.native.group()
     }
 
-    fn barrier(&self, job: Job) -> Result<()> {
-        match self.native(job) {
-            Some(native) => native.barrier(job),
-            None => self.run(job, |e| e.barrier()),
+    fn run(&self, job: Job, c: Collective<'_>) -> Result<()> {
+        if let Some(native) = self.native(job) {
+            return native.run(job, c);
         }
-    }
-
-    fn broadcast(&self, job: Job, buf: &mut [u8], dtype: DType, root: usize) -> Result<()> {
-        match self.native(job) {
-            Some(native) => native.broadcast(job, buf, dtype, root),
-            None => self.run(job, |e| e.broadcast(buf, dtype, root)),
-        }
-    }
-
-    fn all_reduce(&self, job: Job, buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
-        match self.native(job) {
-            Some(native) => native.all_reduce(job, buf, dtype, op),
-            None => self.run(job, |e| e.all_reduce(buf, dtype, op)),
-        }
-    }
-
-    fn reduce(
-        &self,
-        job: Job,
-        buf: &mut [u8],
-        dtype: DType,
-        op: ReduceOp,
-        root: usize,
-    ) -> Result<()> {
-        match self.native(job) {
-            Some(native) => native.reduce(job, buf, dtype, op, root),
-            None => self.run(job, |e| e.reduce(buf, dtype, op, root)),
-        }
-    }
-
-    fn reduce_scatter(
-        &self,
-        job: Job,
-        send: &[u8],
-        recv: &mut [u8],
-        dtype: DType,
-        op: ReduceOp,
-    ) -> Result<()> {
-        match self.native(job) {
-            Some(native) => native.reduce_scatter(job, send, recv, dtype, op),
-            None => self.run(job, |e| e.reduce_scatter(send, recv, dtype, op)),
-        }
-    }
-
-    fn all_gather(
-        &self,
-        job: Job,
-        send: &[u8],
-        recv: &mut [u8],
-        dtype: DType,
-        counts: Option<&[usize]>,
-    ) -> Result<()> {
-        match self.native(job) {
-            Some(native) => native.all_gather(job, send, recv, dtype, counts),
-            None => self.run(job, |e| e.all_gather(send, recv, dtype, counts)),
-        }
-    }
-
-    fn gather(
-        &self,
-        job: Job,
-        send: &[u8],
-        recv: &mut [u8],
-        dtype: DType,
-        counts: Option<&[usize]>,
-        root: usize,
-    ) -> Result<()> {
-        match self.native(job) {
-            Some(native) => native.gather(job, send, recv, dtype, counts, root),
-            None => self.run(job, |e| e.gather(send, recv, dtype, counts, root)),
-        }
-    }
-
-    fn scatter(
-        &self,
-        job: Job,
-        send: &[u8],
-        recv: &mut [u8],
-        dtype: DType,
-        counts: Option<&[usize]>,
-        root: usize,
-    ) -> Result<()> {
-        match self.native(job) {
-            Some(native) => native.scatter(job, send, recv, dtype, counts, root),
-            None => self.run(job, |e| e.scatter(send, recv, dtype, counts, root)),
-        }
-    }
-
-    fn all_to_all(
-        &self,
-        job: Job,
-        send: &[u8],
-        recv: &mut [u8],
-        dtype: DType,
-        counts: Option<(&[usize], &[usize])>,
-    ) -> Result<()> {
-        match self.native(job) {
-            Some(native) => native.all_to_all(job, send, recv, dtype, counts),
-            None => self.run(job, |e| e.all_to_all(send, recv, dtype, counts)),
-        }
+        self.run_on_engine(job, |e| match c {
+            Collective::Barrier => e.barrier(),
+            Collective::Broadcast { buf, dtype, root } => e.broadcast(buf, dtype, root),
+            Collective::AllReduce { buf, dtype, op } => e.all_reduce(buf, dtype, op),
+            Collective::Reduce {
+                buf,
+                dtype,
+                op,
+                root,
+            } => e.reduce(buf, dtype, op, root),
+            Collective::ReduceScatter {
+                send,
+                recv,
+                dtype,
+                op,
+            } => e.reduce_scatter(send, recv, dtype, op),
+            Collective::AllGather {
+                send,
+                recv,
+                dtype,
+                counts,
+            } => e.all_gather(send, recv, dtype, counts),
+            Collective::Rooted {
+                send,
+                recv,
+                dtype,
+                counts,
+                root,
+                scatter: false,
+            } => e.gather(send, recv, dtype, counts, root),
+            Collective::Rooted {
+                send,
+                recv,
+                dtype,
+                counts,
+                root,
+                scatter: true,
+            } => e.scatter(send, recv, dtype, counts, root),
+            Collective::AllToAll {
+                send,
+                recv,
+                dtype,
+                counts,
+            } => e.all_to_all(send, recv, dtype, counts),
+        })
     }
 
     fn device_all_reduce(&self, job: Job, buf: DeviceBuffer, op: ReduceOp) -> Result<DeviceTicket> {
@@ -187,7 +131,7 @@ impl Backend for EngineBackend {
             .device(job.comm.rank())
             .map_err(|e| job.comm.poison(e))?;
         let mut ticket = None;
-        self.run(job, |_| {
+        self.run_on_engine(job, |_| {
             ticket = Some(device.all_reduce_async(buf, op)?);
             Ok(())
         })?;

@@ -9,8 +9,8 @@
 //!   hands collectives whose algorithm is not [`kolo_core::Algorithm::Engine`] (a forced all-reduce)
 //!   to kolo's own algorithms over the engine's point-to-point transport.
 //!
-//! The methods mirror [`Engine`]'s whole collectives, with the [`Job`] (which collective of the
-//! sequence, and its fingerprint) in front. A new engine implements [`Engine`] in its own crate and is
+//! A backend runs a [`Collective`] (one of [`Engine`]'s whole collectives as a value) for a [`Job`]
+//! (which collective of the sequence, and its fingerprint). A new engine implements [`Engine`] in its own crate and is
 //! passed to [`choose`]; nothing here changes.
 
 mod engine;
@@ -30,6 +30,64 @@ use crate::topology::Topology;
 
 pub(crate) use engine::EngineBackend;
 pub(crate) use native::Native;
+
+/// One collective's buffers and arguments, bytes of one element type, checked by the communicator
+/// (lengths agree with the counts and the group): what a communicator hands its backend.
+pub(crate) enum Collective<'a> {
+    /// Waits for every rank.
+    Barrier,
+    /// `buf` of `root` into `buf` of every rank.
+    Broadcast {
+        buf: &'a mut [u8],
+        dtype: DType,
+        root: usize,
+    },
+    /// Element-wise reduction of `buf` over all ranks, result everywhere.
+    AllReduce {
+        buf: &'a mut [u8],
+        dtype: DType,
+        op: ReduceOp,
+    },
+    /// Element-wise reduction into `buf` of `root`; other ranks' buffers unchanged.
+    Reduce {
+        buf: &'a mut [u8],
+        dtype: DType,
+        op: ReduceOp,
+        root: usize,
+    },
+    /// `send` holds `size()` blocks of `recv.len()` bytes; rank r gets block r reduced.
+    ReduceScatter {
+        send: &'a [u8],
+        recv: &'a mut [u8],
+        dtype: DType,
+        op: ReduceOp,
+    },
+    /// Every rank's `send` in rank order into `recv`; `counts` in elements for the variable form.
+    AllGather {
+        send: &'a [u8],
+        recv: &'a mut [u8],
+        dtype: DType,
+        counts: Option<&'a [usize]>,
+    },
+    /// Every rank's `send` in rank order into `recv` of `root` (`scatter`: block r of `send` on
+    /// `root` into `recv` of rank r); `counts` in elements for the variable form.
+    Rooted {
+        send: &'a [u8],
+        recv: &'a mut [u8],
+        dtype: DType,
+        counts: Option<&'a [usize]>,
+        root: usize,
+        scatter: bool,
+    },
+    /// Block d of `send` to rank d; the block from rank s into block s of `recv`. `counts` is
+    /// `(send_counts, recv_counts)` in elements for the variable form.
+    AllToAll {
+        send: &'a [u8],
+        recv: &'a mut [u8],
+        dtype: DType,
+        counts: Option<(&'a [usize], &'a [usize])>,
+    },
+}
 
 /// The group that owns a transport's arena: the world communicator.
 pub(crate) const ARENA_GROUP: u64 = 1;
@@ -104,69 +162,8 @@ pub(crate) trait Backend: Send + Sync {
     /// What the cost model needs to know about the group.
     fn group(&self) -> &Group;
 
-    /// Waits for every rank.
-    fn barrier(&self, job: Job) -> Result<()>;
-    /// `buf` of `root` into `buf` of every rank.
-    fn broadcast(&self, job: Job, buf: &mut [u8], dtype: DType, root: usize) -> Result<()>;
-    /// Element-wise reduction of `buf` over all ranks, result everywhere.
-    fn all_reduce(&self, job: Job, buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()>;
-    /// Element-wise reduction into `buf` of `root`; other ranks' buffers unchanged.
-    fn reduce(
-        &self,
-        job: Job,
-        buf: &mut [u8],
-        dtype: DType,
-        op: ReduceOp,
-        root: usize,
-    ) -> Result<()>;
-    /// `send` holds `size()` blocks of `recv.len()` bytes; rank r gets block r reduced.
-    fn reduce_scatter(
-        &self,
-        job: Job,
-        send: &[u8],
-        recv: &mut [u8],
-        dtype: DType,
-        op: ReduceOp,
-    ) -> Result<()>;
-    /// Every rank's `send` in rank order into `recv`; `counts` in elements for the variable form.
-    fn all_gather(
-        &self,
-        job: Job,
-        send: &[u8],
-        recv: &mut [u8],
-        dtype: DType,
-        counts: Option<&[usize]>,
-    ) -> Result<()>;
-    /// Every rank's `send` in rank order into `recv` of `root`.
-    fn gather(
-        &self,
-        job: Job,
-        send: &[u8],
-        recv: &mut [u8],
-        dtype: DType,
-        counts: Option<&[usize]>,
-        root: usize,
-    ) -> Result<()>;
-    /// Block r of `send` on `root` into `recv` of rank r.
-    fn scatter(
-        &self,
-        job: Job,
-        send: &[u8],
-        recv: &mut [u8],
-        dtype: DType,
-        counts: Option<&[usize]>,
-        root: usize,
-    ) -> Result<()>;
-    /// Block d of `send` to rank d; the block from rank s into block s of `recv`. `counts` is
-    /// `(send_counts, recv_counts)` in elements for the variable form.
-    fn all_to_all(
-        &self,
-        job: Job,
-        send: &[u8],
-        recv: &mut [u8],
-        dtype: DType,
-        counts: Option<(&[usize], &[usize])>,
-    ) -> Result<()>;
+    /// Runs collective `c` (its arguments checked by the communicator).
+    fn run(&self, job: Job, c: Collective<'_>) -> Result<()>;
 
     /// Queues an in-place all-reduce of GPU memory on the engine's device collectives
     /// ([`kolo_core::DeviceCollectives`]); kolo's own algorithms work on host memory only.

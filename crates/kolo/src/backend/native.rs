@@ -10,12 +10,12 @@ use kolo_collectives::algorithms::{
 };
 use kolo_collectives::ctx::{blocks_from_counts, even_blocks};
 use kolo_collectives::select::Group;
-use kolo_core::{Algorithm, DType, Engine, Error, ReduceOp, Reducer, Result};
+use kolo_core::{Algorithm, Engine, Error, Reducer, Result};
 
 use super::hierarchy::{Hierarchy, Plan};
 #[cfg(doc)]
 use super::Runner;
-use super::{Backend, Job, Members};
+use super::{Backend, Collective, Job, Members};
 
 /// kolo's own collectives over the transport.
 pub(crate) struct Native {
@@ -67,127 +67,101 @@ impl Backend for Native {
         &self.group
     }
 
-    fn barrier(&self, job: Job) -> Result<()> {
-        job.run(barrier_dissemination::barrier)
-    }
-
-    fn broadcast(&self, job: Job, buf: &mut [u8], dtype: DType, root: usize) -> Result<()> {
-        job.run(|ctx| broadcast_binomial::broadcast(ctx, buf, dtype.size(), root))
-    }
-
-    fn all_reduce(&self, job: Job, buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
-        if job.call.algo == Algorithm::Hierarchical {
-            let h = self.hierarchy(job).map_err(|e| job.comm.poison(e))?;
-            return job.run(|_| allreduce_hierarchical::all_reduce(h, buf, dtype, op));
+    fn run(&self, job: Job, c: Collective<'_>) -> Result<()> {
+        let n = job.comm.size();
+        match c {
+            Collective::Barrier => job.run(barrier_dissemination::barrier),
+            Collective::Broadcast { buf, dtype, root } => {
+                job.run(|ctx| broadcast_binomial::broadcast(ctx, buf, dtype.size(), root))
+            }
+            Collective::AllReduce { buf, dtype, op }
+                if job.call.algo == Algorithm::Hierarchical =>
+            {
+                let h = self.hierarchy(job).map_err(|e| job.comm.poison(e))?;
+                job.run(|_| allreduce_hierarchical::all_reduce(h, buf, dtype, op))
+            }
+            Collective::AllReduce { buf, dtype, op } => {
+                let red = Reducer::new(dtype, op);
+                job.run(|ctx| kolo_collectives::all_reduce(ctx, buf, dtype.size(), &red))
+            }
+            Collective::Reduce {
+                buf,
+                dtype,
+                op,
+                root,
+            } => {
+                let red = Reducer::new(dtype, op);
+                job.run(|ctx| {
+                    if job.call.algo == Algorithm::Direct {
+                        red.finish(buf, 1);
+                        return Ok(());
+                    }
+                    reduce_binomial::reduce(ctx, buf, dtype.size(), &red, root)
+                })
+            }
+            Collective::ReduceScatter {
+                send,
+                recv,
+                dtype,
+                op,
+            } => {
+                let (e, red) = (dtype.size(), Reducer::new(dtype, op));
+                let blocks = even_blocks(recv.len() / e * n, n, e);
+                job.run(|ctx| ring::reduce_scatter(ctx, send, recv, &blocks, e, &red))
+            }
+            Collective::AllGather {
+                send,
+                recv,
+                dtype,
+                counts,
+            } => {
+                let e = dtype.size();
+                let blocks = blocks(send.len() / e, n, counts, e);
+                job.run(|ctx| ring::all_gather(ctx, send, recv, &blocks, e))
+            }
+            Collective::Rooted {
+                send,
+                recv,
+                dtype,
+                counts,
+                root,
+                scatter,
+            } => {
+                let e = dtype.size();
+                let piece = if scatter { recv.len() } else { send.len() } / e;
+                let blocks = blocks(piece, n, counts, e);
+                job.run(|ctx| match scatter {
+                    false => linear::gather(ctx, send, recv, &blocks, e, root),
+                    true => linear::scatter(ctx, send, recv, &blocks, e, root),
+                })
+            }
+            Collective::AllToAll {
+                send,
+                recv,
+                dtype,
+                counts,
+            } => {
+                let e = dtype.size();
+                let (sb, rb) = match counts {
+                    None => {
+                        let b = even_blocks(send.len() / e, n, e);
+                        (b.clone(), b)
+                    }
+                    Some((sc, rc)) => (blocks_from_counts(sc, e), blocks_from_counts(rc, e)),
+                };
+                job.run(|ctx| alltoall_pairwise::all_to_all(ctx, send, &sb, recv, &rb, e))
+            }
         }
-        let red = Reducer::new(dtype, op);
-        job.run(|ctx| kolo_collectives::all_reduce(ctx, buf, dtype.size(), &red))
-    }
-
-    fn reduce(
-        &self,
-        job: Job,
-        buf: &mut [u8],
-        dtype: DType,
-        op: ReduceOp,
-        root: usize,
-    ) -> Result<()> {
-        let red = Reducer::new(dtype, op);
-        job.run(|ctx| {
-            if job.call.algo == Algorithm::Direct {
-                red.finish(buf, 1);
-                return Ok(());
-            }
-            reduce_binomial::reduce(ctx, buf, dtype.size(), &red, root)
-        })
-    }
-
-    fn reduce_scatter(
-        &self,
-        job: Job,
-        send: &[u8],
-        recv: &mut [u8],
-        dtype: DType,
-        op: ReduceOp,
-    ) -> Result<()> {
-        let (e, n) = (dtype.size(), job.comm.size());
-        let red = Reducer::new(dtype, op);
-        let blocks = even_blocks(recv.len() / e * n, n, e);
-        job.run(|ctx| ring::reduce_scatter(ctx, send, recv, &blocks, e, &red))
-    }
-
-    fn all_gather(
-        &self,
-        job: Job,
-        send: &[u8],
-        recv: &mut [u8],
-        dtype: DType,
-        counts: Option<&[usize]>,
-    ) -> Result<()> {
-        let (e, n) = (dtype.size(), job.comm.size());
-        let blocks = match counts {
-            None => even_blocks(send.len() / e * n, n, e),
-            Some(counts) => blocks_from_counts(counts, e),
-        };
-        job.run(|ctx| ring::all_gather(ctx, send, recv, &blocks, e))
-    }
-
-    fn gather(
-        &self,
-        job: Job,
-        send: &[u8],
-        recv: &mut [u8],
-        dtype: DType,
-        counts: Option<&[usize]>,
-        root: usize,
-    ) -> Result<()> {
-        let e = dtype.size();
-        let blocks = rooted_blocks(job, send.len() / e, counts, e);
-        job.run(|ctx| linear::gather(ctx, send, recv, &blocks, e, root))
-    }
-
-    fn scatter(
-        &self,
-        job: Job,
-        send: &[u8],
-        recv: &mut [u8],
-        dtype: DType,
-        counts: Option<&[usize]>,
-        root: usize,
-    ) -> Result<()> {
-        let e = dtype.size();
-        let blocks = rooted_blocks(job, recv.len() / e, counts, e);
-        job.run(|ctx| linear::scatter(ctx, send, recv, &blocks, e, root))
-    }
-
-    fn all_to_all(
-        &self,
-        job: Job,
-        send: &[u8],
-        recv: &mut [u8],
-        dtype: DType,
-        counts: Option<(&[usize], &[usize])>,
-    ) -> Result<()> {
-        let (e, n) = (dtype.size(), job.comm.size());
-        let (sb, rb) = match counts {
-            None => {
-                let b = even_blocks(send.len() / e, n, e);
-                (b.clone(), b)
-            }
-            Some((sc, rc)) => (blocks_from_counts(sc, e), blocks_from_counts(rc, e)),
-        };
-        job.run(|ctx| alltoall_pairwise::all_to_all(ctx, send, &sb, recv, &rb, e))
     }
 }
 
-/// The blocks of a gather's or scatter's whole buffer: `piece` elements per rank, or `counts`.
-fn rooted_blocks(
-    job: Job,
+/// The blocks of a whole buffer of `n` ranks' pieces: `piece` elements each, or `counts`.
+fn blocks(
     piece: usize,
+    n: usize,
     counts: Option<&[usize]>,
     e: usize,
 ) -> Vec<std::ops::Range<usize>> {
-    let n = job.comm.size();
     match counts {
         None => even_blocks(piece * n, n, e),
         Some(counts) => blocks_from_counts(counts, e),

@@ -4,6 +4,7 @@
 use kolo_core::dtype::{as_bytes, as_bytes_mut};
 use kolo_core::{Element, ReduceOp, Result};
 
+use super::Rooted;
 use crate::communicator::Communicator;
 
 /// Blocking collectives.
@@ -92,15 +93,7 @@ impl Communicator {
     /// Every rank's `send` concatenated in rank order into `recv` of `root` (`size() * send.len()`
     /// elements; `recv` is not used on other ranks and may be empty).
     pub fn gather<T: Element>(&self, send: &[T], recv: &mut [T], root: usize) -> Result<()> {
-        let seq = self.inner.issue_blocking()?;
-        self.inner.gather(
-            seq,
-            as_bytes(send),
-            as_bytes_mut(recv),
-            T::DTYPE,
-            None,
-            root,
-        )
+        self.rooted((send, recv), (None, root), Rooted::Gather)
     }
 
     /// Gather with a count per rank (every rank passes the same `counts`).
@@ -111,29 +104,13 @@ impl Communicator {
         counts: &[usize],
         root: usize,
     ) -> Result<()> {
-        let seq = self.inner.issue_blocking()?;
-        self.inner.gather(
-            seq,
-            as_bytes(send),
-            as_bytes_mut(recv),
-            T::DTYPE,
-            Some(counts),
-            root,
-        )
+        self.rooted((send, recv), (Some(counts), root), Rooted::Gather)
     }
 
     /// Splits `send` of `root` (`size() * recv.len()` elements) into blocks; rank r receives block r in
     /// `recv`. `send` is not used on other ranks and may be empty.
     pub fn scatter<T: Element>(&self, send: &[T], recv: &mut [T], root: usize) -> Result<()> {
-        let seq = self.inner.issue_blocking()?;
-        self.inner.scatter(
-            seq,
-            as_bytes(send),
-            as_bytes_mut(recv),
-            T::DTYPE,
-            None,
-            root,
-        )
+        self.rooted((send, recv), (None, root), Rooted::Scatter)
     }
 
     /// Scatter with a count per rank (every rank passes the same `counts`).
@@ -144,15 +121,7 @@ impl Communicator {
         recv: &mut [T],
         root: usize,
     ) -> Result<()> {
-        let seq = self.inner.issue_blocking()?;
-        self.inner.scatter(
-            seq,
-            as_bytes(send),
-            as_bytes_mut(recv),
-            T::DTYPE,
-            Some(counts),
-            root,
-        )
+        self.rooted((send, recv), (Some(counts), root), Rooted::Scatter)
     }
 
     /// `send` holds `size()` equal blocks; block d goes to rank d, and the block from rank s lands in
@@ -180,5 +149,17 @@ impl Communicator {
             T::DTYPE,
             Some((send_counts, recv_counts)),
         )
+    }
+
+    /// Gather or scatter (`way`) of `(send, recv)` at `root`, with `counts` per rank or equal parts.
+    fn rooted<T: Element>(
+        &self,
+        (send, recv): (&[T], &mut [T]),
+        at: (Option<&[usize]>, usize),
+        way: Rooted,
+    ) -> Result<()> {
+        let seq = self.inner.issue_blocking()?;
+        let bufs = (as_bytes(send), as_bytes_mut(recv));
+        self.inner.rooted(seq, bufs, T::DTYPE, at, way)
     }
 }

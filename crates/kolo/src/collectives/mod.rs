@@ -16,9 +16,18 @@ use kolo_collectives::algorithms::barrier_monitored;
 use kolo_collectives::select;
 use kolo_core::{Algorithm, Call, DType, Error, OpKind, ReduceOp, Result};
 
-use crate::backend::Job;
+use crate::backend::{Collective, Job};
 use crate::communicator::Inner;
 use check::{Check, Piece};
+
+/// Which way a rooted collective moves the data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Rooted {
+    /// Every rank's piece to the root.
+    Gather,
+    /// The root's pieces to every rank.
+    Scatter,
+}
 
 impl Inner {
     fn check_args<R>(&self, op: OpKind, f: impl FnOnce(&Check) -> Result<R>) -> Result<R> {
@@ -47,7 +56,7 @@ impl Inner {
 
     pub(crate) fn barrier(&self, seq: u64) -> Result<()> {
         let call = Call::new(OpKind::Barrier, self.choose(OpKind::Barrier, 0, 0));
-        self.backend.barrier(self.job(seq, call))
+        self.backend.run(self.job(seq, call), Collective::Barrier)
     }
 
     /// kolo's own barrier over the transport, whatever the backend (engines have no such barrier).
@@ -66,8 +75,8 @@ impl Inner {
         let call = self.check_args(OpKind::Broadcast, |c| {
             Ok(c.call(dtype, buf.len() / dtype.size(), None, Some(c.root(root)?)))
         })?;
-        self.backend
-            .broadcast(self.job(seq, call), buf, dtype, root)
+        let c = Collective::Broadcast { buf, dtype, root };
+        self.backend.run(self.job(seq, call), c)
     }
 
     pub(crate) fn all_reduce(
@@ -81,7 +90,8 @@ impl Inner {
         let call = self.check_args(OpKind::AllReduce, |c| {
             Ok(c.call(dtype, count, Some(op), None))
         })?;
-        self.backend.all_reduce(self.job(seq, call), buf, dtype, op)
+        let c = Collective::AllReduce { buf, dtype, op };
+        self.backend.run(self.job(seq, call), c)
     }
 
     pub(crate) fn reduce(
@@ -100,8 +110,13 @@ impl Inner {
                 Some(c.root(root)?),
             ))
         })?;
-        self.backend
-            .reduce(self.job(seq, call), buf, dtype, op, root)
+        let c = Collective::Reduce {
+            buf,
+            dtype,
+            op,
+            root,
+        };
+        self.backend.run(self.job(seq, call), c)
     }
 
     pub(crate) fn reduce_scatter(
@@ -118,8 +133,13 @@ impl Inner {
             c.len("send", send.len() / e, count * n)?;
             Ok(c.call(dtype, count, Some(op), None))
         })?;
-        self.backend
-            .reduce_scatter(self.job(seq, call), send, recv, dtype, op)
+        let c = Collective::ReduceScatter {
+            send,
+            recv,
+            dtype,
+            op,
+        };
+        self.backend.run(self.job(seq, call), c)
     }
 
     /// All-gather; `counts` is `None` for the equal-count form.
@@ -152,66 +172,65 @@ impl Inner {
                 }
             }
         })?;
-        self.backend
-            .all_gather(self.job(seq, call), send, recv, dtype, counts)
+        let c = Collective::AllGather {
+            send,
+            recv,
+            dtype,
+            counts,
+        };
+        self.backend.run(self.job(seq, call), c)
     }
 
-    /// Gather to `root`; `counts` is `None` for the equal-count form.
-    pub(crate) fn gather(
+    /// Gather to `root` or scatter from it (`way`); `counts` is `None` for the equal-count form.
+    pub(crate) fn rooted(
         &self,
         seq: u64,
-        send: &[u8],
-        recv: &mut [u8],
+        (send, recv): (&[u8], &mut [u8]),
+        dtype: DType,
+        (counts, root): (Option<&[usize]>, usize),
+        way: Rooted,
+    ) -> Result<()> {
+        let scatter = way == Rooted::Scatter;
+        let call = self.rooted_call((send.len(), recv.len()), dtype, counts, root, scatter)?;
+        let c = Collective::Rooted {
+            send,
+            recv,
+            dtype,
+            counts,
+            root,
+            scatter,
+        };
+        self.backend.run(self.job(seq, call), c)
+    }
+
+    /// The checked fingerprint of a gather (`scatter`: a scatter) with buffers of `(send, recv)`
+    /// bytes: one rank's piece and the root's whole buffer.
+    fn rooted_call(
+        &self,
+        (send, recv): (usize, usize),
         dtype: DType,
         counts: Option<&[usize]>,
         root: usize,
-    ) -> Result<()> {
-        let op = if counts.is_some() {
-            OpKind::GatherV
-        } else {
-            OpKind::Gather
-        };
+        scatter: bool,
+    ) -> Result<Call> {
         let e = dtype.size();
-        let piece = Piece {
-            arg: "send",
-            len: send.len() / e,
+        let (send, recv) = (
+            Piece {
+                arg: "send",
+                len: send / e,
+            },
+            Piece {
+                arg: "recv",
+                len: recv / e,
+            },
+        );
+        let (op, piece, whole) = match (scatter, counts.is_some()) {
+            (false, false) => (OpKind::Gather, send, recv),
+            (false, true) => (OpKind::GatherV, send, recv),
+            (true, false) => (OpKind::Scatter, recv, send),
+            (true, true) => (OpKind::ScatterV, recv, send),
         };
-        let whole = Piece {
-            arg: "recv",
-            len: recv.len() / e,
-        };
-        let call = self.check_args(op, |c| c.rooted(dtype, counts, root, piece, whole))?;
-        self.backend
-            .gather(self.job(seq, call), send, recv, dtype, counts, root)
-    }
-
-    /// Scatter from `root`; `counts` is `None` for the equal-count form.
-    pub(crate) fn scatter(
-        &self,
-        seq: u64,
-        send: &[u8],
-        recv: &mut [u8],
-        dtype: DType,
-        counts: Option<&[usize]>,
-        root: usize,
-    ) -> Result<()> {
-        let op = if counts.is_some() {
-            OpKind::ScatterV
-        } else {
-            OpKind::Scatter
-        };
-        let e = dtype.size();
-        let piece = Piece {
-            arg: "recv",
-            len: recv.len() / e,
-        };
-        let whole = Piece {
-            arg: "send",
-            len: send.len() / e,
-        };
-        let call = self.check_args(op, |c| c.rooted(dtype, counts, root, piece, whole))?;
-        self.backend
-            .scatter(self.job(seq, call), send, recv, dtype, counts, root)
+        self.check_args(op, |c| c.rooted(dtype, counts, root, piece, whole))
     }
 
     /// All-to-all; `counts` is `None` for the equal-count form, else `(send_counts, recv_counts)`.
@@ -252,7 +271,12 @@ impl Inner {
                 Ok(c.call(dtype, 0, None, None))
             }
         })?;
-        self.backend
-            .all_to_all(self.job(seq, call), send, recv, dtype, counts)
+        let c = Collective::AllToAll {
+            send,
+            recv,
+            dtype,
+            counts,
+        };
+        self.backend.run(self.job(seq, call), c)
     }
 }

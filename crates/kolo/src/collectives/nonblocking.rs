@@ -11,6 +11,7 @@
 use kolo_core::dtype::{as_bytes, as_bytes_mut};
 use kolo_core::{Element, OpKind, ReduceOp, Result};
 
+use super::Rooted;
 use crate::buffer::CollectiveBuffer;
 use crate::communicator::{Communicator, Inner};
 use crate::work::Work;
@@ -77,11 +78,13 @@ impl Communicator {
 
     /// An asynchronous collective from `send` into `recv`: `run` is the blocking call on their
     /// bytes; `wait` gives both back.
-    fn spawn_into<S, R>(&self, op: OpKind, send: S, mut recv: R, run: Box<Run2>) -> Work<(S, R)>
-    where
-        S: CollectiveBuffer,
-        R: CollectiveBuffer<Elem = S::Elem>,
-    {
+    fn spawn_into<S: CollectiveBuffer, R: CollectiveBuffer<Elem = S::Elem>>(
+        &self,
+        op: OpKind,
+        send: S,
+        mut recv: R,
+        run: Box<Run2>,
+    ) -> Work<(S, R)> {
         self.spawn(op, move |inner, seq| {
             run(
                 inner,
@@ -148,7 +151,7 @@ impl Communicator {
             0
         };
         self.spawn_alloc(OpKind::Gather, send, len, move |inner, seq, s, r| {
-            inner.gather(seq, s, r, S::Elem::DTYPE, None, root)
+            inner.rooted(seq, (s, r), S::Elem::DTYPE, (None, root), Rooted::Gather)
         })
     }
 
@@ -160,7 +163,7 @@ impl Communicator {
         root: usize,
     ) -> Work<Vec<S::Elem>> {
         self.spawn_alloc(OpKind::Scatter, send, count, move |inner, seq, s, r| {
-            inner.scatter(seq, s, r, S::Elem::DTYPE, None, root)
+            inner.rooted(seq, (s, r), S::Elem::DTYPE, (None, root), Rooted::Scatter)
         })
     }
 
@@ -197,7 +200,13 @@ impl Communicator {
             0
         };
         self.spawn_alloc(OpKind::GatherV, send, len, move |inner, seq, s, r| {
-            inner.gather(seq, s, r, S::Elem::DTYPE, Some(&counts), root)
+            inner.rooted(
+                seq,
+                (s, r),
+                S::Elem::DTYPE,
+                (Some(&counts), root),
+                Rooted::Gather,
+            )
         })
     }
 
@@ -210,7 +219,13 @@ impl Communicator {
     ) -> Work<Vec<S::Elem>> {
         let len = counts.get(self.rank()).copied().unwrap_or(0);
         self.spawn_alloc(OpKind::ScatterV, send, len, move |inner, seq, s, r| {
-            inner.scatter(seq, s, r, S::Elem::DTYPE, Some(&counts), root)
+            inner.rooted(
+                seq,
+                (s, r),
+                S::Elem::DTYPE,
+                (Some(&counts), root),
+                Rooted::Scatter,
+            )
         })
     }
 
@@ -234,113 +249,104 @@ impl Communicator {
     }
 }
 
+/// The `*_v` form of `plain` (`v`) where counts are given.
+fn with_counts(plain: OpKind, v: OpKind, counts: bool) -> OpKind {
+    if counts {
+        v
+    } else {
+        plain
+    }
+}
+
 /// The asynchronous collectives into a receive buffer of the caller's: the blocking call's
 /// arguments, both buffers owned by the collective while it runs and given back by `wait` as
 /// `(send, recv)`. Arguments are checked as in the blocking call, when the collective runs.
 impl Communicator {
     /// Asynchronous [`Communicator::reduce_scatter`] into `recv`.
-    pub fn reduce_scatter_into_async<S, R>(&self, send: S, recv: R, op: ReduceOp) -> Work<(S, R)>
-    where
-        S: CollectiveBuffer,
-        R: CollectiveBuffer<Elem = S::Elem>,
-    {
+    pub fn reduce_scatter_into_async<S: CollectiveBuffer, R: CollectiveBuffer<Elem = S::Elem>>(
+        &self,
+        send: S,
+        recv: R,
+        op: ReduceOp,
+    ) -> Work<(S, R)> {
         let run = move |inner: &Inner, seq, s: &[u8], r: &mut [u8]| {
             inner.reduce_scatter(seq, s, r, S::Elem::DTYPE, op)
         };
         self.spawn_into(OpKind::ReduceScatter, send, recv, Box::new(run))
     }
 
-    /// Asynchronous [`Communicator::all_gather`] into `recv`.
-    pub fn all_gather_into_async<S, R>(&self, send: S, recv: R) -> Work<(S, R)>
-    where
-        S: CollectiveBuffer,
-        R: CollectiveBuffer<Elem = S::Elem>,
-    {
-        let run = move |inner: &Inner, seq, s: &[u8], r: &mut [u8]| {
-            inner.all_gather(seq, s, r, S::Elem::DTYPE, None)
-        };
-        self.spawn_into(OpKind::AllGather, send, recv, Box::new(run))
-    }
-
-    /// Asynchronous [`Communicator::all_gather_v`] into `recv`.
-    pub fn all_gather_v_into_async<S, R>(
+    /// Asynchronous [`Communicator::all_gather`] (`counts`: [`Communicator::all_gather_v`]) into
+    /// `recv`.
+    pub fn all_gather_into_async<S: CollectiveBuffer, R: CollectiveBuffer<Elem = S::Elem>>(
         &self,
         send: S,
         recv: R,
-        counts: Vec<usize>,
-    ) -> Work<(S, R)>
-    where
-        S: CollectiveBuffer,
-        R: CollectiveBuffer<Elem = S::Elem>,
-    {
+        counts: Option<Vec<usize>>,
+    ) -> Work<(S, R)> {
+        let op = with_counts(OpKind::AllGather, OpKind::AllGatherV, counts.is_some());
         let run = move |inner: &Inner, seq, s: &[u8], r: &mut [u8]| {
-            inner.all_gather(seq, s, r, S::Elem::DTYPE, Some(&counts))
+            inner.all_gather(seq, s, r, S::Elem::DTYPE, counts.as_deref())
         };
-        self.spawn_into(OpKind::AllGatherV, send, recv, Box::new(run))
+        self.spawn_into(op, send, recv, Box::new(run))
+    }
+
+    /// Asynchronous [`Communicator::gather`] (`counts`: [`Communicator::gather_v`]) into `recv`
+    /// (used on `root` only); [`Communicator::scatter`] with `scatter`.
+    fn rooted_into_async<S: CollectiveBuffer, R: CollectiveBuffer<Elem = S::Elem>>(
+        &self,
+        (send, recv): (S, R),
+        counts: Option<Vec<usize>>,
+        root: usize,
+        scatter: bool,
+    ) -> Work<(S, R)> {
+        let op = match scatter {
+            false => with_counts(OpKind::Gather, OpKind::GatherV, counts.is_some()),
+            true => with_counts(OpKind::Scatter, OpKind::ScatterV, counts.is_some()),
+        };
+        let run = move |inner: &Inner, seq, s: &[u8], r: &mut [u8]| {
+            let way = if scatter {
+                Rooted::Scatter
+            } else {
+                Rooted::Gather
+            };
+            inner.rooted(seq, (s, r), S::Elem::DTYPE, (counts.as_deref(), root), way)
+        };
+        self.spawn_into(op, send, recv, Box::new(run))
     }
 
     /// Asynchronous [`Communicator::gather`] (`counts`: [`Communicator::gather_v`]) into `recv`
     /// (used on `root` only).
-    pub fn gather_into_async<S, R>(
+    pub fn gather_into_async<S: CollectiveBuffer, R: CollectiveBuffer<Elem = S::Elem>>(
         &self,
         send: S,
         recv: R,
         counts: Option<Vec<usize>>,
         root: usize,
-    ) -> Work<(S, R)>
-    where
-        S: CollectiveBuffer,
-        R: CollectiveBuffer<Elem = S::Elem>,
-    {
-        let op = match counts {
-            None => OpKind::Gather,
-            Some(_) => OpKind::GatherV,
-        };
-        let run = move |inner: &Inner, seq, s: &[u8], r: &mut [u8]| {
-            inner.gather(seq, s, r, S::Elem::DTYPE, counts.as_deref(), root)
-        };
-        self.spawn_into(op, send, recv, Box::new(run))
+    ) -> Work<(S, R)> {
+        self.rooted_into_async((send, recv), counts, root, false)
     }
 
     /// Asynchronous [`Communicator::scatter`] (`counts`: [`Communicator::scatter_v`]) into `recv`
     /// (`send` used on `root` only).
-    pub fn scatter_into_async<S, R>(
+    pub fn scatter_into_async<S: CollectiveBuffer, R: CollectiveBuffer<Elem = S::Elem>>(
         &self,
         send: S,
         recv: R,
         counts: Option<Vec<usize>>,
         root: usize,
-    ) -> Work<(S, R)>
-    where
-        S: CollectiveBuffer,
-        R: CollectiveBuffer<Elem = S::Elem>,
-    {
-        let op = match counts {
-            None => OpKind::Scatter,
-            Some(_) => OpKind::ScatterV,
-        };
-        let run = move |inner: &Inner, seq, s: &[u8], r: &mut [u8]| {
-            inner.scatter(seq, s, r, S::Elem::DTYPE, counts.as_deref(), root)
-        };
-        self.spawn_into(op, send, recv, Box::new(run))
+    ) -> Work<(S, R)> {
+        self.rooted_into_async((send, recv), counts, root, true)
     }
 
     /// Asynchronous [`Communicator::all_to_all`] (`counts` = `(send_counts, recv_counts)`:
     /// [`Communicator::all_to_all_v`]) into `recv`.
-    pub fn all_to_all_into_async<S, R>(
+    pub fn all_to_all_into_async<S: CollectiveBuffer, R: CollectiveBuffer<Elem = S::Elem>>(
         &self,
         send: S,
         recv: R,
         counts: Option<(Vec<usize>, Vec<usize>)>,
-    ) -> Work<(S, R)>
-    where
-        S: CollectiveBuffer,
-        R: CollectiveBuffer<Elem = S::Elem>,
-    {
-        let op = match counts {
-            None => OpKind::AllToAll,
-            Some(_) => OpKind::AllToAllV,
-        };
+    ) -> Work<(S, R)> {
+        let op = with_counts(OpKind::AllToAll, OpKind::AllToAllV, counts.is_some());
         let run = move |inner: &Inner, seq, s: &[u8], r: &mut [u8]| {
             let c = counts.as_ref().map(|(a, b)| (a.as_slice(), b.as_slice()));
             inner.all_to_all(seq, s, r, S::Elem::DTYPE, c)
