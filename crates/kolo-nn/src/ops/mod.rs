@@ -18,7 +18,7 @@ mod relu;
 mod scratch;
 mod simd;
 mod slices;
-mod storage;
+pub(crate) mod storage;
 mod winograd;
 
 pub use batch_norm::{
