@@ -1,10 +1,13 @@
 //! Adasum as DDP's gradient reduction: each parameter's gradient is combined across 2 ranks by
 //! Adasum's formula, (1 − a·b/2|a|²) a + (1 − a·b/2|b|²) b, per parameter, not averaged.
 
+mod common;
+
 use std::sync::Arc;
 
 use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::VarMap;
+use common::error_text;
 use kolo_ddp::ddp::{AdasumHook, Ddp, DdpOptions, GradientReduce};
 use kolo_ddp::{Result, TrainError};
 use kolo_nn::vars::sorted_vars;
@@ -128,18 +131,10 @@ fn adasum_names_and_worlds() {
         "adasum".parse::<GradientReduce>().ok(),
         Some(GradientReduce::Adasum)
     );
-    let e = "sum"
-        .parse::<GradientReduce>()
-        .err()
-        .map(|e| e.to_string())
-        .unwrap_or_default();
+    let e = error_text("sum".parse::<GradientReduce>());
     assert!(e.contains("average, adasum"), "{e}");
     assert!(GradientReduce::Adasum.check_world(4).is_ok());
-    let e = GradientReduce::Adasum
-        .check_world(3)
-        .err()
-        .map(|e| e.to_string())
-        .unwrap_or_default();
+    let e = error_text(GradientReduce::Adasum.check_world(3));
     assert!(e.contains("not 3"), "{e}");
     assert!(GradientReduce::Average.check_world(3).is_ok());
 }

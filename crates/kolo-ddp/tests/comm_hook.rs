@@ -4,6 +4,7 @@
 //! result is what the optimizer gets. Join mode, errors and overlap: `comm_hook_modes.rs`.
 
 mod comm_hook_common;
+mod common;
 
 use std::sync::{Arc, Mutex};
 

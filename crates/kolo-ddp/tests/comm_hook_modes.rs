@@ -3,6 +3,7 @@
 //! f64 models, and overlap with backward kept under compression.
 
 mod comm_hook_common;
+mod common;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -3,133 +3,59 @@
 //! overlapping communication with backward. Plus gradient accumulation, unused parameters and model
 //! mismatches.
 
+mod common;
+
 use std::time::Duration;
 
-use candle_core::{DType, Device, Module, Tensor, D};
+use candle_core::{DType, Device, Tensor, D};
 use candle_nn::{Optimizer, VarBuilder, VarMap, SGD};
+use common::*;
 use kolo::Config;
 use kolo_ddp::ddp::{Ddp, DdpOptions};
 use kolo_ddp::TrainError;
-use kolo_nn::vars::sorted_vars;
 
 const STEPS: usize = 5;
-const B: usize = 4; // per-worker batch
 const LR: f64 = 0.1;
 
-/// A small conv net: conv → relu → avg-pool → linear → relu → linear.
-struct Net {
-    conv: candle_nn::Conv2d,
-    fc1: candle_nn::Linear,
-    fc2: candle_nn::Linear,
-    extra: Option<candle_nn::Linear>,
-}
-
-impl Net {
-    fn new(vb: VarBuilder, with_extra: bool) -> candle_core::Result<Net> {
-        let cfg = candle_nn::Conv2dConfig {
-            padding: 1,
-            ..Default::default()
-        };
-        Ok(Net {
-            conv: candle_nn::conv2d(1, 4, 3, cfg, vb.pp("conv"))?,
-            fc1: candle_nn::linear(4 * 4 * 4, 16, vb.pp("fc1"))?,
-            fc2: candle_nn::linear(16, 3, vb.pp("fc2"))?,
-            extra: if with_extra {
-                Some(candle_nn::linear(3, 3, vb.pp("fc3"))?)
-            } else {
-                None
-            },
-        })
-    }
-
-    fn forward(&self, x: &Tensor, use_extra: bool) -> candle_core::Result<Tensor> {
-        let h = self
-            .conv
-            .forward(x)?
-            .relu()?
-            .avg_pool2d(2)?
-            .flatten_from(1)?;
-        let y = self.fc2.forward(&self.fc1.forward(&h)?.relu()?)?;
-        match (&self.extra, use_extra) {
-            (Some(e), true) => e.forward(&y),
-            _ => Ok(y),
-        }
-    }
+/// The variables of a [`ConvNet`] (with `fc3` if `with_extra`), random.
+fn new_varmap(with_extra: bool) -> candle_core::Result<VarMap> {
+    let varmap = VarMap::new();
+    ConvNet::new(
+        VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu),
+        with_extra,
+    )?;
+    Ok(varmap)
 }
 
 /// Deterministic inputs and labels for the global batch of `n` workers at `step`.
 fn batch(step: usize, n: usize) -> (Tensor, Tensor) {
-    let total = n * B;
-    let x: Vec<f32> = (0..total * 64)
-        .map(|i| (((i + 7 * step) as f32) * 0.37).sin())
-        .collect();
-    let y: Vec<u32> = (0..total).map(|i| ((i * 5 + step) % 3) as u32).collect();
-    let x = Tensor::from_vec(x, (total, 1, 8, 8), &Device::Cpu).expect("x");
-    let y = Tensor::from_vec(y, total, &Device::Cpu).expect("y");
-    (x, y)
-}
-
-/// Sets every parameter to deterministic values.
-fn init(varmap: &VarMap) {
-    for (k, (_, v)) in sorted_vars(varmap).into_iter().enumerate() {
-        let n = v.elem_count();
-        let vals: Vec<f32> = (0..n)
-            .map(|i| (((i * 31 + k * 17) as f32) * 0.11).cos() * 0.3)
-            .collect();
-        v.set(&Tensor::from_vec(vals, v.shape(), &Device::Cpu).expect("init"))
-            .expect("set");
-    }
-}
-
-fn loss(net: &Net, x: &Tensor, y: &Tensor) -> candle_core::Result<Tensor> {
-    candle_nn::loss::cross_entropy(&net.forward(x, true)?, y)
+    conv_batch(step, n, &Device::Cpu).expect("batch")
 }
 
 /// One process, batch n·b, plain candle.
-fn reference(n: usize) -> Vec<(String, Vec<f32>)> {
+fn reference(n: usize) -> Params {
     let varmap = VarMap::new();
-    let net = Net::new(
+    let net = ConvNet::new(
         VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu),
         false,
     )
     .expect("net");
-    init(&varmap);
+    init(&varmap, 0.3).expect("init");
     let mut opt = SGD::new(varmap.all_vars(), LR).expect("sgd");
     for step in 0..STEPS {
         let (x, y) = batch(step, n);
-        opt.backward_step(&loss(&net, &x, &y).expect("loss"))
+        opt.backward_step(&net.loss(&x, &y).expect("loss"))
             .expect("step");
     }
-    params(&varmap)
-}
-
-fn params(varmap: &VarMap) -> Vec<(String, Vec<f32>)> {
-    sorted_vars(varmap)
-        .into_iter()
-        .map(|(k, v)| {
-            (
-                k,
-                v.flatten_all()
-                    .and_then(|t| t.to_vec1::<f32>())
-                    .expect("values"),
-            )
-        })
-        .collect()
+    params(&varmap).expect("values")
 }
 
 /// One rank of `comm` trained with Ddp on its b-sample share of the same global batch.
-fn train_rank(
-    comm: &kolo::Communicator,
-    opts: DdpOptions,
-) -> Result<Vec<(String, Vec<f32>)>, TrainError> {
+fn train_rank(comm: &kolo::Communicator, opts: DdpOptions) -> Result<Params, TrainError> {
     let n = comm.size();
-    let varmap = VarMap::new();
-    Net::new(
-        VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu),
-        false,
-    )?;
+    let varmap = new_varmap(false)?;
     if comm.rank() == 0 {
-        init(&varmap); // the others start from random values: Ddp must copy rank 0's
+        init(&varmap, 0.3)?; // the others start from random values: Ddp must copy rank 0's
     }
     let ddp = Ddp::new(comm, &varmap, opts)?;
     assert!(
@@ -138,48 +64,25 @@ fn train_rank(
     );
     let mut opt = SGD::new(ddp.params().iter().map(|(_, v)| v.clone()).collect(), LR)?;
     for step in 0..STEPS {
-        let net = Net::new(ddp.var_builder(DType::F32, &Device::Cpu), false)?;
-        let (x, y) = batch(step, n);
-        let x = x.narrow(0, comm.rank() * B, B)?;
-        let y = y.narrow(0, comm.rank() * B, B)?;
-        let grads = ddp.backward(&loss(&net, &x, &y)?)?;
+        let net = ConvNet::new(ddp.var_builder(DType::F32, &Device::Cpu), false)?;
+        let (x, y) = rank_share(&batch(step, n), comm.rank())?;
+        let grads = ddp.backward(&net.loss(&x, &y)?)?;
         opt.step(&grads)?;
     }
-    Ok(params(&varmap))
+    Ok(params(&varmap)?)
 }
 
 /// n workers with Ddp as threads of this process.
-fn distributed(n: usize, opts: DdpOptions) -> Vec<Vec<(String, Vec<f32>)>> {
-    let res = kolo::run_local(
+fn distributed(n: usize, opts: DdpOptions) -> Vec<Params> {
+    on_ranks(
         n,
         Config::default().with_timeout(Duration::from_secs(60)),
         |comm| train_rank(&comm, opts),
-    );
-    res.into_iter()
-        .map(|r| r.expect("rank thread").expect("rank result"))
-        .collect()
+    )
 }
 
 /// The bucket sizes and overlap settings the invariant is checked under.
 const SETTINGS: [(usize, bool); 4] = [(25 << 20, true), (256, true), (256, false), (1000, false)];
-
-fn max_relative_difference(a: &[(String, Vec<f32>)], b: &[(String, Vec<f32>)]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|((na, va), (nb, vb))| {
-            assert_eq!(na, nb);
-            let diff: f64 = va
-                .iter()
-                .zip(vb)
-                .map(|(x, y)| f64::from(x - y).powi(2))
-                .sum::<f64>()
-                .sqrt();
-            let norm: f64 = vb.iter().map(|y| f64::from(*y).powi(2)).sum::<f64>().sqrt();
-            diff / norm.max(1e-12)
-        })
-        .fold(0.0, f64::max)
-}
 
 #[test]
 fn n_workers_with_batch_b_equal_one_process_with_batch_nb() {
@@ -204,11 +107,7 @@ fn n_workers_with_batch_b_equal_one_process_with_batch_nb() {
 #[test]
 fn small_buckets_split_the_model() {
     let res = kolo::run_local(2, Config::default(), |comm| {
-        let varmap = VarMap::new();
-        Net::new(
-            VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu),
-            false,
-        )?;
+        let varmap = new_varmap(false)?;
         let ddp = Ddp::new(
             &comm,
             &varmap,
@@ -239,13 +138,9 @@ fn gradient_accumulation_equals_the_larger_batch() {
     // 2 workers × 2 passes of b/2 samples, averaged only on the second pass = 1 process, batch 2b.
     let want = reference(2);
     let res = kolo::run_local(2, Config::default(), |comm| {
-        let varmap = VarMap::new();
-        Net::new(
-            VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu),
-            false,
-        )?;
+        let varmap = new_varmap(false)?;
         if comm.rank() == 0 {
-            init(&varmap);
+            init(&varmap, 0.3)?;
         }
         let mut ddp = Ddp::new(&comm, &varmap, DdpOptions::default())?;
         let mut opt = SGD::new(ddp.params().iter().map(|(_, v)| v.clone()).collect(), LR)?;
@@ -256,8 +151,8 @@ fn gradient_accumulation_equals_the_larger_batch() {
                 let off = comm.rank() * B + pass * (B / 2);
                 let (xs, ys) = (x.narrow(0, off, B / 2)?, y.narrow(0, off, B / 2)?);
                 // Each pass's loss is half of the mean over the rank's b samples.
-                let net = Net::new(ddp.var_builder(DType::F32, &Device::Cpu), false)?;
-                let l = (loss(&net, &xs, &ys)? * 0.5)?;
+                let net = ConvNet::new(ddp.var_builder(DType::F32, &Device::Cpu), false)?;
+                let l = (net.loss(&xs, &ys)? * 0.5)?;
                 let g = ddp.no_sync(|d| d.backward(&l))?;
                 acc = Some(match acc {
                     None => g,
@@ -278,7 +173,7 @@ fn gradient_accumulation_equals_the_larger_batch() {
             ddp.sync_gradients(&mut grads)?;
             opt.step(&grads)?;
         }
-        Ok::<_, TrainError>(params(&varmap))
+        Ok::<_, TrainError>(params(&varmap)?)
     });
     for r in res {
         let got = r.expect("thread").expect("rank");
@@ -294,11 +189,7 @@ fn a_parameter_unused_on_one_rank_counts_as_zero_and_never_hangs() {
             3,
             Config::default().with_timeout(Duration::from_secs(20)),
             |comm| {
-                let varmap = VarMap::new();
-                Net::new(
-                    VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu),
-                    true,
-                )?;
+                let varmap = new_varmap(true)?;
                 let ddp = Ddp::new(
                     &comm,
                     &varmap,
@@ -307,12 +198,8 @@ fn a_parameter_unused_on_one_rank_counts_as_zero_and_never_hangs() {
                         overlap,
                     },
                 )?;
-                let net = Net::new(ddp.var_builder(DType::F32, &Device::Cpu), true)?;
-                let (x, y) = batch(0, 3);
-                let (x, y) = (
-                    x.narrow(0, comm.rank() * B, B)?,
-                    y.narrow(0, comm.rank() * B, B)?,
-                );
+                let net = ConvNet::new(ddp.var_builder(DType::F32, &Device::Cpu), true)?;
+                let (x, y) = rank_share(&batch(0, 3), comm.rank())?;
                 // Only rank 0 uses fc3.
                 let logits = net.forward(&x, comm.rank() == 0)?;
                 let grads = ddp.backward(&candle_nn::loss::cross_entropy(&logits, &y)?)?;
@@ -364,7 +251,7 @@ fn different_models_are_an_error_naming_the_parameter() {
 fn logits_dimension_sanity() {
     // The test net itself: 3 classes.
     let varmap = VarMap::new();
-    let net = Net::new(
+    let net = ConvNet::new(
         VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu),
         false,
     )

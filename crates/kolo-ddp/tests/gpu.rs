@@ -12,15 +12,17 @@
 //!   (kolo's heartbeats), not at the communicator's timeout.
 #![cfg(all(feature = "cuda", feature = "nccl"))]
 
+mod common;
+
 use std::time::{Duration, Instant};
 
-use candle_core::{DType, Device, Module, Tensor};
+use candle_core::{DType, Device, Tensor};
 use candle_nn::{Optimizer, VarBuilder, VarMap, SGD};
+use common::{conv_batch, init, params, rank_share, ConvNet};
 use kolo::{Communicator, ReduceOp};
 use kolo_ddp::ddp::{Ddp, DdpOptions};
 use kolo_ddp::device::DeviceKind;
 use kolo_ddp::gpu::all_reduce_tensor;
-use kolo_nn::vars::sorted_vars;
 
 /// The job's world on NCCL and this rank's GPU, or `None` when not started by a launcher.
 fn world() -> Option<(Communicator, Device)> {
@@ -116,72 +118,11 @@ fn gpu_collectives_rank() {
 }
 
 const STEPS: usize = 5;
-const B: usize = 4;
 const LR: f64 = 0.1;
 
-/// conv → relu → avg-pool → linear → relu → linear, as tests/ddp.rs.
-struct Net {
-    conv: candle_nn::Conv2d,
-    fc1: candle_nn::Linear,
-    fc2: candle_nn::Linear,
-}
-
-impl Net {
-    fn new(vb: VarBuilder) -> candle_core::Result<Net> {
-        let cfg = candle_nn::Conv2dConfig {
-            padding: 1,
-            ..Default::default()
-        };
-        Ok(Net {
-            conv: candle_nn::conv2d(1, 4, 3, cfg, vb.pp("conv"))?,
-            fc1: candle_nn::linear(4 * 4 * 4, 16, vb.pp("fc1"))?,
-            fc2: candle_nn::linear(16, 3, vb.pp("fc2"))?,
-        })
-    }
-
-    fn loss(&self, x: &Tensor, y: &Tensor) -> candle_core::Result<Tensor> {
-        let h = self
-            .conv
-            .forward(x)?
-            .relu()?
-            .avg_pool2d(2)?
-            .flatten_from(1)?;
-        let logits = self.fc2.forward(&self.fc1.forward(&h)?.relu()?)?;
-        candle_nn::loss::cross_entropy(&logits, y)
-    }
-}
-
-fn batch(step: usize, n: usize, dev: &Device) -> (Tensor, Tensor) {
-    let total = n * B;
-    let x: Vec<f32> = (0..total * 64)
-        .map(|i| (((i + 7 * step) as f32) * 0.37).sin())
-        .collect();
-    let y: Vec<u32> = (0..total).map(|i| ((i * 5 + step) % 3) as u32).collect();
-    let x = Tensor::from_vec(x, (total, 1, 8, 8), dev).expect("x");
-    let y = Tensor::from_vec(y, total, dev).expect("y");
-    (x, y)
-}
-
-fn init(varmap: &VarMap, dev: &Device) {
-    for (k, (_, v)) in sorted_vars(varmap).into_iter().enumerate() {
-        let vals: Vec<f32> = (0..v.elem_count())
-            .map(|i| (((i * 31 + k * 17) as f32) * 0.11).cos() * 0.3)
-            .collect();
-        v.set(&Tensor::from_vec(vals, v.shape(), dev).expect("init"))
-            .expect("set");
-    }
-}
-
-fn params(varmap: &VarMap) -> Vec<(String, Vec<f32>)> {
-    sorted_vars(varmap)
-        .into_iter()
-        .map(|(k, v)| {
-            (
-                k,
-                v.flatten_all().and_then(|t| t.to_vec1()).expect("values"),
-            )
-        })
-        .collect()
+/// The [`ConvNet`] (conv → relu → avg-pool → linear → relu → linear, as tests/ddp.rs) on `vb`.
+fn conv_net(vb: VarBuilder) -> ConvNet {
+    ConvNet::new(vb, false).expect("net")
 }
 
 #[test]
@@ -192,22 +133,22 @@ fn gpu_ddp_rank() {
     // One model on the whole batch, plain candle on this GPU.
     let reference = {
         let varmap = VarMap::new();
-        let net = Net::new(VarBuilder::from_varmap(&varmap, DType::F32, &dev)).expect("net");
-        init(&varmap, &dev);
+        let net = conv_net(VarBuilder::from_varmap(&varmap, DType::F32, &dev));
+        init(&varmap, 0.3).expect("init");
         let mut opt = SGD::new(varmap.all_vars(), LR).expect("sgd");
         for step in 0..STEPS {
-            let (x, y) = batch(step, n, &dev);
+            let (x, y) = conv_batch(step, n, &dev).expect("batch");
             opt.backward_step(&net.loss(&x, &y).expect("loss"))
                 .expect("step");
         }
-        params(&varmap)
+        params(&varmap).expect("values")
     };
     // Several buckets (512 bytes), overlapped with backward.
     for overlap in [true, false] {
         let varmap = VarMap::new();
-        Net::new(VarBuilder::from_varmap(&varmap, DType::F32, &dev)).expect("net");
+        conv_net(VarBuilder::from_varmap(&varmap, DType::F32, &dev));
         if r == 0 {
-            init(&varmap, &dev); // the others start elsewhere: Ddp copies rank 0's
+            init(&varmap, 0.3).expect("init"); // the others start elsewhere: Ddp copies rank 0's
         }
         let opts = DdpOptions {
             bucket_bytes: 512,
@@ -219,16 +160,13 @@ fn gpu_ddp_rank() {
         let mut opt =
             SGD::new(ddp.params().iter().map(|(_, v)| v.clone()).collect(), LR).expect("sgd");
         for step in 0..STEPS {
-            let net = Net::new(ddp.var_builder(DType::F32, &dev)).expect("net");
-            let (x, y) = batch(step, n, &dev);
-            let (x, y) = (
-                x.narrow(0, r * B, B).expect("x"),
-                y.narrow(0, r * B, B).expect("y"),
-            );
+            let net = conv_net(ddp.var_builder(DType::F32, &dev));
+            let batch = conv_batch(step, n, &dev).expect("batch");
+            let (x, y) = rank_share(&batch, r).expect("this rank's share");
             let grads = ddp.backward(&net.loss(&x, &y).expect("loss")).expect("ddp");
             opt.step(&grads).expect("sgd step");
         }
-        for ((name, want), (_, got)) in reference.iter().zip(params(&varmap)) {
+        for ((name, want), (_, got)) in reference.iter().zip(params(&varmap).expect("values")) {
             for (i, (a, b)) in want.iter().zip(&got).enumerate() {
                 assert!(
                     (a - b).abs() <= 1e-4 * a.abs().max(1.0),

@@ -2,12 +2,13 @@
 //! ends with the parameters of one process that applies, step by step, the gradient averaged over
 //! the ranks that still had a batch at that step. Without join, the peers' error names the ranks.
 
+mod common;
 mod join_common;
 
 use std::time::Duration;
 
 use candle_core::{DType, Device};
-use candle_nn::{VarBuilder, VarMap};
+use common::{init, max_relative_difference, on_ranks, params, Params};
 use join_common::*;
 use kolo::Config;
 use kolo_ddp::ddp::{Ddp, DdpOptions, JoinReport};
@@ -32,12 +33,7 @@ fn train_rank(
     end: End,
     extra: usize,
 ) -> Result<(Params, JoinReport), TrainError> {
-    let varmap = VarMap::new();
-    Mlp::new(VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu))?;
-    if comm.rank() == 0 {
-        init(&varmap)?; // the others start from random values
-    }
-    let mut ddp = Ddp::new(comm, &varmap, opts)?;
+    let (varmap, mut ddp) = mlp_ddp(comm, opts)?;
     let mut opt = sgd(ddp.params(), momentum)?;
     ddp.set_join(true);
     let mine = counts[comm.rank()];
@@ -68,24 +64,15 @@ fn run(
     end: End,
     extra: usize,
 ) -> Vec<(Params, JoinReport)> {
-    let res = kolo::run_local(
+    on_ranks(
         counts.len(),
         Config::default().with_timeout(Duration::from_secs(30)),
         |comm| train_rank(&comm, counts, opts, momentum, end, extra),
-    );
-    res.into_iter()
-        .enumerate()
-        .map(|(r, x)| match x {
-            Ok(Ok(v)) => v,
-            other => panic!("rank {r}: {other:?}"),
-        })
-        .collect()
+    )
 }
 
 /// Bucket sizes and overlap: one bucket, and 64-byte buckets (l2.weight alone, the rest split).
 const SETTINGS: [(usize, bool); 3] = [(25 << 20, true), (64, true), (64, false)];
-
-const UNEVEN: [usize; 3] = [3, 5, 7];
 
 #[test]
 fn three_five_and_seven_batches_match_the_average_over_active_ranks() -> candle_core::Result<()> {
@@ -162,9 +149,8 @@ fn equal_batches_with_join_equal_without_join() -> candle_core::Result<()> {
             overlap,
         };
         let res = kolo::run_local(3, Config::default(), |comm| {
-            let varmap = VarMap::new();
-            Mlp::new(VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu))?;
-            init(&varmap)?;
+            let varmap = new_varmap()?;
+            init(&varmap, INIT)?;
             let ddp = Ddp::new(&comm, &varmap, opts)?;
             let mut opt = sgd(ddp.params(), 0.9)?;
             for step in 0..4 {
@@ -199,8 +185,7 @@ fn uneven_batches_without_join_fail_naming_the_ranks() {
         2,
         Config::default().with_timeout(Duration::from_secs(3)),
         |comm| {
-            let varmap = VarMap::new();
-            Mlp::new(VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu))?;
+            let varmap = new_varmap()?;
             let ddp = Ddp::new(&comm, &varmap, DdpOptions::default())?;
             let mut opt = sgd(ddp.params(), 0.0)?;
             for step in 0..2 + comm.rank() {
@@ -230,8 +215,7 @@ fn uneven_batches_without_join_fail_naming_the_ranks() {
 #[test]
 fn join_needs_join_mode() {
     let res = kolo::run_local(2, Config::default(), |comm| {
-        let varmap = VarMap::new();
-        Mlp::new(VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu))?;
+        let varmap = new_varmap()?;
         let ddp = Ddp::new(&comm, &varmap, DdpOptions::default())?;
         ddp.join().map(|_| ())
     });
@@ -250,8 +234,7 @@ fn a_rank_without_join_mode_is_reported() {
         2,
         Config::default().with_timeout(Duration::from_secs(3)),
         |comm| {
-            let varmap = VarMap::new();
-            Mlp::new(VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu))?;
+            let varmap = new_varmap()?;
             let mut ddp = Ddp::new(&comm, &varmap, DdpOptions::default())?;
             ddp.set_join(comm.rank() == 0);
             let net = Mlp::new(ddp.var_builder(DType::F32, &Device::Cpu))?;

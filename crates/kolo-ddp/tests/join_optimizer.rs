@@ -1,55 +1,69 @@
 //! Join for uneven inputs through `DistributedOptimizer`: gradient accumulation (also an unfinished
 //! last step), and a per-step loss check shadowed by the `pre_step` hook.
 
+mod common;
 mod join_common;
 
 use std::time::Duration;
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{VarBuilder, VarMap};
+use common::{max_relative_difference, on_ranks, params, Params};
 use join_common::*;
 use kolo::Config;
-use kolo_ddp::ddp::{Ddp, DdpOptions};
+use kolo_ddp::ddp::DdpOptions;
 use kolo_ddp::distributed::{check_loss_active, DistributedOptimizer};
+use kolo_ddp::optim::Sgd;
 use kolo_ddp::TrainError;
 use kolo_nn::vars::sorted_vars;
+
+/// An [`Mlp`]'s Ddp (see [`mlp_ddp`]) in a `DistributedOptimizer` in join mode, stepping SGD with
+/// momentum 0.9 every `accumulation` backward passes.
+fn joining_optimizer(
+    comm: &kolo::Communicator,
+    accumulation: usize,
+) -> Result<(VarMap, DistributedOptimizer<Sgd>), TrainError> {
+    let (varmap, ddp) = mlp_ddp(comm, DdpOptions::default())?;
+    let opt = sgd(ddp.params(), 0.9)?;
+    let mut dopt = DistributedOptimizer::new(ddp, opt, accumulation)?;
+    dopt.set_join(true);
+    Ok((varmap, dopt))
+}
+
+/// `f` on 3 thread-ranks (30 s timeout).
+fn three_ranks<T: Send + std::fmt::Debug>(
+    f: impl Fn(&kolo::Communicator) -> Result<T, TrainError> + Sync,
+) -> Vec<T> {
+    on_ranks(
+        3,
+        Config::default().with_timeout(Duration::from_secs(30)),
+        |comm| f(&comm),
+    )
+}
 
 #[test]
 fn distributed_optimizer_joins_with_accumulation() -> candle_core::Result<()> {
     // Two backward passes per step, each on half of the batch with the loss halved: the same
     // gradients as one pass on the whole batch.
     let want = reference(&UNEVEN, 0.9, 0)?;
-    let res = kolo::run_local(
-        3,
-        Config::default().with_timeout(Duration::from_secs(30)),
-        |comm| {
-            let varmap = VarMap::new();
-            Mlp::new(VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu))?;
-            if comm.rank() == 0 {
-                init(&varmap)?;
+    let res = three_ranks(|comm| {
+        let (varmap, mut dopt) = joining_optimizer(comm, 2)?;
+        for step in 0..UNEVEN[comm.rank()] {
+            let (x, y) = batch(comm.rank(), step)?;
+            for half in [0..2, 2..3] {
+                let net = Mlp::new(dopt.ddp().var_builder(DType::F32, &Device::Cpu))?;
+                let n = half.len();
+                let (xs, ys) = (x.narrow(0, half.start, n)?, y.narrow(0, half.start, n)?);
+                // mse is a mean over elements: weight each part by its share of the batch.
+                let l = (net.loss(&xs, &ys)? * (n as f64 / 3.0))?;
+                dopt.backward_step(&l)?;
             }
-            let ddp = Ddp::new(&comm, &varmap, DdpOptions::default())?;
-            let opt = sgd(ddp.params(), 0.9)?;
-            let mut dopt = DistributedOptimizer::new(ddp, opt, 2)?;
-            dopt.set_join(true);
-            for step in 0..UNEVEN[comm.rank()] {
-                let (x, y) = batch(comm.rank(), step)?;
-                for half in [0..2, 2..3] {
-                    let net = Mlp::new(dopt.ddp().var_builder(DType::F32, &Device::Cpu))?;
-                    let n = half.len();
-                    let (xs, ys) = (x.narrow(0, half.start, n)?, y.narrow(0, half.start, n)?);
-                    // mse is a mean over elements: weight each part by its share of the batch.
-                    let l = (net.loss(&xs, &ys)? * (n as f64 / 3.0))?;
-                    dopt.backward_step(&l)?;
-                }
-            }
-            let report = dopt.join()?;
-            assert_eq!(dopt.steps(), 7, "rank {}", comm.rank());
-            Ok::<_, TrainError>((params(&varmap)?, report))
-        },
-    );
-    for (rank, r) in res.into_iter().enumerate() {
-        let (p, report) = r.expect("thread").expect("rank");
+        }
+        let report = dopt.join()?;
+        assert_eq!(dopt.steps(), 7, "rank {}", comm.rank());
+        Ok((params(&varmap)?, report))
+    });
+    for (rank, (p, report)) in res.into_iter().enumerate() {
         let d = max_relative_difference(&p, &want);
         assert!(d <= 1e-5, "rank {rank}: relative difference {d:e}");
         assert_eq!(report.shadowed_steps, (7 - UNEVEN[rank]) as u64);
@@ -63,15 +77,7 @@ fn train_with_loss_check(
     comm: &kolo::Communicator,
     nan_at: Option<usize>,
 ) -> Result<(Vec<Option<f64>>, Params), TrainError> {
-    let varmap = VarMap::new();
-    Mlp::new(VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu))?;
-    if comm.rank() == 0 {
-        init(&varmap)?;
-    }
-    let ddp = Ddp::new(comm, &varmap, DdpOptions::default())?;
-    let opt = sgd(ddp.params(), 0.9)?;
-    let mut dopt = DistributedOptimizer::new(ddp, opt, 1)?;
-    dopt.set_join(true);
+    let (varmap, mut dopt) = joining_optimizer(comm, 1)?;
     let mut means = Vec::new();
     let mut step = 0u64;
     for s in 0..UNEVEN[comm.rank()] {
@@ -97,15 +103,7 @@ fn train_with_loss_check(
 #[test]
 fn a_per_step_loss_check_is_shadowed_by_the_pre_step_hook() -> candle_core::Result<()> {
     let want = reference(&UNEVEN, 0.9, 0)?;
-    let res = kolo::run_local(
-        3,
-        Config::default().with_timeout(Duration::from_secs(30)),
-        |comm| train_with_loss_check(&comm, None),
-    );
-    let got: Vec<(Vec<Option<f64>>, Params)> = res
-        .into_iter()
-        .map(|r| r.expect("thread").expect("rank"))
-        .collect();
+    let got = three_ranks(|comm| train_with_loss_check(comm, None));
     for (rank, (means, p)) in got.iter().enumerate() {
         // 7 steps, then the final round where every rank has joined.
         assert_eq!(means.len(), 8, "rank {rank}");
@@ -177,31 +175,18 @@ fn distributed_optimizer_join_applies_an_unfinished_accumulation_first() -> cand
         }
         Ok(total)
     })?;
-    let res = kolo::run_local(
-        3,
-        Config::default().with_timeout(Duration::from_secs(30)),
-        |comm| {
-            let varmap = VarMap::new();
-            Mlp::new(VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu))?;
-            if comm.rank() == 0 {
-                init(&varmap)?;
-            }
-            let ddp = Ddp::new(&comm, &varmap, DdpOptions::default())?;
-            let opt = sgd(ddp.params(), 0.9)?;
-            let mut dopt = DistributedOptimizer::new(ddp, opt, 2)?;
-            dopt.set_join(true);
-            for p in 0..passes[comm.rank()] {
-                let net = Mlp::new(dopt.ddp().var_builder(DType::F32, &Device::Cpu))?;
-                let (x, y) = batch(comm.rank(), p)?;
-                dopt.backward_step(&(net.loss(&x, &y)? * 0.5)?)?;
-            }
-            let report = dopt.join()?;
-            assert_eq!(dopt.steps(), 4, "rank {}", comm.rank());
-            Ok::<_, TrainError>((params(&varmap)?, report))
-        },
-    );
-    for (rank, r) in res.into_iter().enumerate() {
-        let (p, report) = r.expect("thread").expect("rank");
+    let res = three_ranks(|comm| {
+        let (varmap, mut dopt) = joining_optimizer(comm, 2)?;
+        for p in 0..passes[comm.rank()] {
+            let net = Mlp::new(dopt.ddp().var_builder(DType::F32, &Device::Cpu))?;
+            let (x, y) = batch(comm.rank(), p)?;
+            dopt.backward_step(&(net.loss(&x, &y)? * 0.5)?)?;
+        }
+        let report = dopt.join()?;
+        assert_eq!(dopt.steps(), 4, "rank {}", comm.rank());
+        Ok((params(&varmap)?, report))
+    });
+    for (rank, (p, report)) in res.into_iter().enumerate() {
         let d = max_relative_difference(&p, &want);
         assert!(d <= 1e-5, "rank {rank}: relative difference {d:e}");
         assert_eq!(report.active_steps, passes[rank].div_ceil(2) as u64);

@@ -1,8 +1,11 @@
 //! Mixed precision: LeNet computing in bf16 from f32 master weights gives gradients close to f32's
 //! (within bf16's precision), in f32, on the f32 master weights, with and without gradient hooks.
 
+mod common;
+
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarMap;
+use common::error_text;
 use kolo_ddp::ddp::{Ddp, DdpOptions};
 use kolo_ddp::precision::Precision;
 use kolo_ddp::{Result, TrainError};
@@ -95,16 +98,8 @@ fn bf16_gradients_are_close_to_f32_and_land_in_f32() -> Result<()> {
 fn precision_names() {
     assert_eq!("bf16".parse::<Precision>().ok(), Some(Precision::Bf16));
     assert_eq!("f32".parse::<Precision>().ok(), Some(Precision::F32));
-    let e = "fp16"
-        .parse::<Precision>()
-        .err()
-        .map(|e| e.to_string())
-        .unwrap_or_default();
+    let e = error_text("fp16".parse::<Precision>());
     assert!(e.contains("bf16"), "{e}");
-    let e = "int8"
-        .parse::<Precision>()
-        .err()
-        .map(|e| e.to_string())
-        .unwrap_or_default();
+    let e = error_text("int8".parse::<Precision>());
     assert!(e.contains("int8") && e.contains("f32 or bf16"), "{e}");
 }

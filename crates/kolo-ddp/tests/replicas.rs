@@ -2,8 +2,11 @@
 //! averaged, equal one replica with batch R·b, step by step (plain SGD, and Ddp + SGD momentum as
 //! `kolo train --replicas` runs it).
 
+mod common;
+
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{VarBuilder, VarMap};
+use common::{error_text, params};
 use kolo_ddp::ddp::{Ddp, DdpOptions};
 use kolo_ddp::optim::{Sgd, SgdConfig};
 use kolo_ddp::replicas::{all_reduce_mean, replicate, split_batch};
@@ -38,10 +41,18 @@ fn batch(step: usize, len: usize) -> Result<(Tensor, Tensor)> {
 }
 
 fn values(vm: &VarMap) -> Result<Vec<(String, Vec<f32>)>> {
-    sorted_vars(vm)
-        .into_iter()
-        .map(|(n, v)| Ok((n, v.as_tensor().flatten_all()?.to_vec1::<f32>()?)))
-        .collect()
+    Ok(params(vm)?)
+}
+
+/// The cross-entropy loss of `m` on batch `step` of `len` samples, or on replica `rank`'s share
+/// of it among `replicas`.
+fn loss(m: &Mlp, step: usize, len: usize, share: Option<(usize, usize)>) -> Result<Tensor> {
+    let (x, y) = batch(step, len)?;
+    let (x, y) = match share {
+        Some((rank, replicas)) => split_batch(&x, &y, replicas)?.swap_remove(rank),
+        None => (x, y),
+    };
+    Ok(candle_nn::loss::cross_entropy(&m.forward(&x, true)?, &y)?)
 }
 
 fn assert_close(a: &[(String, Vec<f32>)], b: &[(String, Vec<f32>)]) {
@@ -60,9 +71,7 @@ fn single(init: &VarMap, len: usize, steps: usize, lr: f64) -> Result<VarMap> {
     let vm = replicate(init)?;
     let m = model(&vm)?;
     for s in 0..steps {
-        let (x, y) = batch(s, len)?;
-        let loss = candle_nn::loss::cross_entropy(&m.forward(&x, true)?, &y)?;
-        let grads = loss.backward()?;
+        let grads = loss(&m, s, len, None)?.backward()?;
         for (_, v) in sorted_vars(&vm) {
             if let Some(g) = grads.get(&v) {
                 v.set(&(v.as_tensor() - (g * lr)?)?)?;
@@ -96,11 +105,7 @@ fn replicas_by_hand_equal_one_replica_with_the_whole_batch() -> Result<()> {
             let own = replicate(&init)?;
             let m = model(&own)?;
             for s in 0..5 {
-                let (x, y) = batch(s, replicas * b)?;
-                let shards = split_batch(&x, &y, replicas)?;
-                let (x, y) = &shards[comm.rank()];
-                let loss = candle_nn::loss::cross_entropy(&m.forward(x, true)?, y)?;
-                let grads = loss.backward()?;
+                let grads = loss(&m, s, replicas * b, Some((comm.rank(), replicas)))?.backward()?;
                 let vars = sorted_vars(&own);
                 let g = vars
                     .iter()
@@ -134,10 +139,7 @@ fn replicas_with_ddp_equal_one_replica_with_the_whole_batch() -> Result<()> {
     let m = model(&vm)?;
     let mut opt = Sgd::new(sorted_vars(&vm), sgd)?;
     for s in 0..5 {
-        let (x, y) = batch(s, replicas * b)?;
-        let loss = candle_nn::loss::cross_entropy(&m.forward(&x, true)?, &y)?;
-        let grads = loss.backward()?;
-        opt.step(&grads)?;
+        opt.step(&loss(&m, s, replicas * b, None)?.backward()?)?;
     }
     let want = values(&vm)?;
     let got = joined(kolo::run_local(replicas, kolo::Config::default(), |comm| {
@@ -145,18 +147,14 @@ fn replicas_with_ddp_equal_one_replica_with_the_whole_batch() -> Result<()> {
         let ddp = Ddp::new(&comm, &own, DdpOptions::default())?;
         let mut opt = Sgd::new(ddp.params().to_vec(), sgd)?;
         for s in 0..5 {
-            let (x, y) = batch(s, replicas * b)?;
-            let shards = split_batch(&x, &y, replicas)?;
-            let (x, y) = &shards[comm.rank()];
             let m = Mlp::new(
                 ddp.var_builder(DType::F32, &Device::Cpu),
                 SHAPE,
                 CLASSES,
                 HIDDEN,
             )?;
-            let loss = candle_nn::loss::cross_entropy(&m.forward(x, true)?, y)?;
-            let grads = ddp.backward(&loss)?;
-            opt.step(&grads)?;
+            let share = Some((comm.rank(), replicas));
+            opt.step(&ddp.backward(&loss(&m, s, replicas * b, share)?)?)?;
         }
         values(&own)
     }))?;
@@ -169,15 +167,9 @@ fn replicas_with_ddp_equal_one_replica_with_the_whole_batch() -> Result<()> {
 #[test]
 fn bad_splits_are_named() -> Result<()> {
     let (x, y) = batch(0, 3)?;
-    let e = split_batch(&x, &y, 4)
-        .err()
-        .map(|e| e.to_string())
-        .unwrap_or_default();
+    let e = error_text(split_batch(&x, &y, 4));
     assert!(e.contains("3 samples") && e.contains("4 replicas"), "{e}");
-    let e = split_batch(&x, &y, 0)
-        .err()
-        .map(|e| e.to_string())
-        .unwrap_or_default();
+    let e = error_text(split_batch(&x, &y, 0));
     assert!(e.contains("replicas"), "{e}");
     let shares: Vec<usize> = split_batch(&x, &y, 2)?
         .iter()

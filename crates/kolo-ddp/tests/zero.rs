@@ -6,6 +6,8 @@
 //! checkpoint resumes sharded, all ending where uninterrupted training does. Also join mode
 //! (uneven inputs) and the reduce-scatter gradient path.
 
+mod common;
+
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -13,6 +15,7 @@ use std::time::Duration;
 
 use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::{VarBuilder, VarMap};
+use common::{init, max_relative_difference, on_ranks, params, Params};
 use kolo::Config;
 use kolo_ddp::checkpoint::{self, TrainState};
 use kolo_ddp::ddp::{Ddp, DdpOptions};
@@ -63,16 +66,6 @@ fn batch(step: usize, rank: usize, n: usize) -> candle_core::Result<(Tensor, Ten
     Ok((x.narrow(0, rank * b, b)?, y.narrow(0, rank * b, b)?))
 }
 
-fn init(varmap: &VarMap) -> candle_core::Result<()> {
-    for (k, (_, v)) in sorted_vars(varmap).into_iter().enumerate() {
-        let vals: Vec<f32> = (0..v.elem_count())
-            .map(|i| (((i * 31 + k * 17) as f32) * 0.11).cos() * 0.3)
-            .collect();
-        v.set(&Tensor::from_vec(vals, v.shape(), &Device::Cpu)?)?;
-    }
-    Ok(())
-}
-
 fn sgd() -> OptimizerConfig {
     OptimizerConfig::Sgd(SgdConfig {
         lr: 0.1,
@@ -90,8 +83,6 @@ fn adamw() -> OptimizerConfig {
     })
 }
 
-type Params = Vec<(String, Vec<f32>)>;
-
 /// One training run of one rank.
 #[derive(Clone)]
 struct Run {
@@ -105,20 +96,34 @@ struct Run {
 }
 
 /// What a rank ends with: its parameters and its optimizer state.
+#[derive(Debug)]
 struct Outcome {
     params: Params,
     state: Vec<(String, Tensor)>,
     shard: Vec<String>,
 }
 
-fn train_rank(comm: &kolo::Communicator, run: &Run) -> Result<Outcome, TrainError> {
-    let n = comm.size();
+/// The variables of a [`Net`], random.
+fn new_varmap() -> candle_core::Result<VarMap> {
     let varmap = VarMap::new();
     Net::new(VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu))?;
+    Ok(varmap)
+}
+
+/// A [`Net`]'s variables, with rank 0's deterministic starting values (the others start from
+/// random values), and the Ddp over them.
+fn new_ddp(comm: &kolo::Communicator) -> Result<(VarMap, Ddp), TrainError> {
+    let varmap = new_varmap()?;
     if comm.rank() == 0 {
-        init(&varmap)?; // the others start from random values
+        init(&varmap, 0.3)?;
     }
     let ddp = Ddp::new(comm, &varmap, DdpOptions::default())?;
+    Ok((varmap, ddp))
+}
+
+fn train_rank(comm: &kolo::Communicator, run: &Run) -> Result<Outcome, TrainError> {
+    let n = comm.size();
+    let (varmap, ddp) = new_ddp(comm)?;
     let vars = ddp.params().to_vec();
     let (opt, shard): (Box<dyn DynOptimizer>, Vec<String>) = if run.sharded {
         let s = ShardedOptimizer::new(comm, vars, run.config)?;
@@ -185,22 +190,20 @@ fn resume(
     Ok(())
 }
 
-fn params(varmap: &VarMap) -> candle_core::Result<Params> {
-    sorted_vars(varmap)
-        .into_iter()
-        .map(|(k, v)| Ok((k, v.flatten_all()?.to_vec1::<f32>()?)))
-        .collect()
+/// `f` on `n` thread-ranks (60 s timeout).
+fn ranks<T: Send + std::fmt::Debug>(
+    n: usize,
+    f: impl Fn(&kolo::Communicator) -> Result<T, TrainError> + Sync,
+) -> Vec<T> {
+    on_ranks(
+        n,
+        Config::default().with_timeout(Duration::from_secs(60)),
+        |comm| f(&comm),
+    )
 }
 
 fn run_ranks(n: usize, run: &Run) -> Vec<Outcome> {
-    kolo::run_local(
-        n,
-        Config::default().with_timeout(Duration::from_secs(60)),
-        |comm| train_rank(&comm, run),
-    )
-    .into_iter()
-    .map(|r| r.expect("rank thread").expect("rank result"))
-    .collect()
+    ranks(n, |comm| train_rank(comm, run))
 }
 
 fn fresh(sharded: bool, config: OptimizerConfig, steps: Range<usize>) -> Run {
@@ -218,24 +221,6 @@ fn reference(config: OptimizerConfig) -> Params {
     run_ranks(1, &fresh(false, config, 0..STEPS))
         .remove(0)
         .params
-}
-
-fn max_relative_difference(a: &Params, b: &Params) -> f64 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|((na, va), (nb, vb))| {
-            assert_eq!(na, nb);
-            let diff: f64 = va
-                .iter()
-                .zip(vb)
-                .map(|(x, y)| f64::from(x - y).powi(2))
-                .sum::<f64>()
-                .sqrt();
-            let norm: f64 = vb.iter().map(|y| f64::from(*y).powi(2)).sum::<f64>().sqrt();
-            diff / norm.max(1e-12)
-        })
-        .fold(0.0, f64::max)
 }
 
 fn assert_close(got: &[Outcome], want: &Params, what: &str) {
@@ -336,9 +321,7 @@ fn checkpoints_resume_across_sharding_and_world_sizes() {
 #[test]
 fn a_checkpoint_of_one_shard_does_not_load() {
     let res = kolo::run_local(2, Config::default(), |comm| -> Result<(), TrainError> {
-        let varmap = VarMap::new();
-        Net::new(VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu))?;
-        let vars = sorted_vars(&varmap);
+        let vars = sorted_vars(&new_varmap()?);
         let mut s = ShardedOptimizer::new(&comm, vars.clone(), adamw())?;
         let shard: HashMap<String, Tensor> = s.state().into_iter().collect();
         let err = s
@@ -366,12 +349,7 @@ fn join_rank(
     config: OptimizerConfig,
 ) -> Result<Params, TrainError> {
     let n = comm.size();
-    let varmap = VarMap::new();
-    Net::new(VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu))?;
-    if comm.rank() == 0 {
-        init(&varmap)?;
-    }
-    let ddp = Ddp::new(comm, &varmap, DdpOptions::default())?;
+    let (varmap, ddp) = new_ddp(comm)?;
     let vars = ddp.params().to_vec();
     let opt: Box<dyn DynOptimizer> = if sharded {
         Box::new(ShardedOptimizer::new(comm, vars, config)?)
@@ -393,16 +371,7 @@ fn join_rank(
 #[test]
 fn join_mode_with_uneven_inputs_matches_unsharded_join() {
     for (label, config) in [("sgd", sgd()), ("adamw", adamw())] {
-        let run = |sharded: bool| -> Vec<Params> {
-            kolo::run_local(
-                3,
-                Config::default().with_timeout(Duration::from_secs(60)),
-                |comm| join_rank(&comm, sharded, config),
-            )
-            .into_iter()
-            .map(|r| r.expect("rank thread").expect("rank result"))
-            .collect()
-        };
+        let run = |sharded: bool| ranks(3, |comm| join_rank(comm, sharded, config));
         let want = run(false);
         let start = run_ranks(1, &fresh(false, config, 0..0)).remove(0).params;
         assert!(max_relative_difference(&start, &want[0]) > 1e-3, "{label}");
@@ -420,7 +389,7 @@ fn reduce_scatter_rank(
 ) -> Result<Params, TrainError> {
     let varmap = VarMap::new();
     let net = Net::new(VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu))?;
-    init(&varmap)?;
+    init(&varmap, 0.3)?;
     let mut opt = ShardedOptimizer::new(comm, sorted_vars(&varmap), config)?;
     for step in 0..STEPS {
         let (x, y) = batch(step, comm.rank(), comm.size())?;
@@ -435,13 +404,8 @@ fn reduce_scattered_gradients_equal_unsharded_training() {
     for (label, config) in [("sgd", sgd()), ("adamw", adamw())] {
         let want = reference(config);
         for n in [1, 2, 3] {
-            let res = kolo::run_local(
-                n,
-                Config::default().with_timeout(Duration::from_secs(60)),
-                |comm| reduce_scatter_rank(&comm, config),
-            );
-            for (rank, r) in res.into_iter().enumerate() {
-                let got = r.expect("rank thread").expect("rank result");
+            let res = ranks(n, |comm| reduce_scatter_rank(comm, config));
+            for (rank, got) in res.into_iter().enumerate() {
                 let d = max_relative_difference(&got, &want);
                 assert!(
                     d <= 1e-5,

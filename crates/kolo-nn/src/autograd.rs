@@ -16,8 +16,11 @@
 //!
 //! [`SyncBatchNorm`]: crate::batch_norm::BatchNorm
 
-use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Shape, Tensor};
+use candle_core::backend::BackendStorage;
+use candle_core::{CpuStorage, DType, Device, Tensor, WithDType};
 use kolo::{Communicator, ReduceOp};
+
+use crate::ops::storage::{slice, Arg, CpuOp, Grads, Kernel, Output};
 
 /// `Σ_ranks x`, differentiable: the backward pass is the all-reduce (sum) of the gradient.
 ///
@@ -25,7 +28,10 @@ use kolo::{Communicator, ReduceOp};
 /// than the CPU travel through the CPU for the collective.
 pub fn all_reduce_sum(x: &Tensor, comm: &Communicator) -> candle_core::Result<Tensor> {
     check_dtype(x.dtype())?;
-    let op = AllReduceSum { comm: comm.clone() };
+    let op = CpuOp(AllReduceSum {
+        comm: comm.clone(),
+        pass: "forward",
+    });
     if x.device().is_cpu() {
         x.contiguous()?.apply_op1(op)
     } else {
@@ -60,73 +66,34 @@ fn check_dtype(dtype: DType) -> candle_core::Result<()> {
     }
 }
 
-/// The custom op behind [`all_reduce_sum`].
+/// The custom op behind [`all_reduce_sum`]: the sum over ranks of a contiguous CPU tensor, in
+/// the forward pass of [`all_reduce_sum`] and, with its gradient, in the backward pass.
 struct AllReduceSum {
     comm: Communicator,
+    /// "forward" or "backward", for the error.
+    pass: &'static str,
 }
 
-impl AllReduceSum {
-    fn reduce<T: kolo::Element>(&self, buf: &mut [T], pass: &str) -> candle_core::Result<()> {
-        reduce_sum_in_place(&self.comm, buf, pass)
-    }
-}
-
-/// The elements of a contiguous CPU tensor's storage ([`all_reduce_sum`] makes it so).
-fn contiguous<T: Copy>(v: &[T], layout: &Layout) -> candle_core::Result<Vec<T>> {
-    match layout.contiguous_offsets() {
-        Some((a, b)) => Ok(v[a..b].to_vec()),
-        None => candle_core::bail!("kolo all_reduce_sum: the tensor is not contiguous"),
-    }
-}
-
-impl CustomOp1 for AllReduceSum {
+impl Kernel<1> for AllReduceSum {
     fn name(&self) -> &'static str {
         "kolo-all-reduce-sum"
     }
 
-    fn cpu_fwd(
-        &self,
-        storage: &CpuStorage,
-        layout: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let out = match storage {
-            CpuStorage::F32(v) => {
-                let mut buf = contiguous(v, layout)?;
-                self.reduce(&mut buf, "forward")?;
-                CpuStorage::F32(buf)
-            }
-            CpuStorage::F64(v) => {
-                let mut buf = contiguous(v, layout)?;
-                self.reduce(&mut buf, "forward")?;
-                CpuStorage::F64(buf)
-            }
-            _ => candle_core::bail!("kolo all_reduce_sum: tensors must be f32 or f64"),
-        };
-        Ok((out, layout.shape().clone()))
+    fn forward<T: WithDType>(&self, [x]: [Arg<'_>; 1]) -> Output {
+        let mut sum = T::to_cpu_storage(slice::<T>(x, "kolo all_reduce_sum")?);
+        match &mut sum {
+            CpuStorage::F32(v) => reduce_sum_in_place(&self.comm, v, self.pass)?,
+            CpuStorage::F64(v) => reduce_sum_in_place(&self.comm, v, self.pass)?,
+            other => check_dtype(other.dtype())?,
+        }
+        Ok((sum, x.1.shape().clone()))
     }
 
-    fn bwd(
-        &self,
-        _arg: &Tensor,
-        _res: &Tensor,
-        grad: &Tensor,
-    ) -> candle_core::Result<Option<Tensor>> {
-        let flat = grad.flatten_all()?;
-        let summed = match grad.dtype() {
-            DType::F32 => {
-                let mut buf = flat.to_vec1::<f32>()?;
-                self.reduce(&mut buf, "backward")?;
-                Tensor::from_vec(buf, grad.shape(), grad.device())?
-            }
-            DType::F64 => {
-                let mut buf = flat.to_vec1::<f64>()?;
-                self.reduce(&mut buf, "backward")?;
-                Tensor::from_vec(buf, grad.shape(), grad.device())?
-            }
-            other => candle_core::bail!(
-                "kolo all_reduce_sum: gradients must be f32 or f64, not {other:?}"
-            ),
-        };
-        Ok(Some(summed))
+    fn backward(&self, _: [&Tensor; 1], _: &Tensor, grad: &Tensor) -> Grads<1> {
+        let op = CpuOp(AllReduceSum {
+            comm: self.comm.clone(),
+            pass: "backward",
+        });
+        Ok([Some(grad.contiguous()?.apply_op1_no_bwd(&op)?)])
     }
 }

@@ -2,26 +2,53 @@
 //! parameter's finished gradient.
 //!
 //! Candle computes gradients node by node in reverse topological order. A node that is the only user of
-//! a parameter receives, in its `bwd`, the parameter's complete gradient; [`GradHook`] hands it to the
-//! [`Synchronizer`](super::sync::Synchronizer), which starts the all-reduce of a bucket as soon as all of
-//! its gradients are in — while backward goes on with the layers below.
+//! a parameter receives, in its `bwd`, the parameter's complete gradient; [`GradHook`] hands it to its
+//! [`OnGradient`] — for [`Ddp`](super::Ddp) the [`Synchronizer`](super::sync::Synchronizer), which
+//! starts the all-reduce of a bucket as soon as all of its gradients are in, while backward goes on
+//! with the layers below.
 //!
 //! Candle ops run eagerly, so a hooked weight is a copy made when the op is applied: the model must be
 //! built from [`HookedBackend`] for every step (building a model only wraps tensors; the copies cost one
 //! memcpy of the parameters).
 
-use std::sync::{Arc, Mutex};
+use std::collections::HashMap;
+use std::sync::Arc;
 
 use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Shape, Tensor};
 use candle_nn::var_builder::SimpleBackend;
-use candle_nn::{Init, VarMap};
+use candle_nn::{Init, VarBuilder, VarMap};
 
-use super::sync::Synchronizer;
+/// What a gradient hook does with a parameter's complete gradient in the backward pass, given the
+/// parameter's index; an error fails the backward pass.
+pub type OnGradient = Arc<dyn Fn(usize, &Tensor) -> candle_core::Result<()> + Send + Sync>;
 
-/// Identity on the forward pass; on the backward pass, reports parameter `index`'s gradient.
+/// A `VarBuilder` over `varmap` whose trainable parameters — the names in `index`, with their
+/// indices — come wrapped in an identity op whose backward pass hands the parameter's complete
+/// gradient to `on_gradient`: the hook [`Ddp`](super::Ddp) starts its bucket all-reduces from, for
+/// other uses (e.g. timing when each gradient is ready). Other variables (buffers) come as they
+/// are. Build the model from it for every step: a hooked parameter is a copy made when the model
+/// is built (one memcpy of the parameters).
+pub fn gradient_hooks(
+    varmap: &VarMap,
+    index: HashMap<String, usize>,
+    on_gradient: OnGradient,
+    dtype: DType,
+    device: &Device,
+) -> VarBuilder<'static> {
+    let backend = HookedBackend {
+        varmap: varmap.clone(),
+        index,
+        on_gradient: Some(on_gradient),
+        compute: None,
+    };
+    VarBuilder::from_backend(Box::new(backend), dtype, device.clone())
+}
+
+/// Identity on the forward pass; on the backward pass, hands parameter `index`'s gradient to
+/// `on_gradient`.
 pub(crate) struct GradHook {
     pub index: usize,
-    pub sync: Arc<Mutex<Synchronizer>>,
+    pub on_gradient: OnGradient,
 }
 
 fn copy_contiguous<T: Copy>(v: &[T], layout: &Layout) -> candle_core::Result<Vec<T>> {
@@ -65,9 +92,7 @@ impl CustomOp1 for GradHook {
         _res: &Tensor,
         grad: &Tensor,
     ) -> candle_core::Result<Option<Tensor>> {
-        let mut s = self.sync.lock().unwrap_or_else(|p| p.into_inner());
-        s.on_gradient(self.index, grad)
-            .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+        (self.on_gradient)(self.index, grad)?;
         Ok(Some(grad.clone()))
     }
 }
@@ -78,9 +103,9 @@ impl CustomOp1 for GradHook {
 pub(crate) struct HookedBackend {
     pub varmap: VarMap,
     /// Parameter name → index, for the trainable parameters.
-    pub index: std::collections::HashMap<String, usize>,
+    pub index: HashMap<String, usize>,
     /// `None`: no hooks (gradients are averaged after backward, or not at all).
-    pub sync: Option<Arc<Mutex<Synchronizer>>>,
+    pub on_gradient: Option<OnGradient>,
     /// Mixed precision: trainable parameters are handed out cast to this type (the `VarMap` keeps
     /// the f32 master weights, which receive the gradients through the cast); buffers stay as they
     /// are.
@@ -100,10 +125,10 @@ impl SimpleBackend for HookedBackend {
         let Some(&index) = self.index.get(name) else {
             return Ok(t);
         };
-        let t = match &self.sync {
-            Some(sync) => t.apply_op1_arc(Arc::new(Box::new(GradHook {
+        let t = match &self.on_gradient {
+            Some(on_gradient) => t.apply_op1_arc(Arc::new(Box::new(GradHook {
                 index,
-                sync: sync.clone(),
+                on_gradient: on_gradient.clone(),
             })))?,
             None => t,
         };

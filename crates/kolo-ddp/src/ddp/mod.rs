@@ -50,6 +50,7 @@ pub use bucket::BucketLayout;
 pub use comm_hook::{
     AllReduceHook, BucketFuture, CommHook, CompressHook, Compression, GradBucket, Reduction,
 };
+pub use hook::{gradient_hooks, OnGradient};
 pub use join::JoinReport;
 
 use std::collections::HashMap;
@@ -252,10 +253,18 @@ impl Ddp {
         dtype: DType,
         device: &Device,
     ) -> VarBuilder<'static> {
+        let on_gradient = self.hooks_active().then(|| {
+            let sync = self.sync.clone();
+            Arc::new(move |index: usize, grad: &Tensor| {
+                let mut s = sync.lock().unwrap_or_else(|p| p.into_inner());
+                s.on_gradient(index, grad)
+                    .map_err(|e| candle_core::Error::Msg(e.to_string()))
+            }) as OnGradient
+        });
         let backend = HookedBackend {
             varmap: self.varmap.clone(),
             index: self.index.clone(),
-            sync: self.hooks_active().then(|| self.sync.clone()),
+            on_gradient,
             compute,
         };
         VarBuilder::from_backend(Box::new(backend), dtype, device.clone())

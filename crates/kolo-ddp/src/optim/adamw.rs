@@ -1,13 +1,12 @@
 //! Adam with decoupled weight decay, as `torch.optim.AdamW`.
 
 use std::collections::HashMap;
-use std::fmt;
 
 use candle_core::backprop::GradStore;
 use candle_core::{Result, Tensor, Var};
 
 use super::config::{AdamWConfig, OptimizerKind};
-use super::state::{grad_of, positional_names, take_state, DynOptimizer, OptimizerState, Params};
+use super::state::{grad_of, optimizer_common, take_state, OptimizerState, Params};
 
 const NAME: &str = "adamw";
 
@@ -29,16 +28,6 @@ pub struct AdamW {
     exp_avg_sq: Vec<Tensor>,
     config: AdamWConfig,
     step_count: u64,
-}
-
-impl fmt::Debug for AdamW {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("AdamW")
-            .field("config", &self.config)
-            .field("vars", &self.params.names.len())
-            .field("step_count", &self.step_count)
-            .finish()
-    }
 }
 
 impl AdamW {
@@ -64,16 +53,6 @@ impl AdamW {
             config,
             step_count: 0,
         })
-    }
-
-    /// The configuration (with the current learning rate).
-    pub fn config(&self) -> &AdamWConfig {
-        &self.config
-    }
-
-    /// The variable names, in update order.
-    pub fn names(&self) -> &[String] {
-        &self.params.names
     }
 
     /// Applies one update from `grads`, skipping variables without a gradient.
@@ -107,38 +86,9 @@ impl AdamW {
         self.step_count += 1;
         Ok(())
     }
-
-    /// The current learning rate.
-    pub fn learning_rate(&self) -> f64 {
-        self.config.lr
-    }
-
-    /// Sets the learning rate used by the following steps.
-    pub fn set_learning_rate(&mut self, lr: f64) {
-        self.config.lr = lr;
-    }
 }
 
-impl candle_nn::Optimizer for AdamW {
-    type Config = AdamWConfig;
-
-    /// Variables are named by position (`"0"`, `"1"`, …); prefer [`AdamW::new`] with names.
-    fn new(vars: Vec<Var>, config: AdamWConfig) -> Result<Self> {
-        AdamW::new(positional_names(vars), config)
-    }
-
-    fn step(&mut self, grads: &GradStore) -> Result<()> {
-        AdamW::step(self, grads)
-    }
-
-    fn learning_rate(&self) -> f64 {
-        AdamW::learning_rate(self)
-    }
-
-    fn set_learning_rate(&mut self, lr: f64) {
-        AdamW::set_learning_rate(self, lr)
-    }
-}
+optimizer_common!(AdamW, AdamWConfig, OptimizerKind::AdamW);
 
 impl OptimizerState for AdamW {
     fn state(&self) -> Vec<(String, Tensor)> {
@@ -171,23 +121,5 @@ impl OptimizerState for AdamW {
 
     fn set_step_count(&mut self, n: u64) {
         self.step_count = n;
-    }
-}
-
-impl DynOptimizer for AdamW {
-    fn step(&mut self, grads: &GradStore) -> Result<()> {
-        AdamW::step(self, grads)
-    }
-
-    fn learning_rate(&self) -> f64 {
-        AdamW::learning_rate(self)
-    }
-
-    fn set_learning_rate(&mut self, lr: f64) {
-        AdamW::set_learning_rate(self, lr)
-    }
-
-    fn kind(&self) -> OptimizerKind {
-        OptimizerKind::AdamW
     }
 }

@@ -69,6 +69,15 @@ impl FromStr for OptimizerKind {
     }
 }
 
+/// An error naming `optimizer` and the hyper-parameter `what` unless `value` is finite and
+/// non-negative.
+fn finite_non_negative(optimizer: &str, what: &str, value: f64) -> Result<()> {
+    if !(value.is_finite() && value >= 0.0) {
+        candle_core::bail!("{optimizer}: invalid {what} {value}");
+    }
+    Ok(())
+}
+
 /// Hyper-parameters of [`Sgd`](super::Sgd) (PyTorch's names and defaults).
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(default)]
@@ -99,19 +108,12 @@ impl Default for SgdConfig {
 
 impl SgdConfig {
     pub(super) fn validate(&self) -> Result<()> {
-        let finite_non_negative = |v: f64| v.is_finite() && v >= 0.0;
-        if !finite_non_negative(self.lr) {
-            candle_core::bail!("{SGD}: invalid learning rate {}", self.lr);
-        }
-        if !finite_non_negative(self.momentum) {
-            candle_core::bail!("{SGD}: invalid momentum {}", self.momentum);
-        }
+        finite_non_negative(SGD, "learning rate", self.lr)?;
+        finite_non_negative(SGD, "momentum", self.momentum)?;
         if !self.dampening.is_finite() {
             candle_core::bail!("{SGD}: invalid dampening {}", self.dampening);
         }
-        if !finite_non_negative(self.weight_decay) {
-            candle_core::bail!("{SGD}: invalid weight decay {}", self.weight_decay);
-        }
+        finite_non_negative(SGD, "weight decay", self.weight_decay)?;
         if self.nesterov && (self.momentum <= 0.0 || self.dampening != 0.0) {
             candle_core::bail!("{SGD}: nesterov momentum requires a momentum and zero dampening");
         }
@@ -149,23 +151,15 @@ impl Default for AdamWConfig {
 
 impl AdamWConfig {
     pub(super) fn validate(&self) -> Result<()> {
-        let finite_non_negative = |v: f64| v.is_finite() && v >= 0.0;
-        if !finite_non_negative(self.lr) {
-            candle_core::bail!("{ADAMW}: invalid learning rate {}", self.lr);
-        }
-        if !finite_non_negative(self.eps) {
-            candle_core::bail!("{ADAMW}: invalid eps {}", self.eps);
-        }
+        finite_non_negative(ADAMW, "learning rate", self.lr)?;
+        finite_non_negative(ADAMW, "eps", self.eps)?;
         if !(0.0..1.0).contains(&self.beta1) {
             candle_core::bail!("{ADAMW}: invalid beta1 {} (must be in [0, 1))", self.beta1);
         }
         if !(0.0..1.0).contains(&self.beta2) {
             candle_core::bail!("{ADAMW}: invalid beta2 {} (must be in [0, 1))", self.beta2);
         }
-        if !finite_non_negative(self.weight_decay) {
-            candle_core::bail!("{ADAMW}: invalid weight decay {}", self.weight_decay);
-        }
-        Ok(())
+        finite_non_negative(ADAMW, "weight decay", self.weight_decay)
     }
 }
 

@@ -1,7 +1,6 @@
 //! Stochastic gradient descent with momentum, as `torch.optim.SGD`.
 
 use std::collections::HashMap;
-use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use candle_core::backprop::GradStore;
@@ -9,7 +8,7 @@ use candle_core::{Result, Tensor, Var};
 
 use super::config::{OptimizerKind, SgdConfig};
 use super::in_place::{self, MomentumPass, ParamPass};
-use super::state::{grad_of, positional_names, take_state, DynOptimizer, OptimizerState, Params};
+use super::state::{grad_of, optimizer_common, take_state, OptimizerState, Params};
 
 const NAME: &str = "sgd";
 
@@ -38,16 +37,6 @@ pub struct Sgd {
     shared: AtomicBool,
 }
 
-impl fmt::Debug for Sgd {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Sgd")
-            .field("config", &self.config)
-            .field("vars", &self.params.names.len())
-            .field("step_count", &self.step_count)
-            .finish()
-    }
-}
-
 impl Sgd {
     /// Creates the optimizer over `vars` (name, variable) pairs, in the given order. Names must
     /// be unique; variables must be floating point; the configuration must be valid (as
@@ -71,16 +60,6 @@ impl Sgd {
             step_count: 0,
             shared: AtomicBool::new(false),
         })
-    }
-
-    /// The configuration (with the current learning rate).
-    pub fn config(&self) -> &SgdConfig {
-        &self.config
-    }
-
-    /// The variable names, in update order.
-    pub fn names(&self) -> &[String] {
-        &self.params.names
     }
 
     /// Applies one update from `grads`, skipping variables without a gradient.
@@ -162,38 +141,9 @@ impl Sgd {
         }
         var.set(&(p - g.affine(c.lr, 0.0)?)?)
     }
-
-    /// The current learning rate.
-    pub fn learning_rate(&self) -> f64 {
-        self.config.lr
-    }
-
-    /// Sets the learning rate used by the following steps.
-    pub fn set_learning_rate(&mut self, lr: f64) {
-        self.config.lr = lr;
-    }
 }
 
-impl candle_nn::Optimizer for Sgd {
-    type Config = SgdConfig;
-
-    /// Variables are named by position (`"0"`, `"1"`, …); prefer [`Sgd::new`] with names.
-    fn new(vars: Vec<Var>, config: SgdConfig) -> Result<Self> {
-        Sgd::new(positional_names(vars), config)
-    }
-
-    fn step(&mut self, grads: &GradStore) -> Result<()> {
-        Sgd::step(self, grads)
-    }
-
-    fn learning_rate(&self) -> f64 {
-        Sgd::learning_rate(self)
-    }
-
-    fn set_learning_rate(&mut self, lr: f64) {
-        Sgd::set_learning_rate(self, lr)
-    }
-}
+optimizer_common!(Sgd, SgdConfig, OptimizerKind::Sgd);
 
 impl OptimizerState for Sgd {
     fn state(&self) -> Vec<(String, Tensor)> {
@@ -231,24 +181,6 @@ impl OptimizerState for Sgd {
 
     fn set_step_count(&mut self, n: u64) {
         self.step_count = n;
-    }
-}
-
-impl DynOptimizer for Sgd {
-    fn step(&mut self, grads: &GradStore) -> Result<()> {
-        Sgd::step(self, grads)
-    }
-
-    fn learning_rate(&self) -> f64 {
-        Sgd::learning_rate(self)
-    }
-
-    fn set_learning_rate(&mut self, lr: f64) {
-        Sgd::set_learning_rate(self, lr)
-    }
-
-    fn kind(&self) -> OptimizerKind {
-        OptimizerKind::Sgd
     }
 }
 

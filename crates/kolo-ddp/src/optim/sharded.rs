@@ -35,7 +35,7 @@
 //! [`OptimizerState::state`] alone returns only this rank's shard (it cannot communicate); a
 //! checkpoint saved from it does not load (the other shards' names are missing).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::fmt;
 
 use candle_core::backprop::GradStore;
@@ -44,7 +44,7 @@ use kolo::{Communicator, Element};
 
 use super::build::build;
 use super::config::{OptimizerConfig, OptimizerKind};
-use super::state::{decode_step, DynOptimizer, OptimizerState, StateSnapshot};
+use super::state::{check_state, decode_step, DynOptimizer, OptimizerState, StateSnapshot};
 use crate::error::{Result, TrainError};
 use crate::vars_comm;
 
@@ -392,47 +392,16 @@ impl ShardedOptimizer {
         &self,
         state: &HashMap<String, Tensor>,
     ) -> candle_core::Result<HashMap<String, Tensor>> {
-        let prefixes = state_prefixes(&self.config);
-        let mut expected = HashSet::with_capacity(state.len());
-        let mut mine = HashMap::new();
+        let vars = self.vars.iter().map(|(name, var)| (name.as_str(), var));
+        let checked = check_state(NAME, vars, state_prefixes(&self.config), state)?;
         let rank = self.comm.rank();
-        for (i, (name, var)) in self.vars.iter().enumerate() {
-            let step_key = format!("step.{name}");
-            let Some(step) = state.get(&step_key) else {
-                candle_core::bail!("{NAME}: state is missing `{step_key}`");
-            };
-            decode_step(NAME, &step_key, step)?;
-            let mut entries = vec![(step_key, step)];
-            for p in prefixes {
-                let key = format!("{p}.{name}");
-                let Some(t) = state.get(&key) else {
-                    candle_core::bail!("{NAME}: state is missing `{key}`");
-                };
-                if t.dims() != var.dims() {
-                    candle_core::bail!(
-                        "{NAME}: state `{key}` has shape {:?}, variable `{name}` has {:?}",
-                        t.shape(),
-                        var.shape()
-                    );
-                }
-                entries.push((key, t));
-            }
-            for (key, t) in entries {
-                expected.insert(key.clone());
-                if self.owner[i] == rank {
-                    mine.insert(key, t.clone());
-                }
-            }
-        }
-        let mut unknown: Vec<&String> = state.keys().filter(|k| !expected.contains(*k)).collect();
-        unknown.sort();
-        if let Some(key) = unknown.first() {
-            candle_core::bail!(
-                "{NAME}: unknown state `{key}` ({} unknown name(s) in total)",
-                unknown.len()
-            );
-        }
-        Ok(mine)
+        Ok(checked
+            .into_iter()
+            .zip(&self.owner)
+            .filter(|&(_, &owner)| owner == rank)
+            .flat_map(|((_, entries), _)| entries)
+            .map(|(key, t)| (key, t.clone()))
+            .collect())
     }
 }
 

@@ -82,6 +82,97 @@ impl OptimizerState for StateSnapshot {
     }
 }
 
+/// What [`Sgd`](super::Sgd) and [`AdamW`](super::AdamW) share around their own `new` and
+/// `step`, for a type `$ty` with fields `params` ([`Params`]), `config` (`$config`, whose `lr` is
+/// the learning rate) and `step_count`: `Debug`, the accessors `config`, `names`,
+/// `learning_rate` and `set_learning_rate`, and the traits through them: candle's
+/// [`candle_nn::Optimizer`] (variables named by position) and [`DynOptimizer`] (of kind `$kind`).
+macro_rules! optimizer_common {
+    ($ty:ident, $config:ty, $kind:expr) => {
+        impl std::fmt::Debug for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct(stringify!($ty))
+                    .field("config", &self.config)
+                    .field("vars", &self.params.names.len())
+                    .field("step_count", &self.step_count)
+                    .finish()
+            }
+        }
+
+        impl $ty {
+            /// The configuration (with the current learning rate).
+            pub fn config(&self) -> &$config {
+                &self.config
+            }
+
+            /// The variable names, in update order.
+            pub fn names(&self) -> &[String] {
+                &self.params.names
+            }
+
+            /// The current learning rate.
+            pub fn learning_rate(&self) -> f64 {
+                self.config.lr
+            }
+
+            /// Sets the learning rate used by the following steps.
+            pub fn set_learning_rate(&mut self, lr: f64) {
+                self.config.lr = lr;
+            }
+        }
+
+        impl candle_nn::Optimizer for $ty {
+            type Config = $config;
+
+            #[doc = concat!(
+                                "Variables are named by position (`\"0\"`, `\"1\"`, …); prefer [`",
+                                stringify!($ty),
+                                "::new`] with names."
+                            )]
+            fn new(vars: Vec<candle_core::Var>, config: $config) -> candle_core::Result<Self> {
+                $ty::new($crate::optim::state::positional_names(vars), config)
+            }
+
+            fn step(
+                &mut self,
+                grads: &candle_core::backprop::GradStore,
+            ) -> candle_core::Result<()> {
+                $ty::step(self, grads)
+            }
+
+            fn learning_rate(&self) -> f64 {
+                $ty::learning_rate(self)
+            }
+
+            fn set_learning_rate(&mut self, lr: f64) {
+                $ty::set_learning_rate(self, lr)
+            }
+        }
+
+        impl $crate::optim::DynOptimizer for $ty {
+            fn step(
+                &mut self,
+                grads: &candle_core::backprop::GradStore,
+            ) -> candle_core::Result<()> {
+                $ty::step(self, grads)
+            }
+
+            fn learning_rate(&self) -> f64 {
+                $ty::learning_rate(self)
+            }
+
+            fn set_learning_rate(&mut self, lr: f64) {
+                $ty::set_learning_rate(self, lr)
+            }
+
+            fn kind(&self) -> $crate::optim::OptimizerKind {
+                $kind
+            }
+        }
+    };
+}
+pub(super) use optimizer_common;
+
 /// Names for variables handed over without names (through [`candle_nn::Optimizer::new`]):
 /// their position, `"0"`, `"1"`, ….
 pub(crate) fn positional_names(vars: Vec<Var>) -> Vec<(String, Var)> {
@@ -146,25 +237,29 @@ impl Params {
     }
 }
 
-/// Validates a saved state map against the expected `(prefix, shape)` entries of every
-/// variable plus `step.NAME`, and returns, per variable, the step count and the tensors for
-/// each prefix (converted to the variable's dtype and device), in `prefixes` order.
-pub(crate) fn take_state(
+/// A variable's entries in a saved state map, checked by [`check_state`]: its step count, and
+/// `(key, tensor)` for `step.NAME` and then each prefix's `PREFIX.NAME`.
+pub(crate) type Entries<'a> = (u64, Vec<(String, &'a Tensor)>);
+
+/// Checks a saved state map against what `vars` (name, variable) expect with `prefixes`: for
+/// every variable `step.NAME` (a valid step count) and `PREFIX.NAME` of the variable's shape for
+/// each prefix, and nothing else. Returns every variable's [`Entries`], in order; an error names
+/// `optimizer` and the first missing or misshapen entry, or the first unknown name.
+pub(crate) fn check_state<'a, 'v>(
     optimizer: &str,
-    params: &Params,
+    vars: impl Iterator<Item = (&'v str, &'v Var)>,
     prefixes: &[&str],
-    state: &HashMap<String, Tensor>,
-) -> Result<Vec<(u64, Vec<Tensor>)>> {
-    let mut expected: HashSet<String> = HashSet::new();
-    let mut out = Vec::with_capacity(params.vars.len());
-    for (name, var) in params.names.iter().zip(&params.vars) {
+    state: &'a HashMap<String, Tensor>,
+) -> Result<Vec<Entries<'a>>> {
+    let mut out = Vec::new();
+    for (name, var) in vars {
         let step_key = format!("step.{name}");
-        let step = match state.get(&step_key) {
-            Some(t) => decode_step(optimizer, &step_key, t)?,
-            None => candle_core::bail!("{optimizer}: state is missing `{step_key}`"),
+        let Some(step_tensor) = state.get(&step_key) else {
+            candle_core::bail!("{optimizer}: state is missing `{step_key}`");
         };
-        expected.insert(step_key);
-        let mut tensors = Vec::with_capacity(prefixes.len());
+        let step = decode_step(optimizer, &step_key, step_tensor)?;
+        let mut entries = Vec::with_capacity(1 + prefixes.len());
+        entries.push((step_key, step_tensor));
         for prefix in prefixes {
             let key = format!("{prefix}.{name}");
             let Some(t) = state.get(&key) else {
@@ -177,17 +272,18 @@ pub(crate) fn take_state(
                     var.shape()
                 );
             }
-            let t = t
-                .detach()
-                .to_dtype(var.dtype())?
-                .to_device(var.device())?
-                .contiguous()?;
-            tensors.push(t);
-            expected.insert(key);
+            entries.push((key, t));
         }
-        out.push((step, tensors));
+        out.push((step, entries));
     }
-    let mut unknown: Vec<&String> = state.keys().filter(|k| !expected.contains(*k)).collect();
+    let expected: HashSet<&str> = out
+        .iter()
+        .flat_map(|(_, entries)| entries.iter().map(|(key, _)| key.as_str()))
+        .collect();
+    let mut unknown: Vec<&String> = state
+        .keys()
+        .filter(|k| !expected.contains(k.as_str()))
+        .collect();
     unknown.sort();
     if let Some(key) = unknown.first() {
         candle_core::bail!(
@@ -196,6 +292,35 @@ pub(crate) fn take_state(
         );
     }
     Ok(out)
+}
+
+/// [`check_state`] for `params`: per variable, the step count and the tensors for each prefix
+/// (converted to the variable's dtype and device), in `prefixes` order.
+pub(crate) fn take_state(
+    optimizer: &str,
+    params: &Params,
+    prefixes: &[&str],
+    state: &HashMap<String, Tensor>,
+) -> Result<Vec<(u64, Vec<Tensor>)>> {
+    let vars = params.names.iter().map(String::as_str).zip(&params.vars);
+    let checked = check_state(optimizer, vars, prefixes, state)?;
+    checked
+        .into_iter()
+        .zip(&params.vars)
+        .map(|((step, entries), var)| {
+            let tensors = entries
+                .iter()
+                .skip(1)
+                .map(|(_, t)| {
+                    t.detach()
+                        .to_dtype(var.dtype())?
+                        .to_device(var.device())?
+                        .contiguous()
+                })
+                .collect::<Result<Vec<_>>>()?;
+            Ok((step, tensors))
+        })
+        .collect()
 }
 
 pub(crate) fn decode_step(optimizer: &str, key: &str, t: &Tensor) -> Result<u64> {

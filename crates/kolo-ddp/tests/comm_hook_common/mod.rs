@@ -1,6 +1,7 @@
 //! Shared by the communication hook tests: parameters whose gradients are chosen random values
 //! (loss = Σ sum(p ⊙ g), so the gradient of p is exactly g and the exact average is known),
-//! thread-rank runs, the 16-bit rounding bound, and a recording hook.
+//! thread-rank runs, the 16-bit rounding bound, and a recording hook. The crate root declares
+//! `mod common` (tests/common) too.
 
 #![allow(dead_code)]
 
@@ -12,6 +13,8 @@ use candle_nn::{Init, VarBuilder, VarMap};
 use kolo::{Communicator, Config};
 use kolo_ddp::ddp::{BucketFuture, CommHook, Ddp, DdpOptions, GradBucket, Reduction};
 use kolo_ddp::TrainError;
+
+use crate::common::on_ranks;
 
 /// Parameter names and shapes; with 40-byte buckets (10 f32) they fill several buckets.
 pub const PARAMS: [(&str, &[usize]); 5] = [
@@ -110,7 +113,7 @@ where
     C: Fn(&mut Ddp) -> Result<X, TrainError> + Sync,
     X: Send + std::fmt::Debug,
 {
-    let res = kolo::run_local(
+    on_ranks(
         n,
         Config::default().with_timeout(Duration::from_secs(30)),
         |comm: Communicator| -> Result<(Grads, X), TrainError> {
@@ -122,14 +125,7 @@ where
                 .collect::<Result<_, _>>()?;
             Ok((grads, x))
         },
-    );
-    res.into_iter()
-        .enumerate()
-        .map(|(r, x)| match x {
-            Ok(Ok(v)) => v,
-            other => panic!("rank {r}: {other:?}"),
-        })
-        .collect()
+    )
 }
 
 /// [`run_with`], gradients only.

@@ -1,12 +1,17 @@
-//! Shared by the join tests: a small MLP, per-rank data, and the one-process reference.
+//! Shared by the join tests: a small MLP, per-rank data, and the one-process reference. The
+//! crate root declares `mod common` (tests/common) too.
 
 #![allow(dead_code)]
 
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::{VarBuilder, VarMap};
+use kolo_ddp::ddp::{Ddp, DdpOptions};
 use kolo_ddp::optim::{Sgd, SgdConfig};
+use kolo_ddp::TrainError;
 use kolo_nn::vars::sorted_vars;
+
+use crate::common::{init, params, Params};
 
 pub const LR: f64 = 0.1;
 
@@ -44,24 +49,25 @@ pub fn batch(rank: usize, step: usize) -> candle_core::Result<(Tensor, Tensor)> 
     ))
 }
 
-/// Deterministic starting values.
-pub fn init(varmap: &VarMap) -> candle_core::Result<()> {
-    for (k, (_, v)) in sorted_vars(varmap).into_iter().enumerate() {
-        let vals: Vec<f32> = (0..v.elem_count())
-            .map(|i| (((i * 31 + k * 17) as f32) * 0.11).cos() * 0.4)
-            .collect();
-        v.set(&Tensor::from_vec(vals, v.shape(), &Device::Cpu)?)?;
-    }
-    Ok(())
+/// The magnitude of the [`Mlp`]'s starting values ([`init`]).
+pub const INIT: f32 = 0.4;
+
+/// The variables of an [`Mlp`], random.
+pub fn new_varmap() -> candle_core::Result<VarMap> {
+    let varmap = VarMap::new();
+    Mlp::new(VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu))?;
+    Ok(varmap)
 }
 
-pub type Params = Vec<(String, Vec<f32>)>;
-
-pub fn params(varmap: &VarMap) -> candle_core::Result<Params> {
-    sorted_vars(varmap)
-        .into_iter()
-        .map(|(k, v)| Ok((k, v.flatten_all()?.to_vec1::<f32>()?)))
-        .collect()
+/// An [`Mlp`]'s variables, with rank 0's deterministic starting values (the others start from
+/// random values), and `comm`'s Ddp over them.
+pub fn mlp_ddp(comm: &kolo::Communicator, opts: DdpOptions) -> Result<(VarMap, Ddp), TrainError> {
+    let varmap = new_varmap()?;
+    if comm.rank() == 0 {
+        init(&varmap, INIT)?;
+    }
+    let ddp = Ddp::new(comm, &varmap, opts)?;
+    Ok((varmap, ddp))
 }
 
 pub fn sgd(vars: &[(String, candle_core::Var)], momentum: f64) -> candle_core::Result<Sgd> {
@@ -100,7 +106,7 @@ pub fn reference_with(
 ) -> candle_core::Result<Params> {
     let varmap = VarMap::new();
     let net = Mlp::new(VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu))?;
-    init(&varmap)?;
+    init(&varmap, INIT)?;
     let vars = sorted_vars(&varmap);
     let mut opt = sgd(&vars, momentum)?;
     for step in 0..steps {
@@ -131,24 +137,6 @@ pub fn reference_with(
         opt.step(&grads)?;
     }
     params(&varmap)
-}
-
-pub fn max_relative_difference(a: &Params, b: &Params) -> f64 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|((na, va), (nb, vb))| {
-            assert_eq!(na, nb);
-            let diff: f64 = va
-                .iter()
-                .zip(vb)
-                .map(|(x, y)| f64::from(x - y).powi(2))
-                .sum::<f64>()
-                .sqrt();
-            let norm: f64 = vb.iter().map(|y| f64::from(*y).powi(2)).sum::<f64>().sqrt();
-            diff / norm.max(1e-12)
-        })
-        .fold(0.0, f64::max)
 }
 
 /// Batches per rank of the uneven runs.

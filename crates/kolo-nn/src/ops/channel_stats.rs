@@ -12,9 +12,10 @@
 
 use std::sync::{Arc, Mutex};
 
-use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape, Tensor, WithDType};
+use candle_core::{CpuStorage, DType, Shape, Tensor, WithDType};
 
 use super::bn_loops;
+use super::storage::{slice, Arg, CpuOp, Grads, Kernel, Output};
 
 /// The input gradient of the op, given the input (`[B, C, S]` values) and the gradient of the sums
 /// (`[Σx…, Σx²…]` in f64): what a consumer of the sums leaves in a [`GradLink`].
@@ -61,12 +62,12 @@ pub(crate) fn channel_sums_linked(
     }
     let x = x.contiguous()?;
     if x.device().is_cpu() {
-        x.apply_op1(ChannelSums {
+        x.apply_op1(CpuOp(ChannelSums {
             batch,
             channels,
             per_channel,
             link,
-        })
+        }))
     } else {
         // No device kernel: the same math from candle ops.
         let x64 = x
@@ -82,12 +83,12 @@ pub(crate) fn channel_sums_linked(
 pub(crate) fn channel_sums_no_grad(x: &Tensor) -> candle_core::Result<Vec<f64>> {
     let (batch, channels, per_channel) = x.dims3()?;
     x.contiguous()?
-        .apply_op1_no_bwd(&ChannelSums {
+        .apply_op1_no_bwd(&CpuOp(ChannelSums {
             batch,
             channels,
             per_channel,
             link: None,
-        })?
+        }))?
         .to_vec1()
 }
 
@@ -100,61 +101,40 @@ struct ChannelSums {
 }
 
 impl ChannelSums {
-    fn sums<T: WithDType>(&self, x: &[T]) -> Vec<f64> {
-        bn_loops::channel_sums(x, self.per_channel, self.channels)
-    }
-
-    /// `x·(2·g₂[c]) + g₁[c]` (the input gradient) over a contiguous `x`.
-    fn grad<T: WithDType>(&self, x: &[T], g: &[f64]) -> Vec<T> {
-        let c = self.channels;
-        let scale: Vec<T> = g[c..].iter().map(|v| T::from_f64(v * 2.0)).collect();
-        let shift: Vec<T> = g[..c].iter().map(|&v| T::from_f64(v)).collect();
-        bn_loops::normalize(x, None, &scale, &shift, self.per_channel, false)
+    /// The contiguous input `x` as `T`, checked against the op's shape.
+    fn input<'a, T: WithDType>(&self, x: Arg<'a>, op: &str) -> candle_core::Result<&'a [T]> {
+        let x = slice::<T>(x, op)?;
+        if x.len() != self.batch * self.channels * self.per_channel {
+            candle_core::bail!("{op}: the input does not match its shape");
+        }
+        Ok(x)
     }
 }
 
-impl CustomOp1 for ChannelSums {
+impl Kernel<1> for ChannelSums {
     fn name(&self) -> &'static str {
         "kolo-channel-sums"
     }
 
-    fn cpu_fwd(
-        &self,
-        storage: &CpuStorage,
-        layout: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let Some((a, b)) = layout.contiguous_offsets() else {
-            candle_core::bail!("channel_sums: the input is not contiguous");
-        };
-        if b - a != self.batch * self.channels * self.per_channel {
-            candle_core::bail!("channel_sums: the input does not match its shape");
-        }
-        let out = match storage {
-            CpuStorage::F32(v) => self.sums(&v[a..b]),
-            CpuStorage::F64(v) => self.sums(&v[a..b]),
-            _ => candle_core::bail!("channel_sums: the input must be f32 or f64"),
-        };
-        Ok((CpuStorage::F64(out), Shape::from(2 * self.channels)))
+    fn forward<T: WithDType>(&self, [x]: [Arg<'_>; 1]) -> Output {
+        let x = self.input::<T>(x, self.name())?;
+        let sums = bn_loops::channel_sums(x, self.per_channel, self.channels);
+        Ok((CpuStorage::F64(sums), Shape::from(2 * self.channels)))
     }
 
-    fn bwd(
-        &self,
-        arg: &Tensor,
-        _res: &Tensor,
-        grad: &Tensor,
-    ) -> candle_core::Result<Option<Tensor>> {
+    fn backward(&self, [arg]: [&Tensor; 1], _res: &Tensor, grad: &Tensor) -> Grads<1> {
         let c = self.channels;
         let dtype = arg.dtype();
         if let Some(finish) = self.link.as_ref().and_then(GradLink::take) {
             let g: Vec<f64> = grad.to_dtype(DType::F64)?.to_vec1()?;
-            return Ok(Some(finish(arg, &g)?));
+            return Ok([Some(finish(arg, &g)?)]);
         }
         if arg.device().is_cpu() && matches!(dtype, DType::F32 | DType::F64) {
             let grad = grad.to_dtype(DType::F64)?.contiguous()?;
             let dx = arg
                 .contiguous()?
-                .apply_op2_no_bwd(&grad, &ChannelSumsGrad(self.clone()))?;
-            return Ok(Some(dx));
+                .apply_op2_no_bwd(&grad, &CpuOp(ChannelSumsGrad(self.clone())))?;
+            return Ok([Some(dx)]);
         }
         let g_sum = grad.narrow(0, 0, c)?.to_dtype(dtype)?.reshape((1, c, 1))?;
         let g_sum_sq = (grad.narrow(0, c, c)? * 2.0)?
@@ -162,58 +142,34 @@ impl CustomOp1 for ChannelSums {
             .reshape((1, c, 1))?;
         let x = arg.reshape((self.batch, c, self.per_channel))?;
         let dx = x.broadcast_mul(&g_sum_sq)?.broadcast_add(&g_sum)?;
-        Ok(Some(dx.reshape(arg.shape())?))
+        Ok([Some(dx.reshape(arg.shape())?)])
     }
 }
 
 /// `(x, [g₁…, g₂…]) -> x·(2·g₂[c]) + g₁[c]`: the input gradient of [`ChannelSums`] in one pass.
 struct ChannelSumsGrad(ChannelSums);
 
-impl candle_core::CustomOp2 for ChannelSumsGrad {
+impl Kernel<2> for ChannelSumsGrad {
     fn name(&self) -> &'static str {
         "kolo-channel-sums-grad"
     }
 
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let op = self.name();
-        let x = |len: usize| match l1.contiguous_offsets() {
-            Some((a, b)) if b - a == len => Ok((a, b)),
-            _ => Err(candle_core::Error::Msg(format!(
-                "{op}: the input is not contiguous or does not match its shape"
-            ))),
-        };
-        let Some((ga, gb)) = l2.contiguous_offsets() else {
-            candle_core::bail!("{op}: the gradient is not contiguous");
-        };
-        let CpuStorage::F64(g) = s2 else {
-            candle_core::bail!("{op}: the gradient must be f64");
-        };
-        let g = &g[ga..gb];
-        if g.len() != 2 * self.0.channels {
-            candle_core::bail!(
-                "{op}: {} gradient values for {} channels",
-                g.len(),
-                self.0.channels
-            );
+    fn forward<T: WithDType>(&self, [x, g]: [Arg<'_>; 2]) -> Output {
+        let (op, c) = (self.name(), self.0.channels);
+        let g = slice::<f64>(g, op)?;
+        if g.len() != 2 * c {
+            candle_core::bail!("{op}: {} gradient values for {c} channels", g.len());
         }
-        let len = self.0.batch * self.0.channels * self.0.per_channel;
-        let out = match s1 {
-            CpuStorage::F32(v) => {
-                let (a, b) = x(len)?;
-                CpuStorage::F32(self.0.grad(&v[a..b], g))
-            }
-            CpuStorage::F64(v) => {
-                let (a, b) = x(len)?;
-                CpuStorage::F64(self.0.grad(&v[a..b], g))
-            }
-            _ => candle_core::bail!("{op}: the input must be f32 or f64"),
-        };
-        Ok((out, l1.shape().clone()))
+        let scale: Vec<T> = g[c..].iter().map(|v| T::from_f64(v * 2.0)).collect();
+        let shift: Vec<T> = g[..c].iter().map(|&v| T::from_f64(v)).collect();
+        let dx = bn_loops::normalize(
+            self.0.input(x, op)?,
+            None,
+            &scale,
+            &shift,
+            self.0.per_channel,
+            false,
+        );
+        Ok((T::to_cpu_storage_owned(dx), x.1.shape().clone()))
     }
 }

@@ -230,7 +230,7 @@ pub(super) fn col2im_into<T: WithDType>(cols: &[T], g: &Geom, bc: usize, dst: &m
 /// The elements of a strided view of rank 1 or 4, in row-major order: borrowed where the view
 /// is contiguous (a kernel or bias, as a rule: no copy of the weights per pass), gathered into a
 /// new buffer otherwise.
-pub(super) fn gather<'a, T: WithDType>(src: &'a [T], layout: &Layout) -> Result<Cow<'a, [T]>> {
+pub(super) fn gather<'a, T: WithDType>((src, layout): (&'a [T], &Layout)) -> Result<Cow<'a, [T]>> {
     if let Some((start, end)) = layout.contiguous_offsets() {
         return match src.get(start..end) {
             Some(s) => Ok(Cow::Borrowed(s)),

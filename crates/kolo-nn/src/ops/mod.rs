@@ -18,6 +18,7 @@ mod relu;
 mod scratch;
 mod simd;
 mod slices;
+pub(crate) mod storage;
 mod winograd;
 
 pub use batch_norm::{

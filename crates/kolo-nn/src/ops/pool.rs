@@ -9,10 +9,9 @@
 //!
 //! Non-CPU tensors and dtypes other than f32 / f64 fall back to candle's pooling ops.
 
-use candle_core::backend::BackendStorage;
-use candle_core::{
-    CpuStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape, Tensor, WithDType,
-};
+use candle_core::{DType, Layout, Result, Shape, Tensor, WithDType};
+
+use super::storage::{typed, Arg, CpuOp, Grads, Kernel, Output};
 
 /// Pooling flavour.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -211,14 +210,10 @@ fn pool_bwd<T: WithDType>(
     Ok((dst, Shape::from((b, c, h, w))))
 }
 
-fn unsupported(op: &str, dtype: DType) -> candle_core::Error {
-    candle_core::Error::Msg(format!("{op}: unsupported dtype {dtype:?}"))
-}
-
 /// The forward pooling op (with backward).
 struct Pool2x2(Pool);
 
-impl CustomOp1 for Pool2x2 {
+impl Kernel<1> for Pool2x2 {
     fn name(&self) -> &'static str {
         match self.0 {
             Pool::Avg => "kolo-avgpool2x2",
@@ -226,54 +221,30 @@ impl CustomOp1 for Pool2x2 {
         }
     }
 
-    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
-        Ok(match storage {
-            CpuStorage::F32(v) => {
-                let (y, shape) = pool_fwd(v, layout, self.0)?;
-                (CpuStorage::F32(y), shape)
-            }
-            CpuStorage::F64(v) => {
-                let (y, shape) = pool_fwd(v, layout, self.0)?;
-                (CpuStorage::F64(y), shape)
-            }
-            s => return Err(unsupported(self.name(), s.dtype())),
-        })
+    fn forward<T: WithDType>(&self, [x]: [Arg<'_>; 1]) -> Output {
+        let (x, layout) = typed::<T>(x, self.name())?;
+        let (y, shape) = pool_fwd(x, layout, self.0)?;
+        Ok((T::to_cpu_storage_owned(y), shape))
     }
 
-    fn bwd(&self, arg: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
-        let grad_arg = arg
-            .detach()
-            .apply_op2_no_bwd(&grad.detach(), &Pool2x2Backward(self.0))?;
-        Ok(Some(grad_arg))
+    fn backward(&self, [x]: [&Tensor; 1], _: &Tensor, grad: &Tensor) -> Grads<1> {
+        let op = CpuOp(Pool2x2Backward(self.0));
+        Ok([Some(x.detach().apply_op2_no_bwd(&grad.detach(), &op)?)])
     }
 }
 
 /// `(input, output gradient) -> input gradient` (no backward of its own).
 struct Pool2x2Backward(Pool);
 
-impl CustomOp2 for Pool2x2Backward {
+impl Kernel<2> for Pool2x2Backward {
     fn name(&self) -> &'static str {
         "kolo-pool2x2-backward"
     }
 
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        Ok(match (s1, s2) {
-            (CpuStorage::F32(x), CpuStorage::F32(g)) => {
-                let (y, shape) = pool_bwd((x, l1), (g, l2), self.0)?;
-                (CpuStorage::F32(y), shape)
-            }
-            (CpuStorage::F64(x), CpuStorage::F64(g)) => {
-                let (y, shape) = pool_bwd((x, l1), (g, l2), self.0)?;
-                (CpuStorage::F64(y), shape)
-            }
-            (x, _) => return Err(unsupported(self.name(), x.dtype())),
-        })
+    fn forward<T: WithDType>(&self, [x, g]: [Arg<'_>; 2]) -> Output {
+        let op = self.name();
+        let (dx, shape) = pool_bwd(typed::<T>(x, op)?, typed::<T>(g, op)?, self.0)?;
+        Ok((T::to_cpu_storage_owned(dx), shape))
     }
 }
 
@@ -298,7 +269,7 @@ pub(crate) fn pool2x2(x: &Tensor, pool: Pool) -> Result<Tensor> {
         candle_core::bail!("pool2x2: input {:?} is smaller than the window", x.shape());
     }
     if x.device().is_cpu() && matches!(x.dtype(), DType::F32 | DType::F64) {
-        return x.apply_op1(Pool2x2(pool));
+        return x.apply_op1(CpuOp(Pool2x2(pool)));
     }
     // Fallback: crop to even sizes first, which keeps candle's backward pass (it upsamples the
     // gradient back to the pooled input's size) exact.

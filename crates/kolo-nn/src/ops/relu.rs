@@ -8,22 +8,28 @@
 //!
 //! Non-CPU tensors and dtypes other than f32 / f64 fall back to candle's `relu`.
 
-use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape, Tensor};
+use candle_core::{DType, Result, Tensor, WithDType};
 
-use super::slices::{contiguous, same_len};
+use super::storage::{same_len, slice, Arg, CpuOp, Grads, Kernel, Output};
 
 /// `max(x, 0)` (NaN stays NaN), differentiable, with a one-pass backward on CPU f32 / f64.
 pub fn relu(x: &Tensor) -> Result<Tensor> {
     if !x.device().is_cpu() || !matches!(x.dtype(), DType::F32 | DType::F64) {
         return x.relu();
     }
-    x.contiguous()?.apply_op1(Relu)
+    x.contiguous()?.apply_op1(CpuOp(Relu))
+}
+
+/// `grad · [y > 0]`: the gradient of ReLU's input from that of its output `y` (CPU, f32 / f64,
+/// no gradient of its own).
+pub(crate) fn relu_grad(grad: &Tensor, y: &Tensor) -> Result<Tensor> {
+    grad.contiguous()?
+        .apply_op2_no_bwd(&y.contiguous()?, &CpuOp(ReluGrad))
 }
 
 /// `v` if it is positive or NaN, else 0.
 #[inline(always)]
-pub(super) fn pos<T: candle_core::WithDType>(v: T, zero: T) -> T {
+pub(super) fn pos<T: WithDType>(v: T, zero: T) -> T {
     // NaN (unordered) stays.
     if v <= zero {
         zero
@@ -34,72 +40,39 @@ pub(super) fn pos<T: candle_core::WithDType>(v: T, zero: T) -> T {
 
 struct Relu;
 
-impl CustomOp1 for Relu {
+impl Kernel<1> for Relu {
     fn name(&self) -> &'static str {
         "kolo-relu"
     }
 
-    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
-        let out = match storage {
-            CpuStorage::F32(v) => CpuStorage::F32(
-                contiguous(v, layout, "kolo-relu")?
-                    .iter()
-                    .map(|&v| pos(v, 0.0))
-                    .collect(),
-            ),
-            CpuStorage::F64(v) => CpuStorage::F64(
-                contiguous(v, layout, "kolo-relu")?
-                    .iter()
-                    .map(|&v| pos(v, 0.0))
-                    .collect(),
-            ),
-            other => candle_core::bail!("kolo-relu: unsupported dtype {:?}", other.dtype()),
-        };
-        Ok((out, layout.shape().clone()))
+    fn forward<T: WithDType>(&self, [x]: [Arg<'_>; 1]) -> Output {
+        let y = slice::<T>(x, self.name())?
+            .iter()
+            .map(|&v| pos(v, T::zero()));
+        Ok((T::to_cpu_storage_owned(y.collect()), x.1.shape().clone()))
     }
 
-    fn bwd(&self, _arg: &Tensor, res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
-        Ok(Some(grad.contiguous()?.apply_op2_no_bwd(res, &ReluGrad)?))
+    fn backward(&self, _: [&Tensor; 1], res: &Tensor, grad: &Tensor) -> Grads<1> {
+        Ok([Some(relu_grad(grad, res)?)])
     }
 }
 
 /// `(g, y) -> g · [y > 0]`.
-pub(crate) struct ReluGrad;
+struct ReluGrad;
 
-fn relu_grad<T: candle_core::WithDType>(g: &[T], y: &[T]) -> Vec<T> {
-    let zero = T::from_f64(0.0);
-    g.iter()
-        .zip(y)
-        .map(|(&g, &y)| if y > zero { g } else { zero })
-        .collect()
-}
-
-impl CustomOp2 for ReluGrad {
+impl Kernel<2> for ReluGrad {
     fn name(&self) -> &'static str {
         "kolo-relu-grad"
     }
 
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        const OP: &str = "kolo-relu-grad";
-        let out = match (s1, s2) {
-            (CpuStorage::F32(g), CpuStorage::F32(y)) => {
-                let (g, y) = same_len(contiguous(g, l1, OP)?, contiguous(y, l2, OP)?, OP)?;
-                CpuStorage::F32(relu_grad(g, y))
-            }
-            (CpuStorage::F64(g), CpuStorage::F64(y)) => {
-                let (g, y) = same_len(contiguous(g, l1, OP)?, contiguous(y, l2, OP)?, OP)?;
-                CpuStorage::F64(relu_grad(g, y))
-            }
-            (g, y) => {
-                candle_core::bail!("{OP}: unsupported dtypes {:?}, {:?}", g.dtype(), y.dtype())
-            }
-        };
-        Ok((out, l1.shape().clone()))
+    fn forward<T: WithDType>(&self, [g, y]: [Arg<'_>; 2]) -> Output {
+        let op = self.name();
+        let (gv, yv) = same_len(slice::<T>(g, op)?, slice::<T>(y, op)?, op)?;
+        let zero = T::zero();
+        let out = gv
+            .iter()
+            .zip(yv)
+            .map(|(&g, &y)| if y > zero { g } else { zero });
+        Ok((T::to_cpu_storage_owned(out.collect()), g.1.shape().clone()))
     }
 }

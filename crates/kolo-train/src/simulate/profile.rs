@@ -5,23 +5,24 @@
 //!
 //! A short single-process run of the real training step, as `kolo train` runs it (model rebuilt from
 //! a `VarBuilder`, forward, cross-entropy, backward, SGD with momentum), on random inputs. Every
-//! trainable parameter is wrapped in an identity op whose backward records the instant the
-//! parameter's complete gradient arrives — the same place where DDP's gradient hook launches bucket
+//! trainable parameter is wrapped in DDP's gradient hook ([`kolo_ddp::ddp::gradient_hooks`]), here
+//! recording the instant the parameter's complete gradient arrives — where DDP launches bucket
 //! all-reduces — so gradient-ready times are measured per parameter, not apportioned by FLOPs. The
-//! wrapping copies each parameter, as DDP's hook does. Each phase is timed for `steps` steps after one
+//! wrapping copies each parameter, as in DDP. Each phase is timed for `steps` steps after one
 //! warm-up; the profile keeps the median of each phase and of each ready time. The reduction cost γ is
 //! the median time per byte of summing two 4 MiB f32 buffers. The standard deviation of the step's
 //! compute time is kept too: ranks wait for the slowest at every step, which costs jitter.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Shape, Tensor};
-use candle_nn::var_builder::SimpleBackend;
-use candle_nn::{Init, VarBuilder, VarMap};
+use candle_core::{DType, Device, Tensor};
+use candle_nn::{VarBuilder, VarMap};
 use serde::{Deserialize, Serialize};
 
 use super::error::SimError;
+use kolo_ddp::ddp::{gradient_hooks, OnGradient};
 use kolo_ddp::optim::{Sgd, SgdConfig};
 use kolo_models::{self as models, ModelKind};
 
@@ -186,77 +187,6 @@ impl Profile {
     }
 }
 
-/// Records the instant parameter `index`'s gradient arrives in backward.
-struct ReadyProbe {
-    index: usize,
-    ready: Arc<Mutex<Vec<Option<Instant>>>>,
-}
-
-impl CustomOp1 for ReadyProbe {
-    fn name(&self) -> &'static str {
-        "kolo-simulate-ready-probe"
-    }
-
-    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (a, b) = l.contiguous_offsets().ok_or_else(|| {
-            candle_core::Error::Msg("kolo simulate: parameter not contiguous".into())
-        })?;
-        let out = match s {
-            CpuStorage::F32(v) => CpuStorage::F32(v[a..b].to_vec()),
-            CpuStorage::F64(v) => CpuStorage::F64(v[a..b].to_vec()),
-            _ => candle_core::bail!("kolo simulate: parameters must be f32 or f64"),
-        };
-        Ok((out, l.shape().clone()))
-    }
-
-    fn bwd(&self, _: &Tensor, _: &Tensor, grad: &Tensor) -> candle_core::Result<Option<Tensor>> {
-        let mut r = self.ready.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(slot) = r.get_mut(self.index) {
-            *slot = Some(Instant::now());
-        }
-        Ok(Some(grad.clone()))
-    }
-}
-
-/// A `VarBuilder` backend that wraps each trainable parameter in a [`ReadyProbe`].
-struct ProbeBackend {
-    varmap: VarMap,
-    index: std::collections::HashMap<String, usize>,
-    ready: Arc<Mutex<Vec<Option<Instant>>>>,
-}
-
-impl SimpleBackend for ProbeBackend {
-    fn get(
-        &self,
-        s: Shape,
-        name: &str,
-        h: Init,
-        dtype: DType,
-        dev: &Device,
-    ) -> candle_core::Result<Tensor> {
-        let t = self.varmap.get(s, name, h, dtype, dev)?;
-        match self.index.get(name) {
-            Some(&index) => t.apply_op1_arc(Arc::new(Box::new(ReadyProbe {
-                index,
-                ready: self.ready.clone(),
-            }))),
-            None => Ok(t),
-        }
-    }
-
-    fn get_unchecked(&self, name: &str, _: DType, _: &Device) -> candle_core::Result<Tensor> {
-        candle_core::bail!("kolo simulate: parameter {name} must be created with a shape")
-    }
-
-    fn contains_tensor(&self, name: &str) -> bool {
-        self.varmap
-            .data()
-            .lock()
-            .map(|d| d.contains_key(name))
-            .unwrap_or(false)
-    }
-}
-
 /// Median of a non-empty list (0 for an empty one).
 pub(crate) fn median(v: &mut [f64]) -> f64 {
     if v.is_empty() {
@@ -314,16 +244,22 @@ pub fn measure(
         classes,
     )?;
     let params = kolo_nn::vars::named_parameters(&varmap);
-    let index = params
+    let index: HashMap<String, usize> = params
         .iter()
         .enumerate()
         .map(|(i, (n, _))| (n.clone(), i))
         .collect();
-    let ready = Arc::new(Mutex::new(vec![None; params.len()]));
-    let backend = ProbeBackend {
-        varmap: varmap.clone(),
-        index,
-        ready: ready.clone(),
+    // The instant each parameter's gradient arrives in backward, from DDP's gradient hook.
+    let ready: Arc<Mutex<Vec<Option<Instant>>>> = Arc::new(Mutex::new(vec![None; params.len()]));
+    let on_gradient: OnGradient = {
+        let ready = ready.clone();
+        Arc::new(move |index: usize, _: &Tensor| {
+            let mut r = ready.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(slot) = r.get_mut(index) {
+                *slot = Some(Instant::now());
+            }
+            Ok(())
+        })
     };
     let mut opt = Sgd::new(
         params.clone(),
@@ -346,7 +282,13 @@ pub fn measure(
             .unwrap_or_else(|p| p.into_inner())
             .iter_mut()
             .for_each(|r| *r = None);
-        let vb = VarBuilder::from_backend(Box::new(backend.clone_probe()), DType::F32, dev.clone());
+        let vb = gradient_hooks(
+            &varmap,
+            index.clone(),
+            on_gradient.clone(),
+            DType::F32,
+            &dev,
+        );
         let model = models::build(kind, vb, input_shape, classes)?;
         let t1 = Instant::now();
         let logits = model.forward(&x, true)?;
@@ -402,14 +344,4 @@ pub fn measure(
              times from a backward hook; input {c}x{h}x{w}, {classes} classes, random data"
         ),
     })
-}
-
-impl ProbeBackend {
-    fn clone_probe(&self) -> ProbeBackend {
-        ProbeBackend {
-            varmap: self.varmap.clone(),
-            index: self.index.clone(),
-            ready: self.ready.clone(),
-        }
-    }
 }

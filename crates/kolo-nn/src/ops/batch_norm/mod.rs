@@ -38,6 +38,7 @@ use std::sync::Arc;
 use candle_core::{DType, Result, Tensor};
 
 use super::channel_stats::{channel_sums_linked, channel_sums_no_grad, GradLink};
+use super::storage::CpuOp;
 use inner::{Inner, Mode};
 use op::BnTrain;
 
@@ -258,8 +259,8 @@ fn apply(
     (op, stats): (BnTrain, BatchStats),
 ) -> Result<(Tensor, BatchStats)> {
     let y = match residual {
-        None => x.apply_op2(&params, op)?,
-        Some(r) => x.apply_op3(&r.contiguous()?, &params, op)?,
+        None => x.apply_op2(&params, CpuOp(op))?,
+        Some(r) => x.apply_op3(&r.contiguous()?, &params, CpuOp(op))?,
     };
     Ok((y, stats))
 }

@@ -3,13 +3,12 @@
 
 use std::sync::Arc;
 
-use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
+use candle_core::{Result, Tensor, WithDType};
 
 use super::grads::{GradInput, GradSums};
 use super::inner::{Inner, Mode};
-use crate::ops::relu::ReluGrad;
-use crate::ops::slices::{contiguous, same_len};
+use crate::ops::relu::relu_grad;
+use crate::ops::storage::{same_len, slice, Arg, CpuOp, Grads, Kernel, Output};
 
 /// The coefficients of `dx = k1·g' − k2·(x − mean) − k3` that add to the direct term `k1·g'` the
 /// gradient through the statistics, `∂L/∂Σx + 2·x·∂L/∂Σx²` (`d_sums`: `[∂L/∂Σx…, ∂L/∂Σx²…]`).
@@ -36,19 +35,19 @@ pub(super) struct BnTrain(pub(super) Arc<Inner>);
 
 impl BnTrain {
     /// Gradients of `x`, the residual (when `residual` is tracked) and the parameters.
-    fn backward(
+    fn gradients(
         &self,
         x: &Tensor,
         residual: Option<&Tensor>,
         params: &Tensor,
         y: &Tensor,
         grad: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+    ) -> Grads<3> {
         let me = &self.0;
         let c = me.c;
         let grad = grad.contiguous()?;
         let local: Vec<f64> = grad
-            .apply_op3_no_bwd(x, y, &GradSums(self.0.clone()))?
+            .apply_op3_no_bwd(x, y, &CpuOp(GradSums(self.0.clone())))?
             .to_vec1()?;
         let (a, b) = local.split_at(c);
         let given = me.mode == Mode::GivenStats;
@@ -79,7 +78,7 @@ impl BnTrain {
         };
         let d_residual = match residual {
             Some(r) if r.track_op() => Some(if me.relu {
-                grad.apply_op2_no_bwd(y, &ReluGrad)?
+                relu_grad(&grad, y)?
             } else {
                 grad.clone()
             }),
@@ -93,7 +92,7 @@ impl BnTrain {
                 let (inner, y) = (self.0.clone(), y.clone());
                 link.set(Box::new(move |x, d_sums| {
                     let coef = deferred_coefficients(&inner, &k1, d_sums)?;
-                    grad.apply_op3_no_bwd(x, &y, &GradInput(inner, coef))
+                    grad.apply_op3_no_bwd(x, &y, &CpuOp(GradInput(inner, coef)))
                 }));
                 None
             }
@@ -111,110 +110,53 @@ impl BnTrain {
                         coef.extend([w[ch] * is, w[ch] * is * is * s / n, w[ch] * is * a[ch] / n]);
                     }
                 }
-                Some(grad.apply_op3_no_bwd(x, y, &GradInput(self.0.clone(), coef))?)
+                let op = CpuOp(GradInput(self.0.clone(), coef));
+                Some(grad.apply_op3_no_bwd(x, y, &op)?)
             }
             _ => None,
         };
-        Ok((d_x, d_residual, d_params))
+        Ok([d_x, d_residual, d_params])
     }
 
-    fn forward_storage(
-        &self,
-        x: (&CpuStorage, &Layout),
-        r: Option<(&CpuStorage, &Layout)>,
-        p: (&CpuStorage, &Layout),
-    ) -> Result<(CpuStorage, Shape)> {
+    /// `act(x·scale + shift [+ r])` from `x`, the residual `r` (of `x`'s type) and the
+    /// parameters `p` (f64).
+    fn normalize<T: WithDType>(&self, x: Arg<'_>, r: Option<Arg<'_>>, p: Arg<'_>) -> Output {
         const OP: &str = "kolo-batch-norm";
-        let shape = x.1.shape().clone();
-        let CpuStorage::F64(pv) = p.0 else {
-            candle_core::bail!("{OP}: parameters of dtype {:?}, not f64", p.0.dtype());
+        let xs = slice::<T>(x, OP)?;
+        let rs = match r {
+            Some(r) => Some(same_len(xs, slice::<T>(r, OP)?, OP)?.1),
+            None => None,
         };
-        let pv = contiguous(pv, p.1, OP)?;
-        let out = match (x.0, r.map(|r| r.0)) {
-            (CpuStorage::F32(xv), rv) => {
-                let xs = contiguous(xv, x.1, OP)?;
-                let rs = match (rv, r) {
-                    (None, _) => None,
-                    (Some(CpuStorage::F32(rv)), Some((_, l))) => {
-                        Some(same_len(xs, contiguous(rv, l, OP)?, OP)?.1)
-                    }
-                    (Some(other), _) => {
-                        candle_core::bail!("{OP}: residual of dtype {:?}", other.dtype())
-                    }
-                };
-                CpuStorage::F32(self.0.forward(xs, rs, pv)?)
-            }
-            (CpuStorage::F64(xv), rv) => {
-                let xs = contiguous(xv, x.1, OP)?;
-                let rs = match (rv, r) {
-                    (None, _) => None,
-                    (Some(CpuStorage::F64(rv)), Some((_, l))) => {
-                        Some(same_len(xs, contiguous(rv, l, OP)?, OP)?.1)
-                    }
-                    (Some(other), _) => {
-                        candle_core::bail!("{OP}: residual of dtype {:?}", other.dtype())
-                    }
-                };
-                CpuStorage::F64(self.0.forward(xs, rs, pv)?)
-            }
-            (xv, _) => candle_core::bail!("{OP}: unsupported dtype {:?}", xv.dtype()),
-        };
-        Ok((out, shape))
+        let y = self.0.forward(xs, rs, slice::<f64>(p, OP)?)?;
+        Ok((T::to_cpu_storage_owned(y), x.1.shape().clone()))
     }
 }
 
-impl CustomOp2 for BnTrain {
+impl Kernel<2> for BnTrain {
     fn name(&self) -> &'static str {
         "kolo-batch-norm"
     }
 
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        self.forward_storage((s1, l1), None, (s2, l2))
+    fn forward<T: WithDType>(&self, [x, p]: [Arg<'_>; 2]) -> Output {
+        self.normalize::<T>(x, None, p)
     }
 
-    fn bwd(
-        &self,
-        x: &Tensor,
-        params: &Tensor,
-        res: &Tensor,
-        grad: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let (dx, _, dp) = self.backward(x, None, params, res, grad)?;
-        Ok((dx, dp))
+    fn backward(&self, [x, params]: [&Tensor; 2], res: &Tensor, grad: &Tensor) -> Grads<2> {
+        let [dx, _, dp] = self.gradients(x, None, params, res, grad)?;
+        Ok([dx, dp])
     }
 }
 
-impl CustomOp3 for BnTrain {
+impl Kernel<3> for BnTrain {
     fn name(&self) -> &'static str {
         "kolo-batch-norm-residual"
     }
 
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-        s3: &CpuStorage,
-        l3: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        self.forward_storage((s1, l1), Some((s2, l2)), (s3, l3))
+    fn forward<T: WithDType>(&self, [x, r, p]: [Arg<'_>; 3]) -> Output {
+        self.normalize::<T>(x, Some(r), p)
     }
 
-    fn bwd(
-        &self,
-        x: &Tensor,
-        residual: &Tensor,
-        params: &Tensor,
-        res: &Tensor,
-        grad: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        self.backward(x, Some(residual), params, res, grad)
+    fn backward(&self, [x, r, params]: [&Tensor; 3], res: &Tensor, grad: &Tensor) -> Grads<3> {
+        self.gradients(x, Some(r), params, res, grad)
     }
 }

@@ -27,15 +27,12 @@
 
 use std::sync::Mutex;
 
-use candle_core::backend::BackendStorage;
-use candle_core::{
-    CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor, WithDType,
-};
+use candle_core::{CpuStorage, DType, Layout, Result, Shape, Tensor, WithDType};
 
 use super::im2col::{gather, Geom};
 use super::low_precision::low_precision;
-use super::relu::ReluGrad;
-use super::slices::contiguous;
+use super::relu::relu_grad;
+use super::storage::{slice, typed, Arg, CpuOp, Grads, Kernel, Output};
 
 mod compute;
 
@@ -88,17 +85,6 @@ impl ConvGemm {
         }
     }
 
-    /// The output gradient the convolution itself sees: `grad` masked by `res > 0` when the
-    /// op's output went through its ReLU.
-    fn pre_relu_grad(&self, res: &Tensor, grad: &Tensor) -> Result<Tensor> {
-        if self.relu {
-            grad.contiguous()?
-                .apply_op2_no_bwd(&res.contiguous()?, &ReluGrad)
-        } else {
-            Ok(grad.clone())
-        }
-    }
-
     fn out_shape(&self, weight: &Layout) -> Shape {
         let g = &self.geom;
         let c_out = weight.dims().first().copied().unwrap_or(0);
@@ -108,26 +94,36 @@ impl ConvGemm {
     /// Forward pass on raw storage (inside the custom op).
     fn cpu_forward<T: WithDType>(
         &self,
-        x: (&[T], &Layout),
-        weight: (&[T], &Layout),
-        bias: Option<(&[T], &Layout)>,
-    ) -> Result<Vec<T>> {
-        let w = gather(weight.0, weight.1)?;
+        x: Arg<'_>,
+        weight: Arg<'_>,
+        bias: Option<Arg<'_>>,
+    ) -> Output {
+        const OP: &str = "kolo-conv2d";
+        let shape = self.out_shape(weight.1);
+        let w = gather(typed::<T>(weight, OP)?)?;
         let b = match bias {
-            Some((b, l)) => Some(gather(b, l)?),
+            Some(b) => Some(gather(typed::<T>(b, OP)?)?),
             None => None,
         };
-        self.forward_slices(x, &w, b.as_deref(), Vec::new())
+        let y = self.forward_slices(typed::<T>(x, OP)?, &w, b.as_deref(), Vec::new())?;
+        Ok((T::to_cpu_storage_owned(y), shape))
     }
 
-    /// Gradients of `x`, `weight` and `bias` (each only if it is tracked).
-    fn backward(
+    /// Gradients of `x`, `weight` and `bias` (each only if it is tracked), given the op's
+    /// result `res` and its gradient `grad`: masked by `res > 0` first when the op's output went
+    /// through its ReLU.
+    fn gradients(
         &self,
         x: &Tensor,
         weight: &Tensor,
         bias: Option<&Tensor>,
-        grad: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        (res, grad): (&Tensor, &Tensor),
+    ) -> Grads<3> {
+        let grad = if self.relu {
+            relu_grad(grad, res)?
+        } else {
+            grad.clone()
+        };
         let g = &self.geom;
         let c_out = weight.dim(0)?;
         let want = Wanted {
@@ -139,7 +135,7 @@ impl ConvGemm {
         let all = x.detach().apply_op3_no_bwd(
             &weight.detach(),
             &grad.detach().contiguous()?,
-            &ConvBackward(*g, want, u),
+            &CpuOp(ConvBackward(*g, want, u)),
         )?;
         let mut at = 0;
         let mut take = |wanted: bool, len: usize, shape: Shape| -> Result<Option<Tensor>> {
@@ -153,7 +149,7 @@ impl ConvGemm {
         let dx = take(want.x, x.elem_count(), x.shape().clone())?;
         let dw = take(want.weight, weight.elem_count(), weight.shape().clone())?;
         let db = take(want.bias, c_out, Shape::from(c_out))?;
-        Ok((dx, dw, db))
+        Ok([dx, dw, db])
     }
 }
 
@@ -161,126 +157,50 @@ impl ConvGemm {
 /// forward pass's Winograd-transformed kernel if it was kept.
 struct ConvBackward(Geom, Wanted, Option<CpuStorage>);
 
-impl CustomOp3 for ConvBackward {
+impl Kernel<3> for ConvBackward {
     fn name(&self) -> &'static str {
         "kolo-conv2d-backward"
     }
 
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-        s3: &CpuStorage,
-        l3: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        const OP: &str = "kolo-conv2d-backward";
-        let out = match (s1, s2, s3) {
-            (CpuStorage::F32(x), CpuStorage::F32(w), CpuStorage::F32(g)) => {
-                CpuStorage::F32(ConvGemm::plain(self.0).backward_slices(
-                    (x, l1),
-                    (&gather(w, l2)?, self.2.as_ref()),
-                    contiguous(g, l3, OP)?,
-                    self.1,
-                )?)
-            }
-            (CpuStorage::F64(x), CpuStorage::F64(w), CpuStorage::F64(g)) => {
-                CpuStorage::F64(ConvGemm::plain(self.0).backward_slices(
-                    (x, l1),
-                    (&gather(w, l2)?, self.2.as_ref()),
-                    contiguous(g, l3, OP)?,
-                    self.1,
-                )?)
-            }
-            (x, w, g) => return Err(unsupported(&[x, w, g])),
-        };
-        let n = out.as_slice::<f32>().map(<[f32]>::len);
-        let n = n.or_else(|_| out.as_slice::<f64>().map(<[f64]>::len))?;
-        Ok((out, Shape::from(n)))
+    fn forward<T: WithDType>(&self, [x, w, g]: [Arg<'_>; 3]) -> Output {
+        let op = self.name();
+        let all = ConvGemm::plain(self.0).backward_slices(
+            typed::<T>(x, op)?,
+            (&gather(typed::<T>(w, op)?)?, self.2.as_ref()),
+            slice::<T>(g, op)?,
+            self.1,
+        )?;
+        let len = all.len();
+        Ok((T::to_cpu_storage_owned(all), Shape::from(len)))
     }
 }
 
-fn unsupported(storages: &[&CpuStorage]) -> candle_core::Error {
-    let dtypes: Vec<DType> = storages.iter().map(|s| s.dtype()).collect();
-    candle_core::Error::Msg(format!("kolo-conv2d: unsupported dtypes {dtypes:?}"))
-}
-
-impl CustomOp2 for ConvGemm {
+impl Kernel<2> for ConvGemm {
     fn name(&self) -> &'static str {
         "kolo-conv2d"
     }
 
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let shape = self.out_shape(l2);
-        let y = match (s1, s2) {
-            (CpuStorage::F32(x), CpuStorage::F32(w)) => {
-                CpuStorage::F32(self.cpu_forward((x, l1), (w, l2), None)?)
-            }
-            (CpuStorage::F64(x), CpuStorage::F64(w)) => {
-                CpuStorage::F64(self.cpu_forward((x, l1), (w, l2), None)?)
-            }
-            (x, w) => return Err(unsupported(&[x, w])),
-        };
-        Ok((y, shape))
+    fn forward<T: WithDType>(&self, [x, w]: [Arg<'_>; 2]) -> Output {
+        self.cpu_forward::<T>(x, w, None)
     }
 
-    fn bwd(
-        &self,
-        x: &Tensor,
-        weight: &Tensor,
-        res: &Tensor,
-        grad: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let grad = self.pre_relu_grad(res, grad)?;
-        let (gx, gw, _) = self.backward(x, weight, None, &grad)?;
-        Ok((gx, gw))
+    fn backward(&self, [x, weight]: [&Tensor; 2], res: &Tensor, grad: &Tensor) -> Grads<2> {
+        let [dx, dw, _] = self.gradients(x, weight, None, (res, grad))?;
+        Ok([dx, dw])
     }
 }
 
-impl CustomOp3 for ConvGemm {
+impl Kernel<3> for ConvGemm {
     fn name(&self) -> &'static str {
         "kolo-conv2d-bias"
     }
 
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-        s3: &CpuStorage,
-        l3: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let shape = self.out_shape(l2);
-        let y = match (s1, s2, s3) {
-            (CpuStorage::F32(x), CpuStorage::F32(w), CpuStorage::F32(b)) => {
-                CpuStorage::F32(self.cpu_forward((x, l1), (w, l2), Some((b, l3)))?)
-            }
-            (CpuStorage::F64(x), CpuStorage::F64(w), CpuStorage::F64(b)) => {
-                CpuStorage::F64(self.cpu_forward((x, l1), (w, l2), Some((b, l3)))?)
-            }
-            (x, w, b) => return Err(unsupported(&[x, w, b])),
-        };
-        Ok((y, shape))
+    fn forward<T: WithDType>(&self, [x, w, b]: [Arg<'_>; 3]) -> Output {
+        self.cpu_forward::<T>(x, w, Some(b))
     }
 
-    fn bwd(
-        &self,
-        x: &Tensor,
-        weight: &Tensor,
-        bias: &Tensor,
-        res: &Tensor,
-        grad: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let grad = self.pre_relu_grad(res, grad)?;
-        self.backward(x, weight, Some(bias), &grad)
+    fn backward(&self, [x, weight, bias]: [&Tensor; 3], res: &Tensor, grad: &Tensor) -> Grads<3> {
+        self.gradients(x, weight, Some(bias), (res, grad))
     }
 }
 
@@ -378,11 +298,11 @@ fn conv2d_with(
         ow,
     };
     let tracked = x.track_op() || weight.track_op() || bias.is_some_and(Tensor::track_op);
-    let op = ConvGemm {
+    let op = CpuOp(ConvGemm {
         geom,
         cache: tracked.then(KernelCache::default),
         relu,
-    };
+    });
     match (tracked, bias) {
         // Inference: no graph to record.
         (false, Some(bias)) => x.apply_op3_no_bwd(weight, bias, &op),

@@ -189,6 +189,13 @@ fn pad_grad<'a, T: WithDType>(
     Cow::Owned(out)
 }
 
+/// The output channels of the kernel `w` (`[c_out, C, 3, 3]`, contiguous) of the 3×3 stride-1
+/// convolution `g`; `None` if `g` is not one or `w` does not fit it.
+fn out_channels<T>(g: &Geom, w: &[T]) -> Option<usize> {
+    let c_out = w.len() / (9 * g.c).max(1);
+    (g.k == 3 && g.stride == 1 && c_out * 9 * g.c == w.len()).then_some(c_out)
+}
+
 /// The forward pass `y = conv(x, w) (+ bias)`, `[B, c_out, oh, ow]`, of an [`eligible`]
 /// convolution by the algorithm `variant`; `w` is the contiguous `[c_out, C, 3, 3]` kernel.
 /// Returns `y` and the transformed kernel `U`, which [`backward`] can take instead of
@@ -215,18 +222,13 @@ fn forward_with<T: WithDType, W: Transforms<M, A>, const M: usize, const A: usiz
 ) -> Result<(Vec<T>, Vec<T>)> {
     const OP: &str = "kolo-conv2d-winograd";
     let elems = A * A;
-    let c_out = w.len() / (9 * g.c).max(1);
-    if g.k != 3
-        || g.stride != 1
-        || c_out * 9 * g.c != w.len()
-        || bias.is_some_and(|b| b.len() != c_out)
-    {
+    let Some(c_out) = out_channels(g, w).filter(|&c| bias.is_none_or(|b| b.len() == c)) else {
         candle_core::bail!(
             "{OP}: kernel of {} values for {} input channels",
             w.len(),
             g.c
         );
-    }
+    };
     let u = kernel_transform::<T, W, M, A>(w, c_out, g.c);
     let t = Tiles::of(g, M);
     // Every chunk reads all of `U`: where it is the larger buffer (ResNet's 256- and 512-channel
@@ -311,14 +313,9 @@ fn backward_with<T: WithDType, W: Transforms<M, A>, const M: usize, const A: usi
 ) -> Result<()> {
     const OP: &str = "kolo-conv2d-winograd-backward";
     let elems = A * A;
-    let c_out = w.len() / (9 * g.c).max(1);
-    if g.k != 3
-        || g.stride != 1
-        || c_out * 9 * g.c != w.len()
-        || grad.len() != g.b * c_out * g.oh * g.ow
-    {
+    let Some(c_out) = out_channels(g, w).filter(|&c| grad.len() == g.b * c * g.oh * g.ow) else {
         candle_core::bail!("{OP}: gradient of {} values does not match", grad.len());
-    }
+    };
     let (c, t) = (g.c, Tiles::of(g, M));
     // The kernel gradient `dU` is accumulated chunk by chunk: each chunk reads and writes all of
     // it. Where `dU` is the larger buffer (many channels, few tiles: ResNet's 256- and
