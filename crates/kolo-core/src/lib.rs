@@ -27,4 +27,4 @@ pub use engine::{disagreement, Engine};
 pub use error::{Error, LinkFailure, RecvError, Result};
 pub use error_kind::ErrorKind;
 pub use reduce::{ReduceOp, Reducer};
-pub use transport::{segment_ranges, Mailbox, Message, Received, Transport};
+pub use transport::{recv_each, segment_ranges, Mailbox, Message, Received, Transport};

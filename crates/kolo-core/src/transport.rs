@@ -90,11 +90,10 @@ pub trait Transport: Send + Sync + fmt::Debug {
         recv_error: &dyn Fn(RecvError) -> crate::Error,
     ) -> crate::Result<()> {
         meanwhile()?;
-        for r in segment_ranges(buf.len(), segment) {
-            let m = self.recv(peer, tag, deadline).map_err(recv_error)?;
-            each(&mut buf[r], Received::Message(m))?;
-        }
-        Ok(())
+        recv_each(self, peer, tag, buf.len(), segment, deadline, &mut |r, m| {
+            each(&mut buf[r], Received::Message(m))
+        })
+        .map_err(recv_error)?
     }
     /// Gives back the payload of a received message once the caller is done with it; transports that
     /// read into pooled buffers reuse it (so steady traffic allocates nothing). The default drops it.
@@ -104,6 +103,27 @@ pub trait Transport: Send + Sync + fmt::Debug {
     fn arena(&self) -> Option<&dyn crate::Arena> {
         None
     }
+}
+
+/// What [`Transport::recv_posted`] does where nothing is posted: receives the messages of a
+/// `len`-byte posting of `segment`-byte messages one by one, handing each to `each` with its range.
+/// The outer error is the failed wait; the inner one `each`'s.
+pub fn recv_each<T: Transport + ?Sized>(
+    t: &T,
+    peer: usize,
+    tag: &Tag,
+    len: usize,
+    segment: usize,
+    deadline: Option<Instant>,
+    each: &mut dyn FnMut(std::ops::Range<usize>, Message) -> crate::Result<()>,
+) -> Result<crate::Result<()>, RecvError> {
+    for r in segment_ranges(len, segment) {
+        let m = t.recv(peer, tag, deadline)?;
+        if let Err(e) = each(r, m) {
+            return Ok(Err(e));
+        }
+    }
+    Ok(Ok(()))
 }
 
 /// The byte ranges of the messages a [`Transport::recv_posted`] of `len` bytes in `segment`-byte

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use kolo_core::dtype::{as_bytes, as_bytes_mut, vec_from_bytes};
 use kolo_core::{
-    Algorithm, Call, Element, Error, Header, LinkFailure, Message, OpKind, RecvError, Result, Tag,
-    TagSpace,
+    Algorithm, Call, Element, Error, Header, LinkFailure, Message, OpKind, Received, RecvError, Result,
+    Tag, TagSpace,
 };
 
 use crate::communicator::Communicator;
@@ -77,7 +77,20 @@ impl Communicator {
         msg: Message,
         expect: Option<usize>,
     ) -> Result<Vec<T>> {
-        let call = msg.header.call;
+        self.check_header::<T>(src, &msg.header, msg.payload.len(), expect)?;
+        Ok(vec_from_bytes(&msg.payload))
+    }
+
+    /// Checks that a message from `src` with `header` and `len` payload bytes is a send of `T`s (of
+    /// exactly `expect` elements, when given).
+    fn check_header<T: Element>(
+        &self,
+        src: usize,
+        header: &Header,
+        len: usize,
+        expect: Option<usize>,
+    ) -> Result<()> {
+        let call = header.call;
         let mine = Call {
             dtype: Some(T::DTYPE),
             count: expect.map_or(call.count, |c| c as u64),
@@ -90,33 +103,41 @@ impl Communicator {
                 peer: src,
                 local: mine,
                 remote: call,
-                tag: msg.header.tag,
+                tag: header.tag,
             });
         }
         let elem = std::mem::size_of::<T>();
         if let Some(n) = expect {
-            if msg.payload.len() != n * elem {
+            if len != n * elem {
                 return Err(Error::MessageLength {
                     op: RECV,
                     rank: self.rank(),
                     peer: src,
                     expected: n * elem,
-                    actual: msg.payload.len(),
+                    actual: len,
                 });
             }
         }
-        if msg.payload.len() % elem != 0 {
+        if len % elem != 0 {
             return Err(Error::Protocol {
                 rank: self.rank(),
                 peer: src,
-                reason: format!(
-                    "{} bytes is not a whole number of {}",
-                    msg.payload.len(),
-                    T::DTYPE
-                ),
+                reason: format!("{len} bytes is not a whole number of {}", T::DTYPE),
             });
         }
-        Ok(vec_from_bytes(&msg.payload))
+        Ok(())
+    }
+
+    fn recv_error(&self, src: usize, started: Instant, e: RecvError) -> Error {
+        match e {
+            RecvError::Timeout => Error::Timeout {
+                op: RECV,
+                rank: self.rank(),
+                peer: src,
+                waited: started.elapsed(),
+            },
+            RecvError::Link(f) => self.link_error(RECV, f),
+        }
     }
 
     fn recv_message(&self, src: usize, tag: u64, deadline: Option<Instant>) -> Result<Message> {
@@ -125,25 +146,37 @@ impl Communicator {
         self.inner
             .transport
             .recv(from, &self.p2p_tag(tag), deadline)
-            .map_err(|e| match e {
-                RecvError::Timeout => Error::Timeout {
-                    op: RECV,
-                    rank: self.rank(),
-                    peer: src,
-                    waited: started.elapsed(),
-                },
-                RecvError::Link(f) => self.link_error(RECV, f),
-            })
+            .map_err(|e| self.recv_error(src, started, e))
     }
 
     /// Receives a message of exactly `buf.len()` elements from `src` with `tag` into `buf`, waiting up
     /// to the communicator's timeout.
     pub fn recv<T: Element>(&self, buf: &mut [T], src: usize, tag: u64) -> Result<()> {
-        let deadline = Instant::now() + self.inner.config.timeout;
-        let msg = self.recv_message(src, tag, Some(deadline))?;
-        let v: Vec<T> = self.check_message(src, msg, Some(buf.len()))?;
-        as_bytes_mut(buf).copy_from_slice(as_bytes(&v));
-        Ok(())
+        let from = self.peer(RECV, "src", src)?;
+        let started = Instant::now();
+        let count = buf.len();
+        let bytes = as_bytes_mut(buf);
+        let len = bytes.len();
+        // Posted: a transport that can writes the payload straight into `buf` (no buffer, no copy).
+        self.inner.transport.recv_posted(
+            from,
+            &self.p2p_tag(tag),
+            bytes,
+            len.max(1),
+            None,
+            Some(started + self.inner.config.timeout),
+            &mut || Ok(()),
+            &mut |dst, got| match got {
+                Received::Direct(h) => self.check_header::<T>(src, &h, dst.len(), Some(count)),
+                Received::Message(m) => {
+                    self.check_header::<T>(src, &m.header, m.payload.len(), Some(count))?;
+                    dst.copy_from_slice(&m.payload);
+                    self.inner.transport.recycle(m.payload);
+                    Ok(())
+                }
+            },
+            &|e| self.recv_error(src, started, e),
+        )
     }
 
     /// Receives a message of any length from `src` with `tag`, waiting up to the communicator's timeout.

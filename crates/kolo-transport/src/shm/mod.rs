@@ -38,12 +38,15 @@ mod doorbell;
 mod health;
 mod layout;
 mod options;
+mod posted;
 pub(crate) mod prefix;
 mod ring;
 pub mod segment;
 mod spsc;
 mod steps;
 pub mod sync;
+#[cfg(test)]
+mod tests;
 
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -51,7 +54,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::{check_rank, io_err};
-use kolo_core::{Arena, Error, Header, LinkFailure, Mailbox, Message, RecvError, Tag, Transport};
+use kolo_core::{
+    recv_each, Arena, Error, Header, LinkFailure, Mailbox, Message, Received, RecvError, Reducer,
+    Tag, Transport,
+};
 use kolo_store::Store;
 
 use health::{STATE_ABORTED, STATE_CLOSED, STATE_LOST};
@@ -386,6 +392,35 @@ impl Transport for ShmTransport {
             }
         })?
         .map_err(RecvError::Link)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn recv_posted(
+        &self,
+        peer: usize,
+        tag: &Tag,
+        buf: &mut [u8],
+        segment: usize,
+        reduce: Option<Reducer>,
+        deadline: Option<Instant>,
+        meanwhile: &mut dyn FnMut() -> kolo_core::Result<()>,
+        each: &mut dyn FnMut(&mut [u8], Received) -> kolo_core::Result<()>,
+        recv_error: &dyn Fn(RecvError) -> Error,
+    ) -> kolo_core::Result<()> {
+        meanwhile()?;
+        if reduce.is_some() || peer == self.rank || peer >= self.layout.n {
+            return recv_each(
+                self,
+                peer,
+                tag,
+                buf.len(),
+                segment,
+                deadline,
+                &mut |r, m| each(&mut buf[r], Received::Message(m)),
+            )
+            .map_err(recv_error)?;
+        }
+        self.recv_posted_direct(peer, tag, buf, segment, deadline, each, recv_error)
     }
 
     fn try_recv(&self, peer: usize, tag: &Tag) -> Result<Option<Message>, LinkFailure> {

@@ -16,7 +16,7 @@ use super::{lock, ShmTransport};
 /// The receiving side of one incoming ring: a message being assembled.
 #[derive(Debug, Default)]
 pub(super) struct Consumer {
-    partial: Option<(Header, usize, Vec<u8>)>,
+    pub(super) partial: Option<(Header, usize, Vec<u8>)>,
     /// The peer's clean close has been passed to the mailbox.
     closed: bool,
 }
@@ -33,14 +33,21 @@ impl ShmTransport {
     /// Moves complete (and partial) messages from every incoming ring into the mailbox; returns
     /// whether a message was delivered.
     pub(super) fn progress(&self) -> bool {
+        self.progress_except(None)
+    }
+
+    /// [`Self::progress`], leaving the ring from `skip` alone (a posted receive reads it).
+    pub(super) fn progress_except(&self, skip: Option<usize>) -> bool {
         let mut delivered = false;
         for src in 0..self.layout.n {
-            if src == self.rank {
+            if src == self.rank || Some(src) == skip {
                 continue;
             }
             match self.consumers[src].try_lock() {
-                Ok(mut c) => delivered |= self.drain(src, &mut c),
-                Err(TryLockError::Poisoned(p)) => delivered |= self.drain(src, &mut p.into_inner()),
+                Ok(mut c) => delivered |= self.drain(src, &mut c, false),
+                Err(TryLockError::Poisoned(p)) => {
+                    delivered |= self.drain(src, &mut p.into_inner(), false)
+                }
                 Err(TryLockError::WouldBlock) => {}
             }
         }
@@ -51,7 +58,9 @@ impl ShmTransport {
         delivered
     }
 
-    pub(super) fn drain(&self, src: usize, c: &mut Consumer) -> bool {
+    /// Moves what has arrived from `src` into the mailbox — with `one`, no further than the end of
+    /// the first message delivered; returns whether a message was delivered.
+    pub(super) fn drain(&self, src: usize, c: &mut Consumer, one: bool) -> bool {
         let mut delivered = false;
         let ring = self.ring(src, self.rank);
         let mut head = ring.consumer_position();
@@ -102,6 +111,9 @@ impl ShmTransport {
                 if let Some((header, _, payload)) = c.partial.take() {
                     self.mailbox.deliver(src, Message { header, payload });
                     delivered = true;
+                }
+                if one {
+                    break;
                 }
                 continue;
             }
