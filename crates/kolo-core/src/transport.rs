@@ -90,9 +90,15 @@ pub trait Transport: Send + Sync + fmt::Debug {
         recv_error: &dyn Fn(RecvError) -> crate::Error,
     ) -> crate::Result<()> {
         meanwhile()?;
-        recv_each(self, peer, tag, buf.len(), segment, deadline, &mut |r, m| {
-            each(&mut buf[r], Received::Message(m))
-        })
+        recv_each(
+            self,
+            peer,
+            tag,
+            buf.len(),
+            segment,
+            deadline,
+            &mut |r, m| each(&mut buf[r], Received::Message(m)),
+        )
         .map_err(recv_error)?
     }
     /// Gives back the payload of a received message once the caller is done with it; transports that

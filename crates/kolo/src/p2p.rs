@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use kolo_core::dtype::{as_bytes, as_bytes_mut, vec_from_bytes};
 use kolo_core::{
-    Algorithm, Call, Element, Error, Header, LinkFailure, Message, OpKind, Received, RecvError, Result,
-    Tag, TagSpace,
+    Algorithm, Call, Element, Error, Header, LinkFailure, Message, OpKind, Received, RecvError,
+    Result, Tag, TagSpace,
 };
 
 use crate::communicator::Communicator;

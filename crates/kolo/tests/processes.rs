@@ -30,6 +30,9 @@ fn worker_entry() {
 }
 
 fn worker(role: &str) -> kolo::Result<()> {
+    if role == "worlds" {
+        return worlds();
+    }
     let comm = kolo::init()?;
     match role {
         "check" => {
@@ -94,6 +97,30 @@ fn worker(role: &str) -> kolo::Result<()> {
             what: format!("role {other}"),
         }),
     }
+}
+
+/// 50 worlds in one process, one after another, each overlapping the one before it (both used in
+/// between), each checked with an all-reduce whose result names the world.
+fn worlds() -> kolo::Result<()> {
+    let mut prev: Option<Communicator> = None;
+    for k in 0..50 {
+        let comm = kolo::init()?;
+        for (c, w) in [(Some(&comm), k), (prev.as_ref(), k.max(1) - 1)] {
+            let Some(c) = c else { continue };
+            let mut v = vec![(c.rank() + w) as f64; 1000];
+            c.all_reduce(&mut v, ReduceOp::Sum)?;
+            let n = c.size();
+            let want = (n * (n - 1) / 2 + n * w) as f64;
+            if v.iter().any(|&x| x != want) {
+                return Err(Error::Unsupported {
+                    what: format!("world {w}: wrong all_reduce result {} != {want}", v[0]),
+                });
+            }
+        }
+        prev = Some(comm);
+    }
+    println!("ok worlds");
+    Ok(())
 }
 
 fn free_port() -> u16 {
@@ -231,6 +258,51 @@ fn two_hosts_of_two_ranks_use_shm_inside_and_hierarchical_all_reduce() {
 #[test]
 fn uneven_hosts_mix_shm_and_tcp() {
     run_hosts(3, |r| usize::from(r == 2), 2);
+}
+
+/// `kolo::init()` again in a process gives a new working world every time: over shared memory with
+/// the launcher's store, and over TCP with rank 0 hosting the store (once, for every world).
+#[test]
+fn fifty_worlds_in_one_process() {
+    for (transport, agent) in [("shm", true), ("tcp", false)] {
+        let server = TcpStoreServer::bind("127.0.0.1:0").expect("store server");
+        let port = match agent {
+            true => server.local_addr().port().to_string(),
+            false => free_port().to_string(),
+        };
+        let job = format!("worlds-{transport}-{}", std::process::id());
+        let children: Vec<Child> = (0..2)
+            .map(|r| {
+                let mut env = vars(&[
+                    ("RANK", r.to_string()),
+                    ("WORLD_SIZE", "2".into()),
+                    ("MASTER_ADDR", "127.0.0.1".into()),
+                    ("MASTER_PORT", port.clone()),
+                    ("KOLO_JOB_ID", job.clone()),
+                    ("KOLO_TRANSPORT", transport.into()),
+                ]);
+                if agent {
+                    env.push(("KOLO_AGENT_STORE".into(), "1".into()));
+                }
+                start("worlds", &env)
+            })
+            .collect();
+        for (r, c) in children.into_iter().enumerate() {
+            let e = finish(c, Duration::from_secs(120));
+            assert_eq!(
+                e.code,
+                Some(0),
+                "{transport} rank {r}: {}\n{}",
+                e.stdout,
+                e.stderr
+            );
+            assert!(
+                e.stdout.contains("ok worlds"),
+                "{transport} rank {r}: {}",
+                e.stdout
+            );
+        }
+    }
 }
 
 #[test]

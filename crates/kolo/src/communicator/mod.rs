@@ -50,7 +50,7 @@ pub(crate) struct Inner {
     /// when several threads call blocking collectives).
     turn: Turn,
     /// The rendezvous server, when this rank hosts it (kept alive with the world communicator).
-    _store_server: Option<TcpStoreServer>,
+    _store_server: Option<Arc<TcpStoreServer>>,
 }
 
 /// A group of ranks that communicate: point-to-point messages and collectives.
@@ -84,7 +84,7 @@ impl Communicator {
         group: u64,
         topology: Arc<Topology>,
         config: Config,
-        store_server: Option<TcpStoreServer>,
+        store_server: Option<Arc<TcpStoreServer>>,
     ) -> Communicator {
         Communicator::assemble(
             transport,
@@ -108,7 +108,7 @@ impl Communicator {
         group: u64,
         topology: Arc<Topology>,
         config: Config,
-        store_server: Option<TcpStoreServer>,
+        store_server: Option<Arc<TcpStoreServer>>,
     ) -> Communicator {
         let uses_arena = group == ARENA_GROUP
             && transport.arena().is_some()

@@ -30,6 +30,7 @@ mod launchers;
 mod options;
 #[cfg(test)]
 mod tests;
+mod worlds;
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
@@ -182,7 +183,7 @@ fn connect(opts: InitOptions, nccl: bool) -> Result<Communicator> {
     let loopback = IpAddr::V4(Ipv4Addr::LOCALHOST);
     let (store, server, listen, advertise): (
         Arc<dyn Store>,
-        Option<TcpStoreServer>,
+        Option<Arc<TcpStoreServer>>,
         IpAddr,
         IpAddr,
     ) = match &opts.method {
@@ -226,7 +227,7 @@ fn connect(opts: InitOptions, nccl: bool) -> Result<Communicator> {
                 } else {
                     IpAddr::V4(Ipv4Addr::UNSPECIFIED)
                 };
-                Some(TcpStoreServer::bind((bind_ip, *port))?)
+                Some(worlds::host_store(bind_ip, *port)?)
             } else {
                 None
             };
@@ -257,7 +258,7 @@ fn connect(opts: InitOptions, nccl: bool) -> Result<Communicator> {
             (store.0.clone(), None, listen, advertise)
         }
     };
-    let prefix = format!("kolo/{}", opts.job_id);
+    let prefix = worlds::next_prefix(&opts.job_id);
     let members: Vec<usize> = (0..opts.size).collect();
 
     // Learn which ranks share a node (through the store, before any connection exists).
