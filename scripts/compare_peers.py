@@ -3,7 +3,7 @@
 
     python3 scripts/compare_peers.py [--n 2] [--rounds 3] [--kolo target/release/kolo]
         [--python /path/to/python-with-torch] [--skip openmpi,kolo-shm] [--sizes 4,1024,...]
-        [--baseline /path/to/an/older/kolo]
+        [--baseline /path/to/an/older/kolo] [--op allreduce|p2p]
 
 Each round runs, in turn: OpenMPI (../shared/peers/run-openmpi.sh), kolo over shared memory, Gloo
 (../shared/peers/gloo_allreduce.py, run with --python), the same Gloo harness with its backend
@@ -18,6 +18,10 @@ ratios the targets are stated in:
 - kolo-shm 4-byte latency <= 2x OpenMPI's;
 - kolo-shm busbw >= 3x Gloo's; kolo-tcp busbw >= 1.5x Gloo's;
 - torch-kolo (torch.distributed.all_reduce on the kolo backend) >= 3x Gloo's speed at every size.
+
+With `--op p2p`: ping-pong between two ranks instead (time is half a round trip), OpenMPI's MPI_Send/
+MPI_Recv (scripts/mpi_pingpong.c, compiled with mpicc) against `kolo bench p2p` over shared memory
+and TCP (and --baseline); the target: kolo-shm's bandwidth >= OpenMPI's at every size.
 
 A peer that cannot run (OpenMPI or torch not installed) is reported and left out. The spread of each
 median (min..max over the rounds, as ratios) is printed for kolo-tcp / Gloo, since the machine the
@@ -82,11 +86,14 @@ def main():
     ap.add_argument("--sizes", default=",".join(str(s) for s in SIZES), help="bytes, comma-separated")
     ap.add_argument("--baseline", help="an older kolo binary, measured over shared memory and TCP "
                                        "as kolo-shm-base and kolo-tcp-base")
+    ap.add_argument("--op", default="allreduce", choices=["allreduce", "p2p"])
     args = ap.parse_args()
     n = str(args.n)
     sizes = [str(int(s)) for s in args.sizes.split(",")]
-    kolo = lambda t, exe=args.kolo: ([exe, "bench", "allreduce", "-n", n, "--json", "--sizes", ",".join(sizes)],
+    kolo = lambda t, exe=args.kolo: ([exe, "bench", args.op, "-n", n, "--json", "--sizes", ",".join(sizes)],
                                      {"KOLO_TRANSPORT": t})
+    if args.op == "p2p":
+        return p2p(args, sizes, kolo)
     impls = {
         "openmpi": (["bash", os.path.join(PEERS, "run-openmpi.sh"), n] + sizes, None),
         "kolo-shm": kolo("shm"),
@@ -180,6 +187,68 @@ def main():
           f"gloo {lg}, kolo-tcp {lt}")
     if lo and ls and ls > 2 * lo:
         misses.append(f"4 B: kolo-shm {ls:.3f} us > 2 x OpenMPI {lo:.3f} us")
+    for name, err in broken.items():
+        print(f"not measured: {name}: {err}")
+    print("targets: all met" if not misses else "targets missed:\n  " + "\n  ".join(misses))
+
+
+def rounds(args, impls):
+    """Runs every implementation once a round, each round starting with a different one (so that a
+    slow patch of a shared machine does not always fall on the same one); returns the rows of each
+    by size, and the reasons of those that could not run."""
+    skip = set(filter(None, args.skip.split(",")))
+    results = {k: {} for k in impls}
+    broken = {}
+    order = list(impls)
+    for rnd in range(args.rounds):
+        for name in order[rnd % len(order):] + order[:rnd % len(order)]:
+            cmd, env = impls[name]
+            if name in skip or name in broken:
+                continue
+            rows, err = run(cmd, env)
+            if rows is None:
+                broken[name] = err
+                print(f"# {name} did not run: {err}", file=sys.stderr)
+                continue
+            for b, r in rows.items():
+                results[name].setdefault(b, []).append(r)
+            print(f"# round {rnd + 1}: {name} done", file=sys.stderr)
+    return results, broken
+
+
+def p2p(args, sizes, kolo):
+    """Ping-pong: OpenMPI against kolo over shared memory and TCP (and the baseline)."""
+    exe = os.path.join(tempfile.mkdtemp(), "mpi_pingpong")
+    built = subprocess.run(["mpicc", "-O2", os.path.join(HERE, "mpi_pingpong.c"), "-o", exe],
+                           capture_output=True, text=True)
+    mpirun = ["mpirun", "--allow-run-as-root", "--oversubscribe"] if os.geteuid() == 0 else ["mpirun"]
+    impls = {"openmpi": (mpirun + ["-n", "2", exe] + sizes, None) if built.returncode == 0
+             else (["false"], None),
+             "kolo-shm": kolo("shm"), "kolo-tcp": kolo("tcp")}
+    if args.baseline:
+        impls["kolo-shm-base"] = kolo("shm", args.baseline)
+    results, broken = rounds(args, impls)
+    if built.returncode != 0:
+        broken["openmpi"] = built.stderr.strip()[-300:] or "mpicc failed"
+    names = [k for k in impls if results[k]]
+
+    def med(name, b, field):
+        rs = results[name].get(b)
+        return statistics.median(r[field] for r in rs) if rs else None
+
+    print(f"ping-pong between 2 ranks, medians of {args.rounds} rounds: time one way (us) and bandwidth (GB/s)")
+    print(f"{'bytes':>10} " + " ".join(f"{k + ' us':>14} {'GB/s':>7}" for k in names) + f" {'shm/ompi':>9}")
+    misses = []
+    for b in (int(s) for s in sizes):
+        cells = []
+        for k in names:
+            t, bw = med(k, b, "time_us"), med(k, b, "algbw_gbps")
+            cells.append(f"{t:14.2f} {bw:7.3f}" if t is not None else f"{'-':>14} {'-':>7}")
+        o, s = med("openmpi", b, "time_us") if "openmpi" in names else None, med("kolo-shm", b, "time_us")
+        speed = f"{o / s:8.2f}x" if o and s else f"{'-':>9}"
+        print(f"{b:>10} " + " ".join(cells) + f" {speed}")
+        if o and s and s > o:
+            misses.append(f"{b} B: kolo-shm {s:.2f} us one way, slower than OpenMPI's {o:.2f} us")
     for name, err in broken.items():
         print(f"not measured: {name}: {err}")
     print("targets: all met" if not misses else "targets missed:\n  " + "\n  ".join(misses))

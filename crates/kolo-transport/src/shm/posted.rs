@@ -128,7 +128,7 @@ impl ShmTransport {
         ring.release(head);
         let mut done = 0;
         loop {
-            let take = ring.available(head).min(dst.len() - done);
+            let take = ring.available(head).min(dst.len() - done).min(self.chunk());
             if take > 0 {
                 // SAFETY: this thread holds the ring's consumer lock; `available` covers the bytes.
                 unsafe { ring.read(head, &mut dst[done..done + take]) };

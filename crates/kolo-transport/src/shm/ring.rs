@@ -58,6 +58,12 @@ impl ShmTransport {
         delivered
     }
 
+    /// The most bytes copied into or out of a ring between two releases: a quarter of it (at least
+    /// a page), so that sender and receiver copy at the same time.
+    pub(super) fn chunk(&self) -> usize {
+        (self.layout.ring / 4).max(4096)
+    }
+
     /// Moves what has arrived from `src` into the mailbox — with `one`, no further than the end of
     /// the first message delivered; returns whether a message was delivered.
     pub(super) fn drain(&self, src: usize, c: &mut Consumer, one: bool) -> bool {
@@ -99,13 +105,16 @@ impl ShmTransport {
             let Some((_, len, buf)) = c.partial.as_mut() else {
                 break;
             };
-            let take = avail.min(*len - buf.len());
+            let take = avail.min(*len - buf.len()).min(self.chunk());
             if take > 0 {
                 let old = buf.len();
                 buf.resize(old + take, 0);
                 // SAFETY: as above.
                 unsafe { ring.read(head, &mut buf[old..]) };
                 head += take as u64;
+                // Give the space back at once: the sender refills it while the next chunk is read.
+                ring.release(head);
+                self.bell(src).ring();
             }
             if buf.len() == *len {
                 if let Some((header, _, payload)) = c.partial.take() {
@@ -172,7 +181,9 @@ impl ShmTransport {
                             .unwrap_or(LinkFailure::PeerClosed { peer }));
                     }
                 }
-                let n = space.min(piece.len());
+                // Publish in chunks of a quarter ring, so the receiver copies one out while the
+                // next is copied in.
+                let n = space.min(piece.len()).min(self.chunk());
                 // SAFETY: this thread holds the ring's producer lock; `space` covers the bytes.
                 tail = unsafe { ring.push(tail, &piece[..n]) };
                 self.bell(peer).ring();
