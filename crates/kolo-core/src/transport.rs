@@ -12,6 +12,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -183,6 +184,8 @@ impl MailboxState {
 pub struct Mailbox {
     state: Mutex<MailboxState>,
     cond: Condvar,
+    /// Set once a failure is recorded: lets [`Mailbox::failure`] answer the common case unlocked.
+    failed: AtomicBool,
 }
 
 impl Mailbox {
@@ -196,6 +199,7 @@ impl Mailbox {
                 ..MailboxState::default()
             }),
             cond: Condvar::new(),
+            failed: AtomicBool::new(false),
         }
     }
 
@@ -208,7 +212,9 @@ impl Mailbox {
     /// Queues a message from `src`.
     pub fn deliver(&self, src: usize, msg: Message) {
         let mut s = self.lock();
-        s.screen(src, &msg.header);
+        if s.screen(src, &msg.header) {
+            self.failed.store(true, Ordering::Release);
+        }
         s.queues
             .entry((src, msg.header.tag))
             .or_default()
@@ -223,6 +229,7 @@ impl Mailbox {
     pub fn screen(&self, src: usize, header: &Header) {
         let failed = self.lock().screen(src, header);
         if failed {
+            self.failed.store(true, Ordering::Release);
             self.cond.notify_all();
         }
     }
@@ -259,6 +266,7 @@ impl Mailbox {
         let failed = early.is_some_and(|(src, h)| s.screen(src, &h));
         drop(s);
         if failed {
+            self.failed.store(true, Ordering::Release);
             self.cond.notify_all();
         }
     }
@@ -280,12 +288,16 @@ impl Mailbox {
         if s.failure.is_none() {
             s.failure = Some(failure);
         }
+        self.failed.store(true, Ordering::Release);
         drop(s);
         self.cond.notify_all();
     }
 
     /// The failure, if any.
     pub fn failure(&self) -> Option<LinkFailure> {
+        if !self.failed.load(Ordering::Acquire) {
+            return None;
+        }
         self.lock().failure.clone()
     }
 

@@ -15,7 +15,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use kolo_core::{segment_ranges, Header, LinkFailure, Received, RecvError, Tag};
+use kolo_core::{segment_ranges, Header, LinkFailure, Received, RecvError, Tag, TagSpace};
 
 use super::health::STATE_ALIVE;
 use super::prefix::{decode_prefix, PREFIX};
@@ -83,17 +83,18 @@ impl ShmTransport {
             // Wait until the ring has a new message, the mailbox one for us, or the peer is gone;
             // keep the other incoming rings moving meanwhile.
             self.wait_for(deadline, || {
-                self.progress_except(Some(peer));
-                if self.mailbox.queued(peer, tag) > 0 || self.mailbox.failure().is_some() {
+                // New bytes: a message's prefix (a sender publishes a prefix whole) or more of the
+                // message being read into the mailbox.
+                let ring = self.ring(peer, self.rank);
+                if ring.available(ring.consumer_position()) > 0 {
                     return Some(());
                 }
                 if self.state_word(peer, 0).load(Ordering::Acquire) != STATE_ALIVE {
                     return Some(());
                 }
-                // New bytes: a message's prefix (a sender publishes a prefix whole) or more of the
-                // message being read into the mailbox.
-                let ring = self.ring(peer, self.rank);
-                (ring.available(ring.consumer_position()) > 0).then_some(())
+                self.progress_except(Some(peer));
+                (self.mailbox.queued(peer, tag) > 0 || self.mailbox.failure().is_some())
+                    .then_some(())
             })?;
         }
     }
@@ -124,8 +125,8 @@ impl ShmTransport {
         deadline: Option<Instant>,
     ) -> Result<Received, RecvError> {
         let ring = self.ring(peer, self.rank);
+        // The prefix is given back with the payload's first bytes (or at an early end).
         let mut head = ring.consumer_position() + PREFIX as u64;
-        ring.release(head);
         let mut done = 0;
         loop {
             let take = ring.available(head).min(dst.len() - done).min(self.chunk());
@@ -140,7 +141,10 @@ impl ShmTransport {
                 self.bell(peer).ring();
             }
             if done == dst.len() {
-                self.mailbox.screen(peer, &header);
+                // Only collectives' tags are screened (point-to-point ones are never expected).
+                if header.tag.space != TagSpace::P2p {
+                    self.mailbox.screen(peer, &header);
+                }
                 return Ok(Received::Direct(header));
             }
             // A stream that keeps coming never makes the wait below long enough to see the
@@ -167,6 +171,7 @@ impl ShmTransport {
                 })
             };
             if let Err(e) = waited.and_then(|r| r) {
+                ring.release(head);
                 c.partial = Some((header, dst.len(), dst[..done].to_vec()));
                 return Err(e);
             }

@@ -64,6 +64,30 @@ impl<'a> Spsc<'a> {
         tail
     }
 
+    /// Writes `a` then `b` at position `tail` (wrapping) and publishes both at once; returns the new
+    /// position.
+    ///
+    /// # Safety
+    ///
+    /// As [`Spsc::push`], with `a.len() + b.len() <= self.free(tail)`.
+    #[inline]
+    pub(super) unsafe fn push2(&self, tail: u64, a: &[u8], b: &[u8]) -> u64 {
+        let cap = self.capacity();
+        let mut at = tail;
+        for bytes in [a, b] {
+            let i = (at % cap as u64) as usize;
+            let first = bytes.len().min(cap - i);
+            // SAFETY: as in `push`: the producer owns ring bytes [tail, head + cap) and both fit.
+            unsafe {
+                self.data.write(i, &bytes[..first]);
+                self.data.write(0, &bytes[first..]);
+            }
+            at += bytes.len() as u64;
+        }
+        self.tail.store(at, Ordering::Release);
+        at
+    }
+
     /// The consumer's position (only the consumer moves it).
     #[inline]
     pub(super) fn consumer_position(&self) -> u64 {
