@@ -240,6 +240,8 @@ impl<O: StepOptimizer> DistributedOptimizer<O> {
         let timeline = self.ddp.timeline();
         let span = timeline.span("optimizer step");
         self.opt.step(grads)?;
+        // A model built once from the Ddp's builder computes with copies of the weights.
+        self.ddp.refresh()?;
         drop(span);
         self.steps += 1;
         self.pass = 0;

@@ -7,14 +7,20 @@
 //! starts the all-reduce of a bucket as soon as all of its gradients are in, while backward goes on
 //! with the layers below.
 //!
-//! Candle ops run eagerly, so a hooked weight is a copy made when the op is applied: the model must be
-//! built from [`HookedBackend`] for every step (building a model only wraps tensors; the copies cost one
-//! memcpy of the parameters).
+//! Candle ops run eagerly, so a hooked weight is a copy made when the op is applied (as is a weight
+//! cast for mixed precision). The backend remembers what it handed out ([`Handed`]): after every
+//! optimizer step [`Ddp::refresh`](super::Ddp::refresh) copies the updated parameters into those
+//! tensors in place, so a model built once trains on its current weights, exactly as one rebuilt
+//! every step. A parameter asked for twice under one name (tied weights) is handed out as the same
+//! tensor, so it has one hook, which sees the sum of its uses' gradients. And the hook checks, as
+//! it passes the gradient on, that the weights the forward pass used are the parameter's current
+//! values: a model that missed a refresh is an error naming what to do, never a silently frozen run.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
-use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Shape, Tensor};
+use candle_core::backend::BackendStorage;
+use candle_core::{CpuStorage, CustomOp1, DType, Device, InplaceOp2, Layout, Shape, Tensor};
 use candle_nn::var_builder::SimpleBackend;
 use candle_nn::{Init, VarBuilder, VarMap};
 
@@ -40,6 +46,7 @@ pub fn gradient_hooks(
         index,
         on_gradient: Some(on_gradient),
         compute: None,
+        handed: Arc::default(),
     };
     VarBuilder::from_backend(Box::new(backend), dtype, device.clone())
 }
@@ -88,12 +95,115 @@ impl CustomOp1 for GradHook {
 
     fn bwd(
         &self,
-        _arg: &Tensor,
-        _res: &Tensor,
+        arg: &Tensor,
+        res: &Tensor,
         grad: &Tensor,
     ) -> candle_core::Result<Option<Tensor>> {
+        if !same_samples(arg, res)? {
+            candle_core::bail!(
+                "kolo ddp: parameter #{} of the model is not the parameter's current value: the \
+                 model was built from Ddp::var_builder before an optimizer step that kolo did not \
+                 see. Step with kolo's DistributedOptimizer (it refreshes the model), or call \
+                 ddp.refresh() after your optimizer's step, or build the model anew each step",
+                self.index
+            )
+        }
         (self.on_gradient)(self.index, grad)?;
         Ok(Some(grad.clone()))
+    }
+}
+
+/// Whether `a` and `b` (same shape and type, contiguous) agree at up to 64 places spread over them:
+/// a weight copy that missed an optimizer step differs from the parameter almost everywhere. Only
+/// checked on the CPU (elsewhere it would cost a device-to-host copy per parameter and step).
+fn same_samples(a: &Tensor, b: &Tensor) -> candle_core::Result<bool> {
+    use candle_core::Storage;
+    let (sa, la) = a.storage_and_layout();
+    let (sb, lb) = b.storage_and_layout();
+    let (Some((a0, a1)), Some((b0, b1))) = (la.contiguous_offsets(), lb.contiguous_offsets())
+    else {
+        return Ok(true);
+    };
+    fn agree<T: PartialEq>(x: &[T], y: &[T]) -> bool {
+        let n = x.len().min(y.len());
+        let step = (n / 64).max(1);
+        (0..n).step_by(step).all(|i| x[i] == y[i]) && (n == 0 || x[n - 1] == y[n - 1])
+    }
+    Ok(match (&*sa, &*sb) {
+        (Storage::Cpu(CpuStorage::F32(x)), Storage::Cpu(CpuStorage::F32(y))) => {
+            agree(&x[a0..a1], &y[b0..b1])
+        }
+        (Storage::Cpu(CpuStorage::F64(x)), Storage::Cpu(CpuStorage::F64(y))) => {
+            agree(&x[a0..a1], &y[b0..b1])
+        }
+        _ => true,
+    })
+}
+
+/// What a builder handed out for each parameter name: the tensors the model holds, into which
+/// [`refresh`] copies the parameters' current values.
+#[derive(Default)]
+pub(crate) struct Handed {
+    by_name: HashMap<String, HandedParam>,
+}
+
+struct HandedParam {
+    /// The parameter (the `VarMap` variable).
+    var: Tensor,
+    /// Copies of it the model computes with: the hooked weight, the cast one (mixed precision).
+    copies: Vec<Tensor>,
+    /// What the model was given (the last of `copies`, or the variable itself).
+    out: Tensor,
+}
+
+fn lock(h: &Mutex<Handed>) -> MutexGuard<'_, Handed> {
+    h.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Copies every parameter's current value into the tensors handed out for it (casting where the
+/// copy has another type), in place: a model built once computes with the updated weights.
+pub(crate) fn refresh(handed: &Mutex<Handed>) -> candle_core::Result<()> {
+    let h = lock(handed);
+    for p in h.by_name.values() {
+        for c in &p.copies {
+            let src = if c.dtype() == p.var.dtype() {
+                p.var.clone()
+            } else {
+                p.var.to_dtype(c.dtype())?
+            };
+            c.inplace_op2(&src, &CopyFrom)?;
+        }
+    }
+    Ok(())
+}
+
+/// In-place copy of the second tensor into the first (same shape and type).
+struct CopyFrom;
+
+impl InplaceOp2 for CopyFrom {
+    fn name(&self) -> &'static str {
+        "kolo-ddp-refresh"
+    }
+
+    fn cpu_fwd(
+        &self,
+        dst: &mut CpuStorage,
+        dl: &Layout,
+        src: &CpuStorage,
+        sl: &Layout,
+    ) -> candle_core::Result<()> {
+        src.copy_strided_src(dst, dl.start_offset(), sl)
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        dst: &mut candle_core::CudaStorage,
+        dl: &Layout,
+        src: &candle_core::CudaStorage,
+        sl: &Layout,
+    ) -> candle_core::Result<()> {
+        src.copy_strided_src(dst, dl.start_offset(), sl)
     }
 }
 
@@ -110,6 +220,8 @@ pub(crate) struct HookedBackend {
     /// the f32 master weights, which receive the gradients through the cast); buffers stay as they
     /// are.
     pub compute: Option<DType>,
+    /// What this builder handed out (shared with the [`Ddp`](super::Ddp), which refreshes it).
+    pub handed: Arc<Mutex<Handed>>,
 }
 
 impl SimpleBackend for HookedBackend {
@@ -121,21 +233,37 @@ impl SimpleBackend for HookedBackend {
         dtype: DType,
         dev: &Device,
     ) -> candle_core::Result<Tensor> {
-        let t = self.varmap.get(s, name, h, dtype, dev)?;
+        let var = self.varmap.get(s, name, h, dtype, dev)?;
         let Some(&index) = self.index.get(name) else {
-            return Ok(t);
+            return Ok(var);
         };
-        let t = match &self.on_gradient {
-            Some(on_gradient) => t.apply_op1_arc(Arc::new(Box::new(GradHook {
+        let mut handed = lock(&self.handed);
+        // Tied weights: the same tensor again, so one hook sees the sum of the uses' gradients.
+        if let Some(p) = handed.by_name.get(name) {
+            return Ok(p.out.clone());
+        }
+        let mut copies = Vec::new();
+        let mut t = var.clone();
+        if let Some(on_gradient) = &self.on_gradient {
+            t = t.apply_op1_arc(Arc::new(Box::new(GradHook {
                 index,
                 on_gradient: on_gradient.clone(),
-            })))?,
-            None => t,
-        };
-        match self.compute {
-            Some(d) if d != t.dtype() => t.to_dtype(d),
-            _ => Ok(t),
+            })))?;
+            copies.push(t.clone());
         }
+        if let Some(d) = self.compute.filter(|&d| d != t.dtype()) {
+            t = t.to_dtype(d)?;
+            copies.push(t.clone());
+        }
+        handed.by_name.insert(
+            name.to_string(),
+            HandedParam {
+                var,
+                copies,
+                out: t.clone(),
+            },
+        );
+        Ok(t)
     }
 
     fn get_unchecked(&self, name: &str, _: DType, _: &Device) -> candle_core::Result<Tensor> {

@@ -11,7 +11,7 @@
 //! let varmap = VarMap::new();
 //! build(candle_nn::VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu))?; // creates the parameters
 //! let ddp = Ddp::new(&comm, &varmap, DdpOptions::default())?;     // checks ranks agree, copies rank 0's values
-//! // each step: build the model from ddp.var_builder() (so gradients are sent while backward runs) ...
+//! // build the model once from ddp.var_builder() (so gradients are sent while backward runs) ...
 //! let model = build(ddp.var_builder(DType::F32, &Device::Cpu))?;
 //! # let loss = Tensor::zeros((), DType::F32, &Device::Cpu)?;
 //! let grads = ddp.backward(&loss)?; // ... and get gradients averaged over all ranks
@@ -74,7 +74,7 @@ use sync::Synchronizer;
 pub struct DdpOptions {
     /// Bytes of gradients per all-reduce (default 25 MiB, PyTorch's default).
     pub bucket_bytes: usize,
-    /// Send buckets while backward runs (needs the model built from [`Ddp::var_builder`] each step).
+    /// Send buckets while backward runs (needs the model built from [`Ddp::var_builder`]).
     pub overlap: bool,
 }
 
@@ -98,6 +98,8 @@ pub struct Ddp {
     sync: Arc<Mutex<Synchronizer>>,
     index: HashMap<String, usize>,
     join: join::JoinState,
+    /// What the latest [`Ddp::var_builder`] handed out, which [`Ddp::refresh`] keeps current.
+    handed: Mutex<Arc<Mutex<hook::Handed>>>,
 }
 
 impl std::fmt::Debug for Ddp {
@@ -148,6 +150,7 @@ impl Ddp {
             require_sync: true,
             index,
             join: join::JoinState::default(),
+            handed: Mutex::default(),
         };
         ddp.broadcast_parameters(0)?;
         Ok(ddp)
@@ -229,9 +232,12 @@ impl Ddp {
         self.opts.overlap && self.require_sync && self.comm.size() > 1
     }
 
-    /// A `VarBuilder` to build this step's model from. With overlap on (and more than one rank), its
-    /// parameters report their gradients as backward produces them; build the model anew each step,
-    /// since the hooked weights are copies taken when the model is built.
+    /// A `VarBuilder` to build the model from, once (or anew each step: both train alike). With
+    /// overlap on (and more than one rank), its parameters report their gradients as backward
+    /// produces them; the weights the model holds are then copies, which
+    /// [`DistributedOptimizer`](crate::distributed::DistributedOptimizer) refreshes after every step
+    /// (with another optimizer, call [`Ddp::refresh`] after its step). A parameter asked for twice
+    /// under one name (tied weights) is the same tensor both times.
     pub fn var_builder(&self, dtype: DType, device: &Device) -> VarBuilder<'static> {
         if !self.hooks_active() {
             return VarBuilder::from_varmap(&self.varmap, dtype, device);
@@ -261,13 +267,32 @@ impl Ddp {
                     .map_err(|e| candle_core::Error::Msg(e.to_string()))
             }) as OnGradient
         });
+        let handed = Arc::new(Mutex::new(hook::Handed::default()));
+        *self.handed.lock().unwrap_or_else(|p| p.into_inner()) = handed.clone();
         let backend = HookedBackend {
             varmap: self.varmap.clone(),
             index: self.index.clone(),
             on_gradient,
             compute,
+            handed,
         };
         VarBuilder::from_backend(Box::new(backend), dtype, device.clone())
+    }
+
+    /// Copies the parameters' current values into the weights of the model built from the latest
+    /// [`Ddp::var_builder`] (where it holds copies: hooked or cast weights), so that a model built
+    /// once computes with the updated parameters. [`DistributedOptimizer`](crate::distributed::DistributedOptimizer)
+    /// calls it after every step; call it yourself after stepping another optimizer on
+    /// [`Ddp::params`] (or after setting parameters by hand) if you build the model once — a model
+    /// that missed it fails its next backward pass with an error saying so.
+    pub fn refresh(&self) -> Result<()> {
+        let handed = self
+            .handed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        hook::refresh(&handed)?;
+        Ok(())
     }
 
     /// Whether the next backward passes average gradients (true by default).
@@ -361,6 +386,7 @@ impl Ddp {
     /// Copies the parameters and buffers of rank `root` to every rank.
     pub fn broadcast_parameters(&self, root: usize) -> Result<()> {
         self.broadcast_vars(&self.params, root)?;
+        self.refresh()?;
         self.sync_buffers_from(root)
     }
 
