@@ -46,17 +46,16 @@ impl Config {
         let get = |k: &str| env.lookup(k);
         let mut c = Config::default();
         if let Some(v) = get("KOLO_TIMEOUT") {
-            let secs: f64 = v
+            c.timeout = v
                 .trim()
                 .parse()
                 .ok()
-                .filter(|s: &f64| *s > 0.0 && s.is_finite())
+                .and_then(timeout_from_secs)
                 .ok_or_else(|| Error::Config {
                     var: "KOLO_TIMEOUT".into(),
                     value: v.clone(),
                     reason: "expected a positive number of seconds".into(),
                 })?;
-            c.timeout = Duration::from_secs_f64(secs);
         }
         if let Some(v) = get("KOLO_CONFIRM_CALLS") {
             c.confirm_calls = match v.trim() {
@@ -82,9 +81,20 @@ impl Config {
 
     /// This config with another timeout.
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
+        self.timeout = timeout.min(MAX_TIMEOUT);
         self
     }
+}
+
+/// The longest timeout kolo keeps (about 31 years): any longer one means "no deadline" and is
+/// taken as this, so that a deadline computed from it never overflows.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(1_000_000_000);
+
+/// A timeout of `secs` seconds: `None` unless `secs` is a positive number (not NaN); infinity and
+/// anything longer than [`MAX_TIMEOUT`] are [`MAX_TIMEOUT`].
+pub fn timeout_from_secs(secs: f64) -> Option<Duration> {
+    (secs > 0.0)
+        .then(|| Duration::try_from_secs_f64(secs).map_or(MAX_TIMEOUT, |d| d.min(MAX_TIMEOUT)))
 }
 
 #[cfg(test)]
@@ -108,5 +118,37 @@ mod tests {
             Config::from_lookup(|k: &str| (k == "KOLO_ALGO_ALLREDUCE").then(|| "x".into()))
                 .is_err()
         );
+    }
+
+    #[test]
+    fn a_huge_timeout_means_no_deadline_and_never_panics() {
+        for v in ["1e20", "inf", "18446744073709551616"] {
+            let c = Config::from_lookup(|k: &str| (k == "KOLO_TIMEOUT").then(|| v.into()));
+            assert_eq!(
+                c.ok().map(|c| c.timeout),
+                Some(MAX_TIMEOUT),
+                "KOLO_TIMEOUT={v}"
+            );
+        }
+        for v in ["nan", "0", "-inf"] {
+            let c = Config::from_lookup(|k: &str| (k == "KOLO_TIMEOUT").then(|| v.into()));
+            assert!(c.is_err(), "KOLO_TIMEOUT={v}");
+        }
+        let c = Config::default().with_timeout(Duration::MAX);
+        assert_eq!(c.timeout, MAX_TIMEOUT);
+        let c = Config {
+            timeout: Duration::MAX,
+            ..c
+        };
+        // A world with it works: deadlines computed from it do not overflow.
+        let out = crate::run_local(2, c, |comm| {
+            let mut v = [comm.rank() as f32 + 1.0];
+            comm.all_reduce(&mut v, crate::ReduceOp::Sum)?;
+            comm.barrier()?;
+            Ok::<_, Error>(v[0])
+        });
+        for r in out {
+            assert!(matches!(r, Ok(Ok(x)) if x == 3.0), "{r:?}");
+        }
     }
 }

@@ -110,6 +110,9 @@ impl Communicator {
         config: Config,
         store_server: Option<Arc<TcpStoreServer>>,
     ) -> Communicator {
+        // A longer timeout than the longest kept (set through the public field) means the same.
+        let timeout = config.timeout;
+        let config = config.with_timeout(timeout);
         let uses_arena = group == ARENA_GROUP
             && transport.arena().is_some()
             && members.iter().copied().eq(0..transport.size());

@@ -381,7 +381,7 @@ impl InitOptions {
                             reason: "expected a non-negative number of seconds (0: no heartbeats)"
                                 .into(),
                         })?;
-                    (secs > 0.0).then(|| std::time::Duration::from_secs_f64(secs))
+                    crate::config::timeout_from_secs(secs)
                 }
             },
             config,
