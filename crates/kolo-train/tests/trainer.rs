@@ -143,6 +143,22 @@ fn resuming_another_model_is_refused() {
 fn bad_settings_are_errors() {
     let dir = tempfile::tempdir().expect("tempdir");
     let res = train(
+        2,
+        &TrainConfig {
+            model: ModelKind::Resnet18,
+            sync_bn: true,
+            uneven: true,
+            ..synthetic(dir.path(), 1)
+        },
+    );
+    for r in &res {
+        assert!(
+            matches!(r, Err(RunError::Train(TrainError::InvalidArgument { arg: "sync-bn", reason }))
+                if reason.contains("--uneven")),
+            "{r:?}"
+        );
+    }
+    let res = train(
         1,
         &TrainConfig {
             batch_size: 0,

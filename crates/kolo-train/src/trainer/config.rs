@@ -169,6 +169,13 @@ pub(super) fn check_config(cfg: &TrainConfig) -> Result<()> {
             ),
         });
     }
+    if cfg.sync_bn && cfg.uneven {
+        return bad(
+            "sync-bn",
+            "cannot be combined with --uneven: synchronized BatchNorm gathers statistics from every \
+             rank in each forward pass, which a rank out of data no longer runs",
+        );
+    }
     if cfg.reduce == kolo_ddp::ddp::GradientReduce::Adasum {
         if cfg.compression != kolo_ddp::ddp::Compression::None {
             return bad(
