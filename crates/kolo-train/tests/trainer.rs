@@ -140,6 +140,31 @@ fn resuming_another_model_is_refused() {
 }
 
 #[test]
+fn an_error_of_one_rank_fails_the_others_at_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Rank 0 cannot create its run directory (a file is in the way); the others wait for its path.
+    let file = dir.path().join("not-a-dir");
+    std::fs::write(&file, b"x").expect("file");
+    let started = std::time::Instant::now();
+    let res = train(
+        3,
+        &TrainConfig {
+            out: Some(file),
+            ..synthetic(dir.path(), 1)
+        },
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "the others waited"
+    );
+    assert!(res[0].is_err(), "{:?}", res[0]);
+    for r in &res[1..] {
+        let text = r.as_ref().err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(text.contains("rank 0"), "{text}");
+    }
+}
+
+#[test]
 fn bad_settings_are_errors() {
     let dir = tempfile::tempdir().expect("tempdir");
     let res = train(

@@ -40,6 +40,18 @@ pub fn run(comm: &Communicator, cfg: &TrainConfig) -> Result<Summary> {
 /// Trains on this rank of `comm` according to `cfg` with tensors on `device`; every rank returns
 /// the summary.
 pub fn run_on(comm: &Communicator, cfg: &TrainConfig, device: &Device) -> Result<Summary> {
+    let out = train_on(comm, cfg, device);
+    // An error of this rank alone (its files, its optimizer step) fails the peers at once, naming
+    // it, instead of leaving them to wait in their next collective until the timeout.
+    if let Err(e) = &out {
+        if comm.failure().is_none() {
+            comm.abort(&e.to_string());
+        }
+    }
+    out
+}
+
+fn train_on(comm: &Communicator, cfg: &TrainConfig, device: &Device) -> Result<Summary> {
     config::check_config(cfg)?;
     let (rank, world) = (comm.rank(), comm.size());
     let place = Placement::new(rank, world, cfg.replicas)?;
