@@ -160,7 +160,10 @@ fn an_error_of_one_rank_fails_the_others_at_once() {
     assert!(res[0].is_err(), "{:?}", res[0]);
     for r in &res[1..] {
         let text = r.as_ref().err().map(|e| e.to_string()).unwrap_or_default();
-        assert!(text.contains("rank 0"), "{text}");
+        assert!(
+            text.contains("rank 0") && text.contains("not-a-dir"),
+            "{text}"
+        );
     }
 }
 

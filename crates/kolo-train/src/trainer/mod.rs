@@ -41,8 +41,9 @@ pub fn run(comm: &Communicator, cfg: &TrainConfig) -> Result<Summary> {
 /// the summary.
 pub fn run_on(comm: &Communicator, cfg: &TrainConfig, device: &Device) -> Result<Summary> {
     let out = train_on(comm, cfg, device);
-    // An error of this rank alone (its files, its optimizer step) fails the peers at once, naming
-    // it, instead of leaving them to wait in their next collective until the timeout.
+    // An error of this rank alone (its files, its optimizer step) fails the peers at once with its
+    // reason, not only "rank 0 has closed its communicator" (or, where the rank lives on, the wait
+    // for it until the timeout).
     if let Err(e) = &out {
         if comm.failure().is_none() {
             comm.abort(&e.to_string());
