@@ -63,8 +63,7 @@ pub(super) fn matmul_into<T: WithDType>(
     }
     let (m, k, n) = (lhs.rows, lhs.cols, rhs.cols);
     let dst_fits = m == 0 || n == 0 || (m - 1) * dst_rs + (n - 1) * dst_cs < dst.len();
-    // Distinct elements: one of the strides spans the whole extent of the other.
-    let distinct = m <= 1 || n <= 1 || dst_rs >= n * dst_cs || dst_cs >= m * dst_rs;
+    let distinct = distinct(m, n, dst_rs, dst_cs);
     if rhs.rows != k || !lhs.fits() || !rhs.fits() || !dst_fits || !distinct {
         candle_core::bail!(
             "{op}: GEMM of [{m}, {k}] @ [{}, {n}] into {} values does not fit",
@@ -118,4 +117,47 @@ pub(super) fn matmul_into<T: WithDType>(
         );
     }
     Ok(())
+}
+
+/// Whether the `m × n` elements at `i·rs + j·cs` are distinct: a stride that moves along a
+/// dimension of more than one element is not zero, and one of the strides spans the whole extent
+/// of the other.
+fn distinct(m: usize, n: usize, rs: usize, cs: usize) -> bool {
+    match (m <= 1, n <= 1) {
+        (true, true) => true,
+        (true, false) => cs > 0,
+        (false, true) => rs > 0,
+        (false, false) => rs > 0 && cs > 0 && (rs >= n * cs || cs >= m * rs),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aliased_destinations_are_refused() {
+        // (rows, cols, row stride, column stride) of a destination and whether it is distinct.
+        for (m, n, rs, cs, want) in [
+            (2, 3, 3, 1, true),
+            (2, 3, 1, 2, true),
+            (1, 1, 0, 0, true),
+            (1, 3, 0, 1, true),
+            (3, 1, 1, 0, true),
+            (2, 3, 0, 1, false),
+            (2, 3, 3, 0, false),
+            (1, 3, 5, 0, false),
+            (3, 1, 0, 5, false),
+            (2, 3, 2, 1, false),
+        ] {
+            assert_eq!(distinct(m, n, rs, cs), want, "{m}x{n} strides ({rs}, {cs})");
+        }
+        let (a, b) = ([1.0f32; 4], [1.0f32; 4]);
+        let mut dst = [0.0f32; 8];
+        let lhs = MatRef::row_major(&a[..], 2, 2);
+        let rhs = MatRef::row_major(&b[..], 2, 2);
+        assert!(matmul_into("t", &mut dst, (2, 1), lhs, rhs, false).is_ok());
+        assert!(matmul_into("t", &mut dst, (2, 0), lhs, rhs, false).is_err());
+        assert!(matmul_into("t", &mut dst, (0, 1), lhs, rhs, false).is_err());
+    }
 }
