@@ -167,6 +167,12 @@ impl<O: StepOptimizer> DistributedOptimizer<O> {
         &self.ddp
     }
 
+    /// The data-parallel wrapper, mutably: communication hooks, compression, timeline after
+    /// wrapping.
+    pub fn ddp_mut(&mut self) -> &mut Ddp {
+        &mut self.ddp
+    }
+
     /// The wrapped optimizer.
     pub fn inner(&self) -> &O {
         &self.opt

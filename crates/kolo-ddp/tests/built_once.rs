@@ -108,11 +108,11 @@ fn train(comm: &Communicator, build: Build, s: Setting) -> Result<Params, TrainE
     let opt: Box<dyn DynOptimizer> = if s.zero {
         Box::new(ShardedOptimizer::new(
             comm,
-            ddp.params().to_vec(),
+            ddp.params(),
             OptimizerConfig::Sgd(sgd),
         )?)
     } else {
-        Box::new(kolo_ddp::optim::Sgd::new(ddp.params().to_vec(), sgd)?)
+        Box::new(kolo_ddp::optim::Sgd::new(ddp.params(), sgd)?)
     };
     let mut dopt = DistributedOptimizer::new(ddp, opt, 1)?;
     let builder = |d: &Ddp| match s.compute {
@@ -262,7 +262,7 @@ fn tied_weights_under_overlap_equal_one_process() {
         let got = on_ranks(2, config(), |comm| -> Result<Params, TrainError> {
             let varmap = tied_varmap()?;
             let ddp = Ddp::new(&comm, &varmap, DdpOptions::default())?;
-            let opt = SGD::new(ddp.params().iter().map(|(_, v)| v.clone()).collect(), LR)?;
+            let opt = SGD::new(ddp.vars(), LR)?;
             let mut dopt = DistributedOptimizer::new(ddp, opt, 1)?;
             let once = match build {
                 Build::Once => Some(TiedLm::new(
@@ -310,7 +310,7 @@ fn a_model_that_missed_a_refresh_is_an_error_naming_what_to_do() {
         let ddp = Ddp::new(&comm, &varmap, DdpOptions::default())?;
         let net = ConvNet::new(ddp.var_builder(DType::F32, &Device::Cpu), false)?;
         // candle's own optimizer on the Ddp's variables: kolo never sees the step.
-        let mut opt = SGD::new(ddp.params().iter().map(|(_, v)| v.clone()).collect(), LR)?;
+        let mut opt = SGD::new(ddp.vars(), LR)?;
         for step in 0..STEPS {
             let (x, y) = rank_share(&conv_batch(step, 2, &Device::Cpu)?, comm.rank())?;
             let grads = ddp.backward(&net.loss(&x, &y)?)?;

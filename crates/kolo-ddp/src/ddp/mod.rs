@@ -309,7 +309,9 @@ impl Ddp {
         r
     }
 
-    fn vars(&self) -> Vec<Var> {
+    /// The trainable parameters as candle variables, for a candle optimizer
+    /// (`candle_nn::SGD::new(ddp.vars(), lr)`).
+    pub fn vars(&self) -> Vec<Var> {
         self.params.iter().map(|(_, v)| v.clone()).collect()
     }
 

@@ -34,9 +34,9 @@ impl AdamW {
     /// Creates the optimizer over `vars` (name, variable) pairs, in the given order. Names must
     /// be unique; variables must be floating point; the configuration must be valid (as
     /// PyTorch checks it).
-    pub fn new(vars: Vec<(String, Var)>, config: AdamWConfig) -> Result<Self> {
+    pub fn new(vars: impl Into<Vec<(String, Var)>>, config: AdamWConfig) -> Result<Self> {
         config.validate()?;
-        let params = Params::new(NAME, vars)?;
+        let params = Params::new(NAME, vars.into())?;
         let zeros = || {
             params
                 .vars

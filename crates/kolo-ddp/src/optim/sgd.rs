@@ -41,9 +41,9 @@ impl Sgd {
     /// Creates the optimizer over `vars` (name, variable) pairs, in the given order. Names must
     /// be unique; variables must be floating point; the configuration must be valid (as
     /// PyTorch checks it).
-    pub fn new(vars: Vec<(String, Var)>, config: SgdConfig) -> Result<Self> {
+    pub fn new(vars: impl Into<Vec<(String, Var)>>, config: SgdConfig) -> Result<Self> {
         config.validate()?;
-        let params = Params::new(NAME, vars)?;
+        let params = Params::new(NAME, vars.into())?;
         let momentum = if config.momentum != 0.0 {
             params
                 .vars

@@ -131,9 +131,10 @@ impl ShardedOptimizer {
     /// (names, shapes, dtype); all variables must share one dtype, f32 or f64. A collective.
     pub fn new(
         comm: &Communicator,
-        vars: Vec<(String, Var)>,
+        vars: impl Into<Vec<(String, Var)>>,
         config: OptimizerConfig,
     ) -> Result<Self> {
+        let vars = vars.into();
         let noun = format!("{NAME}: variable");
         vars_comm::check_same_vars(comm, &vars, &noun)?;
         let dtype = vars_comm::common_float_dtype(&vars, &noun)?;
