@@ -49,5 +49,5 @@ pub use batch::{batches, num_batches, Batches};
 pub use dataset::{Dataset, Split};
 pub use error::DataError;
 pub use registry::{load, search_dirs, DatasetKind, DATA_DIR_ENV};
-pub use sampler::{DataPartitioner, DistributedSampler};
+pub use sampler::{DataPartitioner, DistributedSampler, SamplerBuilder};
 pub use synthetic::SyntheticSpec;

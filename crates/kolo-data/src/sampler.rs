@@ -51,7 +51,85 @@ fn check_ranks(num_replicas: usize, rank: usize) -> Result<(), DataError> {
     Ok(())
 }
 
+/// Named options for a [`DistributedSampler`], with torch's defaults: shuffled, seed 0, padded
+/// (not `drop_last`), even shards.
+///
+/// ```
+/// use kolo_data::DistributedSampler;
+/// let sampler = DistributedSampler::builder(60_000, 4, 1).seed(7).drop_last(true).build()?;
+/// assert_eq!(sampler.indices().len(), 15_000);
+/// # Ok::<(), kolo_data::DataError>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use = "a builder does nothing until build() is called"]
+pub struct SamplerBuilder {
+    len: usize,
+    num_replicas: usize,
+    rank: usize,
+    shuffle: bool,
+    seed: u64,
+    drop_last: bool,
+    uneven: bool,
+}
+
+impl SamplerBuilder {
+    /// Whether the order is a permutation seeded with seed + epoch (default true).
+    pub fn shuffle(self, shuffle: bool) -> Self {
+        SamplerBuilder { shuffle, ..self }
+    }
+
+    /// The seed every rank shuffles with (default 0; the same on every rank).
+    pub fn seed(self, seed: u64) -> Self {
+        SamplerBuilder { seed, ..self }
+    }
+
+    /// Even shards by dropping the tail instead of repeating samples (default false).
+    pub fn drop_last(self, drop_last: bool) -> Self {
+        SamplerBuilder { drop_last, ..self }
+    }
+
+    /// Every sample exactly once, shards differing by at most one (for training with join; see
+    /// [`DistributedSampler::uneven`]); `drop_last` is then ignored.
+    pub fn uneven(self) -> Self {
+        SamplerBuilder {
+            uneven: true,
+            ..self
+        }
+    }
+
+    /// The sampler; errors if `num_replicas` is 0 or `rank >= num_replicas`.
+    pub fn build(self) -> Result<DistributedSampler, DataError> {
+        let b = self;
+        if b.uneven {
+            DistributedSampler::uneven(b.len, b.num_replicas, b.rank, b.shuffle, b.seed)
+        } else {
+            DistributedSampler::new(
+                b.len,
+                b.num_replicas,
+                b.rank,
+                b.shuffle,
+                b.seed,
+                b.drop_last,
+            )
+        }
+    }
+}
+
 impl DistributedSampler {
+    /// A builder for rank `rank` of `num_replicas` over a dataset of `len` samples, with named
+    /// options ([`SamplerBuilder`]).
+    pub fn builder(len: usize, num_replicas: usize, rank: usize) -> SamplerBuilder {
+        SamplerBuilder {
+            len,
+            num_replicas,
+            rank,
+            shuffle: true,
+            seed: 0,
+            drop_last: false,
+            uneven: false,
+        }
+    }
+
     /// An even-mode sampler (see the type's docs) for a dataset of `len`
     /// samples. Errors if `num_replicas` is 0 or `rank >= num_replicas`.
     pub fn new(

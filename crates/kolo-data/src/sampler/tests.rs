@@ -259,3 +259,35 @@ fn uneven_mode_covers_every_sample_once_shuffled_per_epoch() -> TestResult {
     assert!(DistributedSampler::uneven(10, 2, 2, true, 0).is_err());
     Ok(())
 }
+
+#[test]
+fn the_builder_names_the_positional_options() {
+    for (shuffle, seed, drop_last) in [(true, 0, false), (false, 3, true), (true, 9, true)] {
+        let built = DistributedSampler::builder(103, 4, 2)
+            .shuffle(shuffle)
+            .seed(seed)
+            .drop_last(drop_last)
+            .build()
+            .ok();
+        assert_eq!(
+            built,
+            DistributedSampler::new(103, 4, 2, shuffle, seed, drop_last).ok()
+        );
+        let uneven = DistributedSampler::builder(103, 4, 2)
+            .shuffle(shuffle)
+            .seed(seed)
+            .uneven()
+            .build()
+            .ok();
+        assert_eq!(
+            uneven,
+            DistributedSampler::uneven(103, 4, 2, shuffle, seed).ok()
+        );
+    }
+    // torch's defaults: shuffled, seed 0, padded.
+    assert_eq!(
+        DistributedSampler::builder(10, 3, 0).build().ok(),
+        DistributedSampler::new(10, 3, 0, true, 0, false).ok()
+    );
+    assert!(DistributedSampler::builder(10, 3, 3).build().is_err());
+}
