@@ -89,12 +89,22 @@ fn bad(path: &Path, reason: impl Into<String>) -> TrainError {
 }
 
 /// Writes a checkpoint of `vars` (parameters and buffers), `optimizer` and `state` into `root`.
+/// A [`ShardedOptimizer`](crate::optim::ShardedOptimizer) is refused (its state is one rank's
+/// shard): save what its [`gather_state`](crate::optim::DynOptimizer::gather_state) returns on
+/// rank 0 instead (a collective: call it on every rank).
 pub fn save(
     root: &Path,
     vars: &[(String, Var)],
     optimizer: &dyn OptimizerState,
     state: &TrainState,
 ) -> Result<PathBuf> {
+    if optimizer.is_shard() {
+        return Err(bad(
+            root,
+            "the optimizer's state is this rank's shard of a ShardedOptimizer: save \
+             opt.gather_state()? (called on every rank; Some on rank 0) instead",
+        ));
+    }
     fs::create_dir_all(root).map_err(io(root))?;
     let name = format!("epoch-{:04}", state.epoch);
     let tmp = root.join(format!("{name}.tmp"));

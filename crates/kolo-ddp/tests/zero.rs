@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::{VarBuilder, VarMap};
-use common::{init, max_relative_difference, on_ranks, params, Params};
+use common::{error_text, init, max_relative_difference, on_ranks, params, Params};
 use kolo::Config;
 use kolo_ddp::checkpoint::{self, TrainState};
 use kolo_ddp::ddp::{Ddp, DdpOptions};
@@ -157,6 +157,14 @@ fn train_rank(comm: &kolo::Communicator, run: &Run) -> Result<Outcome, TrainErro
                 batch_size: GLOBAL / n,
             };
             checkpoint::save(dir, &sorted_vars(&varmap), &s, &state)?;
+            // A sharded optimizer itself is one rank's shard: refused, naming what to save instead.
+            if dopt.inner().is_shard() {
+                let shard = checkpoint::save(dir, &sorted_vars(&varmap), &**dopt.inner(), &state);
+                assert!(
+                    error_text(shard).contains("gather_state"),
+                    "a shard must not be saved as a checkpoint"
+                );
+            }
         }
     }
     Ok(Outcome {

@@ -412,6 +412,10 @@ impl OptimizerState for ShardedOptimizer {
         self.local.state()
     }
 
+    fn is_shard(&self) -> bool {
+        true
+    }
+
     /// Takes the *full* state of every variable (as an unsharded optimizer or
     /// [`DynOptimizer::gather_state`] saves it, from any number of ranks), checks all of it and
     /// keeps this rank's shard. Not a collective.

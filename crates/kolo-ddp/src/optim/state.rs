@@ -20,6 +20,12 @@ pub trait OptimizerState {
     fn step_count(&self) -> u64;
     /// Sets the step count (see [`OptimizerState::step_count`]).
     fn set_step_count(&mut self, n: u64);
+    /// Whether [`OptimizerState::state`] is only this rank's shard of the state (a
+    /// [`ShardedOptimizer`](super::ShardedOptimizer)): a checkpoint then needs
+    /// [`DynOptimizer::gather_state`], and [`crate::checkpoint::save`] refuses the shard.
+    fn is_shard(&self) -> bool {
+        false
+    }
 }
 
 /// An object-safe optimizer: what [`build`](super::build) returns. ([`candle_nn::Optimizer`] itself is not
