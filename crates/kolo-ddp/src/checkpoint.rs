@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use candle_core::{Device, Shape, Tensor, Var};
+use candle_core::{DType, Device, Shape, Tensor, Var};
 use kolo::Communicator;
 use serde::{Deserialize, Serialize};
 
@@ -239,35 +239,128 @@ pub fn restore_vars(
 }
 
 /// Broadcasts named tensors from `root` to every rank: the root passes its tensors, the others get
-/// copies (same names, shapes, f32 values); every rank returns f32 tensors on `device`. The names
-/// and shapes go first, then the values in one flat broadcast.
+/// copies (same names, shapes, types and values); every rank returns the tensors on `device`. The
+/// names, shapes and types go first, then the values in one flat broadcast per type (f64 state and
+/// integer step counts stay exact; f16 and bf16 travel as f32, u32 as i64, all exactly).
 pub fn broadcast_tensors(
     comm: &Communicator,
     root: usize,
     tensors: Option<&HashMap<String, Tensor>>,
     device: &Device,
 ) -> Result<HashMap<String, Tensor>> {
-    let mut entries: Vec<(String, Vec<usize>)> = tensors
+    let mut entries: Vec<(String, Vec<usize>, String)> = tensors
         .map(|t| {
             t.iter()
-                .map(|(k, v)| (k.clone(), v.dims().to_vec()))
+                .map(|(k, v)| (k.clone(), v.dims().to_vec(), v.dtype().as_str().to_string()))
                 .collect()
         })
         .unwrap_or_default();
     entries.sort();
-    let entries: Vec<(String, Vec<usize>)> =
+    let entries: Vec<(String, Vec<usize>, String)> =
         comm.broadcast_object((comm.rank() == root).then_some(entries), root)?;
-    let shapes = entries
-        .iter()
-        .map(|(_, d)| Shape::from(d.clone()))
-        .collect();
-    let mut flat = match tensors {
-        Some(t) if comm.rank() == root => {
-            Flat::<f32>::of(entries.iter().filter_map(|(name, _)| t.get(name)))?
+    let mut out = HashMap::with_capacity(entries.len());
+    for dtype in [
+        DType::F32,
+        DType::F64,
+        DType::F16,
+        DType::BF16,
+        DType::I64,
+        DType::U32,
+        DType::U8,
+    ] {
+        let group: Vec<&(String, Vec<usize>, String)> =
+            entries.iter().filter(|e| e.2 == dtype.as_str()).collect();
+        if group.is_empty() {
+            continue;
         }
-        _ => Flat::zeros(shapes),
+        let mine = tensors.filter(|_| comm.rank() == root);
+        let got = match dtype {
+            // f16 and bf16 are exact in f32, u32 in i64: cast back below.
+            DType::F32 | DType::F16 | DType::BF16 => {
+                broadcast_group::<f32>(comm, root, mine, &group, device)?
+            }
+            DType::F64 => broadcast_group::<f64>(comm, root, mine, &group, device)?,
+            DType::U8 => broadcast_group::<u8>(comm, root, mine, &group, device)?,
+            _ => broadcast_group::<i64>(comm, root, mine, &group, device)?,
+        };
+        for ((name, _, _), t) in group.into_iter().zip(got) {
+            out.insert(name.clone(), t.to_dtype(dtype)?);
+        }
+    }
+    if out.len() != entries.len() {
+        let unknown: Vec<&str> = entries
+            .iter()
+            .filter(|e| !out.contains_key(&e.0))
+            .map(|e| e.0.as_str())
+            .collect();
+        return Err(TrainError::Unsupported {
+            what: format!("broadcasting tensors of an unsupported type: {unknown:?}"),
+        });
+    }
+    Ok(out)
+}
+
+/// One flat broadcast of the tensors `group` names (all of one type, `T` on the wire).
+fn broadcast_group<T: kolo::Element + candle_core::WithDType>(
+    comm: &Communicator,
+    root: usize,
+    tensors: Option<&HashMap<String, Tensor>>,
+    group: &[&(String, Vec<usize>, String)],
+    device: &Device,
+) -> Result<Vec<Tensor>> {
+    let mut flat = match tensors {
+        Some(t) => Flat::<T>::of(group.iter().filter_map(|(name, _, _)| t.get(name)))?,
+        None => Flat::zeros(
+            group
+                .iter()
+                .map(|(_, d, _)| Shape::from(d.clone()))
+                .collect(),
+        ),
     };
     comm.broadcast(flat.values_mut(), root)?;
-    let names = entries.into_iter().map(|(name, _)| name);
-    Ok(names.zip(flat.tensors(device)?).collect())
+    flat.tensors(device)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn broadcast_tensors_keeps_every_type_and_value() -> Result<()> {
+        let dev = Device::Cpu;
+        let mut sent = HashMap::new();
+        // Values f32 cannot hold: an f64 with more than 24 bits of mantissa, a step count past 2^24.
+        sent.insert(
+            "m.f64".to_string(),
+            Tensor::new(&[0.1f64, 1.0 + 1e-12], &dev)?,
+        );
+        sent.insert("step".to_string(), Tensor::new(&[(1i64 << 40) + 1], &dev)?);
+        sent.insert("count".to_string(), Tensor::new(&[16_777_217u32], &dev)?);
+        sent.insert("w".to_string(), Tensor::new(&[[1.5f32, -2.0]], &dev)?);
+        sent.insert(
+            "h".to_string(),
+            Tensor::new(&[0.3f32], &dev)?.to_dtype(DType::BF16)?,
+        );
+        sent.insert("b".to_string(), Tensor::new(&[7u8, 250], &dev)?);
+        let got = kolo::run_local(3, kolo::Config::default(), |comm| {
+            let mine = (comm.rank() == 1).then_some(&sent);
+            broadcast_tensors(&comm, 1, mine, &dev)
+        });
+        for (r, g) in got.into_iter().enumerate() {
+            let g = match g {
+                Ok(Ok(g)) => g,
+                other => panic!("rank {r}: {other:?}"),
+            };
+            assert_eq!(g.len(), sent.len());
+            for (name, t) in &sent {
+                let u = &g[name];
+                assert_eq!(u.dtype(), t.dtype(), "rank {r}: {name}");
+                assert_eq!(u.dims(), t.dims(), "rank {r}: {name}");
+                let same = t.to_dtype(DType::F64)?.flatten_all()?.to_vec1::<f64>()?
+                    == u.to_dtype(DType::F64)?.flatten_all()?.to_vec1::<f64>()?;
+                assert!(same, "rank {r}: {name} changed");
+            }
+        }
+        Ok(())
+    }
 }
