@@ -309,8 +309,8 @@ struct Span {
 /// `obj` as (the object with the buffer, the span of it given): a `(buffer, byte_offset, count)`
 /// tuple names part of a buffer (how kolo.MPI passes mpi4py's `[buf, count, datatype]`), any
 /// other object is the whole of itself.
-fn split_span<'a, 'py>(
-    obj: &'a Bound<'py, PyAny>,
+fn split_span<'py>(
+    obj: &Bound<'py, PyAny>,
     arg: &str,
 ) -> PyResult<(Bound<'py, PyAny>, Option<Span>)> {
     let Ok(t) = obj.cast::<PyTuple>() else {
@@ -398,12 +398,12 @@ fn buffer_dtype(buf: &Export, dtype: Option<DType>, arg: &str) -> PyResult<DType
     let format = buf.format();
     let item = buf.item_size();
     match dtype {
-        Some(d) if reinterpretable(&format, item, d) => Ok(d),
+        Some(d) if reinterpretable(format, item, d) => Ok(d),
         Some(d) => Err(PyTypeError::new_err(format!(
             "{arg}: a buffer of format {format:?} ({item}-byte items) cannot be read as {}",
             dtype_name(d)
         ))),
-        None => format_dtype(&format, item).ok_or_else(|| {
+        None => format_dtype(format, item).ok_or_else(|| {
             PyTypeError::new_err(format!(
                 "{arg}: unsupported element type (buffer format {format:?}, {item}-byte items): \
                  kolo reduces {}",

@@ -424,16 +424,11 @@ impl PyCommunicator {
             let mut target = Target::<T>::new(h)?;
             let into = &mut target;
             let n = self.blocking_after(py, Some(Direction::Recv), move |c| {
-                let got = if wait {
-                    c.recv_vec::<T>(src, tag)?
-                } else {
-                    let mut r = c.irecv::<T>(src, tag, None);
-                    if !r.test() {
-                        return Ok(None);
-                    }
-                    r.wait()?
-                };
-                fill(c, into.elements_mut(), &got, src, tag).map(Some)
+                let buf = into.elements_mut();
+                match wait {
+                    true => c.recv_upto(buf, src, tag).map(Some),
+                    false => c.try_recv_upto(buf, src, tag),
+                }
             });
             // Released here, with the GIL (not in the closure, which runs without it).
             drop(target);
@@ -512,31 +507,4 @@ impl PyCommunicator {
         let sub = self.blocking(py, move |c| c.new_group(&ranks))?;
         sub.map(PyCommunicator::wrap).transpose()
     }
-}
-
-/// Copies a received message `got` into the start of `buf` (MPI's receive into a buffer of at
-/// most `buf.len()` elements); the element count, or the error of a message that does not fit.
-fn fill<T: kolo::Element>(
-    c: &Communicator,
-    buf: &mut [T],
-    got: &[T],
-    src: usize,
-    tag: u64,
-) -> kolo::Result<usize> {
-    let Some(dst) = buf.get_mut(..got.len()) else {
-        let size = std::mem::size_of::<T>();
-        return Err(kolo::Error::InvalidArgument {
-            op: "recv",
-            rank: c.rank(),
-            arg: "buf",
-            reason: format!(
-                "the message from rank {src} with tag {tag} has {} bytes, more than the buffer \
-                 holds ({} bytes; MPI's ERR_TRUNCATE)",
-                got.len() * size,
-                buf.len() * size
-            ),
-        });
-    };
-    dst.copy_from_slice(got);
-    Ok(got.len())
 }

@@ -10,9 +10,10 @@ go through scratch memory.
 """
 
 from . import request as rq
-from .types import (
+from .datatypes import (
     BAD_INPUT,
     IN_PLACE,
+    KOLO_OPS,
     OPS,
     Vector,
     missing,
@@ -20,9 +21,11 @@ from .types import (
     part,
     raw,
     to_int,
+    typed,
+    typed_like,
 )
 from .._comm import Work
-from .types import Datatype as DT
+from .datatypes import Datatype as DT
 
 SUM = OPS["SUM"]
 _EMPTY = (bytearray(), 0, 0)
@@ -33,14 +36,6 @@ def _nbytes(span):
     """Bytes in a native span (buffer, offset, bytes or None)."""
     buf, offset, n = span
     return memoryview(buf).nbytes - offset if n is None else n
-
-
-def _typed_like(sendbuf, dt):
-    """A reduction's send buffer (native form), checked to be of the receive buffer's type."""
-    s, sdt = part(sendbuf).typed()
-    if sdt != dt:
-        raise ValueError(f"mismatch in send and receive MPI datatypes ({sdt} and {dt})")
-    return s
 
 
 def _packed(v):
@@ -214,14 +209,16 @@ class Collectives:
     # -- reductions -------------------------------------------------------------------------------
     def Reduce(self, sendbuf, recvbuf, op=SUM, root=0):
         try:
-            name, root = op_name(op), self._root(root)
+            name = KOLO_OPS.get(op) or op_name(op)
+            if type(root) is not int or not 0 <= root < self._size:
+                root = self._root(root)
             if self._rank != root:
                 # kolo reduces in place: into a copy of the send buffer, off the root.
-                s, dt = part(sendbuf).typed()
+                s, dt = typed(sendbuf)
                 self._c.reduce(None, root, name, dt, None, s)
                 return
-            r, dt = part(recvbuf).typed()
-            s = None if sendbuf is IN_PLACE else _typed_like(sendbuf, dt)
+            r, dt = typed(recvbuf)
+            s = None if sendbuf is IN_PLACE else typed_like(sendbuf, recvbuf, dt)
             self._c.reduce(r, root, name, dt, None, s)
         except BAD_INPUT as e:
             self._fail("Reduce", e)
@@ -229,9 +226,9 @@ class Collectives:
 
     def Allreduce(self, sendbuf, recvbuf, op=SUM):
         try:
-            r, dt = part(recvbuf).typed()
-            s = None if sendbuf is IN_PLACE else _typed_like(sendbuf, dt)
-            self._c.all_reduce(r, op_name(op), dt, None, s)
+            r, dt = typed(recvbuf)
+            s = None if sendbuf is IN_PLACE else typed_like(sendbuf, recvbuf, dt)
+            self._c.all_reduce(r, KOLO_OPS.get(op) or op_name(op), dt, None, s)
         except BAD_INPUT as e:
             self._fail("Allreduce", e)
             raise
@@ -246,7 +243,7 @@ class Collectives:
                 s, r = (buf, off, per * n), (buf, off, per)
             else:
                 r, dt = rp.typed()
-                s = _typed_like(sendbuf, dt)
+                s = typed_like(sendbuf, recvbuf, dt)
             self._c.reduce_scatter(s, r, name, dt)
         except BAD_INPUT as e:
             self._fail("Reduce_scatter_block", e)
@@ -271,8 +268,8 @@ class Collectives:
 
     def Iallreduce(self, sendbuf, recvbuf, op=SUM):
         try:
-            r, dt = part(recvbuf).typed()
-            s = None if sendbuf is IN_PLACE else _typed_like(sendbuf, dt)
+            r, dt = typed(recvbuf)
+            s = None if sendbuf is IN_PLACE else typed_like(sendbuf, recvbuf, dt)
             name = op_name(op)
             return _issued(lambda done: self._c.all_reduce(r, name, dt, done, s))
         except BAD_INPUT as e:

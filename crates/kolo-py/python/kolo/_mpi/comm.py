@@ -8,7 +8,7 @@ native communicator (no copies in Python): point to point in `p2p`, collectives 
 from . import request as rq
 from .collectives import Collectives
 from .p2p import P2P
-from .types import BAD_INPUT, OPS, UNDEFINED, add_missing, reduce_objects
+from .datatypes import BAD_INPUT, OPS, UNDEFINED, add_missing, reduce_objects
 
 SUM = OPS["SUM"]
 

@@ -9,8 +9,8 @@ takes a message of at most its buffer's length, filling its start and leaving th
 import pickle
 
 from . import request as rq
-from .types import ANY_SOURCE, ANY_TAG, BAD_INPUT, PROC_NULL, raw, to_int
-from .types import Datatype as DT
+from .datatypes import ANY_SOURCE, ANY_TAG, BAD_INPUT, PROC_NULL, raw, to_int
+from .datatypes import Datatype as DT
 
 _U8 = "uint8"
 
@@ -85,15 +85,18 @@ class P2P:
 
     def Isend(self, buf, dest, tag=0):
         self.Send(buf, dest, tag)
-        return rq.Request()
+        return rq.Request()  # complete: the message is the transport's
 
     Ibsend = Irsend = Isend
 
     def Irecv(self, buf, source=ANY_SOURCE, tag=ANY_TAG):
         try:
-            source, tag = recv_from(source, tag)
-            if source is None:
-                return rq.proc_null_request()
+            if type(source) is not int or type(tag) is not int or source < 0 or tag < 0:
+                source, tag = recv_from(source, tag)
+                if source is None:
+                    return rq.proc_null_request()
+            if type(buf) is list and len(buf) == 3 and type(buf[1]) is int and type(buf[2]) is DT:
+                return rq.Receive(self, (buf[0], 0, buf[1] * buf[2].size), source, tag)  # see Send
             return rq.Receive(self, raw(buf), source, tag)
         except BAD_INPUT as e:
             self._fail("Irecv", e)

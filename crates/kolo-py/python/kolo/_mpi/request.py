@@ -3,14 +3,15 @@
 kolo's sends are buffered (a send returns once the transport has the message), so ``Isend``
 returns a request that is already complete. ``Irecv`` posts nothing: its request receives when
 it is waited on or tested — after the receives posted before it from the same source with the
-same tag, which MPI's matching order gives the messages first. Since no send waits for a
-receive, receiving late cannot deadlock a program that is correct under MPI.
+same tag, which MPI's matching order gives the messages first (each request knows the one posted
+before it). Since no send waits for a receive, receiving late cannot deadlock a program that is
+correct under MPI.
 """
 
 import collections
 import time
 
-from .types import (
+from .datatypes import (
     ANY_SOURCE,
     ANY_TAG,
     BYTE,
@@ -94,57 +95,54 @@ def fill(status, source, tag, nbytes):
 
 class Request:
     """An operation issued; ``Wait``/``Test`` complete it. A completed request is
-    ``MPI.REQUEST_NULL`` (false, equal to it)."""
+    ``MPI.REQUEST_NULL`` (false, equal to it). This class is also a completed send's request
+    (kolo's sends complete at once) and ``REQUEST_NULL``: nothing to keep per object."""
 
-    __slots__ = ("_pending", "_status", "_result")
-
-    def __init__(self, result=None):
-        self._pending = False
-        self._status = None  # (source, tag, bytes) of a completed receive
-        self._result = result
+    __slots__ = ()
+    _pending = False
+    _result = None
 
     # -- one request -----------------------------------------------------------------------------
     def _progress(self, block):
         """Completes the operation if it can (waiting for it if `block`); whether it has."""
         return True
 
+    def _report(self, status):
+        """Fills `status` in for the completed operation (a send's, an empty status)."""
+        status._set(ANY_SOURCE, ANY_TAG, 0)
+
     def Wait(self, status=None):
         if self._pending:
             self._progress(True)
-        self._report(status)
+        if status is not None:
+            self._report(status)
         return True
 
     def Test(self, status=None):
         if self._pending and not self._progress(False):
             return False
-        self._report(status)
+        if status is not None:
+            self._report(status)
         return True
 
     def wait(self, status=None):
         self.Wait(status)
-        result, self._result = self._result, None
+        result = self._result
+        if result is not None:
+            self._result = None
         return result
 
     def test(self, status=None):
         if not self.Test(status):
             return (False, None)
-        result, self._result = self._result, None
-        return (True, result)
+        return (True, self.wait())
 
     def Get_status(self, status=None):
         """Whether the request has completed (without completing it)."""
         done = not self._pending
-        if done:
+        if done and status is not None:
             self._report(status)
         return done
-
-    def _report(self, status):
-        if status is None:
-            return
-        if self._status is None:
-            status._set(ANY_SOURCE, ANY_TAG, 0)
-        else:
-            status._set(*self._status)
 
     def Free(self):
         if self._pending:
@@ -221,8 +219,7 @@ class Request:
         i, flag = Request.Testany(requests)
         if not flag or i == UNDEFINED:
             return (i, flag, None)
-        result, requests[i]._result = requests[i]._result, None
-        return (i, True, result)
+        return (i, True, requests[i].wait())
 
     @staticmethod
     def Waitsome(requests, statuses=None):
@@ -291,89 +288,106 @@ REQUEST_NULL = Request()
 
 
 class Receive(Request):
-    """A posted receive (see the module's documentation): of `part` (native form) or, when
-    `part` is None, of a pickled object."""
+    """A posted receive (see the module's documentation): into `span` (native form) or, when
+    `span` is None, of a pickled object (its `_result`)."""
 
-    __slots__ = ("_comm", "_part", "_source", "_tag")
+    __slots__ = ("_pending", "_result", "_comm", "_span", "_source", "_tag", "_key", "_before",
+                 "_count")
 
-    def __init__(self, comm, part, source, tag):
-        super().__init__()
-        self._comm, self._part, self._source, self._tag = comm, part, source, tag
-        self._pending = True
-        comm._posted[(source, tag)].append(self)
+    def __init__(self, comm, span, source, tag, pending=True):
+        self._comm, self._span, self._source, self._tag = comm, span, source, tag
+        self._pending, self._result, self._count, self._before = pending, None, 0, None
+        if pending:
+            # The last receive posted with the same source and tag (it is pending: a completed
+            # one leaves `_posted`) takes its message first.
+            posted = comm._posted
+            self._key = key = (source, tag)
+            self._before = posted.get(key)
+            posted[key] = self
+
+    def _report(self, status):
+        status._set(self._source, self._tag, self._count)
+
+    def Wait(self, status=None):
+        # Request.Wait with its common case inline (a call costs as much as the rest).
+        if self._pending:
+            if self._before is None:
+                self._receive(True)
+            else:
+                self._progress(True)
+        if status is not None:
+            status._set(self._source, self._tag, self._count)
+        return True
 
     def _progress(self, block):
-        posted, key = self._comm._posted, (self._source, self._tag)
-        queue = posted.get(key)
-        if queue is None:
-            return not self._pending
-        try:
-            return self._take(queue, block)
-        finally:
-            if not queue:
-                del posted[key]  # a communicator without posted receives skips all this
-
-    def _take(self, queue, block):
-        """Completes the receives of `queue` up to this one: those posted before it take the
-        messages first."""
-        while queue:
-            head = queue[0]
-            try:
-                done = head._receive(block)
-            except BaseException:
-                queue.popleft()  # failed: complete (with its error raised here)
-                head._pending = False
-                raise
-            if not done:
-                return False
-            queue.popleft()
-            if head is self:
-                return True
-        return not self._pending
+        before = self._before
+        if before is not None:
+            chain = []
+            while before is not None and before._pending:
+                chain.append(before)
+                before = before._before
+            for r in reversed(chain):
+                if not r._receive(block):
+                    return False
+            self._before = None
+        return self._receive(block)
 
     def _receive(self, block):
         c = self._comm._c
-        if self._part is None:
-            data = c.recv_bytes(self._source, self._tag, wait=block)
-            if data is None:
-                return False
-            self._result = self._comm._loads(data)
-            n = len(data)
-        else:
-            n = c.recv_upto(self._part, self._source, self._tag, "uint8", wait=block)
-            if n is None:
-                return False
-        self._status = (self._source, self._tag, n)
+        try:
+            if self._span is not None:
+                n = c.recv_upto(self._span, self._source, self._tag, "uint8", block)
+            else:
+                data = c.recv_bytes(self._source, self._tag, block)
+                n = None if data is None else len(data)
+                if data is not None:
+                    self._result = self._comm._loads(data)
+        except BaseException:
+            self._complete()  # failed: complete, with its error raised here
+            raise
+        if n is None:
+            return False  # nothing yet (block=False)
+        self._count = n
+        # _complete(), inline.
         self._pending = False
+        self._before = None
+        posted = self._comm._posted
+        if posted.get(self._key) is self:
+            del posted[self._key]
+        return True
+
+    def _complete(self):
+        self._pending = False
+        self._before = None
+        posted = self._comm._posted
+        if posted.get(self._key) is self:
+            del posted[self._key]  # a communicator without posted receives skips the lookups
         return True
 
 
 def posted():
-    """A communicator's posted receives: a queue per (source, tag)."""
-    return collections.defaultdict(collections.deque)
+    """A communicator's posted receives: the last one posted per (source, tag)."""
+    return {}
 
 
 def complete_posted(comm, source, tag):
     """Completes the receives posted before a blocking one from `source` with `tag`."""
-    queue = comm._posted.get((source, tag))
-    if queue:
-        queue[-1]._progress(True)
+    last = comm._posted.get((source, tag))
+    if last is not None:
+        last._progress(True)
 
 
 def proc_null_request():
     """The completed request of a receive from `PROC_NULL`."""
-    r = Request()
-    r._status = (PROC_NULL, ANY_TAG, 0)
-    return r
+    return Receive(None, None, PROC_NULL, ANY_TAG, pending=False)
 
 
 class Pending(Request):
     """A nonblocking collective: kolo's `Work`."""
 
-    __slots__ = ("_work",)
+    __slots__ = ("_pending", "_work")
 
     def __init__(self, work):
-        super().__init__()
         self._work = work
         self._pending = True
 

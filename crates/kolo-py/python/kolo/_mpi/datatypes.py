@@ -247,11 +247,17 @@ OPS = {
 
 def op_name(op):
     """kolo's name of a reduction of buffers."""
+    name = KOLO_OPS.get(op) if type(op) is Op else None
+    if name is not None:
+        return name
     if type(op) is not Op:
         raise TypeError(f"expected an MPI reduction operator (MPI.SUM, ...), got {op!r}")
     if op.kolo is None:
         raise missing(f"{op!r} on buffers", " (kolo reduces buffers with SUM, PROD, MIN and MAX)")
     return op.kolo
+
+
+KOLO_OPS = {op: op.kolo for op in OPS.values() if op.kolo is not None}
 
 
 def reduce_objects(op, items):
@@ -376,6 +382,43 @@ def raw(msg):
     if msg is None:
         raise TypeError("message: expected a buffer or a list/tuple, got None")
     return (msg, 0, None)
+
+
+def typed(msg):
+    """A simple message in the native form for reducing: (buffer, byte offset, count or None) —
+    or the buffer itself, whose format the native side reads — and kolo's element type (None:
+    the buffer's format's). The fast path of `part(msg).typed()`."""
+    t = type(msg)
+    if t is list or t is tuple:
+        n = len(msg)
+        if n == 2:
+            dt = msg[1]
+            if type(dt) is Datatype and dt.kolo is not None and msg[0] is not None:
+                return (msg[0], 0, None), dt.kolo
+        elif n == 3:
+            count, dt = msg[1], msg[2]
+            if (type(count) is int and type(dt) is Datatype and dt.kolo is not None
+                    and count >= 0 and msg[0] is not None):
+                return (msg[0], 0, count), dt.kolo
+        return part(msg).typed()
+    if msg is None:
+        raise TypeError("message: expected a buffer or a list/tuple, got None")
+    return msg, None
+
+
+def typed_like(sendbuf, recvbuf, dt):
+    """A reduction's send buffer in the native form, checked to be of the receive buffer's type
+    (`dt`, from `typed(recvbuf)`)."""
+    s, sdt = typed(sendbuf)
+    if sdt is None and dt is None:
+        return s  # two buffers alone: the native side checks their formats
+    if sdt is None:
+        sdt = format_datatype(sendbuf).kolo
+    if dt is None:
+        dt = format_datatype(recvbuf).kolo
+    if sdt != dt:
+        raise ValueError(f"mismatch in send and receive MPI datatypes ({sdt} and {dt})")
+    return s
 
 
 class Vector:
