@@ -180,14 +180,15 @@ def test_in_place_forms_of_gather_scatter_allgather():
 
 def test_mmap_buffers_as_the_osu_programs_allocate_them():
     def body(comm):
-        buf = mmap.mmap(-1, 64)
+        buf = mmap.mmap(-1, 64)  # zeros
         if comm.rank == 0:
             buf[:4] = b"abcd"
             comm.Send([buf, 4, MPI.BYTE], 1, 1)
-            comm.Bcast([buf, 0, MPI.BYTE], 0)
+            comm.Bcast([buf, 0, MPI.BYTE], 0)  # an empty message: nothing changes
             return None
+        buf[:] = b"\xff" * 64
         comm.Recv([buf, 4, MPI.BYTE], 0, 1)
         comm.Bcast([buf, 0, MPI.BYTE], 0)
         return bytes(buf[:6])
 
-    assert world(2, body)[1] == b"abcd\x00\x00"
+    assert world(2, body)[1] == b"abcd\xff\xff"
