@@ -1,9 +1,11 @@
-//! Python buffers (numpy arrays, `bytearray`, `memoryview`, `array.array`, a torch tensor's numpy
-//! view) as kolo's element slices: their element type read from the buffer's format, checked to
-//! be C-contiguous, aligned and (where kolo writes) writable, and held so that their memory stays
-//! put while a collective runs — as [`Target`] (written in place, or received into) and
-//! [`Source`] (read), kolo's [`CollectiveBuffer`]s, which kolo owns while an asynchronous
-//! collective runs and hands back when it completes.
+//! Python buffers (numpy arrays, `bytearray`, `memoryview`, `mmap`, `array.array`, a torch
+//! tensor's numpy view) as kolo's element slices: their element type read from the buffer's format,
+//! checked to be C-contiguous, aligned and (where kolo writes) writable, and held so that their
+//! memory stays put while a collective runs — as [`Target`] (written in place, or received into),
+//! [`Source`] (read) and [`Reduced`] (a reduction's), kolo's [`CollectiveBuffer`]s, which kolo owns
+//! while an asynchronous collective runs and hands back when it completes. A `(buffer,
+//! byte_offset, count)` tuple stands for part of a buffer (kolo.MPI's `[buf, count, datatype]`):
+//! only that part is read or written, in place.
 
 use std::cell::OnceCell;
 use std::marker::PhantomData;

@@ -18,6 +18,10 @@ to point: ``Send``/``Recv``/``Isend``/``Irecv``/``Sendrecv`` (and the object for
 ``COMM_WORLD`` is kolo's world from the launcher (``kolo run``, torchrun, ``srun``; a world of one
 without one), made on first use.
 
+A send or receive issued after a nonblocking collective (``Ibarrier``, ``Ibcast``, ``Iallreduce``)
+runs once that collective has completed (kolo orders them so), which MPI does not ask for: wait for
+the collective before a send its peers need in order to enter it.
+
 What kolo does not do raises `NotImplementedError` naming it (an `AttributeError` too, so
 ``hasattr`` says no): receives from ``ANY_SOURCE`` or with ``ANY_TAG`` (kolo matches one source
 and one tag), derived datatypes, one-sided communication (``Win``), dynamic processes
@@ -83,12 +87,13 @@ def Init():
     pass
 
 
+# Threads may call kolo.MPI one at a time (its posted receives are plain Python state).
 def Init_thread(required=THREAD_MULTIPLE):
-    return THREAD_MULTIPLE
+    return THREAD_SERIALIZED
 
 
 def Query_thread():
-    return THREAD_MULTIPLE
+    return THREAD_SERIALIZED
 
 
 def Is_initialized():
