@@ -1,18 +1,21 @@
-//! Python buffers (numpy arrays, `bytearray`, `memoryview`, `array.array`, a torch tensor's numpy
-//! view) as kolo's element slices: their element type read from the buffer's format, checked to
-//! be C-contiguous, aligned and (where kolo writes) writable, and held so that their memory stays
-//! put while a collective runs — as [`Target`] (written in place, or received into) and
-//! [`Source`] (read), kolo's [`CollectiveBuffer`]s, which kolo owns while an asynchronous
-//! collective runs and hands back when it completes.
+//! Python buffers (numpy arrays, `bytearray`, `memoryview`, `mmap`, `array.array`, a torch
+//! tensor's numpy view) as kolo's element slices: their element type read from the buffer's format,
+//! checked to be C-contiguous, aligned and (where kolo writes) writable, and held so that their
+//! memory stays put while a collective runs — as [`Target`] (written in place, or received into),
+//! [`Source`] (read) and [`Reduced`] (a reduction's), kolo's [`CollectiveBuffer`]s, which kolo owns
+//! while an asynchronous collective runs and hands back when it completes. A `(buffer,
+//! byte_offset, count)` tuple stands for part of a buffer (kolo.MPI's `[buf, count, datatype]`):
+//! only that part is read or written, in place.
 
 use std::cell::OnceCell;
 use std::marker::PhantomData;
 
 use kolo::{CollectiveBuffer, DType, Element};
-use pyo3::buffer::PyUntypedBuffer;
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::PyTuple;
 
+use crate::export::Export;
 use crate::names::{dtype_list, dtype_name};
 
 /// A held buffer: the exporter cannot free or move the memory until this is dropped (dropping
@@ -21,7 +24,7 @@ use crate::names::{dtype_list, dtype_name};
 #[derive(Debug)]
 pub(crate) struct Held {
     // Kept for its `Drop` (releases the export); the memory is reached through `region`.
-    _buf: Option<PyUntypedBuffer>,
+    _buf: Option<Export>,
     pub(crate) region: Region,
     /// Whether kolo may write into it (held for writing, or absent).
     writable: bool,
@@ -195,6 +198,80 @@ impl<T: Element> CollectiveBuffer for Source<T> {
     }
 }
 
+/// The buffer of a reduction, reduced in place: the caller's (a send buffer, if given, copied
+/// into it first), or, without one, a copy of the send buffer in memory of kolo's (a non-root
+/// rank's reduce, which leaves its send buffer as it was).
+#[derive(Debug)]
+pub(crate) enum Reduced<T> {
+    Held(Target<T>),
+    Owned(Vec<T>),
+}
+
+impl<T: Element> Reduced<T> {
+    /// From the held `buf` and `send` (see [`reduced`]).
+    pub(crate) fn new(buf: Option<Held>, send: Option<Held>) -> PyResult<Self> {
+        match (buf, send) {
+            (Some(b), None) => Ok(Reduced::Held(Target::new(b)?)),
+            (Some(b), Some(s)) => {
+                let mut target = Target::<T>::new(b)?;
+                // A copy of `send` is read where it shares memory with `buf`.
+                let source = Source::<T>::new(s, &target.held.region)?;
+                let (from, to) = (source.elements(), target.elements_mut());
+                if from.len() != to.len() {
+                    return Err(PyValueError::new_err(format!(
+                        "send: {} elements, and the receive buffer holds {}: a reduction's \
+                         buffers have one count",
+                        from.len(),
+                        to.len()
+                    )));
+                }
+                to.copy_from_slice(from);
+                Ok(Reduced::Held(target))
+            }
+            (None, Some(s)) => Ok(Reduced::Owned(Source::<T>::alone(s)?.elements().to_vec())),
+            (None, None) => Err(PyValueError::new_err(
+                "a reduction needs a buffer: buf, send or both",
+            )),
+        }
+    }
+}
+
+impl<T: Element> CollectiveBuffer for Reduced<T> {
+    type Elem = T;
+
+    fn elements(&self) -> &[T] {
+        match self {
+            Reduced::Held(t) => t.elements(),
+            Reduced::Owned(v) => v,
+        }
+    }
+
+    fn elements_mut(&mut self) -> &mut [T] {
+        match self {
+            Reduced::Held(t) => t.elements_mut(),
+            Reduced::Owned(v) => v,
+        }
+    }
+}
+
+/// Holds a reduction's buffers: `buf` (written) and `send` (read, of `buf`'s element type), of
+/// which at least one is given; and their element type.
+pub(crate) fn reduced(
+    buf: Option<&Bound<'_, PyAny>>,
+    send: Option<&Bound<'_, PyAny>>,
+    dtype: Option<DType>,
+) -> PyResult<(Option<Held>, Option<Held>, DType)> {
+    let h = buf.map(|b| hold(b, dtype, "buf", true)).transpose()?;
+    let dt = h.as_ref().map(|h| h.region.dtype).or(dtype);
+    let hs = send.map(|s| hold(s, dt, "send", false)).transpose()?;
+    match h.as_ref().or(hs.as_ref()).map(|h| h.region.dtype) {
+        Some(dt) => Ok((h, hs, dt)),
+        None => Err(PyValueError::new_err(
+            "a reduction needs a buffer: buf, send or both",
+        )),
+    }
+}
+
 /// The element type of a buffer format (`struct` module syntax, one item), or `None`.
 fn format_dtype(format: &str, item_size: usize) -> Option<DType> {
     let code = format.trim_start_matches(['@', '=', '<', '>', '!']);
@@ -224,38 +301,60 @@ fn reinterpretable(format: &str, item_size: usize, wanted: DType) -> bool {
     }
 }
 
+/// Part of a buffer: `count` elements (all from `offset` on, when `None`) from byte `offset`.
+#[derive(Debug, Clone, Copy)]
+struct Span {
+    offset: usize,
+    count: Option<usize>,
+}
+
+/// `obj` as (the object with the buffer, the span of it given): a `(buffer, byte_offset, count)`
+/// tuple names part of a buffer (how kolo.MPI passes mpi4py's `[buf, count, datatype]`), any
+/// other object is the whole of itself.
+fn split_span<'py>(
+    obj: &Bound<'py, PyAny>,
+    arg: &str,
+) -> PyResult<(Bound<'py, PyAny>, Option<Span>)> {
+    let Ok(t) = obj.cast::<PyTuple>() else {
+        return Ok((obj.clone(), None));
+    };
+    if t.len() != 3 {
+        return Err(PyTypeError::new_err(format!(
+            "{arg}: a part of a buffer is (buffer, byte offset, count), got a tuple of {} items",
+            t.len()
+        )));
+    }
+    let offset = t.get_item(1)?.extract::<usize>().map_err(|e| {
+        PyValueError::new_err(format!("{arg}: the byte offset must be an int >= 0: {e}"))
+    })?;
+    let count = t.get_item(2)?.extract::<Option<usize>>().map_err(|e| {
+        PyValueError::new_err(format!("{arg}: the count must be an int >= 0 or None: {e}"))
+    })?;
+    Ok((t.get_item(0)?, Some(Span { offset, count })))
+}
+
 /// Holds `obj`'s buffer as argument `arg` of an operation: C-contiguous, of a kolo element type
 /// (the format's, or `dtype` where given and compatible), aligned, and writable when `write`.
+/// A `(buffer, byte_offset, count)` tuple holds `count` elements from `byte_offset` on (`None`:
+/// the rest of the buffer); its memory is read as `dtype` whatever the buffer's format (the
+/// caller says what the bytes are, as an MPI datatype does), the format's type without `dtype`.
 pub(crate) fn hold(
     obj: &Bound<'_, PyAny>,
     dtype: Option<DType>,
     arg: &str,
     write: bool,
 ) -> PyResult<Held> {
-    let buf = PyUntypedBuffer::get(obj).map_err(|e| {
+    let (obj, span) = split_span(obj, arg)?;
+    let buf = Export::get(&obj).map_err(|e| {
         PyTypeError::new_err(format!(
             "{arg}: expected an object with the buffer protocol (a numpy array, bytearray, \
              memoryview, array.array; torch tensors through kolo.torch), got {}: {e}",
-            type_name(obj)
+            type_name(&obj)
         ))
     })?;
-    let format = buf.format().to_string_lossy().into_owned();
-    let item = buf.item_size();
-    let dtype = match dtype {
-        Some(d) if reinterpretable(&format, item, d) => d,
-        Some(d) => {
-            return Err(PyTypeError::new_err(format!(
-                "{arg}: a buffer of format {format:?} ({item}-byte items) cannot be read as {}",
-                dtype_name(d)
-            )))
-        }
-        None => format_dtype(&format, item).ok_or_else(|| {
-            PyTypeError::new_err(format!(
-                "{arg}: unsupported element type (buffer format {format:?}, {item}-byte items): \
-                 kolo reduces {}",
-                dtype_list()
-            ))
-        })?,
+    let dtype = match (dtype, span) {
+        (Some(d), Some(_)) => d,
+        (d, _) => buffer_dtype(&buf, d, arg)?,
     };
     if !buf.is_c_contiguous() {
         return Err(PyValueError::new_err(format!(
@@ -268,7 +367,10 @@ pub(crate) fn hold(
             "{arg}: the buffer is read-only, and kolo writes the result into it"
         )));
     }
-    let count = buf.len_bytes() / dtype.size();
+    let (offset, count) = match span {
+        None => (0, buf.len_bytes() / dtype.size()),
+        Some(s) => span_elements(s, buf.len_bytes(), dtype, arg)?,
+    };
     if count == 0 {
         // An empty buffer's pointer may be anything; nothing is read or written through it.
         return Ok(Held {
@@ -277,10 +379,12 @@ pub(crate) fn hold(
             writable: write,
         });
     }
-    let ptr = buf.buf_ptr().cast::<u8>();
+    // In bounds: `span_elements` checked `offset + count * size <= len`.
+    let ptr = buf.ptr().wrapping_add(offset);
     if (ptr as usize) % dtype.size() != 0 {
         return Err(PyValueError::new_err(format!(
-            "{arg}: the buffer's memory is not aligned to its {}-byte elements",
+            "{arg}: the buffer's memory (at byte offset {offset}) is not aligned to its {}-byte \
+             elements",
             dtype.size()
         )));
     }
@@ -289,6 +393,57 @@ pub(crate) fn hold(
         region: Region { ptr, count, dtype },
         writable: write,
     })
+}
+
+/// The element type of `buf`: its format's, or `dtype` where given and compatible.
+fn buffer_dtype(buf: &Export, dtype: Option<DType>, arg: &str) -> PyResult<DType> {
+    let format = buf.format();
+    let item = buf.item_size();
+    match dtype {
+        Some(d) if reinterpretable(format, item, d) => Ok(d),
+        Some(d) => Err(PyTypeError::new_err(format!(
+            "{arg}: a buffer of format {format:?} ({item}-byte items) cannot be read as {}",
+            dtype_name(d)
+        ))),
+        None => format_dtype(format, item).ok_or_else(|| {
+            PyTypeError::new_err(format!(
+                "{arg}: unsupported element type (buffer format {format:?}, {item}-byte items): \
+                 kolo reduces {}",
+                dtype_list()
+            ))
+        }),
+    }
+}
+
+/// The (byte offset, element count) of span `s` of a buffer of `len` bytes, checked to lie
+/// inside it.
+fn span_elements(s: Span, len: usize, dtype: DType, arg: &str) -> PyResult<(usize, usize)> {
+    let size = dtype.size();
+    let rest = len.checked_sub(s.offset).ok_or_else(|| {
+        PyValueError::new_err(format!(
+            "{arg}: byte offset {} is past the end of the buffer ({len} bytes)",
+            s.offset
+        ))
+    })?;
+    let count = match s.count {
+        Some(c) => c,
+        None if rest % size == 0 => rest / size,
+        None => {
+            return Err(PyValueError::new_err(format!(
+                "{arg}: the {rest} bytes from byte offset {} are not a whole number of {}-byte \
+                 elements",
+                s.offset, size
+            )))
+        }
+    };
+    match count.checked_mul(size) {
+        Some(bytes) if bytes <= rest => Ok((s.offset, count)),
+        _ => Err(PyValueError::new_err(format!(
+            "{arg}: {count} elements of {size} bytes from byte offset {} do not fit in the \
+             buffer ({len} bytes)",
+            s.offset
+        ))),
+    }
 }
 
 /// Holds an optional buffer: `None` (a non-root rank's) is an empty region of `dtype`.

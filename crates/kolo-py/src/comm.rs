@@ -12,7 +12,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use crate::args::{pair, typed};
-use crate::buffer::{hold, hold_opt, Held, Source, Target};
+use crate::buffer::{hold, hold_opt, reduced, Held, Reduced, Source, Target};
 use crate::names::{parse_op, parse_opt_dtype};
 use crate::objects::Pickled;
 use crate::run::{register, Direction, Lane};
@@ -189,7 +189,9 @@ impl PyCommunicator {
         ))
     }
 
-    #[pyo3(signature = (buf, op="sum", dtype=None, done=None))]
+    /// Reduces `buf` in place over every rank; with `send`, `send`'s elements are copied into
+    /// `buf` first (MPI's separate send and receive buffers).
+    #[pyo3(signature = (buf, op="sum", dtype=None, done=None, send=None))]
     fn all_reduce(
         &self,
         py: Python<'_>,
@@ -197,36 +199,39 @@ impl PyCommunicator {
         op: &str,
         dtype: Option<&str>,
         done: Option<Py<PyAny>>,
+        send: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let op = parse_op(op)?;
-        let h = hold(buf, parse_opt_dtype(dtype)?, "buf", true)?;
-        let dt = h.region.dtype;
+        let (h, hs, dt) = reduced(Some(buf), send, parse_opt_dtype(dtype)?)?;
         typed!(dt, T => self.collective(
             py,
             done,
-            Target::<T>::new(h)?,
+            Reduced::<T>::new(h, hs)?,
             |c, b| c.all_reduce(b.elements_mut(), op),
             |c, b| c.all_reduce_async(b, op),
         ))
     }
 
-    #[pyo3(signature = (buf, root, op="sum", dtype=None, done=None))]
+    /// Reduces `buf` in place to `root`; with `send`, `send`'s elements are copied into `buf`
+    /// first, or, without `buf` (off the root), into memory of kolo's (`send` stays as it was).
+    #[pyo3(signature = (buf, root, op="sum", dtype=None, done=None, send=None))]
+    #[allow(clippy::too_many_arguments)]
     fn reduce(
         &self,
         py: Python<'_>,
-        buf: &Bound<'_, PyAny>,
+        buf: Option<&Bound<'_, PyAny>>,
         root: usize,
         op: &str,
         dtype: Option<&str>,
         done: Option<Py<PyAny>>,
+        send: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let op = parse_op(op)?;
-        let h = hold(buf, parse_opt_dtype(dtype)?, "buf", true)?;
-        let dt = h.region.dtype;
+        let (h, hs, dt) = reduced(buf, send, parse_opt_dtype(dtype)?)?;
         typed!(dt, T => self.collective(
             py,
             done,
-            Target::<T>::new(h)?,
+            Reduced::<T>::new(h, hs)?,
             |c, b| c.reduce(b.elements_mut(), op, root),
             |c, b| c.reduce_async(b, op, root),
         ))
@@ -399,18 +404,60 @@ impl PyCommunicator {
         }))
     }
 
-    /// The next message of bytes from `src` with `tag`, whatever its length.
-    #[pyo3(signature = (src, tag=0))]
+    /// Receives the next message from `src` with `tag` into `buf` as MPI does: a message shorter
+    /// than the buffer fills its start and leaves the rest as it was, a longer one raises
+    /// (`ArgumentError`, MPI's `ERR_TRUNCATE`; the message is consumed). Returns the number of
+    /// elements received. With `wait=False` it returns `None` at once when no message has arrived.
+    #[pyo3(signature = (buf, src, tag=0, dtype=None, wait=true))]
+    fn recv_upto(
+        &self,
+        py: Python<'_>,
+        buf: &Bound<'_, PyAny>,
+        src: usize,
+        tag: u64,
+        dtype: Option<&str>,
+        wait: bool,
+    ) -> PyResult<Option<usize>> {
+        let h = hold(buf, parse_opt_dtype(dtype)?, "buf", true)?;
+        let dt = h.region.dtype;
+        typed!(dt, T => {
+            let mut target = Target::<T>::new(h)?;
+            let into = &mut target;
+            let n = self.blocking_after(py, Some(Direction::Recv), move |c| {
+                let buf = into.elements_mut();
+                match wait {
+                    true => c.recv_upto(buf, src, tag).map(Some),
+                    false => c.try_recv_upto(buf, src, tag),
+                }
+            });
+            // Released here, with the GIL (not in the closure, which runs without it).
+            drop(target);
+            n
+        })
+    }
+
+    /// The next message of bytes from `src` with `tag`, whatever its length; with `wait=False`,
+    /// `None` at once when none has arrived.
+    #[pyo3(signature = (src, tag=0, wait=true))]
     fn recv_bytes<'py>(
         &self,
         py: Python<'py>,
         src: usize,
         tag: u64,
-    ) -> PyResult<Bound<'py, PyBytes>> {
+        wait: bool,
+    ) -> PyResult<Option<Bound<'py, PyBytes>>> {
         let v = self.blocking_after(py, Some(Direction::Recv), move |c| {
-            c.recv_vec::<u8>(src, tag)
+            if wait {
+                return c.recv_vec::<u8>(src, tag).map(Some);
+            }
+            let mut r = c.irecv::<u8>(src, tag, None);
+            if r.test() {
+                r.wait().map(Some)
+            } else {
+                Ok(None)
+            }
         })?;
-        Ok(PyBytes::new(py, &v))
+        Ok(v.map(|v| PyBytes::new(py, &v)))
     }
 
     /// `data` (bytes, on `root`; `None` elsewhere) on every rank: kolo's `broadcast_object` on

@@ -9,6 +9,7 @@ mod args;
 mod buffer;
 mod comm;
 mod errors;
+mod export;
 mod names;
 mod objects;
 mod run;

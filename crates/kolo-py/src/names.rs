@@ -29,6 +29,10 @@ const REDUCE_OPS: &[(ReduceOp, &str, &[&str])] = &[
 ];
 
 fn find<V: Copy>(table: &[(V, &str, &[&str])], name: &str) -> Option<V> {
+    // Canonical names (what kolo's own Python code passes, on every call) without allocating.
+    if let Some((v, _, _)) = table.iter().find(|(_, n, _)| *n == name) {
+        return Some(*v);
+    }
     let name = name.trim().to_ascii_lowercase();
     table
         .iter()

@@ -173,9 +173,14 @@ impl Lane {
             if s.closed {
                 return Err(closed());
             }
-            s.mark_for(direction)
+            let mark = s.mark_for(direction);
+            if mark.passed(&s) {
+                // Nothing to wait for (the common case): no release of the GIL.
+                return Ok(());
+            }
+            mark
         };
-        if self.completing_here() && !mark.passed(&self.lock()) {
+        if self.completing_here() {
             return Err(PyRuntimeError::new_err(
                 "a blocking operation in a completion callback of the same communicator would \
                  wait for that operation itself: issue it asynchronously, or from another thread",

@@ -71,6 +71,32 @@ impl Communicator {
         Request::done(self.send(data, dest, tag))
     }
 
+    /// Checks that a message from `src` with `header` is a send of `T`s (`expect`: of that many).
+    fn check_sent<T: Element>(
+        &self,
+        src: usize,
+        header: &Header,
+        expect: Option<usize>,
+    ) -> Result<()> {
+        let call = header.call;
+        let mine = Call {
+            dtype: Some(T::DTYPE),
+            count: expect.map_or(call.count, |c| c as u64),
+            root: Some(src as u32),
+            ..Call::new(OpKind::Send, Algorithm::Direct)
+        };
+        if call.op != OpKind::Send || call.dtype != Some(T::DTYPE) {
+            return Err(Error::Mismatch {
+                rank: self.rank(),
+                peer: src,
+                local: mine,
+                remote: call,
+                tag: header.tag,
+            });
+        }
+        Ok(())
+    }
+
     fn check_message<T: Element>(
         &self,
         src: usize,
@@ -90,22 +116,7 @@ impl Communicator {
         len: usize,
         expect: Option<usize>,
     ) -> Result<()> {
-        let call = header.call;
-        let mine = Call {
-            dtype: Some(T::DTYPE),
-            count: expect.map_or(call.count, |c| c as u64),
-            root: Some(src as u32),
-            ..Call::new(OpKind::Send, Algorithm::Direct)
-        };
-        if call.op != OpKind::Send || call.dtype != Some(T::DTYPE) {
-            return Err(Error::Mismatch {
-                rank: self.rank(),
-                peer: src,
-                local: mine,
-                remote: call,
-                tag: header.tag,
-            });
-        }
+        self.check_sent::<T>(src, header, expect)?;
         let elem = std::mem::size_of::<T>();
         if let Some(n) = expect {
             if len != n * elem {
@@ -184,6 +195,62 @@ impl Communicator {
         let deadline = Instant::now() + self.inner.config.timeout;
         let msg = self.recv_message(src, tag, Some(deadline))?;
         self.check_message(src, msg, None)
+    }
+
+    /// Receives the next message from `src` with `tag` into the start of `buf` and returns its length
+    /// in elements: MPI's receive, whose buffer bounds the message (the rest of `buf` is left as it
+    /// was). A longer message is an [`Error::InvalidArgument`] (MPI's `ERR_TRUNCATE`; the message is
+    /// consumed). The payload is copied once, into `buf`. Waits up to the communicator's timeout.
+    pub fn recv_upto<T: Element>(&self, buf: &mut [T], src: usize, tag: u64) -> Result<usize> {
+        let deadline = Instant::now() + self.inner.config.timeout;
+        let msg = self.recv_message(src, tag, Some(deadline))?;
+        self.fill(buf, src, tag, msg)
+    }
+
+    /// [`Communicator::recv_upto`] of a message that has arrived already: `None` at once if none has.
+    pub fn try_recv_upto<T: Element>(
+        &self,
+        buf: &mut [T],
+        src: usize,
+        tag: u64,
+    ) -> Result<Option<usize>> {
+        let from = self.peer(RECV, "src", src)?;
+        let msg = self
+            .inner
+            .transport
+            .try_recv(from, &self.p2p_tag(tag))
+            .map_err(|f| self.link_error(RECV, f))?;
+        msg.map(|m| self.fill(buf, src, tag, m)).transpose()
+    }
+
+    /// Copies the payload of `msg` (from `src` with `tag`) into the start of `buf`; its length in
+    /// elements.
+    fn fill<T: Element>(&self, buf: &mut [T], src: usize, tag: u64, msg: Message) -> Result<usize> {
+        self.check_sent::<T>(src, &msg.header, None)?;
+        let (have, got) = (std::mem::size_of_val(buf), msg.payload.len());
+        let elem = std::mem::size_of::<T>();
+        if got > have || got % elem != 0 {
+            let reason = if got > have {
+                format!(
+                    "the message from rank {src} with tag {tag} has {got} bytes, more than the \
+                     buffer holds ({have} bytes; MPI's ERR_TRUNCATE)"
+                )
+            } else {
+                format!(
+                    "{got} bytes from rank {src} are not a whole number of {}",
+                    T::DTYPE
+                )
+            };
+            return Err(Error::InvalidArgument {
+                op: RECV,
+                rank: self.rank(),
+                arg: "buf",
+                reason,
+            });
+        }
+        as_bytes_mut(buf)[..got].copy_from_slice(&msg.payload);
+        self.inner.transport.recycle(msg.payload);
+        Ok(got / elem)
     }
 
     /// Non-blocking receive of a message from `src` with `tag`; with `Some(count)` the message must

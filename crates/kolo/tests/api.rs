@@ -98,6 +98,40 @@ fn p2p_errors() {
 }
 
 #[test]
+fn p2p_recv_upto_takes_a_message_up_to_the_buffer() {
+    for kind in KINDS {
+        let res = spawn(kind, 2, cfg(), |c| {
+            if c.rank() == 0 {
+                c.send(&[1u8, 2, 3], 1, 0)?;
+                c.send(&[9u8; 8], 1, 1)?;
+                c.send(&[7u8; 2], 1, 2)?;
+                c.barrier()?; // alive until rank 1 has looked for tag 3
+                return Ok((vec![], None, None));
+            }
+            let mut buf = [0u8; 6];
+            let n = c.recv_upto(&mut buf, 0, 0)?;
+            let truncated = c.recv_upto(&mut buf[..4], 0, 1).err();
+            let mut two = [0u8; 2];
+            let mut got = None;
+            while got.is_none() {
+                got = c.try_recv_upto(&mut two, 0, 2)?;
+            }
+            let none = c.try_recv_upto(&mut two, 0, 3)?;
+            c.barrier()?;
+            Ok::<_, Error>((buf[..n].to_vec(), truncated, none.or(got)))
+        });
+        let (head, truncated, got) = res[1].as_ref().unwrap_or_else(|e| panic!("{kind:?}: {e}"));
+        assert_eq!(head, &[1, 2, 3], "{kind:?}");
+        assert!(
+            matches!(truncated, Some(Error::InvalidArgument { arg: "buf", reason, .. })
+                if reason.contains("ERR_TRUNCATE")),
+            "{kind:?}: {truncated:?}"
+        );
+        assert_eq!(*got, Some(2), "{kind:?}");
+    }
+}
+
+#[test]
 fn async_collectives_complete_in_issue_order() {
     for kind in KINDS {
         for n in [1, 2, 3] {

@@ -4,183 +4,140 @@
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     data = comm.bcast({"step": 1} if rank == 0 else None, root=0)   # Python objects (pickled)
-    total = comm.allreduce(rank, op=MPI.SUM)
-    comm.Allreduce(MPI.IN_PLACE, array, op=MPI.SUM)                  # buffers, in place
+    comm.Send([buf, 3, MPI.BYTE], dest=1, tag=5)                      # buffers: 3 bytes of buf
+    comm.Allreduce(MPI.IN_PLACE, array, op=MPI.SUM)                  # in place
 
 Lower-case methods move picklable objects, capitalised ones buffers (numpy arrays, bytearray,
-memoryview, array.array; mpi4py's ``[buffer, MPI.DOUBLE]`` form is accepted, the datatype being
-read from the buffer itself). ``COMM_WORLD`` is kolo's world from the launcher (``kolo run``,
-torchrun, ``srun``; a world of one without one), made on first use.
+memoryview, mmap, array.array) in mpi4py's buffer specifications: ``buf``, ``[buf, datatype]``,
+``[buf, count, datatype]``, ``[buf, (count, displ), datatype]`` and, for the vector collectives,
+``[buf, (counts, displs), datatype]``; only `count` elements are sent, received or reduced. Point
+to point: ``Send``/``Recv``/``Isend``/``Irecv``/``Sendrecv`` (and the object forms), ``Status``,
+``Request.Wait``/``Test``/``Waitall``/``Waitany``/``Waitsome``/``Testall``. Collectives:
+``Barrier``, ``Bcast``, ``Gather(v)``, ``Scatter(v)``, ``Allgather(v)``, ``Alltoall(v)``,
+``Reduce``, ``Allreduce``, ``Reduce_scatter_block``, ``Ibarrier``/``Ibcast``/``Iallreduce``.
+``COMM_WORLD`` is kolo's world from the launcher (``kolo run``, torchrun, ``srun``; a world of one
+without one), made on first use.
+
+A send or receive issued after a nonblocking collective (``Ibarrier``, ``Ibcast``, ``Iallreduce``)
+runs once that collective has completed (kolo orders them so), which MPI does not ask for: wait for
+the collective before a send its peers need in order to enter it.
+
+What kolo does not do raises `NotImplementedError` naming it (an `AttributeError` too, so
+``hasattr`` says no): receives from ``ANY_SOURCE`` or with ``ANY_TAG`` (kolo matches one source
+and one tag), derived datatypes, one-sided communication (``Win``), dynamic processes
+(``Spawn``, ports), files, topologies, and reductions of buffers other than SUM/PROD/MIN/MAX.
 """
 
-import functools
-import operator
+import socket as _socket
+import threading as _threading
+import time as _time
 
-from ._comm import REDUCE_OPS, Communicator, init
+from . import _kolo
+from ._comm import Communicator as _Communicator
+from ._comm import init as _init
+from ._comm import local_world as _local_world
+from ._mpi.comm import Comm, Intracomm
+from ._mpi.request import REQUEST_NULL, Request, Status
+from ._mpi.datatypes import (
+    ANY_SOURCE,
+    ANY_TAG,
+    DATATYPES as _DATATYPES,
+    IN_PLACE,
+    OPS as _OPS,
+    PROC_NULL,
+    ROOT,
+    SUCCESS,
+    TAG_UB,
+    THREAD_FUNNELED,
+    THREAD_MULTIPLE,
+    THREAD_SERIALIZED,
+    THREAD_SINGLE,
+    UNDEFINED,
+    Datatype,
+    MPINotImplementedError,
+    Op,
+    missing as _missing,
+)
 
+globals().update(_DATATYPES)  # MPI.BYTE, MPI.INT, MPI.DOUBLE, ...
+globals().update(_OPS)  # MPI.SUM, MPI.MAX, ...
 
-class Op:
-    """A reduction: kolo's name for buffers, a Python function for objects."""
+COMM_NULL = None
 
-    def __init__(self, name, fn):
-        self.name = name
-        self.fn = fn
-
-    def __repr__(self):
-        return f"MPI.{self.name.upper()}"
-
-
-SUM = Op("sum", operator.add)
-PROD = Op("prod", operator.mul)
-MIN = Op("min", min)
-MAX = Op("max", max)
-
-IN_PLACE = object()
-ANY_TAG = -1
-# Datatypes are read from the buffers; these names exist so that mpi4py code that spells them
-# out keeps working.
-FLOAT = DOUBLE = INT = LONG = BYTE = FLOAT16 = None
-
-
-def _op_name(op):
-    if isinstance(op, Op):
-        if op.name not in REDUCE_OPS:
-            raise ValueError(f"{op!r} cannot reduce buffers")
-        return op.name
-    raise TypeError(f"expected MPI.SUM, MPI.PROD, MPI.MIN or MPI.MAX, got {op!r}")
-
-
-def _copy(dst, src):
-    if isinstance(src, (list, tuple)):
-        src = src[0]
-    if isinstance(dst, (list, tuple)):
-        dst = dst[0]
-    d, s = memoryview(dst).cast("B"), memoryview(src).cast("B")
-    if d.nbytes != s.nbytes:
-        raise ValueError(f"send and receive buffers differ in size ({s.nbytes} and {d.nbytes} bytes)")
-    d[:] = s
+# Wall-clock time in seconds (a monotonic clock, as MPI_Wtime on Linux) and its resolution.
+Wtime = _time.perf_counter
+_TICK = _time.get_clock_info("perf_counter").resolution
 
 
-class Intracomm:
-    """A communicator with mpi4py's method names."""
+def Wtick():
+    return _TICK
 
-    def __init__(self, comm):
-        self._comm = comm
 
-    # who
-    def Get_rank(self):
-        return self._comm.rank
+def Get_processor_name():
+    """This host's name, as MPI_Get_processor_name."""
+    return _socket.gethostname()
 
-    def Get_size(self):
-        return self._comm.size
 
-    rank = property(Get_rank)
-    size = property(Get_size)
+def Get_library_version():
+    return f"kolo {_kolo.__version__}"
 
-    # objects
-    def bcast(self, obj=None, root=0):
-        return self._comm.broadcast_object(obj, root)
 
-    def scatter(self, sendobj=None, root=0):
-        return self._comm.scatter_object(sendobj, root)
+# Initialization: kolo's world is made on first use of COMM_WORLD, and closed at exit.
+def Init():
+    pass
 
-    def gather(self, sendobj, root=0):
-        return self._comm.gather_object(sendobj, root)
 
-    def allgather(self, sendobj):
-        return self._comm.all_gather_object(sendobj)
+# Threads may call kolo.MPI one at a time (its posted receives are plain Python state).
+def Init_thread(required=THREAD_MULTIPLE):
+    return THREAD_SERIALIZED
 
-    def alltoall(self, sendobj):
-        if len(sendobj) != self.size:
-            raise ValueError(f"alltoall: one object per rank ({self.size}), got {len(sendobj)}")
-        every = self._comm.all_gather_object(list(sendobj))
-        return [every[src][self.rank] for src in range(self.size)]
 
-    def reduce(self, sendobj, op=SUM, root=0):
-        every = self._comm.gather_object(sendobj, root)
-        return functools.reduce(op.fn, every) if every is not None else None
+def Query_thread():
+    return THREAD_SERIALIZED
 
-    def allreduce(self, sendobj, op=SUM):
-        return functools.reduce(op.fn, self._comm.all_gather_object(sendobj))
 
-    def send(self, obj, dest, tag=0):
-        self._comm.send_object(obj, dest, tag)
+def Is_initialized():
+    return True
 
-    def recv(self, buf=None, source=0, tag=0):
-        return self._comm.recv_object(source, tag)
 
-    def barrier(self):
-        self._comm.barrier()
+def Is_finalized():
+    return _finalized
 
-    Barrier = barrier
 
-    # buffers
-    def Bcast(self, buf, root=0):
-        self._comm.broadcast(buf, root)
+def Is_thread_main():
+    return _threading.current_thread() is _threading.main_thread()
 
-    def Allreduce(self, sendbuf, recvbuf, op=SUM):
-        if sendbuf is not IN_PLACE:
-            _copy(recvbuf, sendbuf)
-        self._comm.all_reduce(recvbuf, _op_name(op))
 
-    def Reduce(self, sendbuf, recvbuf, op=SUM, root=0):
-        if self.rank == root:
-            if sendbuf is not IN_PLACE:
-                _copy(recvbuf, sendbuf)
-            self._comm.reduce(recvbuf, root, _op_name(op))
-        else:
-            # kolo reduces in place: reduce a copy, leaving the caller's send buffer as it was.
-            src = sendbuf[0] if isinstance(sendbuf, (list, tuple)) else sendbuf
-            view = memoryview(src)
-            scratch = memoryview(bytearray(view.cast("B"))).cast(view.format)
-            self._comm.reduce(scratch, root, _op_name(op))
-
-    def Allgather(self, sendbuf, recvbuf):
-        self._comm.all_gather(sendbuf, recvbuf)
-
-    def Gather(self, sendbuf, recvbuf, root=0):
-        self._comm.gather(sendbuf, recvbuf if self.rank == root else None, root)
-
-    def Scatter(self, sendbuf, recvbuf, root=0):
-        self._comm.scatter(sendbuf if self.rank == root else None, recvbuf, root)
-
-    def Alltoall(self, sendbuf, recvbuf):
-        self._comm.all_to_all(sendbuf, recvbuf)
-
-    def Reduce_scatter_block(self, sendbuf, recvbuf, op=SUM):
-        self._comm.reduce_scatter(sendbuf, recvbuf, _op_name(op))
-
-    def Send(self, buf, dest, tag=0):
-        self._comm.send(buf, dest, tag)
-
-    def Recv(self, buf, source=0, tag=0):
-        self._comm.recv(buf, source, tag)
-
-    # groups and the end
-    def Split(self, color=0, key=0):
-        sub = self._comm.split(None if color is None or color < 0 else color, key)
-        return None if sub is None else Intracomm(sub)
-
-    def Abort(self, errorcode=1):
-        self._comm.abort(f"MPI.Abort({errorcode})")
-        raise SystemExit(errorcode)
+def Finalize():
+    global _finalized
+    if _world is not None:
+        _world.Free()
+    _finalized = True
 
 
 _world = None
+_self = None
+_finalized = False
 
 
 def __getattr__(name):
-    # COMM_WORLD is made on first use (a module attribute, like mpi4py's).
-    global _world
+    # COMM_WORLD and COMM_SELF are made on first use (module attributes, like mpi4py's).
+    global _world, _self
     if name == "COMM_WORLD":
         if _world is None:
-            _world = Intracomm(init())
+            _world = Intracomm(_init(), "MPI_COMM_WORLD")
         return _world
-    raise AttributeError(f"module 'kolo.MPI' has no attribute {name!r}")
+    if name == "COMM_SELF":
+        if _self is None:
+            _self = Intracomm(_local_world(1)[0], "MPI_COMM_SELF")
+        return _self
+    if name.startswith("_"):
+        raise AttributeError(f"module 'kolo.MPI' has no attribute {name!r}")
+    raise _missing(f"MPI.{name}")
 
 
 def Wrap(comm):
     """mpi4py's names for a kolo `Communicator`."""
-    if not isinstance(comm, Communicator):
+    if not isinstance(comm, _Communicator):
         raise TypeError("expected a kolo.Communicator")
     return Intracomm(comm)

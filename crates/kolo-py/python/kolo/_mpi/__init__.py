@@ -1,0 +1,1 @@
+"""kolo.MPI's parts (the public names are in `kolo.MPI`)."""

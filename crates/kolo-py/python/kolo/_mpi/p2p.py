@@ -1,0 +1,166 @@
+"""kolo.MPI's point-to-point methods (a part of `Intracomm`).
+
+Messages are bytes: ``Send([buf, 3, MPI.DOUBLE], ...)`` sends 24 bytes of `buf`, and a receive
+takes a message of at most its buffer's length, filling its start and leaving the rest as it was
+(``Status.Get_count`` says how much came), as in MPI; a longer message raises (MPI's
+``ERR_TRUNCATE``). Sends are buffered (see `request`).
+"""
+
+import pickle
+
+from . import request as rq
+from .datatypes import ANY_SOURCE, ANY_TAG, BAD_INPUT, PROC_NULL, raw, to_int
+from .datatypes import Datatype as DT
+
+_U8 = "uint8"
+
+
+def send_to(dest, tag):
+    """(dest, tag) of a send checked; dest None for `PROC_NULL` (nothing to send)."""
+    dest, tag = to_int(dest, "dest"), to_int(tag, "tag")
+    if tag < 0:
+        raise ValueError(f"tag: a send's tag must be >= 0, got {tag}")
+    if dest == PROC_NULL:
+        return None, tag
+    if dest < 0:
+        raise ValueError(f"dest: expected a rank or MPI.PROC_NULL, got {dest}")
+    return dest, tag
+
+
+def recv_from(source, tag):
+    """(source, tag) of a receive checked; source None for `PROC_NULL`."""
+    source, tag = to_int(source, "source"), to_int(tag, "tag")
+    if source == PROC_NULL:
+        return None, tag
+    if source == ANY_SOURCE:
+        raise rq.missing_wildcard("MPI.ANY_SOURCE")
+    if tag == ANY_TAG:
+        raise rq.missing_wildcard("MPI.ANY_TAG")
+    if source < 0 or tag < 0:
+        raise ValueError(f"expected a source rank and a tag >= 0, got {source} and {tag}")
+    return source, tag
+
+
+class P2P:
+    """Sends and receives of buffers and of pickled objects."""
+
+    # -- buffers ----------------------------------------------------------------------------------
+    def Send(self, buf, dest, tag=0):
+        try:
+            if type(dest) is not int or type(tag) is not int or dest < 0 or tag < 0:
+                dest, tag = send_to(dest, tag)
+                if dest is None:
+                    return
+            # raw(buf), its common form inline (a call costs as much as the rest of Send).
+            if type(buf) is list and len(buf) == 3 and type(buf[1]) is int and type(buf[2]) is DT:
+                self._c.send((buf[0], 0, buf[1] * buf[2].size), dest, tag, _U8)
+            else:
+                self._c.send(raw(buf), dest, tag, _U8)
+        except BAD_INPUT as e:
+            self._fail("Send", e)
+            raise
+
+    # kolo's sends are buffered and need no receive posted: a buffered send, a ready send.
+    Bsend = Rsend = Send
+
+    def Recv(self, buf, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        try:
+            if type(source) is not int or type(tag) is not int or source < 0 or tag < 0:
+                source, tag = recv_from(source, tag)
+                if source is None:
+                    rq.fill(status, PROC_NULL, ANY_TAG, 0)
+                    return
+            if self._posted:
+                rq.complete_posted(self, source, tag)
+            if type(buf) is list and len(buf) == 3 and type(buf[1]) is int and type(buf[2]) is DT:
+                span = (buf[0], 0, buf[1] * buf[2].size)  # raw(buf), inline (see Send)
+            else:
+                span = raw(buf)
+            n = self._c.recv_upto(span, source, tag, _U8)
+        except BAD_INPUT as e:
+            self._fail("Recv", e)
+            raise
+        if status is not None:
+            status._set(source, tag, n)
+
+    def Isend(self, buf, dest, tag=0):
+        self.Send(buf, dest, tag)
+        return rq.Request()  # complete: the message is the transport's
+
+    Ibsend = Irsend = Isend
+
+    def Irecv(self, buf, source=ANY_SOURCE, tag=ANY_TAG):
+        try:
+            if type(source) is not int or type(tag) is not int or source < 0 or tag < 0:
+                source, tag = recv_from(source, tag)
+                if source is None:
+                    return rq.proc_null_request()
+            if type(buf) is list and len(buf) == 3 and type(buf[1]) is int and type(buf[2]) is DT:
+                return rq.Receive(self, (buf[0], 0, buf[1] * buf[2].size), source, tag)  # see Send
+            return rq.Receive(self, raw(buf), source, tag)
+        except BAD_INPUT as e:
+            self._fail("Irecv", e)
+            raise
+
+    def Sendrecv(self, sendbuf, dest, sendtag=0, recvbuf=None, source=ANY_SOURCE,
+                 recvtag=ANY_TAG, status=None):
+        recv_from(source, recvtag)  # a receive kolo cannot make fails before the send
+        self.Send(sendbuf, dest, sendtag)
+        self.Recv(recvbuf, source, recvtag, status)
+
+    def Sendrecv_replace(self, buf, dest, sendtag=0, source=ANY_SOURCE, recvtag=ANY_TAG,
+                         status=None):
+        recv_from(source, recvtag)
+        self.Send(buf, dest, sendtag)  # the message is the transport's once Send returns
+        self.Recv(buf, source, recvtag, status)
+
+    # -- objects (pickled) ------------------------------------------------------------------------
+    _loads = staticmethod(pickle.loads)
+
+    def send(self, obj, dest, tag=0):
+        try:
+            dest, tag = send_to(dest, tag)
+            if dest is not None:
+                self._c.send(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL), dest, tag)
+        except BAD_INPUT as e:
+            self._fail("send", e)
+            raise
+
+    bsend = send
+
+    def recv(self, buf=None, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        try:
+            source, tag = recv_from(source, tag)
+        except BAD_INPUT as e:
+            self._fail("recv", e)
+            raise
+        if source is None:
+            rq.fill(status, PROC_NULL, ANY_TAG, 0)
+            return None
+        if self._posted:
+            rq.complete_posted(self, source, tag)
+        data = self._c.recv_bytes(source, tag)
+        rq.fill(status, source, tag, len(data))
+        return pickle.loads(data)
+
+    def isend(self, obj, dest, tag=0):
+        self.send(obj, dest, tag)
+        return rq.Request()
+
+    ibsend = isend
+
+    def irecv(self, buf=None, source=ANY_SOURCE, tag=ANY_TAG):
+        try:
+            source, tag = recv_from(source, tag)
+        except BAD_INPUT as e:
+            self._fail("irecv", e)
+            raise
+        if source is None:
+            return rq.proc_null_request()
+        return rq.Receive(self, None, source, tag)
+
+    def sendrecv(self, sendobj, dest, sendtag=0, recvbuf=None, source=ANY_SOURCE,
+                 recvtag=ANY_TAG, status=None):
+        recv_from(source, recvtag)
+        self.send(sendobj, dest, sendtag)
+        return self.recv(recvbuf, source, recvtag, status)

@@ -1,0 +1,407 @@
+"""kolo.MPI's `Status` and `Request`.
+
+kolo's sends are buffered (a send returns once the transport has the message), so ``Isend``
+returns a request that is already complete. ``Irecv`` posts nothing: its request receives when
+it is waited on or tested — after the receives posted before it from the same source with the
+same tag, which MPI's matching order gives the messages first (each request knows the one posted
+before it). Since no send waits for a receive, receiving late cannot deadlock a program that is
+correct under MPI.
+"""
+
+import collections
+import time
+
+from .datatypes import (
+    ANY_SOURCE,
+    ANY_TAG,
+    BYTE,
+    PROC_NULL,
+    SUCCESS,
+    UNDEFINED,
+    add_missing,
+    datatype,
+    missing,
+)
+
+
+class Status:
+    """Where a received message came from (`source`, `tag`), its length and its error."""
+
+    __slots__ = ("source", "tag", "error", "_bytes", "_cancelled")
+
+    def __init__(self, status=None):
+        if status is None:
+            self.source, self.tag, self.error, self._bytes = ANY_SOURCE, ANY_TAG, SUCCESS, 0
+            self._cancelled = False
+        else:
+            self.source, self.tag, self.error = status.source, status.tag, status.error
+            self._bytes, self._cancelled = status._bytes, status._cancelled
+
+    def _set(self, source, tag, nbytes):
+        self.source, self.tag, self.error, self._bytes = source, tag, SUCCESS, nbytes
+
+    def Get_source(self):
+        return self.source
+
+    def Set_source(self, source):
+        self.source = source
+
+    def Get_tag(self):
+        return self.tag
+
+    def Set_tag(self, tag):
+        self.tag = tag
+
+    def Get_error(self):
+        return self.error
+
+    def Set_error(self, error):
+        self.error = error
+
+    def Get_count(self, datatype_=BYTE):
+        """Entries of `datatype_` received (`UNDEFINED` if the bytes are not a whole number)."""
+        size = datatype(datatype_).size
+        return self._bytes // size if self._bytes % size == 0 else UNDEFINED
+
+    Get_elements = Get_count
+
+    def Set_elements(self, datatype_, count):
+        self._bytes = count * datatype(datatype_).size
+
+    @property
+    def count(self):
+        return self._bytes
+
+    @count.setter
+    def count(self, value):
+        self._bytes = value
+
+    def Is_cancelled(self):
+        return self._cancelled
+
+    def Set_cancelled(self, flag):
+        self._cancelled = bool(flag)
+
+    cancelled = property(Is_cancelled, Set_cancelled)
+
+    def __repr__(self):
+        return f"<MPI.Status source={self.source} tag={self.tag} count={self._bytes}>"
+
+
+def fill(status, source, tag, nbytes):
+    if status is not None:
+        status._set(source, tag, nbytes)
+
+
+class Request:
+    """An operation issued; ``Wait``/``Test`` complete it. A completed request is
+    ``MPI.REQUEST_NULL`` (false, equal to it). This class is also a completed send's request
+    (kolo's sends complete at once) and ``REQUEST_NULL``: nothing to keep per object."""
+
+    __slots__ = ()
+    _pending = False
+    _result = None
+
+    # -- one request -----------------------------------------------------------------------------
+    def _progress(self, block):
+        """Completes the operation if it can (waiting for it if `block`); whether it has."""
+        return True
+
+    def _report(self, status):
+        """Fills `status` in for the completed operation (a send's, an empty status)."""
+        status._set(ANY_SOURCE, ANY_TAG, 0)
+
+    def Wait(self, status=None):
+        if self._pending:
+            self._progress(True)
+        if status is not None:
+            self._report(status)
+        return True
+
+    def Test(self, status=None):
+        if self._pending and not self._progress(False):
+            return False
+        if status is not None:
+            self._report(status)
+        return True
+
+    def wait(self, status=None):
+        self.Wait(status)
+        result = self._result
+        if result is not None:
+            self._result = None
+        return result
+
+    def test(self, status=None):
+        if not self.Test(status):
+            return (False, None)
+        return (True, self.wait())
+
+    def Get_status(self, status=None):
+        """Whether the request has completed (without completing it)."""
+        done = not self._pending
+        if done and status is not None:
+            self._report(status)
+        return done
+
+    def Free(self):
+        if self._pending:
+            self._progress(True)
+
+    def Cancel(self):
+        raise missing("MPI.Request.Cancel")
+
+    def __bool__(self):
+        return self._pending
+
+    def __eq__(self, other):
+        if not isinstance(other, Request):
+            return NotImplemented
+        return self is other or (not self._pending and not other._pending)
+
+    __hash__ = object.__hash__
+
+    def __repr__(self):
+        return f"<MPI.Request {'pending' if self._pending else 'null'}>"
+
+    # -- many requests ---------------------------------------------------------------------------
+    @staticmethod
+    def Waitall(requests, statuses=None):
+        for i, r in enumerate(requests):
+            r.Wait(None if statuses is None else _status_at(statuses, i))
+        return True
+
+    @staticmethod
+    def waitall(requests, statuses=None):
+        return [
+            r.wait(None if statuses is None else _status_at(statuses, i))
+            for i, r in enumerate(requests)
+        ]
+
+    @staticmethod
+    def Testall(requests, statuses=None):
+        # Completing some of them early is invisible: a request completed inside keeps its
+        # result until it is waited on or tested again.
+        if not all(not r._pending or r._progress(False) for r in requests):
+            return False
+        Request.Waitall(requests, statuses)
+        return True
+
+    @staticmethod
+    def testall(requests, statuses=None):
+        if not Request.Testall(requests):
+            return (False, None)
+        return (True, Request.waitall(requests, statuses))
+
+    @staticmethod
+    def Waitany(requests, status=None):
+        i = _poll(requests, lambda: _first_done(requests))
+        if i != UNDEFINED:
+            requests[i].Wait(status)
+        return i
+
+    @staticmethod
+    def waitany(requests, status=None):
+        i = _poll(requests, lambda: _first_done(requests))
+        return (i, None if i == UNDEFINED else requests[i].wait(status))
+
+    @staticmethod
+    def Testany(requests, status=None):
+        i = _first_done(requests)
+        if i is None:
+            return (UNDEFINED, False)
+        if i != UNDEFINED:
+            requests[i].Wait(status)
+        return (i, True)
+
+    @staticmethod
+    def testany(requests, status=None):
+        i, flag = Request.Testany(requests)
+        if not flag or i == UNDEFINED:
+            return (i, flag, None)
+        return (i, True, requests[i].wait())
+
+    @staticmethod
+    def Waitsome(requests, statuses=None):
+        got = _poll(requests, lambda: _all_done(requests) or None)
+        return _complete(requests, got, statuses)
+
+    @staticmethod
+    def Testsome(requests, statuses=None):
+        return _complete(requests, _all_done(requests), statuses)
+
+
+def _status_at(statuses, i):
+    while len(statuses) <= i:
+        statuses.append(Status())
+    return statuses[i]
+
+
+def _first_done(requests):
+    """The index of a completed active request (completing one if it can), `UNDEFINED` when
+    none is active, None when none has completed."""
+    active = False
+    for i, r in enumerate(requests):
+        if r._pending:
+            active = True
+            if r._progress(False):
+                return i
+    return None if active else UNDEFINED
+
+
+def _all_done(requests):
+    """The indices of the active requests that can complete now; `UNDEFINED` when none is
+    active."""
+    active = [i for i, r in enumerate(requests) if r._pending]
+    if not active:
+        return UNDEFINED
+    return [i for i in active if requests[i]._progress(False)]
+
+
+def _complete(requests, got, statuses):
+    if got == UNDEFINED:
+        return None
+    for n, i in enumerate(got):
+        requests[i].Wait(None if statuses is None else _status_at(statuses, n))
+    return got
+
+
+def _poll(requests, check):
+    """`check()` until it gives something other than None (kolo has no wait for the first of
+    several receives): at once, then with pauses from 10 µs growing to 1 ms."""
+    pause = 1e-5
+    while True:
+        got = check()
+        if got is not None:
+            return got
+        time.sleep(pause)
+        pause = min(pause * 2, 1e-3)
+
+
+add_missing(Request, "MPI.Request", """
+    Get_status_all Get_status_any Get_status_some cancel f2py free fromhandle fromint
+    get_status get_status_all get_status_any get_status_some handle py2f toint
+""")
+add_missing(Status, "MPI.Status", "f2py py2f tomemory")
+
+REQUEST_NULL = Request()
+
+
+class Receive(Request):
+    """A posted receive (see the module's documentation): into `span` (native form) or, when
+    `span` is None, of a pickled object (its `_result`)."""
+
+    __slots__ = ("_pending", "_result", "_comm", "_span", "_source", "_tag", "_key", "_before",
+                 "_count")
+
+    def __init__(self, comm, span, source, tag, pending=True):
+        self._comm, self._span, self._source, self._tag = comm, span, source, tag
+        self._pending, self._result, self._count, self._before = pending, None, 0, None
+        if pending:
+            # The last receive posted with the same source and tag (it is pending: a completed
+            # one leaves `_posted`) takes its message first.
+            posted = comm._posted
+            self._key = key = (source, tag)
+            self._before = posted.get(key)
+            posted[key] = self
+
+    def _report(self, status):
+        status._set(self._source, self._tag, self._count)
+
+    def Wait(self, status=None):
+        # Request.Wait with its common case inline (a call costs as much as the rest).
+        if self._pending:
+            if self._before is None:
+                self._receive(True)
+            else:
+                self._progress(True)
+        if status is not None:
+            status._set(self._source, self._tag, self._count)
+        return True
+
+    def _progress(self, block):
+        before = self._before
+        if before is not None:
+            chain = []
+            while before is not None and before._pending:
+                chain.append(before)
+                before = before._before
+            for r in reversed(chain):
+                if not r._receive(block):
+                    return False
+            self._before = None
+        return self._receive(block)
+
+    def _receive(self, block):
+        c = self._comm._c
+        try:
+            if self._span is not None:
+                n = c.recv_upto(self._span, self._source, self._tag, "uint8", block)
+            else:
+                data = c.recv_bytes(self._source, self._tag, block)
+                n = None if data is None else len(data)
+                if data is not None:
+                    self._result = self._comm._loads(data)
+        except BaseException:
+            self._complete()  # failed: complete, with its error raised here
+            raise
+        if n is None:
+            return False  # nothing yet (block=False)
+        self._count = n
+        # _complete(), inline.
+        self._pending = False
+        self._before = None
+        posted = self._comm._posted
+        if posted.get(self._key) is self:
+            del posted[self._key]
+        return True
+
+    def _complete(self):
+        self._pending = False
+        self._before = None
+        posted = self._comm._posted
+        if posted.get(self._key) is self:
+            del posted[self._key]  # a communicator without posted receives skips the lookups
+        return True
+
+
+def posted():
+    """A communicator's posted receives: the last one posted per (source, tag)."""
+    return {}
+
+
+def complete_posted(comm, source, tag):
+    """Completes the receives posted before a blocking one from `source` with `tag`."""
+    last = comm._posted.get((source, tag))
+    if last is not None:
+        last._progress(True)
+
+
+def proc_null_request():
+    """The completed request of a receive from `PROC_NULL`."""
+    return Receive(None, None, PROC_NULL, ANY_TAG, pending=False)
+
+
+class Pending(Request):
+    """A nonblocking collective: kolo's `Work`."""
+
+    __slots__ = ("_pending", "_work")
+
+    def __init__(self, work):
+        self._work = work
+        self._pending = True
+
+    def _progress(self, block):
+        if not block and not self._work.is_completed():
+            return False
+        self._pending = False
+        self._work.wait()  # raises the operation's error
+        return True
+
+
+def missing_wildcard(name):
+    """The error for a receive from any source or with any tag, which kolo's core lacks."""
+    return missing(
+        f"receives with {name}",
+        " (kolo matches a receive to one source and one tag: name both)",
+    )
