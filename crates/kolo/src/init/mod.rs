@@ -258,7 +258,7 @@ fn connect(opts: InitOptions, nccl: bool) -> Result<Communicator> {
             (store.0.clone(), None, listen, advertise)
         }
     };
-    let prefix = worlds::next_prefix(&opts.job_id);
+    let prefix = worlds::next_prefix(&opts.job_id, opts.rank);
     let members: Vec<usize> = (0..opts.size).collect();
 
     // Learn which ranks share a node (through the store, before any connection exists).

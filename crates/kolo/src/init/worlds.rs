@@ -2,7 +2,8 @@
 //! rendezvous store, and a rank that hosts the store hosts it once.
 //!
 //! The ranks of a job call `init` the same number of times (as they make the same collective calls),
-//! so the `k`-th world of every rank meets under the same store prefix, `kolo/<job>` for the first
+//! so the `k`-th world of every rank (counted per rank: ranks may be threads of one process) meets
+//! under the same store prefix, `kolo/<job>` for the first
 //! and `kolo/<job>/world<k>` after it — and never reads what an earlier world left there (the name of
 //! a shared-memory segment already removed, say).
 
@@ -13,19 +14,19 @@ use std::sync::{Arc, Mutex, Weak};
 use kolo_core::Result;
 use kolo_store::TcpStoreServer;
 
-static WORLDS: Mutex<Vec<(String, u64)>> = Mutex::new(Vec::new());
+static WORLDS: Mutex<Vec<(String, usize, u64)>> = Mutex::new(Vec::new());
 static SERVERS: Mutex<Option<HashMap<u16, Weak<TcpStoreServer>>>> = Mutex::new(None);
 
-/// The store prefix of this process's next world of job `job_id`.
-pub(crate) fn next_prefix(job_id: &str) -> String {
+/// The store prefix of rank `rank`'s next world of job `job_id` in this process.
+pub(crate) fn next_prefix(job_id: &str, rank: usize) -> String {
     let mut worlds = WORLDS.lock().unwrap_or_else(|p| p.into_inner());
-    let k = match worlds.iter_mut().find(|(job, _)| job == job_id) {
-        Some((_, k)) => {
+    let k = match worlds.iter_mut().find(|(job, r, _)| job == job_id && *r == rank) {
+        Some((_, _, k)) => {
             *k += 1;
             *k
         }
         None => {
-            worlds.push((job_id.to_string(), 0));
+            worlds.push((job_id.to_string(), rank, 0));
             0
         }
     };
