@@ -202,9 +202,33 @@ impl Communicator {
     /// was). A longer message is an [`Error::InvalidArgument`] (MPI's `ERR_TRUNCATE`; the message is
     /// consumed). The payload is copied once, into `buf`. Waits up to the communicator's timeout.
     pub fn recv_upto<T: Element>(&self, buf: &mut [T], src: usize, tag: u64) -> Result<usize> {
-        let deadline = Instant::now() + self.inner.config.timeout;
-        let msg = self.recv_message(src, tag, Some(deadline))?;
-        self.fill(buf, src, tag, msg)
+        let from = self.peer(RECV, "src", src)?;
+        let started = Instant::now();
+        let bytes = as_bytes_mut(buf);
+        let len = bytes.len();
+        let mut got = 0;
+        // Posted: a message of the buffer's length is written straight into it (no copy).
+        self.inner.transport.recv_posted(
+            from,
+            &self.p2p_tag(tag),
+            bytes,
+            len.max(1),
+            None,
+            Some(started + self.inner.config.timeout),
+            &mut || Ok(()),
+            &mut |dst, r| {
+                got = match r {
+                    Received::Direct(h) => {
+                        self.check_sent::<T>(src, &h, None)?;
+                        dst.len() / std::mem::size_of::<T>()
+                    }
+                    Received::Message(m) => self.fill::<T>(dst, src, tag, m)?,
+                };
+                Ok(())
+            },
+            &|e| self.recv_error(src, started, e),
+        )?;
+        Ok(got)
     }
 
     /// [`Communicator::recv_upto`] of a message that has arrived already: `None` at once if none has.
@@ -220,14 +244,21 @@ impl Communicator {
             .transport
             .try_recv(from, &self.p2p_tag(tag))
             .map_err(|f| self.link_error(RECV, f))?;
-        msg.map(|m| self.fill(buf, src, tag, m)).transpose()
+        msg.map(|m| self.fill::<T>(as_bytes_mut(buf), src, tag, m))
+            .transpose()
     }
 
     /// Copies the payload of `msg` (from `src` with `tag`) into the start of `buf`; its length in
     /// elements.
-    fn fill<T: Element>(&self, buf: &mut [T], src: usize, tag: u64, msg: Message) -> Result<usize> {
+    fn fill<T: Element>(
+        &self,
+        buf: &mut [u8],
+        src: usize,
+        tag: u64,
+        msg: Message,
+    ) -> Result<usize> {
         self.check_sent::<T>(src, &msg.header, None)?;
-        let (have, got) = (std::mem::size_of_val(buf), msg.payload.len());
+        let (have, got) = (buf.len(), msg.payload.len());
         let elem = std::mem::size_of::<T>();
         if got > have || got % elem != 0 {
             let reason = if got > have {
@@ -248,7 +279,7 @@ impl Communicator {
                 reason,
             });
         }
-        as_bytes_mut(buf)[..got].copy_from_slice(&msg.payload);
+        buf[..got].copy_from_slice(&msg.payload);
         self.inner.transport.recycle(msg.payload);
         Ok(got / elem)
     }

@@ -105,11 +105,13 @@ fn p2p_recv_upto_takes_a_message_up_to_the_buffer() {
                 c.send(&[1u8, 2, 3], 1, 0)?;
                 c.send(&[9u8; 8], 1, 1)?;
                 c.send(&[7u8; 2], 1, 2)?;
+                c.send(&[5u8; 6], 1, 4)?;
                 c.barrier()?; // alive until rank 1 has looked for tag 3
                 return Ok((vec![], None, None));
             }
-            let mut buf = [0u8; 6];
+            let mut buf = [0xeeu8; 6];
             let n = c.recv_upto(&mut buf, 0, 0)?;
+            assert_eq!(buf[n..], [0xee; 3], "{kind:?}: bytes past the message untouched");
             let truncated = c.recv_upto(&mut buf[..4], 0, 1).err();
             let mut two = [0u8; 2];
             let mut got = None;
@@ -117,6 +119,9 @@ fn p2p_recv_upto_takes_a_message_up_to_the_buffer() {
                 got = c.try_recv_upto(&mut two, 0, 2)?;
             }
             let none = c.try_recv_upto(&mut two, 0, 3)?;
+            let mut full = [0u8; 6];
+            assert_eq!(c.recv_upto(&mut full, 0, 4)?, 6, "{kind:?}");
+            assert_eq!(full, [5u8; 6], "{kind:?}");
             c.barrier()?;
             Ok::<_, Error>((buf[..n].to_vec(), truncated, none.or(got)))
         });

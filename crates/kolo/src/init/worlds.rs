@@ -20,7 +20,10 @@ static SERVERS: Mutex<Option<HashMap<u16, Weak<TcpStoreServer>>>> = Mutex::new(N
 /// The store prefix of rank `rank`'s next world of job `job_id` in this process.
 pub(crate) fn next_prefix(job_id: &str, rank: usize) -> String {
     let mut worlds = WORLDS.lock().unwrap_or_else(|p| p.into_inner());
-    let k = match worlds.iter_mut().find(|(job, r, _)| job == job_id && *r == rank) {
+    let k = match worlds
+        .iter_mut()
+        .find(|(job, r, _)| job == job_id && *r == rank)
+    {
         Some((_, _, k)) => {
             *k += 1;
             *k
