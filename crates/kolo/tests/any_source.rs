@@ -22,14 +22,15 @@ fn any_source_names_the_sender_and_keeps_each_senders_order() {
     for kind in ALL {
         for n in [2, 3, 4] {
             let res = spawn(kind, n, cfg(), |c| -> Result<Vec<usize>> {
-                // Every rank, rank 0 itself included, sends rank 0 EACH messages `[rank, i]` with
-                // tag 7, then one with tag 8.
+                // Every rank, the last itself included, sends the last rank EACH messages
+                // `[rank, i]` with tag 7, then one with tag 8.
+                let last = n - 1;
                 for i in 0..EACH {
-                    c.send(&[c.rank() as i32, i], 0, 7)?;
+                    c.send(&[c.rank() as i32, i], last, 7)?;
                 }
-                c.send(&[c.rank() as i32, 99], 0, 8)?;
+                c.send(&[c.rank() as i32, 99], last, 8)?;
                 let mut order = Vec::new();
-                if c.rank() == 0 {
+                if c.rank() == last {
                     let mut next = vec![0i32; n];
                     for _ in 0..EACH as usize * n {
                         let mut m = [0i32; 2];
@@ -52,7 +53,7 @@ fn any_source_names_the_sender_and_keeps_each_senders_order() {
             });
             for (r, out) in res.into_iter().enumerate() {
                 let order = out.unwrap_or_else(|e| panic!("{kind:?} n={n} rank {r}: {e}"));
-                if r == 0 {
+                if r == n - 1 {
                     for src in 0..n {
                         let got = order.iter().filter(|&&s| s == src).count();
                         assert_eq!(got, EACH as usize, "{kind:?} n={n}: from rank {src}");

@@ -76,11 +76,11 @@ fn tcp_world(n: usize) -> Vec<TcpTransport> {
     })
 }
 
-/// A world of `n` ranks on two pretend hosts (the first `n / 2 + 1` ranks, and the rest), each
-/// rank a hybrid transport: shared memory to the ranks of its host, TCP to the others.
+/// A world of `n` ranks on two pretend hosts (the even ranks, and the odd ones: a rank's place on
+/// its host is not its world rank), each rank a hybrid transport: shared memory to the ranks of its
+/// host, TCP to the others.
 fn hybrid_world(n: usize) -> Vec<Arc<dyn Transport>> {
-    let split = n / 2 + 1;
-    let hosts = [(0..split.min(n)).collect::<Vec<_>>(), (split..n).collect()];
+    let hosts: [Vec<usize>; 2] = [(0..n).step_by(2).collect(), (1..n).step_by(2).collect()];
     let opts = ShmOptions::default();
     let mut shm: Vec<Option<ShmTransport>> = (0..n).map(|_| None).collect();
     for host in hosts.iter().filter(|h| !h.is_empty()) {
