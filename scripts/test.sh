@@ -88,9 +88,10 @@ scripts/e2e-launchers.sh target/debug
 
 stage "Python package: the kolo wheel (maturin) and its tests (pytest; torch backend under torchrun)"
 # Built and installed into PyTorch's venv (its torch loads the backend through the package's
-# entry point); the dev profile shares the build above.
+# entry point); the dev profile shares the build above. expecttest: torch's distributed test suite
+# (tests/test_torch_suite.py runs a few of its tests on kolo) imports it.
 VENV=$(dirname "$(dirname "$KOLO_TORCHRUN")")
-"$VENV/bin/pip" install -q --retries 5 "maturin>=1.9.4,<2" pytest
+"$VENV/bin/pip" install -q --retries 5 "maturin>=1.9.4,<2" pytest expecttest
 rm -rf target/wheels
 "$VENV/bin/maturin" build -q -m crates/kolo-py/Cargo.toml --profile dev -o target/wheels
 "$VENV/bin/pip" install -q --force-reinstall --no-deps target/wheels/kolo-*.whl

@@ -96,7 +96,11 @@ pub enum Error {
     },
 
     /// Nothing arrived from a peer before the deadline.
-    #[error("{op} on rank {rank}: timed out after {waited:.1?} waiting for rank {peer}")]
+    #[error(
+        "{op} on rank {rank}: timed out after {waited:.1?} waiting for rank {peer} (it is late, \
+         stopped, or in a different call; raise the communicator's timeout (KOLO_TIMEOUT, or the \
+         group's) if it is only slow)"
+    )]
     Timeout {
         /// Operation.
         op: &'static str,
@@ -108,11 +112,26 @@ pub enum Error {
         waited: Duration,
     },
 
-    /// `monitored_barrier`: some ranks did not arrive in time.
+    /// A receive from any rank: no message came before the deadline.
     #[error(
-        "monitored_barrier on rank {rank}: rank(s) {} did not arrive within {waited:.1?}",
-        missing.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(", ")
+        "{op} on rank {rank}: timed out after {waited:.1?} waiting for a message with tag {tag} \
+         from any rank (raise the communicator's timeout (KOLO_TIMEOUT, or the group's) if the \
+         sender is only slow)"
     )]
+    TimeoutAnySource {
+        /// Operation.
+        op: &'static str,
+        /// Waiting rank.
+        rank: usize,
+        /// The receive's tag.
+        tag: u64,
+        /// How long it waited.
+        waited: Duration,
+    },
+
+    /// `monitored_barrier`: some ranks did not arrive in time. The message says so as Gloo's does
+    /// (which tools and tests match), rank 0 naming the missing ranks, the others rank 0's report.
+    #[error("monitored_barrier on rank {rank}: {}", barrier_timeout(*rank, missing, *waited))]
     BarrierTimeout {
         /// Rank reporting.
         rank: usize,
@@ -229,7 +248,8 @@ pub enum Error {
     /// which rank is missing (MPI's collectives do not).
     #[error(
         "{op} on rank {rank}: not every rank entered {call} within {waited:.1?} (a rank is late, \
-         stopped, or in a different call or point-to-point operation)"
+         stopped, or in a different call or point-to-point operation; raise the communicator's \
+         timeout (KOLO_TIMEOUT, or the group's) if it is only slow)"
     )]
     Stalled {
         /// Operation.
@@ -254,6 +274,33 @@ pub enum Error {
         /// The engine's message.
         reason: String,
     },
+}
+
+/// What [`Error::BarrierTimeout`] says after "monitored_barrier on rank N: ".
+fn barrier_timeout(rank: usize, missing: &[usize], waited: Duration) -> String {
+    let ms = waited.as_millis();
+    let list = missing
+        .iter()
+        .map(|r| r.to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    let failed = match missing {
+        [one] => format!("Rank {one} failed to pass monitoredBarrier in {ms} ms"),
+        _ => format!("Ranks {list} failed to pass monitoredBarrier in {ms} ms"),
+    };
+    if rank != 0 {
+        format!(
+            "Rank {rank} successfully reached monitoredBarrier, but received errors while \
+             waiting for send/recv from rank 0: {failed}"
+        )
+    } else if waited.is_zero() {
+        format!(
+            "Rank 0 timed out in monitoredBarrier after 0 ms (a timeout of 0 passes only the \
+             ranks already there); rank(s) {list} had not arrived"
+        )
+    } else {
+        format!("{failed} (late, stopped, or in a different call)")
+    }
 }
 
 impl Error {
@@ -384,4 +431,64 @@ pub enum RecvError {
     Timeout,
     /// The link failed.
     Link(LinkFailure),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::call::{Algorithm, OpKind};
+
+    /// Torch's distributed tests (written for Gloo) match a timed-out call's error against
+    /// `" (Timed out|closed|timeout) "` and a monitored barrier's against Gloo's sentences.
+    #[test]
+    fn timeouts_say_so_as_torch_expects() {
+        let waited = Duration::from_millis(1500);
+        let timeouts = [
+            Error::Timeout {
+                op: "barrier",
+                rank: 0,
+                peer: 1,
+                waited,
+            },
+            Error::TimeoutAnySource {
+                op: "recv",
+                rank: 0,
+                tag: 3,
+                waited,
+            },
+            Error::Stalled {
+                op: "barrier",
+                rank: 0,
+                call: Call::new(OpKind::Barrier, Algorithm::Direct),
+                waited,
+            },
+        ];
+        for e in &timeouts {
+            let text = e.to_string();
+            assert!(text.contains(" timeout "), "{text}");
+            assert!(
+                text.contains("on rank 0") && text.contains("1.5s"),
+                "{text}"
+            );
+            assert_eq!(e.kind(), crate::ErrorKind::Timeout);
+        }
+        let barrier = |rank, missing: &[usize], ms| {
+            Error::BarrierTimeout {
+                rank,
+                missing: missing.to_vec(),
+                waited: Duration::from_millis(ms),
+            }
+            .to_string()
+        };
+        assert!(
+            barrier(0, &[1], 2000).contains(": Rank 1 failed to pass monitoredBarrier in 2000 ms")
+        );
+        assert!(barrier(0, &[1, 3], 20)
+            .contains(": Ranks 1, 3 failed to pass monitoredBarrier in 20 ms"));
+        assert!(barrier(2, &[1], 20).contains(
+            ": Rank 2 successfully reached monitoredBarrier, but received errors while waiting for \
+             send/recv from rank 0: Rank 1 failed to pass monitoredBarrier in 20 ms"
+        ));
+        assert!(barrier(0, &[1], 0).contains(": Rank 0 timed out in monitoredBarrier after 0 ms"));
+    }
 }

@@ -67,9 +67,10 @@ impl Error {
     pub fn kind(&self) -> ErrorKind {
         match self {
             Error::Mismatch { .. } => ErrorKind::Mismatch,
-            Error::Timeout { .. } | Error::Stalled { .. } | Error::BarrierTimeout { .. } => {
-                ErrorKind::Timeout
-            }
+            Error::Timeout { .. }
+            | Error::TimeoutAnySource { .. }
+            | Error::Stalled { .. }
+            | Error::BarrierTimeout { .. } => ErrorKind::Timeout,
             Error::PeerLost { .. } | Error::PeerClosed { .. } => ErrorKind::PeerLost,
             Error::RankOutOfRange { .. }
             | Error::BufferLength { .. }

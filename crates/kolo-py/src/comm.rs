@@ -3,13 +3,14 @@
 //! (releasing the GIL) and raises on failure, with a callable `done` it returns at once and
 //! `done(None)` or `done(exception)` is called when it completes (how, in [`crate::run`]).
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use kolo::{CollectiveBuffer, Communicator};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyCFunction, PyDict, PyTuple};
 
 use crate::args::{pair, typed};
 use crate::buffer::{hold, hold_opt, reduced, Held, Reduced, Source, Target};
@@ -68,6 +69,23 @@ impl PyCommunicator {
             )
         })
     }
+}
+
+/// `done` as a completion of one argument (the error or `None`) that calls `done(error, sender)`
+/// with the sender stored in `sender` (`None` where the receive failed).
+fn with_sender(py: Python<'_>, done: Py<PyAny>, sender: Arc<AtomicUsize>) -> PyResult<Py<PyAny>> {
+    let f = PyCFunction::new_closure(
+        py,
+        Some(c"recv_any_done"),
+        None,
+        move |args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyDict>>| {
+            let error = args.get_item(0)?;
+            let src = sender.load(Ordering::SeqCst);
+            let src = (error.is_none() && src != usize::MAX).then_some(src);
+            done.call1(args.py(), (error, src))
+        },
+    )?;
+    Ok(f.into_any().unbind())
 }
 
 impl Drop for PyCommunicator {
@@ -157,11 +175,12 @@ impl PyCommunicator {
         self.collective(py, done, (), |c, _| c.barrier(), |c, _| c.barrier_async())
     }
 
-    /// A barrier that names the ranks that did not arrive within `timeout` seconds.
+    /// A barrier that names the ranks that did not arrive within `timeout` seconds (0: only the
+    /// ranks already there pass, as with Gloo's).
     fn monitored_barrier(&self, py: Python<'_>, timeout: f64) -> PyResult<()> {
-        if !(timeout.is_finite() && timeout > 0.0) {
+        if !(timeout.is_finite() && timeout >= 0.0) {
             return Err(PyValueError::new_err(format!(
-                "timeout: expected a positive number of seconds, got {timeout}"
+                "timeout: expected a number of seconds, 0 or more, got {timeout}"
             )));
         }
         self.blocking(py, move |c| {
@@ -434,6 +453,34 @@ impl PyCommunicator {
             drop(target);
             n
         })
+    }
+
+    /// The first message with `tag` to arrive from any rank (this one included) into `buf`: the
+    /// sender's rank. With `done`, returns `None` at once and calls `done(None, sender)` or
+    /// `done(exception, None)` when the receive completes (it is ordered with the other receives).
+    #[pyo3(signature = (buf, tag=0, dtype=None, done=None))]
+    fn recv_any(
+        &self,
+        py: Python<'_>,
+        buf: &Bound<'_, PyAny>,
+        tag: u64,
+        dtype: Option<&str>,
+        done: Option<Py<PyAny>>,
+    ) -> PyResult<Option<usize>> {
+        let h = hold(buf, parse_opt_dtype(dtype)?, "buf", true)?;
+        let dt = h.region.dtype;
+        let sender = Arc::new(AtomicUsize::new(usize::MAX));
+        let blocking = done.is_none();
+        let done = done
+            .map(|d| with_sender(py, d, sender.clone()))
+            .transpose()?;
+        let s = sender.clone();
+        typed!(dt, T => self.p2p(py, done, Target::<T>::new(h)?, Direction::Recv, move |c, b| {
+            let src = c.recv_any(b.elements_mut(), tag)?;
+            s.store(src, Ordering::SeqCst);
+            Ok(())
+        }))?;
+        Ok(blocking.then(|| sender.load(Ordering::SeqCst)))
     }
 
     /// The next message of bytes from `src` with `tag`, whatever its length; with `wait=False`,

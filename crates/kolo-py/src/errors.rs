@@ -82,7 +82,7 @@ pub(crate) fn to_py(e: Error) -> PyErr {
             Some("monitored_barrier".to_string()),
             missing.first().copied(),
         ),
-        Error::Stalled { op, rank, .. } => (
+        Error::Stalled { op, rank, .. } | Error::TimeoutAnySource { op, rank, .. } => (
             KoloTimeoutError::new_err(msg),
             Some(*rank),
             Some(op.to_string()),

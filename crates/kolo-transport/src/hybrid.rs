@@ -165,6 +165,53 @@ impl Transport for HybridTransport {
         }
     }
 
+    /// Asks the shared-memory side for the peers of this host and the remote side for the others
+    /// (a peer whose side has closed entirely is passed over while the other side may still send);
+    /// `recv_any` polls this ([`Transport::recv_any`]'s default).
+    fn try_recv_any(
+        &self,
+        peers: &[usize],
+        tag: &Tag,
+    ) -> Result<Option<(usize, Message)>, LinkFailure> {
+        let (mut local, mut remote) = (Vec::new(), Vec::new());
+        for &p in peers {
+            match self.local_of.get(p).copied().flatten() {
+                Some(l) => local.push(l),
+                None => remote.push(p),
+            }
+        }
+        let mut closed = None;
+        let mut open = false;
+        let mut note = |r: Result<Option<(usize, Message)>, LinkFailure>| match r {
+            Ok(None) => {
+                open = true;
+                Ok(None)
+            }
+            Err(LinkFailure::PeerClosed { peer }) => {
+                closed.get_or_insert(peer);
+                Ok(None)
+            }
+            r => r,
+        };
+        if !local.is_empty() {
+            let world = |l: usize| self.local_ranks.get(l).copied().unwrap_or(l);
+            let r = self.shm.try_recv_any(&local, tag);
+            let r = r.map(|m| m.map(|(l, m)| (world(l), m)));
+            if let Some(m) = note(r.map_err(|f| self.global(f)))? {
+                return Ok(Some(m));
+            }
+        }
+        if !remote.is_empty() {
+            if let Some(m) = note(self.remote.try_recv_any(&remote, tag))? {
+                return Ok(Some(m));
+            }
+        }
+        match closed {
+            Some(peer) if !open => Err(LinkFailure::PeerClosed { peer }),
+            _ => Ok(None),
+        }
+    }
+
     fn abort(&self, reason: &str) {
         self.shm.abort(reason);
         self.remote.abort(reason);

@@ -88,6 +88,23 @@ impl Transport for LocalTransport {
         self.own().try_recv(peer, tag)
     }
 
+    fn recv_any(
+        &self,
+        peers: &[usize],
+        tag: &Tag,
+        deadline: Option<Instant>,
+    ) -> Result<(usize, Message), RecvError> {
+        self.own().recv_any(peers, tag, deadline)
+    }
+
+    fn try_recv_any(
+        &self,
+        peers: &[usize],
+        tag: &Tag,
+    ) -> Result<Option<(usize, Message)>, LinkFailure> {
+        self.own().try_recv_any(peers, tag)
+    }
+
     fn abort(&self, reason: &str) {
         for (r, mb) in self.shared.mailboxes.iter().enumerate() {
             if r == self.rank {

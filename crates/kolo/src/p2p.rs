@@ -1,4 +1,5 @@
-//! Point-to-point messages: `send`/`recv` with tags, and `isend`/`irecv` with [`Request`] handles.
+//! Point-to-point messages: `send`/`recv` with tags, `recv_any` from whichever rank sends first, and
+//! `isend`/`irecv` with [`Request`] handles.
 //!
 //! Messages from one rank to another with one tag arrive in the order they were sent. Sends are
 //! buffered: `send` returns once the message is handed to the transport, whether or not the receiver
@@ -158,6 +159,74 @@ impl Communicator {
             .transport
             .recv(from, &self.p2p_tag(tag), deadline)
             .map_err(|e| self.recv_error(src, started, e))
+    }
+
+    /// The first message with `tag` to arrive from any rank of the group, and its sender's rank.
+    fn recv_any_message(&self, tag: u64, deadline: Option<Instant>) -> Result<(usize, Message)> {
+        self.inner.check()?;
+        let started = Instant::now();
+        let members = &self.inner.members;
+        let (from, msg) = self
+            .inner
+            .transport
+            .recv_any(members, &self.p2p_tag(tag), deadline)
+            .map_err(|e| match e {
+                RecvError::Timeout => Error::TimeoutAnySource {
+                    op: RECV,
+                    rank: self.rank(),
+                    tag,
+                    waited: started.elapsed(),
+                },
+                RecvError::Link(f) => self.link_error(RECV, f),
+            })?;
+        let src = members
+            .iter()
+            .position(|&m| m == from)
+            .ok_or_else(|| Error::Protocol {
+                rank: self.rank(),
+                peer: from,
+                reason: "the transport handed over a message from a rank outside the group".into(),
+            })?;
+        Ok((src, msg))
+    }
+
+    /// Receives into `buf` the first message with `tag` to arrive from any rank of the group (MPI's
+    /// `MPI_ANY_SOURCE`; this rank's own sends included), which must have exactly `buf.len()`
+    /// elements, and returns its sender's rank. Messages from one rank still arrive in the order it
+    /// sent them. Waits up to the communicator's timeout ([`Error::TimeoutAnySource`]).
+    ///
+    /// ```
+    /// let results = kolo::run_local(3, kolo::Config::default(), |comm| {
+    ///     if comm.rank() != 0 {
+    ///         return comm.send(&[comm.rank() as i32], 0, 7);
+    ///     }
+    ///     let mut from = Vec::new();
+    ///     for _ in 1..3 {
+    ///         let mut v = [0i32];
+    ///         let src = comm.recv_any(&mut v, 7)?;
+    ///         assert_eq!(v[0] as usize, src);
+    ///         from.push(src);
+    ///     }
+    ///     from.sort();
+    ///     assert_eq!(from, [1, 2]);
+    ///     Ok(())
+    /// });
+    /// assert!(results.iter().all(|r| matches!(r, Ok(Ok(())))));
+    /// ```
+    pub fn recv_any<T: Element>(&self, buf: &mut [T], tag: u64) -> Result<usize> {
+        let deadline = Instant::now() + self.inner.config.timeout;
+        let (src, msg) = self.recv_any_message(tag, Some(deadline))?;
+        let v: Vec<T> = self.check_message(src, msg, Some(buf.len()))?;
+        as_bytes_mut(buf).copy_from_slice(as_bytes(&v));
+        Ok(src)
+    }
+
+    /// Receives the first message with `tag` to arrive from any rank of the group, of any length:
+    /// its sender's rank and its elements (see [`Communicator::recv_any`]).
+    pub fn recv_vec_any<T: Element>(&self, tag: u64) -> Result<(usize, Vec<T>)> {
+        let deadline = Instant::now() + self.inner.config.timeout;
+        let (src, msg) = self.recv_any_message(tag, Some(deadline))?;
+        Ok((src, self.check_message(src, msg, None)?))
     }
 
     /// Receives a message of exactly `buf.len()` elements from `src` with `tag` into `buf`, waiting up

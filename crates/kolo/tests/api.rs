@@ -111,7 +111,11 @@ fn p2p_recv_upto_takes_a_message_up_to_the_buffer() {
             }
             let mut buf = [0xeeu8; 6];
             let n = c.recv_upto(&mut buf, 0, 0)?;
-            assert_eq!(buf[n..], [0xee; 3], "{kind:?}: bytes past the message untouched");
+            assert_eq!(
+                buf[n..],
+                [0xee; 3],
+                "{kind:?}: bytes past the message untouched"
+            );
             let truncated = c.recv_upto(&mut buf[..4], 0, 1).err();
             let mut two = [0u8; 2];
             let mut got = None;

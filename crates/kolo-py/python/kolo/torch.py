@@ -13,6 +13,7 @@ The ranks meet through the store torch hands the backend (torchrun's, or the one
 import datetime
 import functools
 import inspect
+import math
 import os
 import secrets
 
@@ -20,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from . import _kolo
-from ._comm import Work, _tensor_buffer, aborts, check_tensor
+from ._comm import aborts
 
 
 def _check_torch(d):
@@ -52,98 +53,20 @@ _check_torch(dist)
 
 __all__ = ["ProcessGroupKolo", "register", "monitored_barrier"]
 
-# As torch's NCCL backend: a reduction of bool tensors is a logical or/and, so that the result
-# stays a bool.
-_BOOL_OPS = {"sum": "max", "max": "max", "prod": "min", "min": "min"}
-
-
-# torch's reductions kolo's table knows (SUM, AVG, PRODUCT, MIN, MAX), for messages.
-_SUPPORTED = ", ".join(
-    n for n in dist.ReduceOp.RedOpType.__members__ if n.lower() in _kolo.REDUCE_OP_NAMES
+# Imported once torch has passed the check above.
+from ._torch_ops import (  # noqa: E402
+    TorchWork as _Work,
+    check as _check,
+    copy_out as _copy_out,
+    one as _one,
+    op_name as _op,
+    raw as _raw,
+    reducible as _buf,
+    register_cpu_backend,
+    seconds as _seconds,
+    sparse_all_reduce,
+    then as _then,
 )
-
-
-def _op(reduce_op, tensor=None):
-    """kolo's name for torch's reduction `reduce_op` (of `tensor`'s dtype), from kolo's table."""
-    red = getattr(reduce_op, "op", reduce_op)  # a ReduceOp holds its RedOpType in .op
-    name = _kolo.REDUCE_OP_NAMES.get(str(getattr(red, "name", "")).lower())
-    if name is None:
-        raise ValueError(
-            f"kolo: unsupported reduction {reduce_op}: the kolo backend reduces with {_SUPPORTED}"
-        )
-    if tensor is not None and tensor.dtype == torch.bool:
-        if name not in _BOOL_OPS:
-            raise ValueError(f"kolo: {reduce_op} of bool tensors is not defined")
-        return _BOOL_OPS[name]
-    return name
-
-
-def _check(t, arg):
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"kolo: {arg}: expected a tensor, got {type(t).__name__}")
-    check_tensor(t, f"kolo: {arg}")
-
-
-def _buf(t, arg):
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"kolo: {arg}: expected a tensor, got {type(t).__name__}")
-    return _tensor_buffer(t, f"kolo: {arg}")  # checks it as `check_tensor` does
-
-
-def _one(tensors, op):
-    if len(tensors) != 1:
-        raise ValueError(
-            f"kolo: {op} takes one tensor per process (got {len(tensors)}): one device per rank"
-        )
-    return tensors[0]
-
-
-def _copy_out(outs, flat):
-    """Copies `flat` (a scratch tensor) into the tensors `outs`, in order."""
-    at = 0
-    for o in outs:
-        n = o.numel()
-        o.copy_(flat.reshape(-1)[at : at + n].view(o.shape))
-        at += n
-
-
-def _then(*afters):
-    """One copy-out running `afters` (the None ones skipped) in order, or None."""
-    todo = [a for a in afters if a is not None]
-    if not todo:
-        return None
-
-    def after():
-        for a in todo:
-            a()
-
-    return after
-
-
-class _Work(Work, dist.Work):
-    """kolo's `Work` as torch's: its future completes with the list of tensors the operation
-    wrote (what DDP's reducer expects), or with its exception."""
-
-    def __init__(self, result, after=None, parts=1):
-        self._future = torch.futures.Future()
-        super().__init__(result, after, parts)
-
-    def _completed(self, error):
-        if error is None:
-            self._future.set_result(self._result)
-        else:
-            self._future.set_exception(error)
-
-    def wait(self, timeout=None):
-        secs = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout
-        Work.wait(self, secs or None)  # torch's timedelta(0), its default, is no timeout
-        return True
-
-    def get_future(self):
-        return self._future
-
-    def synchronize(self):
-        pass
 
 
 class ProcessGroupKolo(dist.ProcessGroup):
@@ -216,6 +139,8 @@ class ProcessGroupKolo(dist.ProcessGroup):
         (a tensor alone is reduced in place), reduced by one call, and copied back."""
         reduce_op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
         _op(reduce_op)
+        if any(isinstance(t, torch.Tensor) and t.is_sparse for t in tensors):
+            return self._sparse_allreduce(tensors, reduce_op)
         groups = {}  # by dtype, in the order of the tensors (the same on every rank)
         for t in tensors:
             _check(t, "allreduce")
@@ -235,10 +160,19 @@ class ProcessGroupKolo(dist.ProcessGroup):
     def allreduce_coalesced(self, tensors, opts=None):
         return self.allreduce(tensors, opts)
 
+    def _sparse_allreduce(self, tensors, reduce_op):
+        """Sums sparse COO tensors (as Gloo does): every rank's indices and values gathered and
+        coalesced, one tensor after the other, before the call returns."""
+        for t in tensors:
+            sparse_all_reduce(self._c, t, reduce_op, self.rank(), self.size())
+        return self._start(tensors, ([], None))
+
+    allreduce_sparse = allreduce
+
     @aborts
     def broadcast(self, tensors, opts=None):
         root = opts.rootRank if opts is not None else 0
-        b, dt = _buf(_one(tensors, "broadcast"), "broadcast")
+        b, dt, _ = _raw(_one(tensors, "broadcast"), "broadcast")
         return self._start(
             tensors, ([lambda d: self._c.broadcast(b, root, dtype=dt, done=d)], None), opts)
 
@@ -256,13 +190,15 @@ class ProcessGroupKolo(dist.ProcessGroup):
         return self._start([], ([lambda d: self._c.barrier(done=d)], None), opts)
 
     def monitored_barrier(self, timeout=None, wait_all_ranks=False):
-        secs = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else 30.0
-        self._c.monitored_barrier(secs)
+        """Raises (`kolo.KoloTimeoutError`, saying so as Gloo's does) naming the ranks that did not
+        arrive within `timeout` (a timedelta, or torch's options holding one; 30 s by default;
+        0 passes only the ranks already there). kolo always names every missing rank."""
+        self._c.monitored_barrier(_seconds(timeout, 30.0))
 
     # all-gather: into one tensor (both generations of names), into a list, coalesced
     def _all_gather_single(self, output, input):
-        s, dt = _buf(input, "all_gather input")
-        r, _ = _buf(output, "all_gather output")
+        s, dt, _ = _raw(input, "all_gather input")
+        r, _, _ = _raw(output, "all_gather output")
         return [lambda d: self._c.all_gather(s, r, dtype=dt, done=d)], None
 
     @aborts
@@ -288,7 +224,16 @@ class ProcessGroupKolo(dist.ProcessGroup):
 
     @aborts
     def allgather_coalesced(self, output_lists, input_list, opts=None):
-        plans = [self._allgather(o, i) for o, i in zip(output_lists, input_list)]
+        """Every rank's `input_list` into `output_lists[rank]` (one list per rank, holding one
+        tensor per input): one all-gather per input."""
+        n, k = self.size(), len(input_list)
+        if len(output_lists) != n or any(len(o) != k for o in output_lists):
+            got = [len(o) for o in output_lists]
+            raise ValueError(
+                f"kolo: allgather_coalesced needs {n} output lists (one per rank) of {k} tensors "
+                f"(one per input), got lists of {got}"
+            )
+        plans = [self._allgather([o[i] for o in output_lists], t) for i, t in enumerate(input_list)]
         return self._start(output_lists, self._join(plans), opts)
 
     @aborts
@@ -334,21 +279,21 @@ class ProcessGroupKolo(dist.ProcessGroup):
     def gather(self, output_tensors, input_tensors, opts=None):
         root = opts.rootRank if opts is not None else 0
         inp = _one(input_tensors, "gather")
-        s, dt = _buf(inp, "gather input")
+        s, dt, _ = _raw(inp, "gather input")
         if self.rank() != root:
             return self._start(
                 [], ([lambda d: self._c.gather(s, None, root, dtype=dt, done=d)], None), opts)
         outs = _one(output_tensors, "gather")
         flat = torch.empty((self.size(),) + tuple(inp.shape), dtype=inp.dtype)
-        r, _ = _buf(flat, "gather output")
+        r = _raw(flat, "gather output")[0]
         call = lambda d: self._c.gather(s, r, root, dtype=dt, done=d)  # noqa: E731
         return self._start(output_tensors, ([call], functools.partial(_copy_out, outs, flat)), opts)
 
     @aborts
     def gather_single(self, output, input, opts=None):
         root = opts.rootRank if opts is not None else 0
-        s, dt = _buf(input, "gather input")
-        r = _buf(output, "gather output")[0] if self.rank() == root else None
+        s, dt, _ = _raw(input, "gather input")
+        r = _raw(output, "gather output")[0] if self.rank() == root else None
         return self._start(
             [output], ([lambda d: self._c.gather(s, r, root, dtype=dt, done=d)], None), opts)
 
@@ -358,26 +303,26 @@ class ProcessGroupKolo(dist.ProcessGroup):
     def scatter(self, output_tensors, input_tensors, opts=None):
         root = opts.rootRank if opts is not None else 0
         out = _one(output_tensors, "scatter")
-        r, dt = _buf(out, "scatter output")
+        r, dt, _ = _raw(out, "scatter output")
         s = None
         if self.rank() == root:
             ins = _one(input_tensors, "scatter")
             flat = torch.cat([t.reshape(-1) for t in ins])
-            s = _buf(flat, "scatter input")[0]
+            s = _raw(flat, "scatter input")[0]
         return self._start(
             output_tensors, ([lambda d: self._c.scatter(s, r, root, dtype=dt, done=d)], None), opts)
 
     # all-to-all
     @aborts
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
-        s, dt = _buf(input, "all_to_all input")
-        r, _ = _buf(output, "all_to_all output")
+        s, dt, scale = _raw(input, "all_to_all input")
+        r, _, _ = _raw(output, "all_to_all output")
         if output_split_sizes or input_split_sizes:
             n = self.size()
             ins = list(input_split_sizes) or [input.shape[0] // n] * n
             outs = list(output_split_sizes) or [output.shape[0] // n] * n
-            row_in = input[0].numel() if input.dim() > 0 and input.shape[0] else 1
-            row_out = output[0].numel() if output.dim() > 0 and output.shape[0] else 1
+            row_in = math.prod(input.shape[1:]) * scale
+            row_out = math.prod(output.shape[1:]) * scale
             sc = [c * row_in for c in ins]
             rc = [c * row_out for c in outs]
             call = lambda d: self._c.all_to_all(s, r, sc, rc, dtype=dt, done=d)  # noqa: E731
@@ -390,11 +335,11 @@ class ProcessGroupKolo(dist.ProcessGroup):
     @aborts
     def alltoall(self, output_tensors, input_tensors, opts=None):
         flat_in = torch.cat([t.reshape(-1) for t in input_tensors])
-        counts_in = [t.numel() for t in input_tensors]
-        counts_out = [t.numel() for t in output_tensors]
-        flat_out = torch.empty(sum(counts_out), dtype=flat_in.dtype)
-        s, dt = _buf(flat_in, "alltoall input")
-        r, _ = _buf(flat_out, "alltoall output")
+        flat_out = torch.empty(sum(t.numel() for t in output_tensors), dtype=flat_in.dtype)
+        s, dt, scale = _raw(flat_in, "alltoall input")
+        r, _, _ = _raw(flat_out, "alltoall output")
+        counts_in = [t.numel() * scale for t in input_tensors]
+        counts_out = [t.numel() * scale for t in output_tensors]
         call = lambda d: self._c.all_to_all(s, r, counts_in, counts_out, dtype=dt, done=d)  # noqa: E731
         after = functools.partial(_copy_out, output_tensors, flat_out)
         return self._start(output_tensors, ([call], after), opts)
@@ -402,19 +347,29 @@ class ProcessGroupKolo(dist.ProcessGroup):
     # point to point
     @aborts
     def send(self, tensors, dst, tag=0):
-        b, dt = _buf(_one(tensors, "send"), "send")
+        b, dt, _ = _raw(_one(tensors, "send"), "send")
         return self._start(tensors, ([lambda d: self._c.send(b, dst, tag, dtype=dt, done=d)], None))
 
     @aborts
     def recv(self, tensors, src, tag=0):
-        b, dt = _buf(_one(tensors, "recv"), "recv")
-        return self._start(tensors, ([lambda d: self._c.recv(b, src, tag, dtype=dt, done=d)], None))
+        b, dt, _ = _raw(_one(tensors, "recv"), "recv")
+        work = _Work(tensors, source=src)
+        self._c.recv(b, src, tag, dtype=dt, done=work._done)
+        return work
 
     @aborts
     def recv_anysource(self, tensors, tag=0):
-        raise NotImplementedError(
-            "kolo: receiving from any source is not supported: name the source rank"
-        )
+        """A receive from whichever rank's message with `tag` comes first; the work's
+        `source_rank()` names it once it has completed."""
+        b, dt, _ = _raw(_one(tensors, "recv"), "recv")
+        work = _Work(tensors)
+
+        def done(error, sender):
+            work._source = sender
+            work._done(error)
+
+        self._c.recv_any(b, tag, dtype=dt, done=done)
+        return work
 
 
 def _store_host(store):
@@ -461,14 +416,24 @@ def _create(dist_backend_opts, backend_options=None):
         timeout=_timeout_seconds(dist_backend_opts.timeout),
         host=_store_host(store),
     )
-    return ProcessGroupKolo(comm, rank, size, group)
+    pg = ProcessGroupKolo(comm, rank, size, group)
+    # torch uses a ProcessGroup subclass as the group itself (its Python methods are what torch's
+    # calls reach, a receive's work included), and so registers no backend for its devices: the
+    # group registers one for the CPU, passing every call on to it.
+    register_cpu_backend(pg)
+    return pg
+
+
+# Set once the backend is registered (the import hook, ``kolo._torch_hook``, reads it).
+_registered = False
 
 
 def register():
     """Registers the ``"kolo"`` backend with torch.distributed (once; later calls do nothing)."""
-    if "kolo" in getattr(dist.Backend, "backend_list", []) or hasattr(dist.Backend, "KOLO"):
-        return
-    dist.Backend.register_backend("kolo", _create, extended_api=True, devices=["cpu"])
+    global _registered
+    if not ("kolo" in getattr(dist.Backend, "backend_list", []) or hasattr(dist.Backend, "KOLO")):
+        dist.Backend.register_backend("kolo", _create, extended_api=True, devices=["cpu"])
+    _registered = True
 
 
 def monitored_barrier(group=None, timeout=None):
@@ -477,19 +442,15 @@ def monitored_barrier(group=None, timeout=None):
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
     if not isinstance(pg, ProcessGroupKolo):
         raise TypeError("kolo.torch.monitored_barrier: the group is not a kolo process group")
-    secs = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else (timeout or 30.0)
-    pg._c.monitored_barrier(float(secs))
+    pg.monitored_barrier(timeout)
 
 
 def _autoload():
-    """torch's plugin hook (``torch.backends`` entry point): registers the backend, and never
-    lets a failure here break ``import torch``."""
-    try:
-        register()
-    except Exception as e:  # pragma: no cover - depends on the torch build
-        import warnings
+    """torch's plugin hook of earlier kolo wheels (the entry point is now
+    ``kolo._torch_hook:autoload``)."""
+    from ._torch_hook import autoload
 
-        warnings.warn(f"kolo: could not register the torch.distributed backend: {e}")
+    autoload()
 
 
 register()

@@ -434,6 +434,41 @@ impl Transport for ShmTransport {
         }
     }
 
+    fn recv_any(
+        &self,
+        peers: &[usize],
+        tag: &Tag,
+        deadline: Option<Instant>,
+    ) -> Result<(usize, Message), RecvError> {
+        if let Some(m) = self
+            .mailbox
+            .try_recv_any(peers, tag)
+            .map_err(RecvError::Link)?
+        {
+            return Ok(m);
+        }
+        self.wait_for(deadline, || {
+            self.progress();
+            self.mailbox.try_recv_any(peers, tag).transpose()
+        })?
+        .map_err(RecvError::Link)
+    }
+
+    fn try_recv_any(
+        &self,
+        peers: &[usize],
+        tag: &Tag,
+    ) -> Result<Option<(usize, Message)>, LinkFailure> {
+        self.progress();
+        if let Some(m) = self.mailbox.try_recv_any(peers, tag)? {
+            return Ok(Some(m));
+        }
+        match self.health() {
+            Some(f) => Err(f),
+            None => Ok(None),
+        }
+    }
+
     fn abort(&self, reason: &str) {
         self.mailbox.fail(LinkFailure::LocalClosed {
             reason: reason.to_string(),

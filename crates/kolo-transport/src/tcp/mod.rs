@@ -321,6 +321,23 @@ impl Transport for TcpTransport {
         self.mailbox.try_recv(peer, tag)
     }
 
+    fn recv_any(
+        &self,
+        peers: &[usize],
+        tag: &Tag,
+        deadline: Option<Instant>,
+    ) -> Result<(usize, Message), RecvError> {
+        self.mailbox.recv_any(peers, tag, deadline)
+    }
+
+    fn try_recv_any(
+        &self,
+        peers: &[usize],
+        tag: &Tag,
+    ) -> Result<Option<(usize, Message)>, LinkFailure> {
+        self.mailbox.try_recv_any(peers, tag)
+    }
+
     fn abort(&self, reason: &str) {
         if self.aborted.swap(true, Ordering::SeqCst) {
             return;

@@ -12,15 +12,19 @@ use std::time::Duration;
 
 use kolo::prelude::*;
 use kolo::store::{MemoryStore, Store};
-use kolo::transport::{TcpOptions, TcpTransport};
+use kolo::transport::{
+    shm_world, HybridTransport, ShmOptions, ShmTransport, TcpOptions, TcpTransport,
+};
 use kolo::Transport;
 
-/// The transports every test runs on.
+/// The transports every test runs on (and `Hybrid`, for the tests that name it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
     Local,
     Shm,
     Tcp,
+    /// Two pretend hosts: shared memory among the ranks of each, TCP between them.
+    Hybrid,
 }
 
 pub const KINDS: [Kind; 3] = [Kind::Local, Kind::Shm, Kind::Tcp];
@@ -29,39 +33,76 @@ static NEXT_JOB: AtomicU64 = AtomicU64::new(0);
 
 /// Communicators of a world of `n` ranks on transport `kind`.
 pub fn world(kind: Kind, n: usize, config: Config) -> Vec<Communicator> {
+    let over = |ts: Vec<Arc<dyn Transport>>| -> Vec<Communicator> {
+        ts.into_iter()
+            .map(|t| Communicator::with_transport(t, config.clone()))
+            .collect()
+    };
     match kind {
         Kind::Local => kolo::local_communicators(n, config),
         Kind::Shm => kolo::shm_communicators(n, config).expect("shared-memory world"),
-        Kind::Tcp => {
-            let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-            let prefix = format!(
-                "test/{}/{}",
-                std::process::id(),
-                NEXT_JOB.fetch_add(1, Ordering::SeqCst)
-            );
-            let opts = TcpOptions {
-                connect_timeout: Duration::from_secs(30),
-                ..TcpOptions::default()
-            };
-            let transports: Vec<TcpTransport> = std::thread::scope(|s| {
-                let hs: Vec<_> = (0..n)
-                    .map(|r| {
-                        let (store, prefix, opts) = (store.clone(), prefix.clone(), opts.clone());
-                        s.spawn(move || TcpTransport::connect(&*store, &prefix, r, n, &opts))
-                    })
-                    .collect();
-                hs.into_iter()
-                    .map(|h| h.join().expect("connect thread").expect("tcp connect"))
-                    .collect()
-            });
-            transports
+        Kind::Tcp => over(
+            tcp_world(n)
                 .into_iter()
-                .map(|t| {
-                    Communicator::with_transport(Arc::new(t) as Arc<dyn Transport>, config.clone())
-                })
-                .collect()
+                .map(|t| Arc::new(t) as Arc<dyn Transport>)
+                .collect(),
+        ),
+        Kind::Hybrid => over(hybrid_world(n)),
+    }
+}
+
+/// The endpoints of a TCP world of `n` ranks on this host.
+fn tcp_world(n: usize) -> Vec<TcpTransport> {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let prefix = format!(
+        "test/{}/{}",
+        std::process::id(),
+        NEXT_JOB.fetch_add(1, Ordering::SeqCst)
+    );
+    let opts = TcpOptions {
+        connect_timeout: Duration::from_secs(30),
+        ..TcpOptions::default()
+    };
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..n)
+            .map(|r| {
+                let (store, prefix, opts) = (store.clone(), prefix.clone(), opts.clone());
+                s.spawn(move || TcpTransport::connect(&*store, &prefix, r, n, &opts))
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("connect thread").expect("tcp connect"))
+            .collect()
+    })
+}
+
+/// A world of `n` ranks on two pretend hosts (the even ranks, and the odd ones: a rank's place on
+/// its host is not its world rank), each rank a hybrid transport: shared memory to the ranks of its
+/// host, TCP to the others.
+fn hybrid_world(n: usize) -> Vec<Arc<dyn Transport>> {
+    let hosts: [Vec<usize>; 2] = [(0..n).step_by(2).collect(), (1..n).step_by(2).collect()];
+    let opts = ShmOptions::default();
+    let mut shm: Vec<Option<ShmTransport>> = (0..n).map(|_| None).collect();
+    for host in hosts.iter().filter(|h| !h.is_empty()) {
+        let world = shm_world(host.len(), &opts).expect("shared-memory world");
+        for (t, &r) in world.into_iter().zip(host) {
+            shm[r] = Some(t);
         }
     }
+    tcp_world(n)
+        .into_iter()
+        .zip(shm)
+        .enumerate()
+        .map(|(r, (tcp, shm))| {
+            let local = hosts
+                .iter()
+                .find(|h| h.contains(&r))
+                .cloned()
+                .unwrap_or_default();
+            let shm = shm.expect("every rank is on a host");
+            Arc::new(HybridTransport::new(shm, local, Box::new(tcp))) as Arc<dyn Transport>
+        })
+        .collect()
 }
 
 /// Runs `f` on every rank of a world of `n` on `kind`, returning each rank's result.
