@@ -5,7 +5,6 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use kolo::{CollectiveBuffer, Communicator};
 use pyo3::exceptions::PyValueError;
@@ -178,14 +177,13 @@ impl PyCommunicator {
     /// A barrier that names the ranks that did not arrive within `timeout` seconds (0: only the
     /// ranks already there pass, as with Gloo's).
     fn monitored_barrier(&self, py: Python<'_>, timeout: f64) -> PyResult<()> {
-        if !(timeout.is_finite() && timeout >= 0.0) {
+        if timeout.is_nan() || timeout < 0.0 {
             return Err(PyValueError::new_err(format!(
                 "timeout: expected a number of seconds, 0 or more, got {timeout}"
             )));
         }
-        self.blocking(py, move |c| {
-            c.monitored_barrier(Duration::from_secs_f64(timeout))
-        })
+        let timeout = crate::seconds(timeout);
+        self.blocking(py, move |c| c.monitored_barrier(timeout))
     }
 
     #[pyo3(signature = (buf, root, dtype=None, done=None))]

@@ -61,12 +61,7 @@ fn init_with_store(
         .map_err(to_py)?;
     opts.job_id = job;
     if let Some(t) = timeout {
-        if !(t.is_finite() && t > 0.0) {
-            return Err(PyValueError::new_err(format!(
-                "timeout: expected a positive number of seconds, got {t}"
-            )));
-        }
-        opts.config.timeout = Duration::from_secs_f64(t);
+        opts.config.timeout = timeout_arg(t)?;
     }
     let comm = py.detach(|| kolo::init_with(opts)).map_err(to_py)?;
     PyCommunicator::wrap(comm)
@@ -84,12 +79,7 @@ fn local_communicators(size: usize, timeout: Option<f64>) -> PyResult<Vec<PyComm
     }
     let mut config = Config::from_env().map_err(to_py)?;
     if let Some(t) = timeout {
-        if !(t.is_finite() && t > 0.0) {
-            return Err(PyValueError::new_err(format!(
-                "timeout: expected a positive number of seconds, got {t}"
-            )));
-        }
-        config.timeout = Duration::from_secs_f64(t);
+        config.timeout = timeout_arg(t)?;
     }
     kolo::local_communicators(size, config)
         .into_iter()
@@ -107,7 +97,7 @@ fn shutdown(py: Python<'_>, grace: f64) -> PyResult<()> {
             "grace: expected a non-negative number of seconds, got {grace}"
         )));
     }
-    run::shutdown_all(py, Duration::from_secs_f64(grace));
+    run::shutdown_all(py, seconds(grace));
     Ok(())
 }
 
@@ -122,4 +112,21 @@ fn _kolo(m: &Bound<'_, PyModule>) -> PyResult<()> {
     names::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
+}
+
+/// A communicator timeout of `t` seconds: positive; longer than kolo keeps (about 31 years,
+/// infinity included) means no deadline.
+fn timeout_arg(t: f64) -> PyResult<Duration> {
+    kolo::config::timeout_from_secs(t).ok_or_else(|| {
+        PyValueError::new_err(format!(
+            "timeout: expected a positive number of seconds, got {t}"
+        ))
+    })
+}
+
+/// `s` (0 or more) seconds, at most kolo's longest timeout (never a panic on a huge value).
+pub(crate) fn seconds(s: f64) -> Duration {
+    Duration::try_from_secs_f64(s).map_or(kolo::config::MAX_TIMEOUT, |d| {
+        d.min(kolo::config::MAX_TIMEOUT)
+    })
 }

@@ -82,6 +82,32 @@ def test_unusable_buffers(make, exc, words):
     assert words in c.failure()
 
 
+def test_a_huge_timeout_means_no_deadline():
+    # 1e20 s does not fit a Duration: no deadline, never a panic (and inf alike).
+    for t in [1e20, float("inf")]:
+        comms = kolo.local_world(2, timeout=t)
+        out = [None, None]
+
+        def body(c):
+            v = np.full(3, c.rank + 1.0, dtype=np.float32)
+            c.all_reduce(v)
+            c.monitored_barrier(1e20)
+            out[c.rank] = v
+
+        import threading
+        ts = [threading.Thread(target=body, args=(c,)) for c in comms]
+        for th in ts:
+            th.start()
+        for th in ts:
+            th.join(30)
+        for c in comms:
+            c.close()
+        assert all(o is not None and (o == 3.0).all() for o in out), (t, out)
+    for bad in [0.0, -1.0, float("nan")]:
+        with pytest.raises(ValueError, match="timeout"):
+            kolo.local_world(2, timeout=bad)
+
+
 def test_unsupported_op_and_dtype_names():
     (c,) = kolo.local_world(1)
     with pytest.raises(ValueError, match="unsupported reduction"):
