@@ -52,7 +52,8 @@ WORLD_SIZE = "2"
 
 class _AsGloo(str):
     """kolo's name as the test module sees it: ``"kolo"`` as a string (what torch gets), equal to
-    ``"gloo"`` too in comparisons, and hashed as ``"gloo"`` so that ``BACKEND in {"gloo"}`` holds."""
+    ``"gloo"`` too in comparisons, and hashed as ``"gloo"`` (so that ``BACKEND in {"gloo"}``
+    holds)."""
 
     def __eq__(self, other):
         return isinstance(other, str) and str.__str__(other) in ("gloo", str.__str__(self))
@@ -219,7 +220,7 @@ def run_backend(backend, patterns, exact, timeout, quiet, logs):
             rc = subprocess.call(cmd, env=env, stderr=log, cwd=tmp)
         elapsed = time.monotonic() - start
         if not os.path.exists(out):
-            raise SystemExit(f"torch_dist_suite: the {backend} worker exited with {rc} and no results")
+            raise SystemExit(f"torch_dist_suite: the {backend} worker exited with {rc}, no results")
         with open(out) as f:
             return json.load(f), elapsed
 

@@ -233,7 +233,7 @@ impl Mailbox {
     }
 
     /// Returns the message with `tag` from any of `srcs` that arrived first, if there is one (see
-    /// [`Transport::recv_any`]).
+    /// [`Transport::recv_any`](crate::Transport::recv_any)).
     pub fn try_recv_any(
         &self,
         srcs: &[usize],
@@ -243,7 +243,7 @@ impl Mailbox {
     }
 
     /// Waits until `deadline` for a message with `tag` from any of `srcs` (see
-    /// [`Transport::recv_any`]).
+    /// [`Transport::recv_any`](crate::Transport::recv_any)).
     pub fn recv_any(
         &self,
         srcs: &[usize],

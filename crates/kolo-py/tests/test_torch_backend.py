@@ -169,10 +169,11 @@ def test_sparse_all_reduce_sums_and_elsewhere_is_refused():
         pg, r = group(c), c.rank
         idx = torch.tensor([[r, 2], [0, 1]])
         val = torch.tensor([[1.0, 2.0], [3.0, 4.0]]) * (r + 1)
-        t = torch.sparse_coo_tensor(idx, val, (3, 2, 2))
+        t = torch.sparse_coo_tensor(idx, val, (3, 2, 2), check_invariants=True)
         dense = [torch.sparse_coo_tensor(torch.tensor([[k, 2], [0, 1]]),
                                          torch.tensor([[1.0, 2.0], [3.0, 4.0]]) * (k + 1),
-                                         (3, 2, 2)).to_dense() for k in range(c.size)]
+                                         (3, 2, 2), check_invariants=True).to_dense()
+                 for k in range(c.size)]
         pg.allreduce([t]).wait()
         assert t.is_sparse and torch.equal(t.to_dense(), sum(dense))
         with pytest.raises(TypeError, match="sparse tensors are not supported"):

@@ -157,13 +157,15 @@ class TorchWork(Work, dist.Work):
     source_rank = _source_rank
 
 
-def sparse_all_reduce(c, t, reduce_op, rank, size):
+def sparse_all_reduce(c, t, reduce_op, size):
     """Sums the sparse COO tensor `t` over the ranks of communicator `c`, in place: every rank's
     indices and values are gathered and the sum coalesced (as Gloo's sparse all-reduce)."""
     if op_name(reduce_op) != "sum":
         raise ValueError(f"kolo: {reduce_op} of sparse tensors is not defined (SUM is)")
     if t.layout != torch.sparse_coo or t.device.type != "cpu":
-        raise TypeError(f"kolo: allreduce: only sparse COO tensors on the CPU are summed ({t.layout})")
+        raise TypeError(
+            f"kolo: allreduce: only sparse COO tensors on the CPU are summed ({t.layout}, {t.device})"
+        )
     s = t.coalesce()
     idx, val = s.indices().contiguous(), s.values().contiguous()
     counts = torch.empty(size, dtype=torch.int64)
@@ -176,8 +178,9 @@ def sparse_all_reduce(c, t, reduce_op, rank, size):
     b, dt, scale = raw(val, "allreduce values")
     out, _, _ = raw(all_val, "allreduce values")
     c.all_gather(b, out, [k * row * scale for k in n], dtype=dt)
-    total = torch.sparse_coo_tensor(all_idx.t(), all_val, t.shape).coalesce()
-    t.copy_(total)
+    # Checked: the indices come from the peers.
+    total = torch.sparse_coo_tensor(all_idx.t(), all_val, t.shape, check_invariants=True)
+    t.copy_(total.coalesce())
 
 
 # The calls torch makes on a backend; the CPU backend passes each on to the group.

@@ -164,7 +164,7 @@ class ProcessGroupKolo(dist.ProcessGroup):
         """Sums sparse COO tensors (as Gloo does): every rank's indices and values gathered and
         coalesced, one tensor after the other, before the call returns."""
         for t in tensors:
-            sparse_all_reduce(self._c, t, reduce_op, self.rank(), self.size())
+            sparse_all_reduce(self._c, t, reduce_op, self.size())
         return self._start(tensors, ([], None))
 
     allreduce_sparse = allreduce
