@@ -105,25 +105,7 @@ def main():
     if args.baseline:
         impls["kolo-shm-base"] = kolo("shm", args.baseline)
         impls["kolo-tcp-base"] = kolo("tcp", args.baseline)
-    skip = set(filter(None, args.skip.split(",")))
-    results = {k: {} for k in impls}
-    broken = {}
-    order = list(impls)
-    for rnd in range(args.rounds):
-        # Each round starts with a different implementation, so a slow patch of a shared machine does
-        # not always fall on the same one.
-        for name in order[rnd % len(order):] + order[:rnd % len(order)]:
-            cmd, env = impls[name]
-            if name in skip or name in broken:
-                continue
-            rows, err = run(cmd, env)
-            if rows is None:
-                broken[name] = err
-                print(f"# {name} did not run: {err}", file=sys.stderr)
-                continue
-            for b, r in rows.items():
-                results[name].setdefault(b, []).append(r)
-            print(f"# round {rnd + 1}: {name} done", file=sys.stderr)
+    results, broken = rounds(args, impls)
 
     def med(name, b, field):
         rs = results[name].get(b)
