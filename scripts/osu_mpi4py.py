@@ -19,6 +19,11 @@ program a fixed stdin (the compute-pi demos read the number of intervals from it
 its workers none) and runs it as ``__main__``. cpi-dpm spawns its workers, so it runs with
 ``-n 1``. The two alternate, run after run, so that both see the same load on a shared machine.
 
+``scripts/osu_allreduce.py`` (this repository's: mpi4py's demos have no all-reduce) runs the same
+way, and a third time as a torch.distributed program on the kolo backend ("torch on kolo", with
+--torch-python's torch and the same wheel), so the torch backend's all-reduce latency sits beside
+mpi4py's Allreduce.
+
 The table says, per demo, whether each ran (exit status 0) and else the last line of its error;
 for the OSU programs it gives rank 0's numbers per message size, the median of --runs runs, for
 mpi4py and kolo.MPI and their ratio (kolo / mpi4py: latencies in µs, so below 1 is faster; the
@@ -52,11 +57,15 @@ DEMOS = [
     "osu_alltoallv.py",
     "osu_gather.py",
     "osu_scatter.py",
+    "osu_allreduce.py",
     "compute-pi/cpi-cco.py",
     "compute-pi/cpi-rma.py",
     "compute-pi/cpi-dpm.py",
 ]
 NPROCS = {"compute-pi/cpi-dpm.py": 1}
+# Programs of this repository run the same way (mpi4py's demos have no all-reduce); these also run
+# as torch.distributed programs on the kolo backend ("torch-kolo") when --torch-python has torch.
+LOCAL = {"osu_allreduce.py": os.path.join(HERE, "osu_allreduce.py")}
 STDIN = "1000\n0\n"  # compute-pi: 1000 intervals, then 0 (quit)
 RUNNER = """\
 import io, runpy, sys
@@ -106,19 +115,22 @@ def demo_dir():
     return demo
 
 
-def install_kolo(py, build):
+def install_kolo(pys, build):
     if build:
         out = tempfile.mkdtemp(prefix="kolo-wheel-")
+        py = pys[0]
         maturin = shutil.which("maturin") or os.path.join(os.path.dirname(py), "maturin")
         if not os.path.exists(maturin):
             sh([py, "-m", "pip", "install", "-q", "maturin>=1.9.4,<2"])
         sh([maturin, "build", "-q", "--release", "-m",
             os.path.join(ROOT, "crates", "kolo-py", "Cargo.toml"), "-o", out])
         wheels = [os.path.join(out, w) for w in os.listdir(out) if w.endswith(".whl")]
-        sh([py, "-m", "pip", "install", "-q", "--force-reinstall", "--no-deps"] + wheels)
-    probe = subprocess.run([py, "-c", "import kolo.MPI"], capture_output=True, text=True)
-    if probe.returncode != 0:
-        sys.exit(f"osu_mpi4py: kolo is not installed in {py}: {probe.stderr.strip()}")
+        for py in pys:
+            sh([py, "-m", "pip", "install", "-q", "--force-reinstall", "--no-deps"] + wheels)
+    for py in pys:
+        probe = subprocess.run([py, "-c", "import kolo.MPI"], capture_output=True, text=True)
+        if probe.returncode != 0:
+            sys.exit(f"osu_mpi4py: kolo is not installed in {py}: {probe.stderr.strip()}")
 
 
 def prepare(demo, demos, work):
@@ -128,7 +140,7 @@ def prepare(demo, demos, work):
         f.write(RUNNER.format(stdin=STDIN))
     progs = {}
     for name in demos:
-        src = os.path.join(demo, name)
+        src = LOCAL.get(name) or os.path.join(demo, name)
         with open(src) as f:
             text = f.read()
         twin = text.replace("from mpi4py import MPI", "from kolo import MPI")
@@ -194,6 +206,9 @@ def main():
     ap.add_argument("--demos", default=",".join(DEMOS))
     ap.add_argument("--no-build", action="store_true", help="keep the kolo wheel installed")
     ap.add_argument("--timeout", type=int, default=900, help="seconds per run of one demo")
+    ap.add_argument("--torch-python", default=os.path.join(CACHE, "torch-2.15.0", "bin", "python"),
+                    help="a Python with torch, for the torch-kolo runs of this repository's "
+                         "programs (skipped if it has no torch; scripts/install-torch.sh makes it)")
     args = ap.parse_args()
     known = {os.path.basename(d).removesuffix(".py"): d for d in DEMOS}
     demos = []
@@ -204,7 +219,13 @@ def main():
         demos.append(known[key])
 
     py = setup_venv(args.venv)
-    install_kolo(py, not args.no_build)
+    torch_py = args.torch_python if os.access(args.torch_python, os.X_OK) else None
+    if torch_py and subprocess.run([torch_py, "-c", "import torch"],
+                                   capture_output=True).returncode != 0:
+        torch_py = None
+    if torch_py is None:
+        print(f"# no torch at {args.torch_python}: no torch-kolo runs", file=sys.stderr)
+    install_kolo([py] + ([torch_py] if torch_py else []), not args.no_build)
     if not os.access(args.kolo, os.X_OK):
         sys.exit(f"osu_mpi4py: no kolo binary at {args.kolo} (cargo build --release -p kolo-cli)")
     work = tempfile.mkdtemp(prefix="osu-mpi4py-")
@@ -212,12 +233,18 @@ def main():
     mpirun = ["mpirun"] + (["--allow-run-as-root", "--oversubscribe"] if os.geteuid() == 0 else [])
 
     results = {d: {"mpi4py": [], "kolo": []} for d in demos}
+    for d in demos:
+        if d in LOCAL and torch_py:
+            results[d]["torch-kolo"] = []
     for rnd in range(args.runs):
         for d in demos:
             n = str(NPROCS.get(d, 2))
             src, twin = progs[d]
             order = [("mpi4py", mpirun + ["-n", n, py, runner, src]),
                      ("kolo", [args.kolo, "run", "-n", n, "--", py, runner, twin])]
+            if "torch-kolo" in results[d]:
+                order.append(("torch-kolo",
+                              [args.kolo, "run", "-n", n, "--", torch_py, runner, src, "--torch"]))
             if rnd % 2:
                 order.reverse()
             for impl, cmd in order:
@@ -253,19 +280,26 @@ def main():
         per = {impl: [sizes(lines) for ok, lines, _ in r[impl] if ok] for impl in r}
         if not per["mpi4py"] or not per["kolo"]:
             continue
+        others = [i for i in ("kolo", "torch-kolo") if per.get(i)]
         unit = "MB/s" if d in ("osu_bw.py", "osu_bibw.py") else "µs"
         print()
-        print(f"{d} ({unit}; medians of {len(per['mpi4py'])} and {len(per['kolo'])} runs)")
-        print(f"| size (B) | mpi4py ({unit}) | kolo.MPI ({unit}) | kolo / mpi4py |")
-        print("|---|---|---|---|")
+        print(f"{d} ({unit}; medians of " + ", ".join(str(len(per[i])) for i in ["mpi4py"] + others)
+              + " runs)")
+        names = {"kolo": "kolo.MPI", "torch-kolo": "torch on kolo"}
+        print(f"| size (B) | mpi4py ({unit}) | "
+              + " | ".join(f"{names[i]} ({unit}) | {names[i]} / mpi4py" for i in others) + " |")
+        print("|---|---|" + "---|---|" * len(others))
         for size in sorted(per["mpi4py"][0]):
             m = [s[size] for s in per["mpi4py"] if size in s]
-            k = [s[size] for s in per["kolo"] if size in s]
-            if not m or not k:
+            cols = [[s[size] for s in per[i] if size in s] for i in others]
+            if not m or not all(cols):
                 continue
-            mm, km = statistics.median(m), statistics.median(k)
-            ratio = f"{km / mm:.2f}" if mm else "-"
-            print(f"| {size} | {mm:.2f} | {km:.2f} | {ratio} |")
+            mm = statistics.median(m)
+            cells = []
+            for c in cols:
+                km = statistics.median(c)
+                cells.append(f"{km:.2f} | {km / mm:.2f}" if mm else f"{km:.2f} | -")
+            print(f"| {size} | {mm:.2f} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

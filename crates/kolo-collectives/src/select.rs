@@ -102,12 +102,15 @@ impl Group {
 /// algorithm, which runs kolo's own over the engine's point-to-point transport. An automatic
 /// all-reduce over more than one rank runs hierarchical from [`HIERARCHICAL_MIN_BYTES`] when the
 /// group has [`Group::hosts`], else through shared memory when it has an arena, else by size
-/// ([`all_reduce`]). Other collectives have one schedule ([`fixed`]).
+/// ([`all_reduce`]). A broadcast goes through shared memory on a group with an arena; other
+/// collectives have one schedule ([`fixed`]).
 pub fn choose(op: OpKind, count: usize, elem: usize, group: &Group, ov: &Overrides) -> Algorithm {
     let n = group.size;
     if op != OpKind::AllReduce {
         return if group.engine {
             Algorithm::Engine
+        } else if op == OpKind::Broadcast && group.arena && n > 1 {
+            Algorithm::Shm
         } else {
             fixed(op, n)
         };
@@ -230,8 +233,9 @@ mod tests {
             choose(OpKind::AllReduce, 8, 4, &shm, &forced),
             Algorithm::Ring
         );
+        assert_eq!(choose(OpKind::Broadcast, 8, 4, &shm, &ov), Algorithm::Shm);
         assert_eq!(
-            choose(OpKind::Broadcast, 8, 4, &shm, &ov),
+            choose(OpKind::Broadcast, 8, 4, &Group::plain(4), &ov),
             Algorithm::BinomialTree
         );
         let hosts = Group {

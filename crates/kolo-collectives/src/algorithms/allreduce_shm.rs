@@ -30,7 +30,7 @@ pub fn confirm(ctx: &Ctx, arena: &dyn Arena) -> Result<()> {
 }
 
 /// Checks a peer's fingerprint against this call's.
-fn check_peer(ctx: &Ctx, peer: usize, remote: &kolo_core::Header) -> Result<()> {
+pub(crate) fn check_peer(ctx: &Ctx, peer: usize, remote: &kolo_core::Header) -> Result<()> {
     if *remote != ctx.header {
         return Err(Error::Mismatch {
             rank: ctx.rank,
@@ -43,7 +43,8 @@ fn check_peer(ctx: &Ctx, peer: usize, remote: &kolo_core::Header) -> Result<()> 
     Ok(())
 }
 
-fn wait_all(ctx: &Ctx, arena: &dyn Arena, step: u64) -> Result<()> {
+/// Posts nothing; waits for every peer's `step` and checks its fingerprint.
+pub(crate) fn wait_all(ctx: &Ctx, arena: &dyn Arena, step: u64) -> Result<()> {
     for peer in 0..ctx.size() {
         if peer == ctx.rank {
             continue;

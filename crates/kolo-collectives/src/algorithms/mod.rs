@@ -4,6 +4,7 @@
 //! |---|---|---|---|
 //! | `barrier_dissemination` | barrier | ⌈log₂ n⌉ α | 0 |
 //! | `broadcast_binomial` | broadcast | ⌈log₂ n⌉ α | ⌈log₂ n⌉ m |
+//! | `broadcast_shm` | broadcast (one host, arena) | 1 step | m in, m out per reader, in parallel |
 //! | `reduce_binomial` | reduce | ⌈log₂ n⌉ α | ⌈log₂ n⌉ m |
 //! | `ring` | reduce-scatter, all-gather, all-reduce | (n−1) α each phase | (n−1)/n m each phase |
 //! | `allreduce_recursive_doubling` | all-reduce | (⌈log₂ n⌉ + 2) α | ⌈log₂ n⌉ m |
@@ -26,6 +27,7 @@ pub mod alltoall_pairwise;
 pub mod barrier_dissemination;
 pub mod barrier_monitored;
 pub mod broadcast_binomial;
+pub mod broadcast_shm;
 pub mod linear;
 pub mod reduce_binomial;
 pub mod ring;

@@ -157,6 +157,67 @@ class TorchWork(Work, dist.Work):
     source_rank = _source_rank
 
 
+class DoneWork(dist.Work):
+    """The work of a synchronous call (torch's ``asyncOp`` false) that succeeded: complete when
+    returned, so it holds only its result (a `TorchWork` costs more than a small all-reduce)."""
+
+    _result = None
+
+    @classmethod
+    def of(cls, result):
+        w = cls()
+        w._result = result
+        return w
+
+    def wait(self, timeout=None):
+        return True
+
+    def is_completed(self):
+        return True
+
+    def is_success(self):
+        return True
+
+    def exception(self):
+        return None
+
+    def result(self):
+        return self._result
+
+    def get_future(self):
+        f = torch.futures.Future()
+        f.set_result(self._result)
+        return f
+
+    def synchronize(self):
+        pass
+
+
+# dtypes whose tensors an all-reduce takes as they are (a numpy view of their memory), by name.
+_PLAIN = {
+    getattr(torch, n): n
+    for n in ("float32", "float64", "float16", "int32", "int64", "uint8")
+    if n in DTYPES
+}
+
+
+def plain_buffer(t):
+    """`t`'s memory as a numpy view when `t` is a dense contiguous CPU tensor of a type kolo
+    reduces without conversion; None otherwise (the general path checks and converts)."""
+    if (
+        type(t) is torch.Tensor
+        and t.dtype in _PLAIN
+        and t.is_contiguous()
+        and t.is_cpu
+        and t.layout is torch.strided
+    ):
+        try:
+            return (t.detach() if t.requires_grad else t).numpy()  # any shape: kolo takes it whole
+        except RuntimeError:  # a lazily negated view, say: the general path copes
+            return None
+    return None
+
+
 def sparse_all_reduce(c, t, reduce_op, size):
     """Sums the sparse COO tensor `t` over the ranks of communicator `c`, in place: every rank's
     indices and values are gathered and the sum coalesced (as Gloo's sparse all-reduce)."""

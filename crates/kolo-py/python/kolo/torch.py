@@ -55,11 +55,13 @@ __all__ = ["ProcessGroupKolo", "register", "monitored_barrier"]
 
 # Imported once torch has passed the check above.
 from ._torch_ops import (  # noqa: E402
+    DoneWork as _DoneWork,
     TorchWork as _Work,
     check as _check,
     copy_out as _copy_out,
     one as _one,
     op_name as _op,
+    plain_buffer as _plain,
     raw as _raw,
     reducible as _buf,
     register_cpu_backend,
@@ -67,6 +69,15 @@ from ._torch_ops import (  # noqa: E402
     sparse_all_reduce,
     then as _then,
 )
+
+
+# torch's reductions by their type, as kolo names them (the all-reduce's fast path).
+_OPS = {
+    getattr(dist.ReduceOp.RedOpType, k): v
+    for k, v in (("SUM", "sum"), ("AVG", "avg"), ("PRODUCT", "prod"), ("MIN", "min"),
+                 ("MAX", "max"))
+    if hasattr(dist.ReduceOp.RedOpType, k)
+}
 
 
 class ProcessGroupKolo(dist.ProcessGroup):
@@ -113,18 +124,20 @@ class ProcessGroupKolo(dist.ProcessGroup):
         says the caller waits at once (``asyncOp`` false, as torch's synchronous calls set it):
         then they run now, on this thread when nothing is queued, and the work is complete."""
         calls, after = plan
-        work = _Work(result, after, parts=len(calls))
         if opts is not None and getattr(opts, "asyncOp", True) is False:
-            for call in calls:
-                try:
+            try:
+                for call in calls:
                     call(None)
-                except Exception as e:  # noqa: BLE001 - the work carries it, as a queued one would
-                    work._fail(e)
-                    break
-                work._done(None)
-        else:
-            for call in calls:
-                call(work._done)
+                if after is not None:
+                    after()
+            except Exception as e:  # noqa: BLE001 - the work carries it, as a queued one would
+                work = _Work(result, parts=1)
+                work._fail(e)
+                return work
+            return _DoneWork.of(result)
+        work = _Work(result, after, parts=len(calls))
+        for call in calls:
+            call(work._done)
         return work
 
     def _join(self, plans):
@@ -138,6 +151,19 @@ class ProcessGroupKolo(dist.ProcessGroup):
         """One all-reduce per element type: the tensors of a type are flattened into one buffer
         (a tensor alone is reduced in place), reduced by one call, and copied back."""
         reduce_op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        if len(tensors) == 1 and opts is not None and opts.asyncOp is False:
+            # torch's synchronous all_reduce of one tensor: straight to kolo (small all-reduces
+            # cost little more than torch's own dispatch).
+            b = _plain(tensors[0])
+            name = _OPS.get(reduce_op.op) if b is not None else None
+            if name is not None:
+                try:
+                    self._c.all_reduce(b, name)
+                except Exception as e:  # noqa: BLE001 - the work carries it, as in _start
+                    work = _Work(tensors, parts=1)
+                    work._fail(e)
+                    return work
+                return _DoneWork.of(tensors)
         _op(reduce_op)
         if any(isinstance(t, torch.Tensor) and t.is_sparse for t in tensors):
             return self._sparse_allreduce(tensors, reduce_op)

@@ -5,8 +5,8 @@
 use std::sync::{Arc, OnceLock};
 
 use kolo_collectives::algorithms::{
-    allreduce_hierarchical, alltoall_pairwise, barrier_dissemination, broadcast_binomial, linear,
-    reduce_binomial, ring,
+    allreduce_hierarchical, alltoall_pairwise, barrier_dissemination, broadcast_binomial,
+    broadcast_shm, linear, reduce_binomial, ring,
 };
 use kolo_collectives::ctx::{blocks_from_counts, even_blocks};
 use kolo_collectives::select::Group;
@@ -71,6 +71,14 @@ impl Backend for Native {
         let n = job.comm.size();
         match c {
             Collective::Barrier => job.run(barrier_dissemination::barrier),
+            Collective::Broadcast { buf, root, .. } if job.call.algo == Algorithm::Shm => {
+                job.run(|ctx| match ctx.arena {
+                    Some(arena) => broadcast_shm::broadcast(ctx, arena, buf, root),
+                    None => Err(Error::Unsupported {
+                        what: "broadcast through shared memory on a group without an arena".into(),
+                    }),
+                })
+            }
             Collective::Broadcast { buf, dtype, root } => {
                 job.run(|ctx| broadcast_binomial::broadcast(ctx, buf, dtype.size(), root))
             }
