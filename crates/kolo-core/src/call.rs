@@ -247,10 +247,29 @@ pub struct Tag {
     pub value: u64,
 }
 
+impl Tag {
+    /// The `value` of a receive's tag that matches any point-to-point tag of its group (MPI's
+    /// `MPI_ANY_TAG`); never the tag of a message (sends refuse it).
+    pub const ANY_VALUE: u64 = u64::MAX;
+
+    /// Whether a message with this tag matches a receive for `pattern`: equal, or of the same group
+    /// and space when `pattern` is a point-to-point tag with [`Tag::ANY_VALUE`].
+    pub fn matches(&self, pattern: &Tag) -> bool {
+        self == pattern
+            || (pattern.is_wildcard() && self.group == pattern.group && self.space == pattern.space)
+    }
+
+    /// Whether this is a receive's any-tag pattern.
+    pub fn is_wildcard(&self) -> bool {
+        self.value == Tag::ANY_VALUE && self.space == TagSpace::P2p
+    }
+}
+
 impl fmt::Display for Tag {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.space {
             TagSpace::Collective => write!(f, "group {:x} collective #{}", self.group, self.value),
+            TagSpace::P2p if self.is_wildcard() => write!(f, "group {:x} any tag", self.group),
             TagSpace::P2p => write!(f, "group {:x} tag {}", self.group, self.value),
             TagSpace::Ack => write!(
                 f,

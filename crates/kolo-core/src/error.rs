@@ -114,16 +114,17 @@ pub enum Error {
 
     /// A receive from any rank: no message came before the deadline.
     #[error(
-        "{op} on rank {rank}: timed out after {waited:.1?} waiting for a message with tag {tag} \
+        "{op} on rank {rank}: timed out after {waited:.1?} waiting for a message with {what} \
          from any rank (raise the communicator's timeout (KOLO_TIMEOUT, or the group's) if the \
-         sender is only slow)"
+         sender is only slow)",
+        what = tag_words(*.tag)
     )]
     TimeoutAnySource {
         /// Operation.
         op: &'static str,
         /// Waiting rank.
         rank: usize,
-        /// The receive's tag.
+        /// The receive's tag (`Tag::ANY_VALUE`: any tag).
         tag: u64,
         /// How long it waited.
         waited: Duration,
@@ -431,6 +432,15 @@ pub enum RecvError {
     Timeout,
     /// The link failed.
     Link(LinkFailure),
+}
+
+/// A receive's tag in words: "tag 7", or "any tag" for [`Tag::ANY_VALUE`](crate::Tag::ANY_VALUE).
+fn tag_words(tag: u64) -> String {
+    if tag == crate::Tag::ANY_VALUE {
+        "any tag".into()
+    } else {
+        format!("tag {tag}")
+    }
 }
 
 #[cfg(test)]

@@ -196,10 +196,42 @@ impl Mailbox {
         }
     }
 
+    /// The queue whose first message matches a receive from one of `srcs` for `tag` (a pattern
+    /// when [`Tag::is_wildcard`]) and arrived first: its key.
+    fn first(s: &MailboxState, srcs: &[usize], tag: &Tag) -> Option<(usize, Tag)> {
+        if tag.is_wildcard() {
+            return s
+                .queues
+                .iter()
+                .filter(|((src, t), _)| t.matches(tag) && srcs.contains(src))
+                .filter_map(|(key, q)| q.front().map(|(n, _)| (*n, *key)))
+                .min_by_key(|(n, _)| *n)
+                .map(|(_, key)| key);
+        }
+        srcs.iter()
+            .filter_map(|&src| {
+                let q = s.queues.get(&(src, *tag))?;
+                q.front().map(|(n, _)| (*n, src))
+            })
+            .min()
+            .map(|(_, src)| (src, *tag))
+    }
+
     /// A message that arrived before a failure is still delivered (messages and failures keep the
     /// order the peer sent them in); after that, the failure.
     fn take(s: &mut MailboxState, src: usize, tag: &Tag) -> Result<Option<Message>, LinkFailure> {
-        let key = (src, *tag);
+        if tag.is_wildcard() {
+            return Mailbox::take_any(s, &[src], tag).map(|m| m.map(|(_, m)| m));
+        }
+        Mailbox::take_key(s, src, *tag)
+    }
+
+    fn take_key(
+        s: &mut MailboxState,
+        src: usize,
+        tag: Tag,
+    ) -> Result<Option<Message>, LinkFailure> {
+        let key = (src, tag);
         if let Some(q) = s.queues.get_mut(&key) {
             if let Some((_, m)) = q.pop_front() {
                 if q.is_empty() {
@@ -217,22 +249,15 @@ impl Mailbox {
         Ok(None)
     }
 
-    /// The message with `tag` from any of `srcs` that arrived first, with its sender; else the
-    /// mailbox's failure; else, once every one of `srcs` has closed, [`LinkFailure::PeerClosed`].
+    /// The message matching `tag` (see [`Tag::matches`]) from any of `srcs` that arrived first,
+    /// with its sender; else the mailbox's failure; else, once every one of `srcs` has closed, [`LinkFailure::PeerClosed`].
     fn take_any(
         s: &mut MailboxState,
         srcs: &[usize],
         tag: &Tag,
     ) -> Result<Option<(usize, Message)>, LinkFailure> {
-        let first = srcs
-            .iter()
-            .filter_map(|&src| {
-                let q = s.queues.get(&(src, *tag))?;
-                q.front().map(|(n, _)| (*n, src))
-            })
-            .min();
-        if let Some((_, src)) = first {
-            return Mailbox::take(s, src, tag).map(|m| m.map(|m| (src, m)));
+        if let Some((src, key)) = Mailbox::first(s, srcs, tag) {
+            return Mailbox::take_key(s, src, key).map(|m| m.map(|m| (src, m)));
         }
         if let Some(f) = &s.failure {
             return Err(f.clone());
@@ -387,6 +412,52 @@ mod tests {
             mb.recv(1, &header(1).tag, None),
             Err(RecvError::Link(LinkFailure::PeerClosed { peer: 1 }))
         ));
+    }
+
+    #[test]
+    fn any_tag_takes_the_first_to_arrive_of_its_group_and_space() {
+        let mb = Mailbox::new(3);
+        let any = Tag {
+            value: Tag::ANY_VALUE,
+            ..header(0).tag
+        };
+        // A collective's message and another group's never match a point-to-point wildcard.
+        let mut other_group = msg(4, 90);
+        other_group.header.tag.group = 2;
+        mb.deliver(1, other_group);
+        let mut collective = msg(4, 91);
+        collective.header.tag.space = TagSpace::Collective;
+        mb.deliver(1, collective);
+        mb.deliver(1, msg(5, 1));
+        mb.deliver(2, msg(4, 2));
+        mb.deliver(1, msg(3, 3));
+        mb.deliver(1, msg(5, 4));
+        let from = |src: usize| mb.try_recv(src, &any).map(|m| m.map(|m| m.payload[0]));
+        assert_eq!(from(1), Ok(Some(1)));
+        assert_eq!(from(1), Ok(Some(3)));
+        // From any source: rank 2's message came before rank 1's last one.
+        let got = mb
+            .try_recv_any(&[1, 2], &any)
+            .map(|m| m.map(|(s, m)| (s, m.header.tag.value)));
+        assert_eq!(got, Ok(Some((2, 4))));
+        assert_eq!(
+            mb.recv_any(&[1, 2], &any, None)
+                .map(|(s, m)| (s, m.payload[0])),
+            Ok((1, 4))
+        );
+        assert_eq!(from(1), Ok(None));
+        assert_eq!(
+            mb.queued(
+                1,
+                &Tag {
+                    group: 2,
+                    ..header(4).tag
+                }
+            ),
+            1
+        );
+        assert!(header(7).tag.matches(&any));
+        assert!(!any.matches(&header(7).tag));
     }
 
     fn msg(tag: u64, byte: u8) -> Message {

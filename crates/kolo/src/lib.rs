@@ -35,6 +35,7 @@ pub mod config;
 pub mod error_file;
 mod group;
 mod init;
+mod matching;
 mod object;
 mod p2p;
 mod stop_report;
@@ -64,6 +65,7 @@ pub use kolo_core::{
 pub use kolo_store as store;
 /// The transports kolo ships (local threads, TCP), for building communicators by hand.
 pub use kolo_transport as transport;
+pub use matching::{Source, Status, TagMatch};
 pub use p2p::{Completion, Request};
 pub use work::{Work, WorkTimes};
 

@@ -48,9 +48,20 @@ impl Communicator {
         f.into_error(op, self.rank())
     }
 
-    /// Sends `data` to rank `dest` with `tag`.
+    /// Sends `data` to rank `dest` with `tag`, which is below `u64::MAX`, the tag receives use for any tag
+    /// ([`TagMatch::Any`](crate::TagMatch::Any)).
     pub fn send<T: Element>(&self, data: &[T], dest: usize, tag: u64) -> Result<()> {
         let to = self.peer(SEND, "dest", dest)?;
+        if tag == Tag::ANY_VALUE {
+            return Err(Error::InvalidArgument {
+                op: SEND,
+                rank: self.rank(),
+                arg: "tag",
+                reason: "u64::MAX is the tag of receives that match any tag (TagMatch::Any); a \
+                         message's tag is below it"
+                    .into(),
+            });
+        }
         let header = Header {
             ack: false,
             tag: self.p2p_tag(tag),
@@ -98,7 +109,7 @@ impl Communicator {
         Ok(())
     }
 
-    fn check_message<T: Element>(
+    pub(crate) fn check_message<T: Element>(
         &self,
         src: usize,
         msg: Message,
@@ -319,7 +330,7 @@ impl Communicator {
 
     /// Copies the payload of `msg` (from `src` with `tag`) into the start of `buf`; its length in
     /// elements.
-    fn fill<T: Element>(
+    pub(crate) fn fill<T: Element>(
         &self,
         buf: &mut [u8],
         src: usize,
