@@ -3,13 +3,12 @@
 //! (releasing the GIL) and raises on failure, with a callable `done` it returns at once and
 //! `done(None)` or `done(exception)` is called when it completes (how, in [`crate::run`]).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use kolo::{CollectiveBuffer, Communicator};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyCFunction, PyDict, PyTuple};
+use pyo3::types::PyBytes;
 
 use crate::args::{pair, typed};
 use crate::buffer::{hold, hold_opt, reduced, Held, Reduced, Source, Target};
@@ -68,23 +67,6 @@ impl PyCommunicator {
             )
         })
     }
-}
-
-/// `done` as a completion of one argument (the error or `None`) that calls `done(error, sender)`
-/// with the sender stored in `sender` (`None` where the receive failed).
-fn with_sender(py: Python<'_>, done: Py<PyAny>, sender: Arc<AtomicUsize>) -> PyResult<Py<PyAny>> {
-    let f = PyCFunction::new_closure(
-        py,
-        Some(c"recv_any_done"),
-        None,
-        move |args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyDict>>| {
-            let error = args.get_item(0)?;
-            let src = sender.load(Ordering::SeqCst);
-            let src = (error.is_none() && src != usize::MAX).then_some(src);
-            done.call1(args.py(), (error, src))
-        },
-    )?;
-    Ok(f.into_any().unbind())
 }
 
 impl Drop for PyCommunicator {
@@ -435,22 +417,25 @@ impl PyCommunicator {
         dtype: Option<&str>,
         wait: bool,
     ) -> PyResult<Option<usize>> {
-        let h = hold(buf, parse_opt_dtype(dtype)?, "buf", true)?;
-        let dt = h.region.dtype;
-        typed!(dt, T => {
-            let mut target = Target::<T>::new(h)?;
-            let into = &mut target;
-            let n = self.blocking_after(py, Some(Direction::Recv), move |c| {
-                let buf = into.elements_mut();
-                match wait {
-                    true => c.recv_upto(buf, src, tag).map(Some),
-                    false => c.try_recv_upto(buf, src, tag),
-                }
-            });
-            // Released here, with the GIL (not in the closure, which runs without it).
-            drop(target);
-            n
-        })
+        let got = self.recv_into(py, buf, Some(src), Some(tag), dtype, wait)?;
+        Ok(got.map(|s| s.count))
+    }
+
+    /// Receives the first message from `src` (`None`: any rank) with `tag` (`None`: any tag)
+    /// into `buf`, as `recv_upto` does: `(source, tag, elements)`, or `None` at once with
+    /// `wait=False` when no such message has arrived (MPI's `ANY_SOURCE` and `ANY_TAG`).
+    #[pyo3(signature = (buf, src=None, tag=None, dtype=None, wait=true))]
+    fn recv_match(
+        &self,
+        py: Python<'_>,
+        buf: &Bound<'_, PyAny>,
+        src: Option<usize>,
+        tag: Option<u64>,
+        dtype: Option<&str>,
+        wait: bool,
+    ) -> PyResult<Option<(usize, u64, usize)>> {
+        let got = self.recv_into(py, buf, src, tag, dtype, wait)?;
+        Ok(got.map(|s| (s.source, s.tag, s.count)))
     }
 
     /// The first message with `tag` to arrive from any rank (this one included) into `buf`: the
@@ -465,20 +450,7 @@ impl PyCommunicator {
         dtype: Option<&str>,
         done: Option<Py<PyAny>>,
     ) -> PyResult<Option<usize>> {
-        let h = hold(buf, parse_opt_dtype(dtype)?, "buf", true)?;
-        let dt = h.region.dtype;
-        let sender = Arc::new(AtomicUsize::new(usize::MAX));
-        let blocking = done.is_none();
-        let done = done
-            .map(|d| with_sender(py, d, sender.clone()))
-            .transpose()?;
-        let s = sender.clone();
-        typed!(dt, T => self.p2p(py, done, Target::<T>::new(h)?, Direction::Recv, move |c, b| {
-            let src = c.recv_any(b.elements_mut(), tag)?;
-            s.store(src, Ordering::SeqCst);
-            Ok(())
-        }))?;
-        Ok(blocking.then(|| sender.load(Ordering::SeqCst)))
+        self.recv_any_into(py, buf, tag, dtype, done)
     }
 
     /// The next message of bytes from `src` with `tag`, whatever its length; with `wait=False`,
@@ -491,18 +463,23 @@ impl PyCommunicator {
         tag: u64,
         wait: bool,
     ) -> PyResult<Option<Bound<'py, PyBytes>>> {
-        let v = self.blocking_after(py, Some(Direction::Recv), move |c| {
-            if wait {
-                return c.recv_vec::<u8>(src, tag).map(Some);
-            }
-            let mut r = c.irecv::<u8>(src, tag, None);
-            if r.test() {
-                r.wait().map(Some)
-            } else {
-                Ok(None)
-            }
-        })?;
-        Ok(v.map(|v| PyBytes::new(py, &v)))
+        let got = self.recv_message(py, Some(src), Some(tag), wait)?;
+        Ok(got.map(|(_, data)| data))
+    }
+
+    /// The first message of bytes from `src` (`None`: any rank) with `tag` (`None`: any tag),
+    /// whatever its length: `(source, tag, bytes)`; with `wait=False`, `None` at once when none
+    /// has arrived.
+    #[pyo3(signature = (src=None, tag=None, wait=true))]
+    fn recv_bytes_match<'py>(
+        &self,
+        py: Python<'py>,
+        src: Option<usize>,
+        tag: Option<u64>,
+        wait: bool,
+    ) -> PyResult<Option<(usize, u64, Bound<'py, PyBytes>)>> {
+        let got = self.recv_message(py, src, tag, wait)?;
+        Ok(got.map(|(s, data)| (s.source, s.tag, data)))
     }
 
     /// `data` (bytes, on `root`; `None` elsewhere) on every rank: kolo's `broadcast_object` on

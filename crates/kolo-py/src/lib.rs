@@ -12,6 +12,7 @@ mod errors;
 mod export;
 mod names;
 mod objects;
+mod p2p;
 mod run;
 mod store;
 

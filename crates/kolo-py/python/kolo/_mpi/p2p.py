@@ -28,17 +28,21 @@ def send_to(dest, tag):
 
 
 def recv_from(source, tag):
-    """(source, tag) of a receive checked; source None for `PROC_NULL`."""
+    """(source, tag) of a receive checked (`ANY_SOURCE` and `ANY_TAG` kept); source None for
+    `PROC_NULL`."""
     source, tag = to_int(source, "source"), to_int(tag, "tag")
     if source == PROC_NULL:
         return None, tag
-    if source == ANY_SOURCE:
-        raise rq.missing_wildcard("MPI.ANY_SOURCE")
-    if tag == ANY_TAG:
-        raise rq.missing_wildcard("MPI.ANY_TAG")
-    if source < 0 or tag < 0:
-        raise ValueError(f"expected a source rank and a tag >= 0, got {source} and {tag}")
+    if source < 0 and source != ANY_SOURCE:
+        raise ValueError(f"source: expected a rank, MPI.ANY_SOURCE or MPI.PROC_NULL, got {source}")
+    if tag < 0 and tag != ANY_TAG:
+        raise ValueError(f"tag: expected a tag >= 0 or MPI.ANY_TAG, got {tag}")
     return source, tag
+
+
+def wild(source, tag):
+    """A wildcard receive's (source, tag) as kolo takes them: None for any."""
+    return (None if source < 0 else source), (None if tag < 0 else tag)
 
 
 class P2P:
@@ -76,7 +80,10 @@ class P2P:
                 span = (buf[0], 0, buf[1] * buf[2].size)  # raw(buf), inline (see Send)
             else:
                 span = raw(buf)
-            n = self._c.recv_upto(span, source, tag, _U8)
+            if source >= 0 and tag >= 0:
+                n = self._c.recv_upto(span, source, tag, _U8)
+            else:
+                source, tag, n = self._c.recv_match(span, *wild(source, tag), _U8)
         except BAD_INPUT as e:
             self._fail("Recv", e)
             raise
@@ -104,7 +111,7 @@ class P2P:
 
     def Sendrecv(self, sendbuf, dest, sendtag=0, recvbuf=None, source=ANY_SOURCE,
                  recvtag=ANY_TAG, status=None):
-        recv_from(source, recvtag)  # a receive kolo cannot make fails before the send
+        recv_from(source, recvtag)  # a bad source or tag fails before the send
         self.Send(sendbuf, dest, sendtag)
         self.Recv(recvbuf, source, recvtag, status)
 
@@ -139,7 +146,10 @@ class P2P:
             return None
         if self._posted:
             rq.complete_posted(self, source, tag)
-        data = self._c.recv_bytes(source, tag)
+        if source >= 0 and tag >= 0:
+            data = self._c.recv_bytes(source, tag)
+        else:
+            source, tag, data = self._c.recv_bytes_match(*wild(source, tag))
         rq.fill(status, source, tag, len(data))
         return pickle.loads(data)
 

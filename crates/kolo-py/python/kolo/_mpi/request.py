@@ -2,13 +2,15 @@
 
 kolo's sends are buffered (a send returns once the transport has the message), so ``Isend``
 returns a request that is already complete. ``Irecv`` posts nothing: its request receives when
-it is waited on or tested — after the receives posted before it from the same source with the
-same tag, which MPI's matching order gives the messages first (each request knows the one posted
+it is waited on or tested — after the receives posted before it that could take its message (the
+same source and tag, or a wildcard, ``ANY_SOURCE`` or ``ANY_TAG``, that covers them), which MPI's
+matching order gives the messages first (each request knows the last of each such kind posted
 before it). Since no send waits for a receive, receiving late cannot deadlock a program that is
 correct under MPI.
 """
 
 import collections
+import itertools
 import time
 
 from .datatypes import (
@@ -289,20 +291,22 @@ REQUEST_NULL = Request()
 
 class Receive(Request):
     """A posted receive (see the module's documentation): into `span` (native form) or, when
-    `span` is None, of a pickled object (its `_result`)."""
+    `span` is None, of a pickled object (its `_result`). `source` and `tag` may be
+    `ANY_SOURCE` and `ANY_TAG`; once complete, they are the message's."""
 
     __slots__ = ("_pending", "_result", "_comm", "_span", "_source", "_tag", "_key", "_before",
-                 "_count")
+                 "_count", "_seq")
 
     def __init__(self, comm, span, source, tag, pending=True):
         self._comm, self._span, self._source, self._tag = comm, span, source, tag
         self._pending, self._result, self._count, self._before = pending, None, 0, None
         if pending:
-            # The last receive posted with the same source and tag (it is pending: a completed
-            # one leaves `_posted`) takes its message first.
+            # The receives posted before this one that could take its message take theirs first
+            # (MPI matches receives in the order they were posted).
             posted = comm._posted
             self._key = key = (source, tag)
-            self._before = posted.get(key)
+            self._seq = next(_POSTINGS)
+            self._before = _competing(posted, source, tag)
             posted[key] = self
 
     def _report(self, status):
@@ -320,13 +324,8 @@ class Receive(Request):
         return True
 
     def _progress(self, block):
-        before = self._before
-        if before is not None:
-            chain = []
-            while before is not None and before._pending:
-                chain.append(before)
-                before = before._before
-            for r in reversed(chain):
+        if self._before is not None:
+            for r in _in_order(self._before):
                 if not r._receive(block):
                     return False
             self._before = None
@@ -334,14 +333,29 @@ class Receive(Request):
 
     def _receive(self, block):
         c = self._comm._c
+        source, tag = self._source, self._tag
         try:
-            if self._span is not None:
-                n = c.recv_upto(self._span, self._source, self._tag, "uint8", block)
+            if source >= 0 and tag >= 0:
+                if self._span is not None:
+                    n = c.recv_upto(self._span, source, tag, "uint8", block)
+                else:
+                    data = c.recv_bytes(source, tag, block)
+                    n = None if data is None else len(data)
+                    if data is not None:
+                        self._result = self._comm._loads(data)
             else:
-                data = c.recv_bytes(self._source, self._tag, block)
-                n = None if data is None else len(data)
-                if data is not None:
-                    self._result = self._comm._loads(data)
+                src, tg = (None if source < 0 else source), (None if tag < 0 else tag)
+                if self._span is not None:
+                    got = c.recv_match(self._span, src, tg, "uint8", block)
+                else:
+                    got = c.recv_bytes_match(src, tg, block)
+                if got is None:
+                    n = None
+                else:
+                    self._source, self._tag, n = got
+                    if self._span is None:
+                        self._result = self._comm._loads(n)
+                        n = len(n)
         except BaseException:
             self._complete()  # failed: complete, with its error raised here
             raise
@@ -365,16 +379,47 @@ class Receive(Request):
         return True
 
 
+_POSTINGS = itertools.count()
+
+
+def _competing(posted, source, tag):
+    """The last pending receive of each kind that could take a message a receive from `source`
+    with `tag` could: of the same source and tag, and of the wildcards that cover them (any
+    receive at all, for a wildcard receive); None if there is none."""
+    if source < 0 or tag < 0:
+        found = [r for (s, t), r in posted.items()
+                 if (source < 0 or s < 0 or s == source) and (tag < 0 or t < 0 or t == tag)]
+    else:
+        found = [r for r in (posted.get((source, tag)), posted.get((ANY_SOURCE, tag)),
+                             posted.get((source, ANY_TAG)), posted.get((ANY_SOURCE, ANY_TAG)))
+                 if r is not None]
+    return found or None
+
+
+def _in_order(first):
+    """The pending receives in `first` and everything they wait for, oldest posting first."""
+    seen, todo = {}, list(first)
+    while todo:
+        r = todo.pop()
+        if r._pending and id(r) not in seen:
+            seen[id(r)] = r
+            if r._before:
+                todo.extend(r._before)
+    return sorted(seen.values(), key=lambda r: r._seq)
+
+
 def posted():
     """A communicator's posted receives: the last one posted per (source, tag)."""
     return {}
 
 
 def complete_posted(comm, source, tag):
-    """Completes the receives posted before a blocking one from `source` with `tag`."""
-    last = comm._posted.get((source, tag))
-    if last is not None:
-        last._progress(True)
+    """Completes the receives posted before a blocking one from `source` with `tag` that could
+    take its message."""
+    first = _competing(comm._posted, source, tag)
+    if first is not None:
+        for r in _in_order(first):
+            r._receive(True)
 
 
 def proc_null_request():
@@ -397,11 +442,3 @@ class Pending(Request):
         self._pending = False
         self._work.wait()  # raises the operation's error
         return True
-
-
-def missing_wildcard(name):
-    """The error for a receive from any source or with any tag, which kolo's core lacks."""
-    return missing(
-        f"receives with {name}",
-        " (kolo matches a receive to one source and one tag: name both)",
-    )

@@ -1,0 +1,144 @@
+//! The receives of `kolo._kolo.Communicator` (its point-to-point methods call these): into a
+//! buffer or as bytes, from one rank or any, with one tag or any (MPI's `ANY_SOURCE` and
+//! `ANY_TAG`), waiting or not.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use kolo::{CollectiveBuffer, Source, Status, TagMatch};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyCFunction, PyDict, PyTuple};
+
+use crate::args::typed;
+use crate::buffer::{hold, Target};
+use crate::comm::PyCommunicator;
+use crate::names::parse_opt_dtype;
+use crate::run::Direction;
+
+fn source(src: Option<usize>) -> Source {
+    src.map_or(Source::Any, Source::Rank)
+}
+
+fn tag_match(tag: Option<u64>) -> TagMatch {
+    tag.map_or(TagMatch::Any, TagMatch::Value)
+}
+
+impl PyCommunicator {
+    /// Receives the first message from `src` with `tag` (`None`: any) into the start of `buf`
+    /// (MPI's receive: a shorter message leaves the rest as it was); with `wait=false`, `None` at
+    /// once when none has arrived. One source and one tag take the posted path (the payload
+    /// straight into `buf` where the transport can).
+    pub(crate) fn recv_into(
+        &self,
+        py: Python<'_>,
+        buf: &Bound<'_, PyAny>,
+        src: Option<usize>,
+        tag: Option<u64>,
+        dtype: Option<&str>,
+        wait: bool,
+    ) -> PyResult<Option<Status>> {
+        let h = hold(buf, parse_opt_dtype(dtype)?, "buf", true)?;
+        let dt = h.region.dtype;
+        typed!(dt, T => {
+            let mut target = Target::<T>::new(h)?;
+            let into = &mut target;
+            let got = self.blocking_after(py, Some(Direction::Recv), move |c| {
+                let buf = into.elements_mut();
+                let status = |count| Status { source: src.unwrap_or(0), tag: tag.unwrap_or(0), count };
+                match (src, tag, wait) {
+                    (Some(s), Some(t), true) => c.recv_upto(buf, s, t).map(|n| Some(status(n))),
+                    (Some(s), Some(t), false) => {
+                        c.try_recv_upto(buf, s, t).map(|n| n.map(status))
+                    }
+                    (_, _, true) => c.recv_matching(buf, source(src), tag_match(tag)).map(Some),
+                    (_, _, false) => c.try_recv_matching(buf, source(src), tag_match(tag)),
+                }
+            });
+            // Released here, with the GIL (not in the closure, which runs without it).
+            drop(target);
+            got
+        })
+    }
+
+    /// The first message of bytes from `src` with `tag` (`None`: any), whatever its length, and
+    /// what it matched; with `wait=false`, `None` at once when none has arrived.
+    pub(crate) fn recv_message<'py>(
+        &self,
+        py: Python<'py>,
+        src: Option<usize>,
+        tag: Option<u64>,
+        wait: bool,
+    ) -> PyResult<Option<(Status, Bound<'py, PyBytes>)>> {
+        let got = self.blocking_after(py, Some(Direction::Recv), move |c| {
+            let (Some(s), Some(t)) = (src, tag) else {
+                return match wait {
+                    true => c
+                        .recv_vec_matching::<u8>(source(src), tag_match(tag))
+                        .map(Some),
+                    false => c.try_recv_vec_matching::<u8>(source(src), tag_match(tag)),
+                };
+            };
+            let status = |v: Vec<u8>| {
+                let st = Status {
+                    source: s,
+                    tag: t,
+                    count: v.len(),
+                };
+                (st, v)
+            };
+            if wait {
+                return c.recv_vec::<u8>(s, t).map(|v| Some(status(v)));
+            }
+            let mut r = c.irecv::<u8>(s, t, None);
+            if r.test() {
+                r.wait().map(|v| Some(status(v)))
+            } else {
+                Ok(None)
+            }
+        })?;
+        Ok(got.map(|(s, v)| (s, PyBytes::new(py, &v))))
+    }
+
+    /// The first message with `tag` from any rank into `buf`: its sender (blocking), or, with
+    /// `done`, `None` at once and `done(None, sender)` or `done(exception, None)` later.
+    pub(crate) fn recv_any_into(
+        &self,
+        py: Python<'_>,
+        buf: &Bound<'_, PyAny>,
+        tag: u64,
+        dtype: Option<&str>,
+        done: Option<Py<PyAny>>,
+    ) -> PyResult<Option<usize>> {
+        let h = hold(buf, parse_opt_dtype(dtype)?, "buf", true)?;
+        let dt = h.region.dtype;
+        let sender = Arc::new(AtomicUsize::new(usize::MAX));
+        let blocking = done.is_none();
+        let done = done
+            .map(|d| with_sender(py, d, sender.clone()))
+            .transpose()?;
+        let s = sender.clone();
+        typed!(dt, T => self.p2p(py, done, Target::<T>::new(h)?, Direction::Recv, move |c, b| {
+            let src = c.recv_any(b.elements_mut(), tag)?;
+            s.store(src, Ordering::SeqCst);
+            Ok(())
+        }))?;
+        Ok(blocking.then(|| sender.load(Ordering::SeqCst)))
+    }
+}
+
+/// `done` as a completion of one argument (the error or `None`) that calls `done(error, sender)`
+/// with the sender stored in `sender` (`None` where the receive failed).
+fn with_sender(py: Python<'_>, done: Py<PyAny>, sender: Arc<AtomicUsize>) -> PyResult<Py<PyAny>> {
+    let f = PyCFunction::new_closure(
+        py,
+        Some(c"recv_any_done"),
+        None,
+        move |args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyDict>>| {
+            let error = args.get_item(0)?;
+            let src = sender.load(Ordering::SeqCst);
+            let src = (error.is_none() && src != usize::MAX).then_some(src);
+            done.call1(args.py(), (error, src))
+        },
+    )?;
+    Ok(f.into_any().unbind())
+}
