@@ -27,7 +27,7 @@ use crate::optim::OptimizerState;
 use crate::vars_comm::Flat;
 
 /// Training progress saved with each checkpoint.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct TrainState {
     /// Epochs completed.
     pub epoch: usize,
@@ -45,6 +45,18 @@ pub struct TrainState {
     pub world_size: usize,
     /// Per-worker batch size.
     pub batch_size: usize,
+}
+
+impl TrainState {
+    /// The progress after `epoch` epochs and `step` optimizer steps (the rest empty: the fields
+    /// `kolo train` fills to refuse resuming another model, dataset or batch).
+    pub fn at(epoch: usize, step: u64) -> TrainState {
+        TrainState {
+            epoch,
+            step,
+            ..TrainState::default()
+        }
+    }
 }
 
 /// A checkpoint read from disk.

@@ -174,6 +174,26 @@ pub enum OptimizerConfig {
 }
 
 impl OptimizerConfig {
+    /// SGD with learning rate `lr` and `momentum` (PyTorch's `SGD(params, lr, momentum)`; the
+    /// other settings at their defaults).
+    pub fn sgd(lr: f64, momentum: f64) -> OptimizerConfig {
+        OptimizerConfig::Sgd(SgdConfig {
+            lr,
+            momentum,
+            ..SgdConfig::default()
+        })
+    }
+
+    /// AdamW with learning rate `lr` and `weight_decay` (PyTorch's `AdamW(params, lr,
+    /// weight_decay=...)`; betas and eps at their defaults).
+    pub fn adamw(lr: f64, weight_decay: f64) -> OptimizerConfig {
+        OptimizerConfig::AdamW(AdamWConfig {
+            lr,
+            weight_decay,
+            ..AdamWConfig::default()
+        })
+    }
+
     /// The optimizer kind.
     pub fn kind(&self) -> OptimizerKind {
         match self {
