@@ -124,6 +124,8 @@ pub struct DistributedOptimizer<O> {
     acc: Option<GradStore>,
     schedule: Option<LrSchedule>,
     steps: u64,
+    max_grad_norm: Option<f64>,
+    grad_norm: Option<f64>,
 }
 
 impl<O> std::fmt::Debug for DistributedOptimizer<O> {
@@ -153,7 +155,25 @@ impl<O: StepOptimizer> DistributedOptimizer<O> {
             acc: None,
             schedule: None,
             steps: 0,
+            max_grad_norm: None,
+            grad_norm: None,
         })
+    }
+
+    /// Clips the averaged gradients to the global L2 norm `max_norm` before every step (PyTorch's
+    /// `clip_grad_norm_` between backward and `optimizer.step()`; see [`crate::clip`]); `None`
+    /// turns clipping off. Every rank clips the same averaged gradients alike. A `max_norm` that is
+    /// not a finite number above 0 is an error.
+    pub fn set_max_grad_norm(&mut self, max_norm: Option<f64>) -> Result<()> {
+        crate::clip::check_max_norm(max_norm)?;
+        self.max_grad_norm = max_norm;
+        Ok(())
+    }
+
+    /// The global norm of the averaged gradients of the last step, before clipping (set while
+    /// clipping is on).
+    pub fn last_grad_norm(&self) -> Option<f64> {
+        self.grad_norm
     }
 
     /// Sets the learning rate from `schedule` before every step.
@@ -224,14 +244,20 @@ impl<O: StepOptimizer> DistributedOptimizer<O> {
         }
         if let Some(mut acc) = self.acc.take() {
             self.ddp.sync_gradients(&mut acc)?;
-            self.apply(&acc)?;
+            self.apply(&mut acc)?;
         }
         self.pass = 0;
         let (ddp, opt, schedule, steps) =
             (&self.ddp, &mut self.opt, self.schedule, &mut self.steps);
+        let (max_norm, norm) = (self.max_grad_norm, &mut self.grad_norm);
         ddp.join_with_pre_step(pre_step, |grads| {
             if let Some(s) = schedule {
                 opt.set_learning_rate(s.lr(*steps));
+            }
+            if let Some(m) = max_norm {
+                let vars = ddp.params().iter().map(|(_, v)| v);
+                let squared = crate::clip::squared_norm(grads, vars.clone())?;
+                *norm = Some(crate::clip::scale_to(grads, vars, squared, m)?);
             }
             opt.step(grads)?;
             *steps += 1;
@@ -239,9 +265,14 @@ impl<O: StepOptimizer> DistributedOptimizer<O> {
         })
     }
 
-    fn apply(&mut self, grads: &GradStore) -> Result<()> {
+    fn apply(&mut self, grads: &mut GradStore) -> Result<()> {
         if let Some(s) = self.schedule {
             self.opt.set_learning_rate(s.lr(self.steps));
+        }
+        if let Some(m) = self.max_grad_norm {
+            let vars = self.ddp.params().iter().map(|(_, v)| v);
+            let squared = crate::clip::squared_norm(grads, vars.clone())?;
+            self.grad_norm = Some(crate::clip::scale_to(grads, vars, squared, m)?);
         }
         let timeline = self.ddp.timeline();
         let span = timeline.span("optimizer step");
@@ -258,7 +289,7 @@ impl<O: StepOptimizer> DistributedOptimizer<O> {
     /// the optimizer. Returns whether it stepped.
     pub fn backward_step(&mut self, loss: &Tensor) -> Result<bool> {
         self.pass += 1;
-        let grads = if self.passes_per_step == 1 {
+        let mut grads = if self.passes_per_step == 1 {
             self.ddp.backward(loss)?
         } else {
             let g = self.ddp.no_sync(|d| d.backward(loss))?;
@@ -287,7 +318,7 @@ impl<O: StepOptimizer> DistributedOptimizer<O> {
             self.ddp.sync_gradients(&mut acc)?;
             acc
         };
-        self.apply(&grads)?;
+        self.apply(&mut grads)?;
         Ok(true)
     }
 }

@@ -12,6 +12,7 @@
 //! - [`optim`]: SGD and AdamW as PyTorch has them, and ZeRO stage 1
 //!   ([`ShardedOptimizer`](optim::ShardedOptimizer));
 //! - [`checkpoint`]: atomic checkpoints of parameters, optimizer state and progress;
+//! - [`clip`]: gradient clipping by the global norm (averaged or sharded gradients);
 //! - [`timeline`]: a Chrome trace of the job (Horovod's timeline);
 //! - [`precision`]: bf16 compute with f32 master weights;
 //! - [`replicas`]: single-process data parallel by hand (d2l's building blocks);
@@ -26,6 +27,7 @@
 //! order.
 
 pub mod checkpoint;
+pub mod clip;
 pub mod ddp;
 pub mod device;
 pub mod distributed;

@@ -49,8 +49,15 @@ fn readme_loop_is_the_compiled_example() {
         .take_while(|l| !l.starts_with("```"))
         .collect();
     let example = anchored(&read("examples/ddp_minimal.rs"), "loop");
-    assert_eq!(block.join("\n"), example, "README.md's loop differs from ddp_minimal.rs");
+    assert_eq!(
+        block.join("\n"),
+        example,
+        "README.md's loop differs from ddp_minimal.rs"
+    );
     let lines = example.lines().count();
     assert!(lines <= 40, "the loop has {lines} lines (at most 40)");
-    assert!(example.starts_with("let comm = kolo::init()?;"), "{example}");
+    assert!(
+        example.starts_with("let comm = kolo::init()?;"),
+        "{example}"
+    );
 }

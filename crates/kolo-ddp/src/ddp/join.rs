@@ -195,7 +195,7 @@ impl Ddp {
     /// with 0 shadowed steps). Errors if join mode is off.
     pub fn join_with<F>(&self, step: F) -> Result<JoinReport>
     where
-        F: FnMut(&GradStore) -> Result<()>,
+        F: FnMut(&mut GradStore) -> Result<()>,
     {
         self.join_with_pre_step(|| Ok(()), step)
     }
@@ -208,7 +208,7 @@ impl Ddp {
     pub fn join_with_pre_step<P, F>(&self, pre_step: P, step: F) -> Result<JoinReport>
     where
         P: FnMut() -> Result<()>,
-        F: FnMut(&GradStore) -> Result<()>,
+        F: FnMut(&mut GradStore) -> Result<()>,
     {
         let report = self.shadow(pre_step, Some(step))?;
         self.sync_buffers_from(report.last_active_rank)?;
@@ -220,7 +220,7 @@ impl Ddp {
     /// active at the last step, so parameters end equal but this rank's optimizer state has missed
     /// the updates of the steps it shadowed.
     pub fn join(&self) -> Result<JoinReport> {
-        let report = self.shadow(|| Ok(()), None::<fn(&GradStore) -> Result<()>>)?;
+        let report = self.shadow(|| Ok(()), None::<fn(&mut GradStore) -> Result<()>>)?;
         self.broadcast_parameters(report.last_active_rank)?;
         Ok(report)
     }
@@ -228,7 +228,7 @@ impl Ddp {
     fn shadow<P, F>(&self, mut pre_step: P, mut step: Option<F>) -> Result<JoinReport>
     where
         P: FnMut() -> Result<()>,
-        F: FnMut(&GradStore) -> Result<()>,
+        F: FnMut(&mut GradStore) -> Result<()>,
     {
         if !self.join.enabled {
             return Err(TrainError::InvalidArgument {
@@ -272,7 +272,7 @@ impl Ddp {
             }
             shadowed_steps += 1;
             if let Some(f) = step.as_mut() {
-                f(&grads)?;
+                f(&mut grads)?;
             }
         }
         // Every rank took the same number of steps, so the ranks with the most active steps were

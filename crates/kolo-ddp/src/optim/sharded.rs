@@ -110,6 +110,9 @@ pub struct ShardedOptimizer {
     dtype: DType,
     /// The optimizer over this rank's shard.
     local: Box<dyn DynOptimizer>,
+    /// Clipping of [`ShardedOptimizer::reduce_scatter_step`]'s gradients, and the last norm.
+    max_grad_norm: Option<f64>,
+    grad_norm: Option<f64>,
 }
 
 impl fmt::Debug for ShardedOptimizer {
@@ -161,7 +164,27 @@ impl ShardedOptimizer {
             counts,
             dtype,
             local,
+            max_grad_norm: None,
+            grad_norm: None,
         })
+    }
+
+    /// Clips the gradients of [`ShardedOptimizer::reduce_scatter_step`] to the global L2 norm
+    /// `max_norm` (PyTorch's `clip_grad_norm_`): each rank holds its shard's averaged gradients,
+    /// so the squares are summed over ranks (one all-reduce of a number) and every rank scales its
+    /// shard by the same factor; `None` turns clipping off. (Under
+    /// [`DistributedOptimizer`](crate::distributed::DistributedOptimizer), whose Ddp gives every
+    /// rank all the averaged gradients, use its `set_max_grad_norm` instead.)
+    pub fn set_max_grad_norm(&mut self, max_norm: Option<f64>) -> Result<()> {
+        crate::clip::check_max_norm(max_norm)?;
+        self.max_grad_norm = max_norm;
+        Ok(())
+    }
+
+    /// The global gradient norm of the last [`ShardedOptimizer::reduce_scatter_step`] before
+    /// clipping (set while clipping is on).
+    pub fn last_grad_norm(&self) -> Option<f64> {
+        self.grad_norm
     }
 
     /// The configuration it was built with (the learning rate as given then).
@@ -222,6 +245,16 @@ impl ShardedOptimizer {
         match self.dtype {
             DType::F64 => self.reduce_scatter_as::<f64>(grads)?,
             _ => self.reduce_scatter_as::<f32>(grads)?,
+        }
+        if let Some(m) = self.max_grad_norm {
+            let mine = || {
+                self.shards[self.comm.rank()]
+                    .iter()
+                    .map(|&i| &self.vars[i].1)
+            };
+            let squared = crate::clip::squared_norm(grads, mine())?;
+            let total = crate::distributed::reduce_value(&self.comm, squared, kolo::ReduceOp::Sum)?;
+            self.grad_norm = Some(crate::clip::scale_to(grads, mine(), total, m)?);
         }
         self.step(grads)
     }
