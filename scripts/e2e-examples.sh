@@ -13,7 +13,7 @@ set -euo pipefail
 BIN=$(cd "${1:-target/release}" && pwd)
 KOLO=$BIN/kolo
 EX=$BIN/examples
-EXAMPLES=(ddp_minimal)
+EXAMPLES=(ddp_minimal transformer_lm)
 for f in "$KOLO" "${EXAMPLES[@]/#/$EX/}"; do
     if [[ ! -x $f ]]; then
         echo "e2e-examples: $f is missing; build with: cargo build --release -p kolo-cli -p kolo-ddp --examples" >&2
@@ -45,7 +45,35 @@ check_ddp_minimal() {
     ok "$name"
 }
 
+check_threads() {
+    local name="kolo run -n 2: each worker's RAYON_NUM_THREADS and OMP_NUM_THREADS are its CPU count"
+    # shellcheck disable=SC2016
+    job sh -c 'test "$RAYON_NUM_THREADS" = "$(nproc)" && test "$OMP_NUM_THREADS" = "$(nproc)" && echo sized'
+    if ((rc != 0)) || [[ $(grep -c 'sized$' <<<"$out") != 2 ]]; then
+        fail "$name" "exit code $rc"
+        return
+    fi
+    ok "$name"
+}
+
+check_transformer_lm() {
+    local name="transformer_lm: tied embeddings, AdamW, clipping; loss below 2.6 in 200 steps"
+    job "$EX/transformer_lm" --steps 200 --target 2.6
+    if ((rc != 0)); then fail "$name" "exit code $rc"; return; fi
+    if ! grep -Eq '^\[rank 0\] final loss [0-2]\.' <<<"$out"; then
+        fail "$name" "no final loss below 3 from rank 0"
+        return
+    fi
+    ok "$name"
+    name="transformer_lm --bf16: bf16 compute with f32 master weights; loss below 4.2 in 15 steps"
+    job "$EX/transformer_lm" --steps 15 --bf16 --target 4.2
+    if ((rc != 0)); then fail "$name" "exit code $rc"; return; fi
+    ok "$name"
+}
+
 check_ddp_minimal
+check_threads
+check_transformer_lm
 
 echo "e2e-examples: $passed passed, $failed failed"
 ((failed == 0)) || exit 1

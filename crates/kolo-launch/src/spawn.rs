@@ -102,7 +102,21 @@ pub(crate) fn spawn_worker(
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     }
     isolate_child(&mut cmd);
-    if let Some(cpus) = job.cpus.as_ref().and_then(|c| c.get(local)) {
+    let mine = job.cpus.as_ref().and_then(|c| c.get(local));
+    let threads = bind::threads_per_worker(
+        cfg.nproc,
+        bind::allowed_cpus().len(),
+        mine.map(Vec::as_slice),
+    );
+    if let Some(n) = threads {
+        let given = |var: &str| {
+            std::env::var_os(var).is_some() || cfg.extra_env.iter().any(|(k, _)| k == var)
+        };
+        for var in bind::THREAD_VARS.into_iter().filter(|v| !given(v)) {
+            cmd.env(var, n.to_string());
+        }
+    }
+    if let Some(cpus) = mine {
         cmd.env(env::KOLO_CPUS, bind::cpu_list(cpus));
         let set = bind::CpuSet::new(cpus);
         // SAFETY: the hook makes one async-signal-safe system call and does not allocate.

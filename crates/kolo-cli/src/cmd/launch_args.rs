@@ -39,8 +39,9 @@ pub struct LaunchArgs {
 
     /// CPU binding: `cores` gives each worker its own block of the CPUs the launcher may use (when
     /// there are 2 or more workers and no more workers than CPUs; like mpirun's default), `none`
-    /// leaves placement to the scheduler. The worker's CPUs are in KOLO_CPUS [default: KOLO_BIND,
-    /// else cores]
+    /// leaves placement to the scheduler. The worker's CPUs are in KOLO_CPUS. With several workers,
+    /// RAYON_NUM_THREADS and OMP_NUM_THREADS (where not set already) size each worker's compute
+    /// threads to its CPUs (unbound: an equal share, at least 1) [default: KOLO_BIND, else cores]
     #[arg(long, value_name = "POLICY")]
     pub bind_to: Option<CpuBind>,
 
