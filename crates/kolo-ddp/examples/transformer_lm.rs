@@ -300,7 +300,7 @@ fn main() -> Res<()> {
         let text = generate(&model, b"This License ", 60, &dev)?;
         println!("sample: {:?}", text);
     }
-    if !(final_loss < a.target) {
+    if final_loss.is_nan() || final_loss >= a.target {
         let (rank, target) = (comm.rank(), a.target);
         return Err(
             format!("rank {rank}: final loss {final_loss:.3} is not below {target}").into(),
