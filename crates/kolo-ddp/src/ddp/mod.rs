@@ -100,6 +100,8 @@ pub struct Ddp {
     join: join::JoinState,
     /// What the latest [`Ddp::var_builder`] handed out, which [`Ddp::refresh`] keeps current.
     handed: Mutex<Arc<Mutex<hook::Handed>>>,
+    /// The parameters without a gradient in the last averaged pass, and whether that was said.
+    unused: Mutex<(Vec<String>, bool)>,
 }
 
 impl std::fmt::Debug for Ddp {
@@ -151,6 +153,7 @@ impl Ddp {
             index,
             join: join::JoinState::default(),
             handed: Mutex::default(),
+            unused: Mutex::default(),
         };
         ddp.broadcast_parameters(0)?;
         Ok(ddp)
@@ -338,9 +341,47 @@ impl Ddp {
         if sync {
             let _s = timeline.span("gradient sync");
             let divide_by = self.finish_active_count(count)?;
-            self.lock().finish(&mut grads, &self.vars(), divide_by)?;
+            let mut s = self.lock();
+            s.finish(&mut grads, &self.vars(), divide_by)?;
+            let unused = s.no_grad_names();
+            drop(s);
+            self.note_unused(unused);
         }
         Ok(grads)
+    }
+
+    /// The parameters that got no gradient in the last averaged backward pass (or
+    /// [`Ddp::sync_gradients`]) and were averaged as zeros: parameters the loss does not depend
+    /// on (PyTorch's `find_unused_parameters` finds these). The first pass with any says so on
+    /// stderr, naming them.
+    pub fn unused_parameters(&self) -> Vec<String> {
+        self.unused
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .0
+            .clone()
+    }
+
+    fn note_unused(&self, names: Vec<String>) {
+        let mut u = self.unused.lock().unwrap_or_else(|p| p.into_inner());
+        if !names.is_empty() && !u.1 {
+            u.1 = true;
+            let shown: Vec<&str> = names.iter().take(8).map(String::as_str).collect();
+            let more = if names.len() > 8 { ", ..." } else { "" };
+            eprintln!(
+                "kolo-ddp: rank {}: {} of {} parameters got no gradient in this backward pass and \
+                 count as zeros (said once; Ddp::unused_parameters lists them after each pass): \
+                 {}{more}. The loss does not depend on them: a layer the forward pass skipped, or \
+                 an operation without a backward pass on the way (candle_nn's LayerNorm on a \
+                 contiguous input and ops::softmax_last_dim are fused kernels without one: \
+                 ops::layer_norm_slow and ops::softmax have it)",
+                self.comm.rank(),
+                names.len(),
+                self.params.len(),
+                shown.join(", ")
+            );
+        }
+        u.0 = names;
     }
 
     /// Records backward passes, gradient waits and every bucket's reduction on `timeline` (see
@@ -366,7 +407,12 @@ impl Ddp {
         let timeline = s.timeline().clone();
         let _span = timeline.span("gradient sync");
         s.begin_pass(false, self.reduce_op());
-        s.finish(grads, &self.vars(), divide_by)
+        s.finish(grads, &self.vars(), divide_by)?;
+        let unused = s.no_grad_names();
+        drop(s);
+        drop(_span);
+        self.note_unused(unused);
+        Ok(())
     }
 
     /// Copies `vars` of rank `root` to every rank: one flat broadcast per type.

@@ -78,6 +78,8 @@ pub(crate) struct Synchronizer {
     launched: Vec<Option<Instant>>,
     /// Buckets on the GPU, when the parameters and the communicator's engine are there.
     device: Option<DeviceBuckets>,
+    /// The parameters (indices) that got no gradient in this pass and count as zeros.
+    no_grad: Vec<usize>,
 }
 
 fn zeros(dtype: DType, n: usize) -> Buf {
@@ -104,6 +106,7 @@ impl Synchronizer {
             .collect();
         Synchronizer {
             device: None,
+            no_grad: Vec::new(),
             timeline: Timeline::disabled(),
             launched: vec![None; n],
             hook: None,
@@ -162,6 +165,7 @@ impl Synchronizer {
         self.active = hooks;
         self.op = op;
         self.have.iter_mut().for_each(|h| *h = false);
+        self.no_grad.clear();
         for (b, m) in self.missing.iter_mut().enumerate() {
             *m = self.layout.buckets[b].len();
         }
@@ -175,6 +179,14 @@ impl Synchronizer {
         if let Some(d) = self.device.as_mut() {
             d.clear();
         }
+    }
+
+    /// The names of the parameters that got no gradient in the last finished pass.
+    pub fn no_grad_names(&self) -> Vec<String> {
+        self.no_grad
+            .iter()
+            .map(|&p| self.names[p].clone())
+            .collect()
     }
 
     fn copy_in(&mut self, index: usize, grad: Option<&Tensor>) -> Result<()> {
@@ -290,6 +302,9 @@ impl Synchronizer {
                 let p = self.layout.buckets[b][i];
                 if !self.have[p] {
                     let g = grads.get(vars[p].as_tensor()).cloned();
+                    if g.is_none() {
+                        self.no_grad.push(p);
+                    }
                     self.copy_in(p, g.as_ref())?;
                 }
             }
