@@ -13,7 +13,7 @@ set -euo pipefail
 BIN=$(cd "${1:-target/release}" && pwd)
 KOLO=$BIN/kolo
 EX=$BIN/examples
-EXAMPLES=(ddp_minimal transformer_lm)
+EXAMPLES=(ddp_minimal ddp_hooks ddp_join zero transformer_lm)
 for f in "$KOLO" "${EXAMPLES[@]/#/$EX/}"; do
     if [[ ! -x $f ]]; then
         echo "e2e-examples: $f is missing; build with: cargo build --release -p kolo-cli -p kolo-ddp --examples" >&2
@@ -71,7 +71,43 @@ check_transformer_lm() {
     ok "$name"
 }
 
+check_ddp_hooks() {
+    local name="ddp_hooks: a custom hook over bf16 compression sends 2 bytes a parameter, ranks agree"
+    job "$EX/ddp_hooks" 8000
+    if ((rc != 0)); then fail "$name" "exit code $rc"; return; fi
+    if ! grep -q 'same parameters on every rank: true$' <<<"$out"; then
+        fail "$name" "rank 0 did not report equal parameters"
+        return
+    fi
+    ok "$name"
+}
+
+check_ddp_join() {
+    local name="ddp_join: uneven shards (1/3, 2/3), rank 0 joins and shadows, ranks agree"
+    job "$EX/ddp_join" 12000
+    if ((rc != 0)); then fail "$name" "exit code $rc"; return; fi
+    if ! grep -Eq '^\[rank 0\] [0-9]+ batches of its own, [0-9]+ steps in all \([1-9][0-9]* shadowed\)' <<<"$out"; then
+        fail "$name" "rank 0 shadowed no step"
+        return
+    fi
+    ok "$name"
+}
+
+check_zero() {
+    local name="zero: sharded AdamW state, checkpoint, resume ends where uninterrupted training ends"
+    job "$EX/zero" 8000 "$TMP/zero"
+    if ((rc != 0)); then fail "$name" "exit code $rc"; return; fi
+    if [[ $(grep -c 'resumed == uninterrupted: true; ranks agree: true' <<<"$out") != 2 ]]; then
+        fail "$name" "the ranks did not both report an exact resume"
+        return
+    fi
+    ok "$name"
+}
+
 check_ddp_minimal
+check_ddp_hooks
+check_ddp_join
+check_zero
 check_threads
 check_transformer_lm
 

@@ -1,5 +1,5 @@
-//! The whole data-parallel training loop: a candle model of your own, built once, on
-//! Fashion-MNIST — sampler, Ddp, optimizer, loss check, checkpoint.
+//! The whole data-parallel training loop: a candle model of your own (`common::mlp`), built
+//! once, on Fashion-MNIST — sampler, Ddp, optimizer, loss check, checkpoint.
 //!
 //! ```text
 //! cargo build --release -p kolo-ddp --example ddp_minimal
@@ -11,27 +11,21 @@
 //! epoch's mean loss is below 0.6 (the suite runs it so). The README shows the part between the
 //! ANCHOR lines.
 
-use candle_core::{DType, Device, Module, Tensor};
-use candle_nn::{linear, loss::cross_entropy, seq, Activation, VarBuilder, VarMap};
-use kolo_data::{batches, DatasetKind, DistributedSampler, Split};
-use kolo_ddp::checkpoint::{self, TrainState};
+mod common;
+
+use candle_core::{DType, Device, Module};
+use candle_nn::{loss::cross_entropy, VarBuilder, VarMap};
+use common::{fashion, mlp, xy};
+use kolo_data::{batches, DistributedSampler};
 use kolo_ddp::ddp::{Ddp, DdpOptions};
 use kolo_ddp::distributed::{check_loss, DistributedOptimizer};
 use kolo_ddp::optim::{self, OptimizerConfig};
-
-fn mlp(vb: VarBuilder) -> candle_core::Result<impl Module> {
-    Ok(seq()
-        .add(linear(784, 128, vb.pp("fc1"))?)
-        .add(Activation::Relu)
-        .add(linear(128, 10, vb.pp("fc2"))?))
-}
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let limit: usize = args.next().map_or(Ok(12_000), |a| a.parse())?;
     let dir = std::path::PathBuf::from(args.next().unwrap_or_else(|| "checkpoints".into()));
-    let data = kolo_data::load(DatasetKind::FashionMnist, Split::Train, None)?;
-    let train = data.subset(&(0..limit.min(data.len())).collect::<Vec<_>>())?;
+    let train = fashion(limit)?;
     let dev = Device::Cpu;
     // ANCHOR: loop
     let comm = kolo::init()?;
@@ -47,9 +41,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         sampler.set_epoch(epoch);
         let (mut total, mut n) = (0.0, 0);
         for batch in batches(&sampler.indices(), 64, true)? {
-            train.gather(batch, &mut xs, &mut ys)?;
-            let x = Tensor::from_slice(&xs, (batch.len(), 784), &dev)?;
-            let y = Tensor::from_slice(&ys, batch.len(), &dev)?;
+            let (x, y) = xy(&train, batch, &mut xs, &mut ys, &dev)?;
             let loss = cross_entropy(&model.forward(&x)?, &y)?;
             // The mean over ranks; a NaN or infinity on any rank stops every rank with an error.
             total += check_loss(&comm, step, f64::from(loss.to_scalar::<f32>()?))?;
@@ -57,9 +49,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             (step, n) = (step + 1, n + 1);
         }
         mean = total / n as f64;
+        opt.save_checkpoint(&dir, epoch as usize + 1)?; // every rank: rank 0 writes
         if comm.rank() == 0 {
-            let state = TrainState::at(epoch as usize + 1, step);
-            checkpoint::save(&dir, opt.ddp().params(), opt.inner().as_ref(), &state)?;
             println!("epoch {epoch}: mean loss {mean:.4}");
         }
     }

@@ -11,7 +11,8 @@
 //!   per-step loss check;
 //! - [`optim`]: SGD and AdamW as PyTorch has them, and ZeRO stage 1
 //!   ([`ShardedOptimizer`](optim::ShardedOptimizer));
-//! - [`checkpoint`]: atomic checkpoints of parameters, optimizer state and progress;
+//! - [`checkpoint`]: atomic checkpoints of parameters, optimizer state and progress (collectively
+//!   for a whole job: `DistributedOptimizer::save_checkpoint` and `resume`, ZeRO's shards included);
 //! - [`clip`]: gradient clipping by the global norm (averaged or sharded gradients);
 //! - [`timeline`]: a Chrome trace of the job (Horovod's timeline);
 //! - [`precision`]: bf16 compute with f32 master weights;
@@ -39,6 +40,7 @@ pub mod gpu;
 pub mod optim;
 pub mod precision;
 pub mod replicas;
+mod resume;
 pub mod timeline;
 pub mod vars_comm;
 
