@@ -182,6 +182,17 @@ def test_sparse_all_reduce_sums_and_elsewhere_is_refused():
     ok(run_ranks(2, body))
 
 
+def test_an_empty_all_reduce_is_refused_on_every_rank():
+    def body(c):
+        with pytest.raises(ValueError, match="non-empty tensor list"):
+            group(c).allreduce([])
+        # Bad input on one rank ends the group on every rank, naming it (no one waits).
+        with pytest.raises(kolo.KoloError, match="allreduce on rank"):
+            group(c).allreduce([torch.ones(2)]).wait()
+
+    ok(run_ranks(2, body))
+
+
 def barrier_errors(size, absent, timeout):
     """What each rank's monitored_barrier(timeout) raises when rank `absent` does not come."""
 

@@ -150,6 +150,8 @@ class ProcessGroupKolo(dist.ProcessGroup):
     def allreduce(self, tensors, opts=None):
         """One all-reduce per element type: the tensors of a type are flattened into one buffer
         (a tensor alone is reduced in place), reduced by one call, and copied back."""
+        if not tensors:
+            raise ValueError("kolo: allreduce requires a non-empty tensor list (as Gloo does)")
         reduce_op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
         if len(tensors) == 1 and opts is not None and opts.asyncOp is False:
             # torch's synchronous all_reduce of one tensor: straight to kolo (small all-reduces
