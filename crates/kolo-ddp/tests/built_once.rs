@@ -97,6 +97,7 @@ fn train(comm: &Communicator, build: Build, s: Setting) -> Result<Params, TrainE
     let opts = DdpOptions {
         bucket_bytes: 256,
         overlap: s.overlap,
+        ..DdpOptions::default()
     };
     let mut ddp = Ddp::new(comm, &varmap, opts)?;
     ddp.set_compression(s.compression)?;

@@ -92,6 +92,7 @@ fn n_workers_with_batch_b_equal_one_process_with_batch_nb() {
             let opts = DdpOptions {
                 bucket_bytes,
                 overlap,
+                ..DdpOptions::default()
             };
             for (rank, got) in distributed(n, opts).iter().enumerate() {
                 let d = max_relative_difference(got, &want);
@@ -114,6 +115,7 @@ fn small_buckets_split_the_model() {
             DdpOptions {
                 bucket_bytes: 256,
                 overlap: true,
+                ..DdpOptions::default()
             },
         )?;
         Ok::<_, TrainError>(ddp.layout())
@@ -196,6 +198,7 @@ fn a_parameter_unused_on_one_rank_counts_as_zero_and_never_hangs() {
                     DdpOptions {
                         bucket_bytes: 256,
                         overlap,
+                        ..DdpOptions::default()
                     },
                 )?;
                 let net = ConvNet::new(ddp.var_builder(DType::F32, &Device::Cpu), true)?;
@@ -285,6 +288,7 @@ mod mpi {
             let opts = DdpOptions {
                 bucket_bytes,
                 overlap,
+                ..DdpOptions::default()
             };
             let got = train_rank(&comm, opts).expect("training");
             let d = max_relative_difference(&got, &want);

@@ -153,6 +153,7 @@ fn gpu_ddp_rank() {
         let opts = DdpOptions {
             bucket_bytes: 512,
             overlap,
+            ..DdpOptions::default()
         };
         let ddp = Ddp::new(&comm, &varmap, opts).expect("ddp");
         assert_eq!(ddp.buckets_on_gpu(), n > 1, "buckets on the GPU");

@@ -85,6 +85,7 @@ fn three_five_and_seven_batches_match_the_average_over_active_ranks() -> candle_
             let opts = DdpOptions {
                 bucket_bytes,
                 overlap,
+                ..DdpOptions::default()
             };
             let got = run(&UNEVEN, opts, momentum, End::JoinWith, 0);
             for (rank, (p, report)) in got.iter().enumerate() {
@@ -125,6 +126,7 @@ fn join_without_an_optimizer_copies_the_last_active_rank() -> candle_core::Resul
             let opts = DdpOptions {
                 bucket_bytes,
                 overlap,
+                ..DdpOptions::default()
             };
             let got = run(&UNEVEN, opts, momentum, End::Join, 0);
             for (rank, (p, report)) in got.iter().enumerate() {
@@ -147,6 +149,7 @@ fn equal_batches_with_join_equal_without_join() -> candle_core::Result<()> {
         let opts = DdpOptions {
             bucket_bytes,
             overlap,
+            ..DdpOptions::default()
         };
         let res = kolo::run_local(3, Config::default(), |comm| {
             let varmap = new_varmap()?;

@@ -21,9 +21,12 @@
 //! - Parameters are ordered by name (never hash-map order). At construction every rank's parameter
 //!   names, shapes and types are compared with rank 0's (the first difference is an error on every
 //!   rank), then rank 0's values are broadcast.
-//! - Gradients travel in buckets (default 25 MiB) filled in reverse parameter order, each averaged by
-//!   an asynchronous all-reduce; with overlap on (the default) a bucket leaves as soon as backward has
-//!   produced all its gradients, so communication overlaps the rest of backward. On a GPU with the
+//! - Gradients travel in buckets (default 25 MiB; the first 1 MiB) filled in reverse parameter order,
+//!   each averaged by an asynchronous all-reduce; with overlap on (the default) a bucket leaves as
+//!   soon as backward has produced all its gradients, so communication overlaps the rest of
+//!   backward. After the first step the buckets are re-laid in the order the gradients arrived
+//!   (rank 0's, agreed by a broadcast; [`DdpOptions::rebuild_buckets`]), as PyTorch does: names
+//!   that sort as strings (`layers.10` before `layers.2`) then no longer hold a bucket back. On a GPU with the
 //!   job on NCCL, buckets stay in GPU memory and are reduced on NCCL's own stream
 //!   ([`Ddp::buckets_on_gpu`]).
 //! - [`Ddp::set_require_sync`] / [`Ddp::no_sync`] skip communication for gradient accumulation.
@@ -76,6 +79,13 @@ pub struct DdpOptions {
     pub bucket_bytes: usize,
     /// Send buckets while backward runs (needs the model built from [`Ddp::var_builder`]).
     pub overlap: bool,
+    /// Bytes of the first bucket (default 1 MiB, PyTorch's): the last layers' gradients leave as
+    /// soon as they are ready instead of waiting for a full bucket.
+    pub first_bucket_bytes: usize,
+    /// With overlap, re-lay the buckets after the first synchronizing pass in the order the
+    /// gradients arrived (rank 0's order, agreed by a broadcast), as PyTorch's DDP rebuilds its
+    /// buckets after the first iteration (default on). Host buckets only.
+    pub rebuild_buckets: bool,
 }
 
 impl Default for DdpOptions {
@@ -83,6 +93,8 @@ impl Default for DdpOptions {
         DdpOptions {
             bucket_bytes: 25 << 20,
             overlap: true,
+            first_bucket_bytes: 1 << 20,
+            rebuild_buckets: true,
         }
     }
 }
@@ -127,7 +139,9 @@ impl Ddp {
         vars_comm::check_same_vars(comm, &params, "parameter")?;
         let dtype = vars_comm::common_float_dtype(&params, "parameter")?;
         let numels: Vec<usize> = params.iter().map(|(_, v)| v.elem_count()).collect();
-        let layout = BucketLayout::new(&numels, dtype.size_in_bytes(), opts.bucket_bytes);
+        let reverse: Vec<usize> = (0..numels.len()).rev().collect();
+        let (elem, first) = (dtype.size_in_bytes(), opts.first_bucket_bytes.max(1));
+        let layout = BucketLayout::in_order(&reverse, &numels, elem, first, opts.bucket_bytes);
         let names: Vec<String> = params.iter().map(|(n, _)| n.clone()).collect();
         let index = names
             .iter()
@@ -135,12 +149,16 @@ impl Ddp {
             .map(|(i, n)| (n.clone(), i))
             .collect();
         let mut sync = Synchronizer::new(comm.clone(), layout, names, dtype);
-        if let Some((_, first)) = params.first() {
+        if let Some((_, v)) = params.first() {
             sync.set_device_buckets(device_buckets::DeviceBuckets::on(
                 comm,
-                first.device(),
+                v.device(),
                 params.len(),
             ));
+        }
+        let host_buckets = params.first().is_none_or(|(_, v)| v.device().is_cpu());
+        if opts.overlap && opts.rebuild_buckets && comm.size() > 1 && host_buckets {
+            sync.plan_rebuild(numels, elem, first, opts.bucket_bytes);
         }
         let ddp = Ddp {
             comm: comm.clone(),

@@ -80,6 +80,21 @@ pub(crate) struct Synchronizer {
     device: Option<DeviceBuckets>,
     /// The parameters (indices) that got no gradient in this pass and count as zeros.
     no_grad: Vec<usize>,
+    /// The order gradients arrived in during this pass (while a rebuild is pending).
+    arrivals: Vec<usize>,
+    /// The bucket rebuild still to do (see [`Synchronizer::plan_rebuild`]).
+    rebuild: Option<Rebuild>,
+}
+
+/// A pending rebuild of the buckets in the order gradients arrive (PyTorch's bucket rebuild after
+/// the first iteration): what a layout needs, and how many synchronizing passes may still try.
+#[derive(Clone, Debug)]
+struct Rebuild {
+    numels: Vec<usize>,
+    elem_bytes: usize,
+    first_bytes: usize,
+    bucket_bytes: usize,
+    tries: u8,
 }
 
 fn zeros(dtype: DType, n: usize) -> Buf {
@@ -93,20 +108,12 @@ impl Synchronizer {
     pub fn new(comm: Communicator, layout: BucketLayout, names: Vec<String>, dtype: DType) -> Self {
         let n = layout.count();
         let bufs = layout.len.iter().map(|&l| Some(zeros(dtype, l))).collect();
-        let params = layout
-            .buckets
-            .iter()
-            .map(|b| {
-                Arc::new(BucketParams {
-                    indices: b.clone(),
-                    lengths: b.iter().map(|&p| layout.slot[p].1.len()).collect(),
-                    names: b.iter().map(|&p| names[p].clone()).collect(),
-                })
-            })
-            .collect();
+        let params = bucket_params(&layout, &names);
         Synchronizer {
             device: None,
             no_grad: Vec::new(),
+            arrivals: Vec::new(),
+            rebuild: None,
             timeline: Timeline::disabled(),
             launched: vec![None; n],
             hook: None,
@@ -127,6 +134,88 @@ impl Synchronizer {
 
     pub fn layout_ref(&self) -> &BucketLayout {
         &self.layout
+    }
+
+    /// Re-lays the buckets in the order gradients arrive, at the end of one of the next `tries`
+    /// synchronizing passes: the first in which rank 0 saw gradients arrive during backward. Rank
+    /// 0's order is broadcast (one small broadcast per pass until then), so every rank builds the
+    /// same layout; parameters that did not arrive go last. The first bucket holds at most
+    /// `first_bytes`, the others `bucket_bytes`.
+    pub fn plan_rebuild(
+        &mut self,
+        numels: Vec<usize>,
+        elem_bytes: usize,
+        first_bytes: usize,
+        bucket_bytes: usize,
+    ) {
+        self.rebuild = Some(Rebuild {
+            numels,
+            elem_bytes,
+            first_bytes,
+            bucket_bytes,
+            tries: 3,
+        });
+    }
+
+    /// Replaces the layout (between passes).
+    fn relayout(&mut self, layout: BucketLayout) {
+        let n = layout.count();
+        self.params = bucket_params(&layout, &self.names);
+        self.bufs = layout
+            .len
+            .iter()
+            .map(|&l| Some(zeros(self.dtype, l)))
+            .collect();
+        self.missing = layout.buckets.iter().map(Vec::len).collect();
+        self.pending = (0..n).map(|_| None).collect();
+        self.launched = vec![None; n];
+        self.next = 0;
+        self.layout = layout;
+    }
+
+    /// The rebuild exchange at the end of a synchronizing pass (see [`Synchronizer::plan_rebuild`]).
+    fn try_rebuild(&mut self) -> Result<()> {
+        let Some(plan) = self.rebuild.as_mut() else {
+            return Ok(());
+        };
+        plan.tries -= 1;
+        let p = self.names.len();
+        let mut msg = vec![0i64; p + 1];
+        if self.comm.rank() == 0 && !self.arrivals.is_empty() {
+            let mut seen = vec![false; p];
+            let arrived = self.arrivals.iter().copied();
+            let order = arrived
+                .chain((0..p).rev())
+                .filter(|&i| !std::mem::replace(&mut seen[i], true));
+            msg[0] = 1;
+            for (k, i) in order.enumerate() {
+                msg[k + 1] = i as i64;
+            }
+        }
+        self.comm.broadcast(&mut msg, 0)?;
+        if msg[0] != 1 {
+            if plan.tries == 0 {
+                self.rebuild = None;
+            }
+            return Ok(());
+        }
+        let order = permutation(&msg[1..]).ok_or_else(|| {
+            TrainError::Comm(kolo::Error::Protocol {
+                rank: self.comm.rank(),
+                peer: 0,
+                reason: "the bucket order rank 0 sent is not an order of the parameters".into(),
+            })
+        })?;
+        let layout = BucketLayout::in_order(
+            &order,
+            &plan.numels,
+            plan.elem_bytes,
+            plan.first_bytes,
+            plan.bucket_bytes,
+        );
+        self.rebuild = None;
+        self.relayout(layout);
+        Ok(())
     }
 
     /// Keeps the buckets on the GPU from the next pass on (see [`DeviceBuckets`]).
@@ -166,6 +255,7 @@ impl Synchronizer {
         self.op = op;
         self.have.iter_mut().for_each(|h| *h = false);
         self.no_grad.clear();
+        self.arrivals.clear();
         for (b, m) in self.missing.iter_mut().enumerate() {
             *m = self.layout.buckets[b].len();
         }
@@ -282,6 +372,9 @@ impl Synchronizer {
             });
         }
         self.copy_in(index, Some(grad))?;
+        if self.rebuild.is_some() {
+            self.arrivals.push(index);
+        }
         self.launch_ready();
         Ok(())
     }
@@ -383,7 +476,7 @@ impl Synchronizer {
             }
             self.bufs[b] = Some(done);
         }
-        Ok(())
+        self.try_rebuild()
     }
 
     /// Bucket `b`, reduced on the GPU: each parameter's gradient becomes its view of it.
@@ -424,4 +517,31 @@ impl Synchronizer {
         }
         Ok(())
     }
+}
+
+/// What each bucket of `layout` holds, for the communication hooks.
+fn bucket_params(layout: &BucketLayout, names: &[String]) -> Vec<Arc<BucketParams>> {
+    layout
+        .buckets
+        .iter()
+        .map(|b| {
+            Arc::new(BucketParams {
+                indices: b.clone(),
+                lengths: b.iter().map(|&p| layout.slot[p].1.len()).collect(),
+                names: b.iter().map(|&p| names[p].clone()).collect(),
+            })
+        })
+        .collect()
+}
+
+/// `values` as an order of `0..values.len()` (each index once), or `None`.
+fn permutation(values: &[i64]) -> Option<Vec<usize>> {
+    let mut seen = vec![false; values.len()];
+    values
+        .iter()
+        .map(|&v| {
+            let i = usize::try_from(v).ok().filter(|&i| i < seen.len())?;
+            (!std::mem::replace(&mut seen[i], true)).then_some(i)
+        })
+        .collect()
 }

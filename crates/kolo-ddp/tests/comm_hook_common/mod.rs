@@ -147,6 +147,7 @@ pub fn opts(bucket_bytes: usize, overlap: bool) -> DdpOptions {
     DdpOptions {
         bucket_bytes,
         overlap,
+        ..DdpOptions::default()
     }
 }
 

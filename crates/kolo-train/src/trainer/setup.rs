@@ -72,6 +72,7 @@ pub(super) fn build_optimizer(
         DdpOptions {
             bucket_bytes: cfg.bucket_bytes,
             overlap: cfg.overlap,
+            ..DdpOptions::default()
         },
     )?;
     match cfg.reduce.hook() {
