@@ -108,9 +108,25 @@ fn reference(sizes: &[usize], rest: &[usize]) -> Result<Outcome> {
 
 /// Rank `comm.rank()` of `sizes.len()` with a synchronized kolo BatchNorm on its slice.
 fn rank(comm: &kolo::Communicator, sizes: &[usize], rest: &[usize]) -> Result<Outcome> {
+    rank_with(comm, sizes, rest, false)
+}
+
+/// [`rank`], the layer made by kolo (`converted` false) or converted from candle-nn's.
+fn rank_with(
+    comm: &kolo::Communicator,
+    sizes: &[usize],
+    rest: &[usize],
+    converted: bool,
+) -> Result<Outcome> {
     let varmap = VarMap::new();
     let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
-    let mut bn = BatchNorm::new(C, vb.pp("bn"))?;
+    let mut bn = match converted {
+        false => BatchNorm::new(C, vb.pp("bn"))?,
+        true => {
+            let cfg = candle_nn::BatchNormConfig::default();
+            BatchNorm::from_candle(&candle_nn::batch_norm(C, cfg, vb.pp("bn"))?)?
+        }
+    };
     bn.synchronize(comm);
     init_bn(&varmap)?;
     let (x, g) = global(sizes, rest)?;
@@ -129,15 +145,21 @@ fn config() -> Config {
 }
 
 fn distributed(sizes: &[usize], rest: &[usize]) -> Vec<Outcome> {
-    kolo::run_local(sizes.len(), config(), |comm| rank(&comm, sizes, rest))
-        .into_iter()
-        .enumerate()
-        .map(|(r, res)| match res {
-            Ok(Ok(o)) => o,
-            Ok(Err(e)) => panic!("rank {r}: {e}"),
-            Err(p) => panic!("rank {r} panicked: {p}"),
-        })
-        .collect()
+    distributed_with(sizes, rest, false)
+}
+
+fn distributed_with(sizes: &[usize], rest: &[usize], converted: bool) -> Vec<Outcome> {
+    kolo::run_local(sizes.len(), config(), |comm| {
+        rank_with(&comm, sizes, rest, converted)
+    })
+    .into_iter()
+    .enumerate()
+    .map(|(r, res)| match res {
+        Ok(Ok(o)) => o,
+        Ok(Err(e)) => panic!("rank {r}: {e}"),
+        Err(p) => panic!("rank {r} panicked: {p}"),
+    })
+    .collect()
 }
 
 /// ‖a − b‖ / ‖b‖ (or ‖a − b‖ when b is zero).
@@ -151,8 +173,12 @@ fn rel(a: &Tensor, b: &Tensor) -> Result<f64> {
 }
 
 fn check(sizes: &[usize], rest: &[usize]) -> Result<()> {
+    check_with(sizes, rest, false)
+}
+
+fn check_with(sizes: &[usize], rest: &[usize], converted: bool) -> Result<()> {
     let want = reference(sizes, rest)?;
-    let got = distributed(sizes, rest);
+    let got = distributed_with(sizes, rest, converted);
     let ys: Vec<&Tensor> = got.iter().map(|o| &o.y).collect();
     let dxs: Vec<&Tensor> = got.iter().map(|o| &o.dx).collect();
     let dw = got
@@ -208,6 +234,15 @@ fn check(sizes: &[usize], rest: &[usize]) -> Result<()> {
 fn n_ranks_equal_one_process_with_the_concatenated_batch() -> Result<()> {
     for sizes in [&[4][..], &[4, 4], &[3, 3, 3]] {
         check(sizes, &[4, 5])?;
+    }
+    Ok(())
+}
+
+#[test]
+fn candle_nn_batch_norm_converted_synchronizes_the_same() -> Result<()> {
+    // candle-nn's layer, converted (its VarMap variables shared), then synchronized.
+    for sizes in [&[4, 4][..], &[2, 5, 3]] {
+        check_with(sizes, &[4, 5], true)?;
     }
     Ok(())
 }

@@ -122,6 +122,49 @@ impl BatchNorm {
         })
     }
 
+    /// kolo's layer in place of candle-nn's `bn` (PyTorch's `SyncBatchNorm.convert_sync_batchnorm`
+    /// for one layer): the same running statistics (shared when they are a `VarMap`'s variables,
+    /// so updates reach the map), weight and bias (ones and zeros, not trained, where `bn` has
+    /// none), `eps` and `momentum`. Then [`BatchNorm::synchronize`] makes it a `SyncBatchNorm`.
+    ///
+    /// ```
+    /// # use candle_core::{DType, Device, Tensor};
+    /// # use candle_nn::{VarBuilder, VarMap};
+    /// # fn main() -> candle_core::Result<()> {
+    /// let varmap = VarMap::new();
+    /// let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+    /// let theirs = candle_nn::batch_norm(4, candle_nn::BatchNormConfig::default(), vb.pp("bn"))?;
+    /// let mine = kolo_nn::batch_norm::BatchNorm::from_candle(&theirs)?;
+    /// // mine.synchronize(&comm); // SyncBatchNorm over the ranks of a kolo Communicator
+    /// let x = Tensor::arange(0f32, 16., &Device::Cpu)?.reshape((4, 4))?;
+    /// let (a, b) = (theirs.forward_train(&x)?, mine.forward_train(&x)?);
+    /// assert!((a - b)?.abs()?.max_all()?.to_scalar::<f32>()? < 1e-5);
+    /// # Ok(()) }
+    /// ```
+    pub fn from_candle(bn: &candle_nn::BatchNorm) -> Result<Self> {
+        let num_features = bn.running_mean().dims1()?;
+        let config = BatchNormConfig {
+            eps: bn.eps(),
+            momentum: bn.momentum(),
+        };
+        let (weight, bias) = match bn.weight_and_bias() {
+            Some((w, b)) => (w.clone(), b.clone()),
+            None => {
+                let like = bn.running_mean();
+                (like.ones_like()?, like.zeros_like()?)
+            }
+        };
+        Ok(Self {
+            num_features,
+            running_mean: Var::from_tensor(bn.running_mean())?,
+            running_var: Var::from_tensor(bn.running_var())?,
+            weight,
+            bias,
+            config,
+            comm: None,
+        })
+    }
+
     /// Makes this a synchronized (`SyncBatchNorm`) layer: training-mode statistics are those
     /// of the batches of all ranks of `comm` together. Every rank must synchronize the same
     /// layers.
