@@ -1,6 +1,7 @@
-//! Times kolo's convolution (`kolo_nn::ops::conv2d`, forward and backward) on the 3×3 layers
-//! of kolo's ResNet-18 (28×28 input, batch 32) or, with `--model lenet`, on LeNet's two 5×5
-//! layers (batch 64): the kernel-level benchmark behind the training figures of
+//! Times kolo's convolution (`kolo_nn::ops::conv2d`, forward and backward) against candle's
+//! (`Tensor::conv2d` plus the bias, what `candle_nn::Conv2d` runs) on the 3×3 layers of kolo's
+//! ResNet-18 (28×28 input, batch 32) or, with `--model lenet`, on LeNet's two 5×5 layers
+//! (batch 64): the kernel-level benchmark behind the training figures of
 //! `scripts/bench_train.py`, steadier than whole training runs on a shared machine (each figure
 //! is the best of R repetitions).
 //!
@@ -132,8 +133,10 @@ fn parse() -> std::result::Result<Args, String> {
     })
 }
 
-/// Best-of-`repeats` seconds of the forward pass and of forward + backward.
-fn time_layer(batch: usize, l: &Layer, repeats: usize) -> Result<(f64, f64)> {
+/// Best-of-`repeats` seconds of the forward pass and of forward + backward, through kolo's
+/// convolution or (`candle`) through candle's `Tensor::conv2d` plus the bias, as `candle_nn::Conv2d`
+/// computes it.
+fn time_layer(batch: usize, l: &Layer, repeats: usize, candle: bool) -> Result<(f64, f64)> {
     let dev = Device::Cpu;
     let x = Tensor::randn(0f32, 1., (batch, l.c_in, l.side, l.side), &dev)?;
     let x = if l.dx {
@@ -147,7 +150,12 @@ fn time_layer(batch: usize, l: &Layer, repeats: usize) -> Result<(f64, f64)> {
     let (mut fwd, mut step) = (f64::MAX, f64::MAX);
     for _ in 0..repeats + 1 {
         let t = Instant::now();
-        let y = kolo_nn::ops::conv2d(&x, w.as_tensor(), Some(b.as_tensor()), l.stride, l.pad)?;
+        let y = if candle {
+            let y = x.conv2d(w.as_tensor(), l.pad, l.stride, 1, 1)?;
+            y.broadcast_add(&b.as_tensor().reshape((1, l.c_out, 1, 1))?)?
+        } else {
+            kolo_nn::ops::conv2d(&x, w.as_tensor(), Some(b.as_tensor()), l.stride, l.pad)?
+        };
         let f = t.elapsed().as_secs_f64();
         let grads = y.sqr()?.sum_all()?.backward()?;
         let s = t.elapsed().as_secs_f64();
@@ -184,13 +192,15 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let (mut total, mut flops) = (0., 0.);
+    let (mut total, mut flops, mut total_candle) = (0., 0., 0.);
     for l in layers {
         let (c, side, stride, count) = (l.c_out, l.side, l.stride, l.count);
         if only.is_some_and(|o| o != c) {
             continue;
         }
-        let (fwd, step) = match time_layer(batch, l, repeats) {
+        let timed = time_layer(batch, l, repeats, false)
+            .and_then(|k| Ok((k, time_layer(batch, l, repeats, true)?)));
+        let ((fwd, step), (candle_fwd, candle_step)) = match timed {
             Ok(t) => t,
             Err(e) => {
                 eprintln!("conv_layers: {c} channels at {side}×{side}: {e}");
@@ -201,18 +211,24 @@ fn main() -> ExitCode {
         let f = 2. * (batch * l.c_in * c * l.k * l.k * out * out) as f64;
         let passes = if l.dx { 3. } else { 2. };
         println!(
-            "{c:>4} ch {side:>2}x{side:<2} stride {stride} (x{count}): forward {:7.2} ms, step {:7.2} ms, {:6.1} GFLOP/s",
+            "{c:>4} ch {side:>2}x{side:<2} stride {stride} (x{count}): forward {:7.2} ms, step {:7.2} ms, {:6.1} GFLOP/s; candle's conv2d: forward {:7.2} ms, step {:7.2} ms ({:.2}x kolo's step)",
             fwd * 1e3,
             step * 1e3,
-            passes * f / step / 1e9
+            passes * f / step / 1e9,
+            candle_fwd * 1e3,
+            candle_step * 1e3,
+            candle_step / step
         );
         total += step * count as f64;
+        total_candle += candle_step * count as f64;
         flops += passes * f * count as f64;
     }
     println!(
-        "{{\"batch\": {batch}, \"step_ms\": {:.2}, \"gflops\": {:.1}}}",
+        "{{\"batch\": {batch}, \"step_ms\": {:.2}, \"gflops\": {:.1}, \"candle_step_ms\": {:.2}, \"candle_over_kolo\": {:.2}}}",
         total * 1e3,
-        flops / total / 1e9
+        flops / total / 1e9,
+        total_candle * 1e3,
+        total_candle / total
     );
     ExitCode::SUCCESS
 }
