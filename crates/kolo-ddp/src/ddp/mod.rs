@@ -33,8 +33,9 @@
 //! - A parameter without a gradient on some rank counts as zeros there; every rank sends the same
 //!   buckets in the same order.
 //! - BatchNorm running statistics (`VarMap` entries whose last name component is `running_mean` or
-//!   `running_var`, [`is_buffer_name`]) are buffers: not averaged, broadcast from rank 0 by
-//!   [`Ddp::sync_buffers`].
+//!   `running_var`, [`is_buffer_name`]) are buffers: not averaged, broadcast from rank 0 after
+//!   every synchronizing backward pass ([`DdpOptions::broadcast_buffers`], PyTorch's default) or
+//!   by [`Ddp::sync_buffers`].
 //! - Ranks with different numbers of batches: see [`join`] ([`Ddp::set_join`], [`Ddp::join`],
 //!   [`Ddp::join_with`]).
 //! - What happens to a bucket can be replaced by a communication hook ([`Ddp::register_comm_hook`],
@@ -86,6 +87,11 @@ pub struct DdpOptions {
     /// gradients arrived (rank 0's order, agreed by a broadcast), as PyTorch's DDP rebuilds its
     /// buckets after the first iteration (default on). Host buckets only.
     pub rebuild_buckets: bool,
+    /// After every synchronizing backward pass, copy rank 0's buffers (BatchNorm running
+    /// statistics) to every rank, so that all ranks run the next forward pass with the same
+    /// buffers (PyTorch's `broadcast_buffers`, default on; it broadcasts before each forward). In
+    /// join mode buffers are broadcast once, from the last rank with data, when all have joined.
+    pub broadcast_buffers: bool,
 }
 
 impl Default for DdpOptions {
@@ -95,6 +101,7 @@ impl Default for DdpOptions {
             overlap: true,
             first_bucket_bytes: 1 << 20,
             rebuild_buckets: true,
+            broadcast_buffers: true,
         }
     }
 }
@@ -364,6 +371,10 @@ impl Ddp {
             let unused = s.no_grad_names();
             drop(s);
             self.note_unused(unused);
+            if self.opts.broadcast_buffers && !self.buffers.is_empty() && !self.join_enabled() {
+                let _s = timeline.span("buffer broadcast");
+                self.sync_buffers_from(0)?;
+            }
         }
         Ok(grads)
     }

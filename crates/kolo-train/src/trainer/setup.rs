@@ -72,6 +72,8 @@ pub(super) fn build_optimizer(
         DdpOptions {
             bucket_bytes: cfg.bucket_bytes,
             overlap: cfg.overlap,
+            // kolo train copies rank 0's buffers at the end of each epoch (before evaluating).
+            broadcast_buffers: false,
             ..DdpOptions::default()
         },
     )?;
