@@ -32,6 +32,8 @@ struct Setting {
     compression: Compression,
     compute: Option<DType>,
     zero: bool,
+    /// Uneven inputs: rank r takes `STEPS - r` steps, joins, then every rank takes one more.
+    join: bool,
 }
 
 const PLAIN: Setting = Setting {
@@ -39,6 +41,7 @@ const PLAIN: Setting = Setting {
     compression: Compression::None,
     compute: None,
     zero: false,
+    join: false,
 };
 
 fn config() -> Config {
@@ -124,7 +127,15 @@ fn train(comm: &Communicator, build: Build, s: Setting) -> Result<Params, TrainE
         Build::Once => Some(Net::new(builder(dopt.ddp()), s)?),
         Build::EveryStep => None,
     };
-    for step in 0..STEPS {
+    dopt.set_join(s.join);
+    let mine = if s.join { STEPS - comm.rank() } else { STEPS };
+    // With join: this rank's uneven steps, the join, then one step on every rank (the model built
+    // once must compute with what the joined rank's optimizer did while it shadowed).
+    let rounds = (0..mine).chain(s.join.then_some(STEPS + 1));
+    for step in rounds {
+        if s.join && step == STEPS + 1 {
+            dopt.join()?;
+        }
         let fresh;
         let net = match &once {
             Some(n) => n,
@@ -197,6 +208,18 @@ fn built_once_with_compression_bf16_and_zero() {
         both(2, s);
     }
     both(1, bf16);
+}
+
+#[test]
+fn built_once_with_join() {
+    let join = Setting {
+        join: true,
+        ..PLAIN
+    };
+    for n in [2, 3] {
+        both(n, join);
+        both(n, Setting { zero: true, ..join });
+    }
 }
 
 /// A tiny language model whose output layer is its embedding (tied weights): the parameter is used

@@ -212,6 +212,8 @@ impl Ddp {
     {
         let report = self.shadow(pre_step, Some(step))?;
         self.sync_buffers_from(report.last_active_rank)?;
+        // `step` moved the parameters: a model built once computes with them from here on.
+        self.refresh()?;
         Ok(report)
     }
 
