@@ -6,7 +6,7 @@
 //! ```text
 //! cargo build --release -p kolo-ddp --example transformer_lm
 //! kolo run -n 2 -- target/release/examples/transformer_lm [--steps 300] [--lr 0.01] [--bf16]
-//!     [--target 2.5] [--corpus FILE_OR_DIR]...
+//!     [--target 2.5] [--corpus FILE_OR_DIR]... [--layers 2] [--timeline FILE] [--names-order]
 //! ```
 //!
 //! The corpus is every file under `/usr/share/common-licenses` (the licence texts every Debian
@@ -15,6 +15,9 @@
 //! averaged over ranks every 50 steps, then greedy text from the trained model. Exits non-zero
 //! unless the mean loss of the last 20 steps is below `--target` nats per byte (a model that learnt
 //! nothing stays near ln 256 = 5.5; one that learnt byte frequencies only, near 3.0).
+//! `--timeline FILE` records the job (Ddp's backward, gradient sync, buckets) as a Chrome trace;
+//! `--names-order` lays the gradient buckets out as kolo did before it followed the arrival order
+//! (full-size buckets by parameter name, never re-laid), to compare the two.
 
 use std::path::PathBuf;
 
@@ -29,7 +32,6 @@ const VOCAB: usize = 256;
 const CTX: usize = 64;
 const DIM: usize = 64;
 const HEADS: usize = 4;
-const LAYERS: usize = 2;
 const BATCH: usize = 16;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -112,7 +114,7 @@ struct Gpt {
 }
 
 impl Gpt {
-    fn new(vb: VarBuilder) -> candle_core::Result<Gpt> {
+    fn new(vb: VarBuilder, layers: usize) -> candle_core::Result<Gpt> {
         let init = candle_nn::Init::Randn {
             mean: 0.0,
             stdev: 0.02,
@@ -125,7 +127,7 @@ impl Gpt {
             wte: Embedding::new(wte, DIM),
             head,
             wpe: vb.get_with_hints((CTX, DIM), "wpe", init)?,
-            blocks: (0..LAYERS)
+            blocks: (0..layers)
                 .map(|i| Block::new(vb.pp(format!("h{i}"))))
                 .collect::<candle_core::Result<_>>()?,
             ln_f: LayerNorm::new(vb.pp("ln_f"))?,
@@ -162,6 +164,9 @@ fn causal_mask(t: usize, dev: &Device) -> candle_core::Result<Tensor> {
 }
 
 struct Args {
+    layers: usize,
+    timeline: Option<PathBuf>,
+    names_order: bool,
     steps: usize,
     lr: f64,
     bf16: bool,
@@ -171,6 +176,9 @@ struct Args {
 
 fn args() -> Res<Args> {
     let mut a = Args {
+        layers: 2,
+        timeline: None,
+        names_order: false,
         steps: 300,
         lr: 1e-2,
         bf16: false,
@@ -186,6 +194,9 @@ fn args() -> Res<Args> {
             "--lr" => a.lr = value()?.parse()?,
             "--corpus" => a.corpus.push(value()?.into()),
             "--bf16" => a.bf16 = true,
+            "--layers" => a.layers = value()?.parse()?,
+            "--timeline" => a.timeline = Some(value()?.into()),
+            "--names-order" => a.names_order = true,
             other => return Err(format!("unknown option {other}").into()),
         }
     }
@@ -257,11 +268,21 @@ fn main() -> Res<()> {
     let dev = Device::Cpu;
     let comm = kolo::init()?;
     let varmap = candle_nn::VarMap::new();
-    Gpt::new(VarBuilder::from_varmap(&varmap, DType::F32, &dev))?;
-    let ddp = Ddp::new(&comm, &varmap, DdpOptions::default())?;
+    Gpt::new(VarBuilder::from_varmap(&varmap, DType::F32, &dev), a.layers)?;
+    let mut opts = DdpOptions::default();
+    if a.names_order {
+        // Buckets as kolo laid them before arrival order: full-size, by name, never re-laid.
+        (opts.first_bucket_bytes, opts.rebuild_buckets) = (opts.bucket_bytes, false);
+    }
+    let ddp = Ddp::new(&comm, &varmap, opts)?;
+    let timeline = match &a.timeline {
+        Some(path) => kolo_ddp::timeline::Timeline::create(&comm, path)?,
+        None => kolo_ddp::timeline::Timeline::disabled(),
+    };
+    ddp.set_timeline(timeline.clone());
     let model = match a.bf16 {
-        true => Gpt::new(ddp.var_builder_in(DType::BF16, &dev))?, // bf16 compute, f32 masters
-        false => Gpt::new(ddp.var_builder(DType::F32, &dev))?,
+        true => Gpt::new(ddp.var_builder_in(DType::BF16, &dev), a.layers)?, // bf16 compute
+        false => Gpt::new(ddp.var_builder(DType::F32, &dev), a.layers)?,
     };
     let adamw = optim::build(ddp.params(), OptimizerConfig::adamw(a.lr, 0.01))?;
     let mut opt = DistributedOptimizer::new(ddp, adamw, 1)?;
@@ -290,6 +311,7 @@ fn main() -> Res<()> {
         }
         epoch += 1;
     }
+    timeline.finish()?;
     let last = &recent[recent.len().saturating_sub(20)..];
     let final_loss = last.iter().sum::<f64>() / last.len().max(1) as f64;
     if comm.rank() == 0 {
