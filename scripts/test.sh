@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-stage() { printf '\n=== %s ===\n' "$*"; }
+stage() { printf '\n=== %s (at %d s) ===\n' "$*" "$SECONDS"; }
 
 stage "tools"
 # A clean build: incremental compilation would only add gigabytes of cache to target/.
