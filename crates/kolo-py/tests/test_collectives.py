@@ -12,9 +12,20 @@ OPS = ["sum", "prod", "min", "max", "avg"]
 
 
 def data(rank, n, dtype, salt=0):
-    """Small values, distinct per rank, exact in every type (products included)."""
-    v = (np.arange(n) * 3 + rank * 5 + salt) % 3 + 1
+    """Small values (1 to 3: products over 4 ranks stay exact in uint8 and float16) that depend on
+    the position and differ between every two ranks (up to 4), so block placement and element
+    order are checked, not only the arithmetic."""
+    v = (np.arange(n) // (rank + 1) + rank + salt) % 3 + 1
     return v.astype(dtype)
+
+
+def test_the_data_tells_ranks_and_positions_apart():
+    for n in (5, 9, 37):
+        arrays = [data(r, n, np.int64) for r in range(4)]
+        for a in range(4):
+            assert len(set(arrays[a].tolist())) > 1, "position-dependent"
+            for b in range(a):
+                assert not np.array_equal(arrays[a], arrays[b]), (a, b, n)
 
 
 def reference(arrays, op, dtype):
