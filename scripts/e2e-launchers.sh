@@ -207,7 +207,7 @@ check_torchrun_two_hosts() {
     local ns0="$tag-h0" ns1="$tag-h1"
     if ! ip netns add "$ns0" 2>/dev/null || ! ip netns add "$ns1" 2>/dev/null; then
         ip netns del "$ns0" 2>/dev/null || true
-        echo "skip - $name: cannot create network namespaces here"
+        skip "$name" "cannot create network namespaces here"
         return
     fi
     if ! { ip link add "$tag-a" type veth peer name "$tag-b" &&
@@ -218,7 +218,7 @@ check_torchrun_two_hosts() {
         ip -n "$ns0" link set "$tag-a" up && ip -n "$ns1" link set "$tag-b" up; } 2>/dev/null; then
         ip netns del "$ns0" 2>/dev/null || true
         ip netns del "$ns1" 2>/dev/null || true
-        echo "skip - $name: cannot make a veth pair here"
+        skip "$name" "cannot make a veth pair here"
         return
     fi
     local r pids=()
@@ -255,7 +255,7 @@ check_c10d_server() {
     local py server=$BIN/examples/c10d_server
     py=$(dirname "$TORCHRUN")/python
     if [[ ! -x $server || ! -x $py ]]; then
-        echo "skip - $name: needs $server and torchrun's python"
+        skip "$name" "needs $server and torchrun's python"
         return
     fi
     rc=0
@@ -303,7 +303,7 @@ check_bad_environments() {
 check_srun
 check_bad_environments
 if [[ -z $TORCHRUN ]]; then
-    echo "skip - torchrun checks: no torchrun (set KOLO_TORCHRUN, or run scripts/install-torch.sh)"
+    skip "torchrun checks" "no torchrun (set KOLO_TORCHRUN, or run scripts/install-torch.sh)"
 else
     echo "# torchrun: $TORCHRUN ($("$TORCHRUN" --help >/dev/null 2>&1 && echo runs || echo broken))"
     check_torchrun_matrix
@@ -317,5 +317,4 @@ else
     check_c10d_server
 fi
 
-echo "e2e-launchers: $passed passed, $failed failed"
-((failed == 0))
+finish e2e-launchers

@@ -7,6 +7,7 @@ trap 'rm -rf "$TMP"' EXIT
 
 passed=0
 failed=0
+skipped=0
 out=""
 rc=0
 
@@ -22,6 +23,24 @@ fail() {
     if [[ -n $out ]]; then
         sed 's/^/#   /' <<<"$out" | tail -n 40
     fi
+}
+
+# skip NAME WHY: a check this machine cannot run (no network namespaces, no torchrun), counted.
+skip() {
+    echo "skip - $1: $2"
+    skipped=$((skipped + 1))
+}
+
+# finish NAME: prints the totals (skips counted) and exits 1 if a check failed or, with
+# KOLO_REQUIRE_ALL=1, if one was skipped (a machine that should run every check must not pass
+# one silently).
+finish() {
+    echo "$1: $passed passed, $failed failed, $skipped skipped"
+    if ((skipped > 0)) && [[ ${KOLO_REQUIRE_ALL:-} == 1 ]]; then
+        echo "$1: $skipped check(s) skipped with KOLO_REQUIRE_ALL=1"
+        exit 1
+    fi
+    ((failed == 0)) || exit 1
 }
 
 # has_line LINE: the last job printed exactly LINE.

@@ -344,7 +344,7 @@ check_two_hosts() {
     rc=0
     out=$("$here/netns-two-hosts.sh" "$KOLO" 2 -- "$EX/matrix" 2>&1) || rc=$?
     if ((rc == 77)); then
-        echo "skip - $name: $(tail -1 <<<"$out")"
+        skip "$name" "$(tail -1 <<<"$out")"
         return
     fi
     if ((rc != 0)); then fail "$name" "matrix: exit code $rc"; return; fi
@@ -382,7 +382,7 @@ check_partition() {
         --train-limit 1024 --test-limit 256 --epochs 1000 --batch-size 32 --no-progress \
         --out "$TMP/partition" 2>&1) || rc=$?
     if ((rc == 77)); then
-        echo "skip - $name: $(tail -1 <<<"$out")"
+        skip "$name" "$(tail -1 <<<"$out")"
         return
     fi
     if ((rc != 0)); then fail "$name" "the cut was not made (exit code $rc)"; return; fi
@@ -469,5 +469,4 @@ check_ring
 check_killed_worker shm
 check_killed_worker tcp
 
-echo "e2e: $passed passed, $failed failed"
-((failed == 0)) || exit 1
+finish e2e
