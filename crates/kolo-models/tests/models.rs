@@ -488,7 +488,7 @@ fn lenet_sgd_learns_fashion_mnist() -> Result<()> {
 
 /// LeNet forward + backward throughput (run with `--ignored --nocapture`, ideally `--release`).
 #[test]
-#[ignore]
+#[ignore = "a throughput benchmark, not a check: run with --ignored --nocapture, ideally --release"]
 fn lenet_throughput() -> Result<()> {
     for bs in [64, 256] {
         let varmap = VarMap::new();

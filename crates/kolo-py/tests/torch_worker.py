@@ -126,10 +126,19 @@ def collectives():
         x = torch.ones(1)
         dist.all_reduce(x, group=sub)
         check("new_group all_reduce", x.item() == float(len({0, n - 1})))
-    dist.barrier()
-    check("barrier", True)
-    kolo.torch.monitored_barrier(timeout=10)
-    check("monitored_barrier", True)
+    # A barrier holds every rank until the last arrives (the last rank comes 0.3 s late): no rank
+    # leaves before the last arrival.
+    for name, barrier in [("barrier", dist.barrier),
+                          ("monitored_barrier", lambda: kolo.torch.monitored_barrier(timeout=10))]:
+        if r == n - 1:
+            time.sleep(0.3)
+        arrived = time.time()
+        barrier()
+        left = time.time()
+        stamps = [None] * n
+        dist.all_gather_object(stamps, (arrived, left))
+        last = max(a for a, _ in stamps)
+        check(name, all(gone >= last - 0.005 for _, gone in stamps), f"(arrived, left): {stamps}")
 
 
 def ddp():
