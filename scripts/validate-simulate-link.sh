@@ -12,7 +12,9 @@
 # 4. ROUNDS training runs across the two hosts: measured ms per step = global batch / samples/s.
 #
 # Usage: scripts/validate-simulate-link.sh [KOLO] [ROUNDS] [RATE...]
-#        (default target/release/kolo, 3, 1gbit 200mbit); TRAIN_LIMIT (1024 samples a run).
+#        (default target/release/kolo, 3, 1gbit 200mbit); TRAIN_LIMIT (1024 samples a run);
+#        MAX_ERR (10: exits 1 when the prediction from the measured link misses the measured step
+#        time by more than this many percent at some rate).
 # Needs root (CAP_NET_ADMIN), iproute2 with tc, and the data (scripts/fetch-data.sh); exits 77 when
 # namespaces cannot be made here. No traffic leaves the machine.
 set -euo pipefail
@@ -34,6 +36,7 @@ median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print v[int(
 json() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$@"; }
 
 rows=()
+misses=()
 for rate in "${RATES[@]}"; do
     netns_up "kval$$"
     trap 'netns_down; rm -rf "$work"' EXIT
@@ -80,6 +83,9 @@ print(float(m[1]) * {'':1e-9,'k':1e-6,'m':1e-3,'g':1}[m[2]])" "$rate")
         echo "# $rate round $round: $(python3 -c "print(f'{2 * $BATCH / $sps * 1000:.0f}')") ms/step" >&2
     done
     m=$(median "${ms[@]}")
+    if python3 -c "import sys; sys.exit(abs(($p_measured - $m) / $m * 100) <= ${MAX_ERR:-10})"; then
+        misses+=("$rate")
+    fi
     rows+=("$(python3 -c "
 n, g, l, pn, pm, m = '$rate', $gbps, $lat_us, $p_nominal, $p_measured, $m
 print(f'{n:>8} {g:9.3f} {l:8.0f} {pn:10.0f} {(pn - m) / m * 100:+7.1f}% {pm:10.0f} {(pm - m) / m * 100:+7.1f}% {m:9.0f}')")")
@@ -89,3 +95,8 @@ done
 echo "ResNet-18, 2 hosts x 1 worker, batch $BATCH each; ms per step (medians of $ROUNDS runs)"
 printf '%8s %9s %8s %10s %8s %10s %8s %9s\n' link meas_gbps lat_us pred_nom err pred_meas err measured
 printf '%s\n' "${rows[@]}"
+if ((${#misses[@]})); then
+    echo "validate-simulate-link: the prediction from the measured link is off by more than ${MAX_ERR:-10} % at: ${misses[*]}" >&2
+    exit 1
+fi
+echo "validate-simulate-link: every prediction from the measured link within ${MAX_ERR:-10} %"

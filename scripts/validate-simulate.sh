@@ -7,7 +7,9 @@
 #
 # Usage: scripts/validate-simulate.sh [RANKS...]   (default 1 2 4 8)
 # Environment: KOLO (binary, default target/debug/kolo), MODEL (lenet), BATCH (64), STEPS (40 steps
-# per rank to measure), PROFILE_STEPS (30), INPUT_SHAPE (1x28x28, the dataset's), REPEAT (3: medians of that many profiles and runs), DATASET (mnist), DATA_DIR (data/mnist), OUT (a temporary directory).
+# per rank to measure), PROFILE_STEPS (30), INPUT_SHAPE (1x28x28, the dataset's), REPEAT (3: medians of that many profiles and runs), DATASET (mnist), DATA_DIR (data/mnist), OUT (a temporary directory),
+# MAX_ERR (10: the script exits 1 when a prediction misses the measurement by more than this many
+# percent, naming the world sizes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KOLO=${KOLO:-target/debug/kolo}
@@ -20,7 +22,9 @@ DATASET=${DATASET:-mnist}
 DATA_DIR=${DATA_DIR:-data/mnist}
 INPUT_SHAPE=${INPUT_SHAPE:-1x28x28}
 OUT=${OUT:-$(mktemp -d)}
+MAX_ERR=${MAX_ERR:-10}
 CORES=$(nproc)
+misses=()
 RANKS=("${@:-1 2 4 8}")
 # shellcheck disable=SC2206
 RANKS=(${RANKS[*]})
@@ -62,4 +66,12 @@ for n in "${RANKS[@]}"; do
   meas=$(median "${meass[@]}")
   err=$(python3 -c "print(f'{($pred - $meas) / $meas * 100:+.1f}')")
   printf '%6s %8s %13.2f %13.2f %8s\n' "$n" "$t" "$pred" "$meas" "$err"
+  if python3 -c "import sys; sys.exit(abs($err) <= $MAX_ERR)"; then
+    misses+=("$n ranks: $err %")
+  fi
 done
+if ((${#misses[@]})); then
+  echo "validate-simulate: predictions off by more than $MAX_ERR %: ${misses[*]}" >&2
+  exit 1
+fi
+echo "validate-simulate: every prediction within $MAX_ERR % of the measurement"
