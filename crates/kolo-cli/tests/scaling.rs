@@ -43,12 +43,26 @@ fn scaling_writes_its_csv_and_png() -> TestResult {
         Some("workers,replicas,ranks,samples_per_second,seconds_per_epoch,speedup,efficiency,oversubscribed")
     );
     assert_eq!(lines.len(), 3, "{csv}");
-    for (line, workers) in lines[1..].iter().zip(["1", "2"]) {
+    let mut base = None;
+    for (line, workers) in lines[1..].iter().zip([1.0, 2.0]) {
         let f: Vec<&str> = line.split(',').collect();
         assert_eq!(f.len(), 8, "{line}");
-        assert_eq!(f[0], workers);
+        assert_eq!(f[0].parse::<f64>()?, workers);
         let sps: f64 = f[3].parse()?;
         assert!(sps > 0.0, "{line}");
+        // The speed-up is this point's samples/s over the first point's, the efficiency that over
+        // the workers (the CSV rounds both to 4 decimals).
+        let first = *base.get_or_insert(sps);
+        let (speedup, efficiency): (f64, f64) = (f[5].parse()?, f[6].parse()?);
+        assert!(
+            (speedup - sps / first).abs() < 1e-4,
+            "{line}: speed-up vs {}",
+            sps / first
+        );
+        assert!(
+            (efficiency - sps / first / workers).abs() < 1e-4,
+            "{line}: efficiency"
+        );
     }
     // The first point is the baseline: speed-up and efficiency 1.
     assert!(lines[1].contains(",1.0000,1.0000,"), "{}", lines[1]);

@@ -113,3 +113,63 @@ fn bad_clusters_name_the_field() {
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(String::from_utf8_lossy(&out.stderr).contains("vgg16"));
 }
+
+/// Column `name` of every data row of a `kolo simulate --csv` file.
+fn column(csv: &str, name: &str) -> Vec<f64> {
+    let mut lines = csv.lines();
+    let header: Vec<&str> = lines.next().expect("a header").split(',').collect();
+    let i = header
+        .iter()
+        .position(|h| *h == name)
+        .unwrap_or_else(|| panic!("no column {name} in {header:?}"));
+    lines
+        .map(|l| {
+            l.split(',')
+                .nth(i)
+                .and_then(|v| v.parse().ok())
+                .expect("a number")
+        })
+        .collect()
+}
+
+#[test]
+fn a_known_profile_on_a_known_link_gives_the_step_time_by_hand() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = |f: &str| dir.path().join(f).to_string_lossy().into_owned();
+    // 35 ms of compute; one parameter of 1,000,000 f32 (4 MB), ready at the end of backward.
+    let profile = r#"{"model": "hand", "batch": 8, "threads": 1, "forward_s": 0.010,
+        "backward_s": 0.020, "optimizer_s": 0.003, "other_s": 0.002, "elem_bytes": 4,
+        "gamma_s_per_byte": 0.0, "step_sd_s": 0.0,
+        "params": [{"name": "w", "numel": 1000000, "ready_s": 0.020}], "method": "by hand"}"#;
+    // 1 GB/s and 10 us between the two ranks of a node; a ring all-reduce; nothing overlapped.
+    let cluster = r#"{"ranks_per_node": 2, "nodes": 1,
+        "intra_node": {"bandwidth_bytes_per_s": 1e9, "latency_us": 10},
+        "algorithm": "ring", "bucket_mb": 25, "overlap": false, "threads_per_rank": 1,
+        "shared_memory": false, "gamma_ns_per_byte": 0, "scalar_allreduces_per_step": 0,
+        "spin_us": 0}"#;
+    std::fs::write(path("p.json"), profile).expect("profile");
+    std::fs::write(path("c.json"), cluster).expect("cluster");
+    let out = kolo_simulate(&[
+        "--profile",
+        &path("p.json"),
+        "--cluster",
+        &path("c.json"),
+        "--ranks",
+        "1,2",
+        "--csv",
+        &path("out.csv"),
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let csv = std::fs::read_to_string(path("out.csv")).expect("csv");
+    // Ring over 2 ranks: 2(n-1)·α + 2(n-1)/n·S·β = 20 us + 4 ms, all of it exposed.
+    let comm = 2.0 * 10e-6 + 4e6 / 1e9;
+    let want = [0.035, 0.035 + comm];
+    let near = |a: f64, b: f64| (a - b).abs() <= 1e-9 + 1e-6 * b;
+    for (got, want) in column(&csv, "step_s").iter().zip(want) {
+        assert!(near(*got, want), "step {got} s, by hand {want} s\n{csv}");
+    }
+    let sps = column(&csv, "samples_per_s");
+    assert!(near(sps[1], 16.0 / (0.035 + comm)), "{csv}");
+    let eff = column(&csv, "efficiency");
+    assert!(near(eff[1], 0.035 / (0.035 + comm)), "{csv}");
+}
