@@ -121,6 +121,19 @@ fn auto_flat(count: usize, elem: usize, n: usize, link: &Link, gamma: f64) -> (f
     (t, name)
 }
 
+/// The buckets Ddp sends: a first bucket of at most `DdpOptions::first_bucket_bytes`, filled in
+/// reverse parameter order, and with overlap re-laid in the order the gradients arrive (the
+/// profile's `ready_s`), as Ddp re-lays them after its first step.
+fn ddp_layout(profile: &Profile, numels: &[usize], elem: usize, cluster: &Cluster) -> BucketLayout {
+    let mut order: Vec<usize> = (0..numels.len()).rev().collect();
+    if cluster.overlap {
+        // A stable sort: parameters ready at once keep the reverse order.
+        order.sort_by(|&a, &b| profile.params[a].ready_s.total_cmp(&profile.params[b].ready_s));
+    }
+    let first = kolo_ddp::ddp::DdpOptions::default().first_bucket_bytes;
+    BucketLayout::in_order(&order, numels, elem, first, cluster.bucket_bytes)
+}
+
 /// Predicts the step at `n` ranks (efficiency left at 1; see [`predict_all`]).
 pub fn predict(profile: &Profile, cluster: &Cluster, n: usize) -> Result<Prediction, SimError> {
     profile.validate()?;
@@ -129,7 +142,7 @@ pub fn predict(profile: &Profile, cluster: &Cluster, n: usize) -> Result<Predict
     let gamma = cluster.gamma_s_per_byte.unwrap_or(profile.gamma_s_per_byte) * slow;
     let elem = profile.elem_bytes;
     let numels: Vec<usize> = profile.params.iter().map(|p| p.numel).collect();
-    let layout = BucketLayout::new(&numels, elem, cluster.bucket_bytes);
+    let layout = ddp_layout(profile, &numels, elem, cluster);
     let backward = profile.backward_s * slow;
     let mut ready = Vec::with_capacity(layout.count());
     let mut costs = Vec::with_capacity(layout.count());
