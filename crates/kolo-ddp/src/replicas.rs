@@ -101,6 +101,16 @@ impl Placement {
     }
 }
 
+impl Placement {
+    /// The weight of this replica's mean loss on its share of a batch of `len` samples:
+    /// `share × replicas / len`, so that the average over the replicas of the weighted losses (and
+    /// of their gradients) is the mean over the whole batch even when the shares differ by one.
+    pub fn loss_weight(&self, len: usize) -> Result<f64> {
+        let share = self.share(len)?;
+        Ok((share.len() * self.replicas) as f64 / len as f64)
+    }
+}
+
 /// Splits a batch (`x` and `y` along their first dimension) into `replicas` contiguous shares, the
 /// first `len % replicas` one sample larger. An error when `replicas` is 0 or exceeds the batch.
 pub fn split_batch(x: &Tensor, y: &Tensor, replicas: usize) -> Result<Vec<(Tensor, Tensor)>> {

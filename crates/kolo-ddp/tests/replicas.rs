@@ -178,3 +178,52 @@ fn bad_splits_are_named() -> Result<()> {
     assert_eq!(shares, vec![2, 1]);
     Ok(())
 }
+
+/// The gradient of every parameter of `vm` for `loss`, flattened, in name order.
+fn gradients(vm: &VarMap, loss: &Tensor) -> Result<Vec<Vec<f32>>> {
+    let grads = loss.backward()?;
+    let mut out = Vec::new();
+    for (name, v) in sorted_vars(vm) {
+        let g = grads
+            .get(v.as_tensor())
+            .ok_or_else(|| TrainError::InvalidArgument {
+                arg: "gradients",
+                reason: format!("no gradient for {name}"),
+            })?;
+        out.push(g.flatten_all()?.to_vec1::<f32>()?);
+    }
+    Ok(out)
+}
+
+#[test]
+fn weighted_replica_losses_average_to_the_whole_batch_when_shares_differ() -> Result<()> {
+    // A batch of 2k + 1 = 7 over 2 replicas: shares of 4 and 3.
+    let (len, replicas) = (7, 2);
+    let vm = init()?;
+    let m = model(&vm)?;
+    let whole = gradients(&vm, &loss(&m, 0, len, None)?)?;
+    let mut mean: Option<Vec<Vec<f32>>> = None;
+    for replica in 0..replicas {
+        let place = kolo_ddp::replicas::Placement::new(replica, replicas, replicas)?;
+        let weight = place.loss_weight(len)?;
+        let g = gradients(
+            &vm,
+            &(loss(&m, 0, len, Some((replica, replicas)))? * weight)?,
+        )?;
+        let acc = mean.get_or_insert_with(|| g.iter().map(|v| vec![0.0; v.len()]).collect());
+        for (a, v) in acc.iter_mut().zip(&g) {
+            a.iter_mut()
+                .zip(v)
+                .for_each(|(a, x)| *a += x / replicas as f32);
+        }
+    }
+    let mean = mean.unwrap_or_default();
+    for (w, m) in whole.iter().zip(&mean) {
+        for (a, b) in w.iter().zip(m) {
+            assert!((a - b).abs() <= 1e-5 * a.abs().max(1.0), "{a} vs {b}");
+        }
+    }
+    // Unweighted, the shares of 4 and 3 would give another gradient: the test has teeth.
+    assert!(kolo_ddp::replicas::Placement::new(0, 2, 2)?.loss_weight(len)? != 1.0);
+    Ok(())
+}

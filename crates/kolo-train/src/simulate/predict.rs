@@ -128,7 +128,11 @@ fn ddp_layout(profile: &Profile, numels: &[usize], elem: usize, cluster: &Cluste
     let mut order: Vec<usize> = (0..numels.len()).rev().collect();
     if cluster.overlap {
         // A stable sort: parameters ready at once keep the reverse order.
-        order.sort_by(|&a, &b| profile.params[a].ready_s.total_cmp(&profile.params[b].ready_s));
+        order.sort_by(|&a, &b| {
+            profile.params[a]
+                .ready_s
+                .total_cmp(&profile.params[b].ready_s)
+        });
     }
     let first = kolo_ddp::ddp::DdpOptions::default().first_bucket_bytes;
     BucketLayout::in_order(&order, numels, elem, first, cluster.bucket_bytes)

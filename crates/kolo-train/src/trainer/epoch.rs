@@ -69,9 +69,8 @@ pub(super) fn train_epoch(
     for (i, b) in batches.enumerate() {
         // A replica's loss is weighted by its share of the batch, so that the average over the
         // replicas is the mean over the whole batch even when the shares differ by one.
-        let share = place.share(b.len())?;
-        let weight = (share.len() * place.replicas) as f64 / b.len() as f64;
-        let b = &b[share];
+        let weight = place.loss_weight(b.len())?;
+        let b = &b[place.share(b.len())?];
         let data = tl.span("data");
         ctx.train.gather(b, &mut xs, &mut ys)?;
         let mut x = Tensor::from_slice(&xs, (b.len(), shape[0], shape[1], shape[2]), device)?;
