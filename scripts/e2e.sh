@@ -250,11 +250,28 @@ check_train_options() {
     for opt in "--compression bf16" "--reduce adasum"; do
         rc=0
         # shellcheck disable=SC2086
-        out=$(timeout 120 "$KOLO" train -n 2 "${a[@]}" $opt --out "$TMP/opt-${opt##* }" 2>&1) || rc=$?
+        out=$(timeout 120 "$KOLO" train -n 2 "${a[@]}" $opt --out "$TMP/opt-${opt##* }" \
+            --timeline "$TMP/opt-${opt##* }.json" 2>&1) || rc=$?
         if ((rc != 0)); then fail "$name" "$opt: exit code $rc"; return; fi
         acc=$(sed -n 's/.*final test accuracy \([0-9.]*\)%.*/\1/p' <<<"$out")
         if [[ -z $acc ]] || ! awk -v a="$acc" 'BEGIN { exit !(a >= 85) }'; then
             fail "$name" "$opt: final accuracy '${acc}' below 85%"
+            return
+        fi
+        # The flag's observable effect in the timeline: every bucket reduced by its hook, and
+        # bf16 puts half the f32 bytes on the wire.
+        if ! python3 - "$TMP/opt-${opt##* }.json" "${opt##* }" <<'PY'; then
+import json, sys
+d = json.load(open(sys.argv[1]))
+events = [e for e in (d["traceEvents"] if isinstance(d, dict) else d)
+          if e.get("cat") == "bucket" and e.get("ph") == "b"]
+want = sys.argv[2]
+ok = events and all(e["args"]["hook"] == want for e in events)
+if want == "bf16":
+    ok = ok and all(2 * e["args"]["wire_bytes"] == e["args"]["bytes"] for e in events)
+sys.exit(0 if ok else 1)
+PY
+            fail "$name" "$opt: the timeline's buckets do not show it (hook, wire bytes)"
             return
         fi
     done

@@ -5,8 +5,10 @@
 //! Each rank is a process (`pid` = rank) with two tracks: `main` (data loading, forward,
 //! backward, waiting for gradients, optimizer step, evaluation, checkpoints) and `comm`, the
 //! communicator's worker thread, where every gradient bucket's all-reduce is a complete event
-//! from the moment the worker takes it up to its completion (args: `bucket`, `bytes`, `hook`,
-//! `queued_us`, the time it waited in the queue since its launch). The time from launch to
+//! from the moment the worker takes it up to its completion (args: `bucket`, `bytes` of f32
+//! gradients, `wire_bytes` each rank put into the collective where the hook says (half of `bytes`
+//! under fp16/bf16 compression), `hook`, `queued_us`, the time it waited in the queue since its
+//! launch). The time from launch to
 //! completion is also an async `queued → done` slice per bucket.
 //!
 //! Clocks are aligned at [`Timeline::start`]: rank 0 plays a few ping-pongs with every rank and keeps
@@ -64,6 +66,8 @@ const CLOCK_ROUNDS: usize = 8;
 pub(crate) struct BucketEvent {
     pub bucket: usize,
     pub bytes: usize,
+    /// Bytes each rank put into the collective (the hook's `wire_bytes`), when known.
+    pub wire_bytes: Option<usize>,
     pub hook: Cow<'static, str>,
     pub launched: Instant,
     pub times: Option<WorkTimes>,
@@ -430,7 +434,11 @@ fn render(s: &Shared, events: &[Event], with_meta: bool, queue_id: &mut u64) -> 
                     .times
                     .and_then(|t| t.started)
                     .map(|t| (s.us(t) - launched).max(0.0));
-                let mut args = format!("{{\"bucket\":{},\"bytes\":{},\"hook\":", b.bucket, b.bytes);
+                let mut args = format!("{{\"bucket\":{},\"bytes\":{},", b.bucket, b.bytes);
+                if let Some(w) = b.wire_bytes {
+                    let _ = write!(args, "\"wire_bytes\":{w},");
+                }
+                args.push_str("\"hook\":");
                 json_str(&mut args, &b.hook);
                 if let Some(q) = queued {
                     let _ = write!(args, ",\"queued_us\":{q:.3}");

@@ -261,6 +261,14 @@ pub trait CommHook: Send + Sync {
     fn name(&self) -> &str {
         "custom"
     }
+
+    /// Bytes each rank puts into the collective for a bucket of `elements` f32 gradients, where
+    /// the hook knows it (the timeline records it beside the bucket's f32 bytes); `None` for a
+    /// hook that does not say.
+    fn wire_bytes(&self, elements: usize) -> Option<usize> {
+        let _ = elements;
+        None
+    }
 }
 
 impl<F> CommHook for F
@@ -285,6 +293,10 @@ impl CommHook for AllReduceHook {
 
     fn name(&self) -> &str {
         "allreduce"
+    }
+
+    fn wire_bytes(&self, elements: usize) -> Option<usize> {
+        Some(4 * elements)
     }
 }
 
@@ -408,6 +420,14 @@ impl CommHook for CompressHook {
 
     fn name(&self) -> &str {
         self.0.name()
+    }
+
+    /// 2 bytes an element compressed (fp16, bf16), 4 uncompressed.
+    fn wire_bytes(&self, elements: usize) -> Option<usize> {
+        Some(match self.0 {
+            Compression::None => 4 * elements,
+            Compression::Fp16 | Compression::Bf16 => 2 * elements,
+        })
     }
 }
 

@@ -440,12 +440,18 @@ impl Synchronizer {
                 None => continue,
             };
             if let Some(launched) = self.launched[b].take() {
+                let bytes = self.layout.len[b] * self.dtype.size_in_bytes();
+                let hooked = self.hook.as_ref().filter(|_| matches!(done, Buf::F32(_)));
                 self.timeline.bucket(BucketEvent {
                     bucket: b,
-                    bytes: self.layout.len[b] * self.dtype.size_in_bytes(),
-                    hook: match &self.hook {
-                        Some(h) if matches!(done, Buf::F32(_)) => h.name().to_owned().into(),
-                        _ => "allreduce".into(),
+                    bytes,
+                    wire_bytes: match hooked {
+                        Some(h) => h.wire_bytes(self.layout.len[b]),
+                        None => Some(bytes),
+                    },
+                    hook: match hooked {
+                        Some(h) => h.name().to_owned().into(),
+                        None => "allreduce".into(),
                     },
                     launched,
                     times,
@@ -489,9 +495,11 @@ impl Synchronizer {
         grads: &mut GradStore,
     ) -> Result<()> {
         if let Some(launched) = self.launched[b].take() {
+            let bytes = self.layout.len[b] * self.dtype.size_in_bytes();
             self.timeline.bucket(BucketEvent {
                 bucket: b,
-                bytes: self.layout.len[b] * self.dtype.size_in_bytes(),
+                bytes,
+                wire_bytes: Some(bytes),
                 hook: "allreduce".into(),
                 launched,
                 times: None,
