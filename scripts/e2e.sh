@@ -288,6 +288,19 @@ PY
         fail "$name" "sharded, stopped and resumed: accuracy '$got', uninterrupted unsharded '$want'"
         return
     fi
+    # Sharded, each rank holds part of the optimizer state (the parts add up to what every rank of
+    # the unsharded run holds); unsharded, every rank holds all of it.
+    if ! python3 - "$TMP/opt-sharded/summary.json" "$TMP/opt-plain/summary.json" <<'PY'; then
+import json, sys
+sharded = json.load(open(sys.argv[1]))["optimizer_state_bytes"]
+plain = json.load(open(sys.argv[2]))["optimizer_state_bytes"]
+ok = len(sharded) == 2 and all(0 < b < sum(sharded) for b in sharded)
+ok = ok and len(set(plain)) == 1 and plain[0] == sum(sharded)
+sys.exit(0 if ok else 1)
+PY
+        fail "$name" "--shard-optimizer: summary.json's optimizer_state_bytes show no sharding"
+        return
+    fi
     ok "$name (sharded resumed $got% = unsharded $want%)"
 }
 

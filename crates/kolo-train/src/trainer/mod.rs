@@ -174,7 +174,17 @@ fn train_on(comm: &Communicator, cfg: &TrainConfig, device: &Device) -> Result<S
         timeline.flush()?;
     }
 
+    let held: usize = dopt
+        .inner()
+        .state()
+        .iter()
+        .map(|(_, t)| t.elem_count() * t.dtype().size_in_bytes())
+        .sum();
+    let mut gathered = vec![0i64; world];
+    comm.all_gather(&[held as i64], &mut gathered)?;
+    let optimizer_state_bytes = gathered.iter().map(|&b| b as u64).collect();
     let summary = Summary {
+        optimizer_state_bytes,
         config: cfg.clone(),
         world_size: world,
         final_accuracy: stats.last().map_or(0.0, |s| s.test_accuracy),

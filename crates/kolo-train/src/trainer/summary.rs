@@ -43,4 +43,8 @@ pub struct Summary {
     pub total_seconds: f64,
     /// The run directory.
     pub run_dir: Option<PathBuf>,
+    /// Bytes of optimizer state each rank holds at the end, in rank order (`--shard-optimizer`:
+    /// each rank its shard; otherwise every rank all of it).
+    #[serde(default)]
+    pub optimizer_state_bytes: Vec<u64>,
 }
