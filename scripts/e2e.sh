@@ -226,6 +226,14 @@ check_train_sync_bn() {
         fail "$name" "final accuracy '${acc}' below 70%"
         return
     fi
+    # SyncBatchNorm's observable effect: the ranks' running statistics agree bit for bit at the end
+    # of every epoch, before rank 0's are copied to all (plain BatchNorm's differ).
+    if ! python3 -c 'import json, sys; e = json.load(open(sys.argv[1]))["epochs"]
+sys.exit(0 if e and all(x["buffers_agreed"] is True for x in e) else 1)' \
+        "$TMP/train-sync-bn/summary.json"; then
+        fail "$name" "summary.json: the ranks' BatchNorm statistics differed before the epoch's copy"
+        return
+    fi
     rc=0
     out=$("$KOLO" train --sync-bn --model lenet 2>&1) || rc=$?
     if ((rc != 2)) || ! grep -q "model lenet has no batch norm" <<<"$out"; then

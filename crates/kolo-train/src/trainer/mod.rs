@@ -129,6 +129,7 @@ fn train_on(comm: &Communicator, cfg: &TrainConfig, device: &Device) -> Result<S
         train_seconds += seconds;
 
         let eval_span = timeline.span("evaluate");
+        let buffers_agreed = buffers_agree(comm, dopt.ddp().buffers())?;
         dopt.ddp().sync_buffers()?;
         let (test_loss, test_accuracy) =
             epoch::evaluate(comm, cfg, device, &varmap, &test, &eval_sampler)?;
@@ -138,6 +139,7 @@ fn train_on(comm: &Communicator, cfg: &TrainConfig, device: &Device) -> Result<S
             train_loss: loss,
             test_loss,
             test_accuracy,
+            buffers_agreed,
             epoch_seconds: seconds,
             samples_per_second: samples as f64 / seconds.max(1e-9),
         };
@@ -229,4 +231,31 @@ fn banner(
             String::new()
         }
     );
+}
+
+/// Whether every rank holds bit for bit the same `buffers` (`None` when there are none): a checksum
+/// of their bits, its minimum and maximum over the ranks compared. A collective.
+fn buffers_agree(
+    comm: &Communicator,
+    buffers: &[(String, candle_core::Var)],
+) -> Result<Option<bool>> {
+    if buffers.is_empty() {
+        return Ok(None);
+    }
+    let mut sum = 0u64;
+    for (_, v) in buffers {
+        let values = v
+            .as_tensor()
+            .flatten_all()?
+            .to_dtype(candle_core::DType::F32)?;
+        let values = values.to_vec1::<f32>()?;
+        for (i, x) in values.iter().enumerate() {
+            sum = sum.wrapping_add(u64::from(x.to_bits()).wrapping_mul(i as u64 + 1));
+        }
+    }
+    let folded = (sum % (1 << 53)) as f64; // exact in f64
+    let (mut lo, mut hi) = ([folded], [folded]);
+    comm.all_reduce(&mut lo, kolo::ReduceOp::Min)?;
+    comm.all_reduce(&mut hi, kolo::ReduceOp::Max)?;
+    Ok(Some(lo == hi))
 }

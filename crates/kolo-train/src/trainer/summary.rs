@@ -17,6 +17,11 @@ pub struct EpochStats {
     pub test_loss: f64,
     /// Test accuracy in [0, 1].
     pub test_accuracy: f64,
+    /// Whether every rank held bit for bit the same buffers (BatchNorm running statistics) at the
+    /// end of the epoch's training, before rank 0's are copied to all (as `--sync-bn` keeps them);
+    /// `None` for a model without buffers.
+    #[serde(default)]
+    pub buffers_agreed: Option<bool>,
     /// Seconds of training in the epoch.
     pub epoch_seconds: f64,
     /// Training samples per second, all workers together.
