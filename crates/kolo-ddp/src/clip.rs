@@ -96,6 +96,15 @@ pub(crate) fn scale_to<'a>(
 /// ```
 pub fn clip_grad_norm(grads: &mut GradStore, vars: &[Var], max_norm: f64) -> Result<f64> {
     check_max_norm(Some(max_norm))?;
-    let squared = squared_norm(grads, vars)?;
+    clip_local(grads, vars, max_norm)
+}
+
+/// [`clip_grad_norm`] of gradients every rank holds whole (no communication), `max_norm` checked.
+pub(crate) fn clip_local<'a>(
+    grads: &mut GradStore,
+    vars: impl IntoIterator<Item = &'a Var> + Clone,
+    max_norm: f64,
+) -> Result<f64> {
+    let squared = squared_norm(grads, vars.clone())?;
     scale_to(grads, vars, squared, max_norm)
 }

@@ -256,8 +256,7 @@ impl<O: StepOptimizer> DistributedOptimizer<O> {
             }
             if let Some(m) = max_norm {
                 let vars = ddp.params().iter().map(|(_, v)| v);
-                let squared = crate::clip::squared_norm(grads, vars.clone())?;
-                *norm = Some(crate::clip::scale_to(grads, vars, squared, m)?);
+                *norm = Some(crate::clip::clip_local(grads, vars, m)?);
             }
             opt.step(grads)?;
             *steps += 1;
@@ -271,8 +270,7 @@ impl<O: StepOptimizer> DistributedOptimizer<O> {
         }
         if let Some(m) = self.max_grad_norm {
             let vars = self.ddp.params().iter().map(|(_, v)| v);
-            let squared = crate::clip::squared_norm(grads, vars.clone())?;
-            self.grad_norm = Some(crate::clip::scale_to(grads, vars, squared, m)?);
+            self.grad_norm = Some(crate::clip::clip_local(grads, vars, m)?);
         }
         let timeline = self.ddp.timeline();
         let span = timeline.span("optimizer step");

@@ -1,7 +1,7 @@
 //! What the DDP examples share: the candle model of their own (an MLP), a slice of Fashion-MNIST,
 //! a batch as tensors, and a check that every rank holds the same parameters.
 
-use candle_core::{DType, Device, Module, Tensor};
+use candle_core::{Device, Module, Tensor};
 use candle_nn::{linear, seq, Activation, VarBuilder};
 use kolo_data::{Dataset, DatasetKind, Split};
 
@@ -35,27 +35,11 @@ pub fn xy(
     Ok((x, Tensor::from_slice(ys, batch.len(), dev)?))
 }
 
-/// Whether every rank holds bit for bit the same `vars`: a checksum of their bits, its minimum and
-/// maximum over the ranks compared.
+/// Whether every rank holds bit for bit the same `vars` (kolo-ddp's check, `true` for none).
 #[allow(dead_code)]
 pub fn same_on_every_rank(
     comm: &kolo::Communicator,
     vars: &[(String, candle_core::Var)],
 ) -> Result<bool, Box<dyn std::error::Error>> {
-    let mut sum = 0u64;
-    for (_, v) in vars {
-        let values = v
-            .as_tensor()
-            .flatten_all()?
-            .to_dtype(DType::F32)?
-            .to_vec1::<f32>()?;
-        for (i, x) in values.iter().enumerate() {
-            sum = sum.wrapping_add(u64::from(x.to_bits()).wrapping_mul(i as u64 + 1));
-        }
-    }
-    let folded = (sum % (1 << 53)) as f64; // exact in f64
-    let (mut lo, mut hi) = ([folded], [folded]);
-    comm.all_reduce(&mut lo, kolo::ReduceOp::Min)?;
-    comm.all_reduce(&mut hi, kolo::ReduceOp::Max)?;
-    Ok(lo == hi)
+    Ok(kolo_ddp::vars_comm::same_on_every_rank(comm, vars)?.unwrap_or(true))
 }

@@ -22,6 +22,7 @@ use kolo_ddp::checkpoint::TrainState;
 use kolo_ddp::optim::OptimizerKind;
 use kolo_ddp::replicas::Placement;
 use kolo_ddp::timeline::Timeline;
+use kolo_ddp::vars_comm;
 
 use crate::error::Result;
 use epoch::{EpochCtx, Trained};
@@ -129,7 +130,7 @@ fn train_on(comm: &Communicator, cfg: &TrainConfig, device: &Device) -> Result<S
         train_seconds += seconds;
 
         let eval_span = timeline.span("evaluate");
-        let buffers_agreed = buffers_agree(comm, dopt.ddp().buffers())?;
+        let buffers_agreed = vars_comm::same_on_every_rank(comm, dopt.ddp().buffers())?;
         dopt.ddp().sync_buffers()?;
         let (test_loss, test_accuracy) =
             epoch::evaluate(comm, cfg, device, &varmap, &test, &eval_sampler)?;
@@ -231,31 +232,4 @@ fn banner(
             String::new()
         }
     );
-}
-
-/// Whether every rank holds bit for bit the same `buffers` (`None` when there are none): a checksum
-/// of their bits, its minimum and maximum over the ranks compared. A collective.
-fn buffers_agree(
-    comm: &Communicator,
-    buffers: &[(String, candle_core::Var)],
-) -> Result<Option<bool>> {
-    if buffers.is_empty() {
-        return Ok(None);
-    }
-    let mut sum = 0u64;
-    for (_, v) in buffers {
-        let values = v
-            .as_tensor()
-            .flatten_all()?
-            .to_dtype(candle_core::DType::F32)?;
-        let values = values.to_vec1::<f32>()?;
-        for (i, x) in values.iter().enumerate() {
-            sum = sum.wrapping_add(u64::from(x.to_bits()).wrapping_mul(i as u64 + 1));
-        }
-    }
-    let folded = (sum % (1 << 53)) as f64; // exact in f64
-    let (mut lo, mut hi) = ([folded], [folded]);
-    comm.all_reduce(&mut lo, kolo::ReduceOp::Min)?;
-    comm.all_reduce(&mut hi, kolo::ReduceOp::Max)?;
-    Ok(Some(lo == hi))
 }
