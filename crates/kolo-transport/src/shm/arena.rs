@@ -75,7 +75,13 @@ impl Arena for ShmTransport {
                 if steps.posted(step) {
                     Some(Ok(()))
                 } else if self.state_word(peer, 0).load(Ordering::Acquire) == STATE_CLOSED {
-                    Some(Err(LinkFailure::PeerClosed { peer }))
+                    // A peer posts its last step and then closes: look again after seeing the
+                    // close (its Release store makes the step visible), or the race reads as a loss.
+                    if steps.posted(step) {
+                        Some(Ok(()))
+                    } else {
+                        Some(Err(LinkFailure::PeerClosed { peer }))
+                    }
                 } else {
                     None
                 }

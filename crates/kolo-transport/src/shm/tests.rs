@@ -270,3 +270,29 @@ fn a_posting_with_nothing_coming_times_out() {
     assert!(r.is_err());
     assert!(started.elapsed() < Duration::from_secs(5));
 }
+
+/// A peer that posts its last arena step and closes at once: the step is read, not taken for a
+/// close (the waiter's check of the close and of the step can straddle both).
+#[test]
+fn an_arena_step_posted_just_before_a_close_is_read() {
+    use kolo_core::Arena;
+    for round in 0..1500 {
+        let (a, b) = pair(1 << 12);
+        let closer = std::thread::spawn(move || {
+            let step = b.post(&header(round), &[round as u8]);
+            drop(b);
+            step
+        });
+        let mut inline = [0u8; 1];
+        let got = a.wait(
+            1,
+            1,
+            Some(Instant::now() + Duration::from_secs(10)),
+            &mut inline,
+        );
+        let step = closer.join().expect("the closing thread");
+        assert_eq!(step, 1);
+        let h = got.unwrap_or_else(|e| panic!("round {round}: {e:?}"));
+        assert_eq!((h.tag.value, inline[0]), (round, round as u8));
+    }
+}
