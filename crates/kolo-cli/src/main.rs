@@ -42,6 +42,9 @@ enum Command {
     /// Predict step time and scaling efficiency of data-parallel training at N ranks
     #[command(long_about = cmd::simulate::LONG_ABOUT)]
     Simulate(Box<cmd::simulate::SimulateArgs>),
+    /// Read the ranks' flight records and say which rank stopped where (and who is slow)
+    #[command(long_about = cmd::diagnose::LONG_ABOUT)]
+    Diagnose(Box<cmd::diagnose::DiagnoseArgs>),
 }
 
 fn main() -> ExitCode {
@@ -51,6 +54,7 @@ fn main() -> ExitCode {
         Command::Train(args) => cmd::train::execute(*args),
         Command::Bench(args) => cmd::bench::execute(*args),
         Command::Simulate(args) => cmd::simulate::execute(*args),
+        Command::Diagnose(args) => cmd::diagnose::execute(*args),
     }
 }
 

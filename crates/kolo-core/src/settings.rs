@@ -80,9 +80,31 @@ const fn s(name: &'static str, default: &'static str, meaning: &'static str) -> 
     }
 }
 
+/// Where the ranks of job `job` write their flight records: `KOLO_TRACE_DIR` if set, else
+/// `kolo-trace-<job>` in the temporary directory (the job id with anything but letters, digits,
+/// `-` and `_` replaced by `_`). The launcher looks there too.
+pub fn trace_dir(env: &dyn Env, job: &str) -> std::path::PathBuf {
+    if let Some(d) = env.lookup_os("KOLO_TRACE_DIR").filter(|d| !d.is_empty()) {
+        return d.into();
+    }
+    let safe: String = job
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    std::env::temp_dir().join(format!("kolo-trace-{safe}"))
+}
+
 /// Every `KOLO_*` variable kolo reads (or, for `KOLO_CPUS`, sets for its workers).
 pub const SETTINGS: &[Setting] = &[
     s("KOLO_TIMEOUT", "`300`", "seconds an operation may wait for a peer before it fails with `Error::Timeout`"),
+    s("KOLO_FLIGHT_RECORDS", "`2000`", "operations of each kind (collective, point-to-point) every communicator's flight recorder keeps (`0`: none)"),
+    s("KOLO_TRACE_DIR", "`$TMPDIR/kolo-trace-<job>`", "where each rank writes its flight record (`rank-R.json`) on a failure, on `SIGUSR1` and on demand; `kolo diagnose DIR` reads them"),
     s("KOLO_ALGO_ALLREDUCE", "cost model", "force `ring`, `recursive_doubling`, `halving_doubling` or `tree`"),
     s("KOLO_CONFIRM_CALLS", "`1`", "`0` skips the fingerprint step every collective on shared memory (and on MPI) starts with; only for measuring what it costs"),
     s("KOLO_LISTEN_ADDR", "chosen", "the address the TCP transport listens on"),

@@ -38,6 +38,7 @@ pub mod node_args;
 mod outcome;
 mod output;
 mod process;
+mod records;
 pub mod remote;
 pub mod rendezvous;
 mod spawn;
@@ -311,6 +312,7 @@ fn run_group(
     signals: &SignalFlags,
     external: &mut dyn FnMut() -> Option<String>,
 ) -> Result<LaunchOutcome, LaunchError> {
+    let started_at = std::time::SystemTime::now();
     let (done_tx, done_rx) = mpsc::channel();
     let (exit_tx, exit_rx) = mpsc::channel();
     let mut workers: Vec<Worker> = Vec::with_capacity(cfg.nproc);
@@ -347,6 +349,9 @@ fn run_group(
     kolo_transport::shm::segment::remove_with_prefix(&kolo_transport::shm::name_prefix(
         &job.job_id,
     ));
+    if matches!(stopped.cause, Some(StopCause::Failure(_))) {
+        records::report(&job.job_id, workers.len(), started_at);
+    }
 
     // Let the output threads finish; a stream still held open by a process
     // that escaped the workers' process groups must not hang the launcher.

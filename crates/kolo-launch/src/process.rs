@@ -4,7 +4,7 @@
 use std::io;
 use std::os::unix::process::CommandExt;
 use std::process::Command;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use rustix::io::Errno;
@@ -111,6 +111,8 @@ pub(crate) const FORWARDED_SIGNALS: [libc::c_int; 3] = [libc::SIGINT, libc::SIGT
 #[derive(Debug)]
 pub(crate) struct SignalFlags {
     received: Arc<AtomicUsize>,
+    /// SIGUSR1: forwarded to the workers, which write their flight records (`kolo diagnose`).
+    usr1: Arc<AtomicBool>,
     ids: Vec<SigId>,
 }
 
@@ -118,8 +120,11 @@ impl SignalFlags {
     pub(crate) fn register() -> io::Result<Self> {
         let mut flags = SignalFlags {
             received: Arc::new(AtomicUsize::new(0)),
-            ids: Vec::with_capacity(FORWARDED_SIGNALS.len()),
+            usr1: Arc::new(AtomicBool::new(false)),
+            ids: Vec::with_capacity(FORWARDED_SIGNALS.len() + 1),
         };
+        let id = signal_hook::flag::register(libc::SIGUSR1, Arc::clone(&flags.usr1))?;
+        flags.ids.push(id);
         for sig in FORWARDED_SIGNALS {
             // Signal numbers are small and positive.
             let value = usize::try_from(sig).unwrap_or(usize::MAX);
@@ -127,6 +132,11 @@ impl SignalFlags {
             flags.ids.push(id);
         }
         Ok(flags)
+    }
+
+    /// Whether SIGUSR1 came since the previous call.
+    pub(crate) fn take_usr1(&self) -> bool {
+        self.usr1.swap(false, Ordering::SeqCst)
     }
 
     /// The last signal received since the previous call, if any.
@@ -146,9 +156,43 @@ impl Drop for SignalFlags {
     }
 }
 
+/// Sends `sig` to process `pid` alone (not its group).
+pub(crate) fn signal_process(pid: u32, sig: libc::c_int) -> io::Result<()> {
+    let pid =
+        libc::pid_t::try_from(pid).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let (Some(pid), Some(sig)) = (Pid::from_raw(pid), Signal::from_named_raw(sig)) else {
+        return Err(io::Error::from(io::ErrorKind::InvalidInput));
+    };
+    rustix::process::kill_process(pid, sig).map_err(io::Error::from)
+}
+
+/// Whether process `pid` catches `sig` (its `SigCgt` mask in `/proc/PID/status`): a kolo worker
+/// catches SIGUSR1, a program without kolo would die of it.
+pub(crate) fn catches(pid: u32, sig: libc::c_int) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return false;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigCgt:"))
+        .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+        .is_some_and(|mask| sig > 0 && mask & (1u64 << (sig - 1)) != 0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_caught_signal_is_seen() {
+        let me = std::process::id();
+        assert!(!catches(me, libc::SIGUSR2));
+        let flag = Arc::new(AtomicBool::new(false));
+        let id = signal_hook::flag::register(libc::SIGUSR2, flag).expect("a SIGUSR2 handler");
+        assert!(catches(me, libc::SIGUSR2));
+        signal_hook::low_level::unregister(id);
+        assert!(!catches(u32::MAX, libc::SIGUSR2), "no such process");
+    }
 
     #[test]
     fn names() {

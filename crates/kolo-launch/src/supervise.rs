@@ -151,6 +151,15 @@ pub(crate) fn supervise(
         }
         poll_unwatched(workers)?;
 
+        if signals.take_usr1() {
+            report(format_args!(
+                "forwarding SIGUSR1: each worker writes its flight record"
+            ));
+            for w in workers.iter().filter(|w| w.exit.is_none()) {
+                let _ = crate::process::signal_process(w.pid, libc::SIGUSR1);
+            }
+        }
+
         if let Some(sig) = signals.take() {
             match phase {
                 Phase::Running => {
@@ -189,7 +198,8 @@ pub(crate) fn supervise(
                 let now = Instant::now();
                 if now >= decide_at || all_exited(workers) {
                     cause = root_cause(&failed).map(StopCause::Failure);
-                    stopping_since = Some(now);
+                    ask_for_records(workers);
+                    stopping_since = Some(Instant::now());
                     phase = terminate(workers, grace);
                 } else {
                     wait = wait.min(decide_at - now);
@@ -347,6 +357,25 @@ fn report_failures(workers: &[Worker], root: usize, also_failed: &[usize]) {
         report(format_args!("also failed: {}", others.join(", ")));
     }
 }
+
+/// Before stopping the workers after a failure: has every live worker that catches SIGUSR1 (kolo's
+/// flight recorder does) write its flight record, and gives them a moment to — the record of a
+/// rank stuck in its own code tells where it was.
+fn ask_for_records(workers: &[Worker]) {
+    let mut asked = false;
+    for w in workers.iter().filter(|w| w.exit.is_none()) {
+        if crate::process::catches(w.pid, libc::SIGUSR1) {
+            asked |= crate::process::signal_process(w.pid, libc::SIGUSR1).is_ok();
+        }
+    }
+    if asked {
+        // The recorder's thread looks every 100 ms and writes a few hundred KiB.
+        thread::sleep(RECORD_WAIT);
+    }
+}
+
+/// How long the launcher waits for the flight records of the workers it is about to stop.
+const RECORD_WAIT: Duration = Duration::from_millis(400);
 
 /// Sends SIGTERM to every live worker's process group.
 fn terminate(workers: &[Worker], grace: Duration) -> Phase {

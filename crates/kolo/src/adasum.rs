@@ -70,9 +70,13 @@ impl Inner {
             root: None,
             algo: select::adasum(buf.len(), std::mem::size_of::<T>(), self.size()),
         };
-        self.run(seq, call, |ctx| match call.algo {
-            Algorithm::HalvingDoubling => allreduce_adasum_halving::all_reduce(ctx, buf, layers),
-            _ => allreduce_adasum::all_reduce(ctx, buf, layers),
+        self.exec_own(seq, call, self.config.timeout, true, |ctx| {
+            match call.algo {
+                Algorithm::HalvingDoubling => {
+                    allreduce_adasum_halving::all_reduce(ctx, buf, layers)
+                }
+                _ => allreduce_adasum::all_reduce(ctx, buf, layers),
+            }
         })
     }
 }
@@ -109,6 +113,7 @@ impl Communicator {
     ///     assert_eq!(r.unwrap().unwrap(), vec![1.0, 2.0]);
     /// }
     /// ```
+    #[track_caller]
     pub fn all_reduce_adasum<T: AdasumFloat>(&self, buf: &mut [T], layers: &[usize]) -> Result<()> {
         self.inner.check()?;
         self.inner.adasum_supported()?;
@@ -117,6 +122,7 @@ impl Communicator {
     }
 
     /// [`Communicator::all_reduce_adasum`] with the whole buffer as one segment.
+    #[track_caller]
     pub fn all_reduce_adasum_whole<T: AdasumFloat>(&self, buf: &mut [T]) -> Result<()> {
         let len = buf.len();
         self.all_reduce_adasum(buf, &[len])
@@ -124,6 +130,7 @@ impl Communicator {
 
     /// Asynchronous [`Communicator::all_reduce_adasum`]: runs on the communicator's worker thread in
     /// issue order; `wait` gives the combined buffer back.
+    #[track_caller]
     pub fn all_reduce_adasum_async<T: AdasumFloat>(
         &self,
         mut buf: Vec<T>,

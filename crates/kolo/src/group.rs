@@ -52,6 +52,7 @@ impl Communicator {
     /// Splits the group: ranks passing the same `color` form a new communicator, ordered by `key` (ties
     /// by their rank here). A rank passing `None` joins no group and gets `None`. Collective: every rank
     /// of this communicator must call it.
+    #[track_caller]
     pub fn split(&self, color: Option<u32>, key: i64) -> Result<Option<Communicator>> {
         let mine = [color.map_or(-1, i64::from), key];
         let mut all = vec![0i64; 2 * self.size()];
@@ -81,6 +82,7 @@ impl Communicator {
 
     /// A communicator of the listed ranks (of this communicator), in the order given. Collective: every
     /// rank must call it with the same list; ranks not listed get `None`.
+    #[track_caller]
     pub fn new_group(&self, ranks: &[usize]) -> Result<Option<Communicator>> {
         const OP: &str = "new_group";
         self.inner.check()?;

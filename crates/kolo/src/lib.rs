@@ -33,6 +33,7 @@ mod collectives;
 mod communicator;
 pub mod config;
 pub mod error_file;
+pub mod flight;
 mod group;
 mod init;
 mod matching;

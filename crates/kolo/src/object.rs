@@ -37,6 +37,7 @@ impl Communicator {
 
     /// Broadcasts a value from `root`: the root passes `Some(value)`, the others `None`; every rank
     /// gets the root's value.
+    #[track_caller]
     pub fn broadcast_object<T: Serialize + DeserializeOwned>(
         &self,
         value: Option<T>,
@@ -75,6 +76,7 @@ impl Communicator {
     }
 
     /// Gathers a value from every rank onto every rank, in rank order.
+    #[track_caller]
     pub fn all_gather_object<T: Serialize + DeserializeOwned>(&self, value: &T) -> Result<Vec<T>> {
         const OP: &str = "all_gather_object";
         let bytes = self.encode(OP, value)?;
@@ -85,6 +87,7 @@ impl Communicator {
     }
 
     /// Gathers a value from every rank onto `root`: `Some(values in rank order)` there, `None` elsewhere.
+    #[track_caller]
     pub fn gather_object<T: Serialize + DeserializeOwned>(
         &self,
         value: &T,

@@ -50,32 +50,42 @@ impl Communicator {
 
     /// Sends `data` to rank `dest` with `tag`, which is below `u64::MAX`, the tag receives use for any tag
     /// ([`TagMatch::Any`](crate::TagMatch::Any)).
+    #[track_caller]
     pub fn send<T: Element>(&self, data: &[T], dest: usize, tag: u64) -> Result<()> {
-        let to = self.peer(SEND, "dest", dest)?;
-        if tag == Tag::ANY_VALUE {
-            return Err(Error::InvalidArgument {
-                op: SEND,
-                rank: self.rank(),
-                arg: "tag",
-                reason: "u64::MAX is the tag of receives that match any tag (TagMatch::Any); a \
-                         message's tag is below it"
-                    .into(),
-            });
-        }
-        let header = Header {
-            ack: false,
-            tag: self.p2p_tag(tag),
-            call: Call {
-                dtype: Some(T::DTYPE),
-                count: data.len() as u64,
-                root: Some(self.rank() as u32),
-                ..Call::new(OpKind::Send, Algorithm::Direct)
-            },
-        };
-        self.inner
-            .transport
-            .send(to, &header, as_bytes(data))
-            .map_err(|f| self.link_error(SEND, f))
+        let rec = self
+            .inner
+            .recorder
+            .p2p(false, Some(dest), T::DTYPE, data.len(), tag);
+        let r = (|| -> Result<()> {
+            let to = self.peer(SEND, "dest", dest)?;
+            if tag == Tag::ANY_VALUE {
+                return Err(Error::InvalidArgument {
+                    op: SEND,
+                    rank: self.rank(),
+                    arg: "tag",
+                    reason:
+                        "u64::MAX is the tag of receives that match any tag (TagMatch::Any); a \
+                             message's tag is below it"
+                            .into(),
+                });
+            }
+            let header = Header {
+                ack: false,
+                tag: self.p2p_tag(tag),
+                call: Call {
+                    dtype: Some(T::DTYPE),
+                    count: data.len() as u64,
+                    root: Some(self.rank() as u32),
+                    ..Call::new(OpKind::Send, Algorithm::Direct)
+                },
+            };
+            self.inner
+                .transport
+                .send(to, &header, as_bytes(data))
+                .map_err(|f| self.link_error(SEND, f))
+        })();
+        rec.end(&r);
+        r
     }
 
     /// Non-blocking send. Sends are buffered, so the request is complete when it is returned.
@@ -224,91 +234,130 @@ impl Communicator {
     /// });
     /// assert!(results.iter().all(|r| matches!(r, Ok(Ok(())))));
     /// ```
+    #[track_caller]
     pub fn recv_any<T: Element>(&self, buf: &mut [T], tag: u64) -> Result<usize> {
-        let deadline = Instant::now() + self.inner.config.timeout;
-        let (src, msg) = self.recv_any_message(tag, Some(deadline))?;
-        let v: Vec<T> = self.check_message(src, msg, Some(buf.len()))?;
-        as_bytes_mut(buf).copy_from_slice(as_bytes(&v));
-        Ok(src)
+        let rec = self
+            .inner
+            .recorder
+            .p2p(true, None, T::DTYPE, buf.len(), tag);
+        let r = (|| -> Result<usize> {
+            let deadline = Instant::now() + self.inner.config.timeout;
+            let (src, msg) = self.recv_any_message(tag, Some(deadline))?;
+            let v: Vec<T> = self.check_message(src, msg, Some(buf.len()))?;
+            as_bytes_mut(buf).copy_from_slice(as_bytes(&v));
+            Ok(src)
+        })();
+        rec.end(&r);
+        r
     }
 
     /// Receives the first message with `tag` to arrive from any rank of the group, of any length:
     /// its sender's rank and its elements (see [`Communicator::recv_any`]).
+    #[track_caller]
     pub fn recv_vec_any<T: Element>(&self, tag: u64) -> Result<(usize, Vec<T>)> {
-        let deadline = Instant::now() + self.inner.config.timeout;
-        let (src, msg) = self.recv_any_message(tag, Some(deadline))?;
-        Ok((src, self.check_message(src, msg, None)?))
+        let rec = self.inner.recorder.p2p(true, None, T::DTYPE, 0, tag);
+        let r = (|| -> Result<(usize, Vec<T>)> {
+            let deadline = Instant::now() + self.inner.config.timeout;
+            let (src, msg) = self.recv_any_message(tag, Some(deadline))?;
+            Ok((src, self.check_message(src, msg, None)?))
+        })();
+        rec.end(&r);
+        r
     }
 
     /// Receives a message of exactly `buf.len()` elements from `src` with `tag` into `buf`, waiting up
     /// to the communicator's timeout.
+    #[track_caller]
     pub fn recv<T: Element>(&self, buf: &mut [T], src: usize, tag: u64) -> Result<()> {
-        let from = self.peer(RECV, "src", src)?;
-        let started = Instant::now();
-        let count = buf.len();
-        let bytes = as_bytes_mut(buf);
-        let len = bytes.len();
-        // Posted: a transport that can writes the payload straight into `buf` (no buffer, no copy).
-        self.inner.transport.recv_posted(
-            from,
-            &self.p2p_tag(tag),
-            bytes,
-            len.max(1),
-            None,
-            Some(started + self.inner.config.timeout),
-            &mut || Ok(()),
-            &mut |dst, got| match got {
-                Received::Direct(h) => self.check_header::<T>(src, &h, dst.len(), Some(count)),
-                Received::Message(m) => {
-                    self.check_header::<T>(src, &m.header, m.payload.len(), Some(count))?;
-                    dst.copy_from_slice(&m.payload);
-                    self.inner.transport.recycle(m.payload);
-                    Ok(())
-                }
-            },
-            &|e| self.recv_error(src, started, e),
-        )
+        let rec = self
+            .inner
+            .recorder
+            .p2p(true, Some(src), T::DTYPE, buf.len(), tag);
+        let r = (|| -> Result<()> {
+            let from = self.peer(RECV, "src", src)?;
+            let started = Instant::now();
+            let count = buf.len();
+            let bytes = as_bytes_mut(buf);
+            let len = bytes.len();
+            // Posted: a transport that can writes the payload straight into `buf` (no buffer, no copy).
+            self.inner.transport.recv_posted(
+                from,
+                &self.p2p_tag(tag),
+                bytes,
+                len.max(1),
+                None,
+                Some(started + self.inner.config.timeout),
+                &mut || Ok(()),
+                &mut |dst, got| match got {
+                    Received::Direct(h) => self.check_header::<T>(src, &h, dst.len(), Some(count)),
+                    Received::Message(m) => {
+                        self.check_header::<T>(src, &m.header, m.payload.len(), Some(count))?;
+                        dst.copy_from_slice(&m.payload);
+                        self.inner.transport.recycle(m.payload);
+                        Ok(())
+                    }
+                },
+                &|e| self.recv_error(src, started, e),
+            )
+        })();
+        rec.end(&r);
+        r
     }
 
     /// Receives a message of any length from `src` with `tag`, waiting up to the communicator's timeout.
+    #[track_caller]
     pub fn recv_vec<T: Element>(&self, src: usize, tag: u64) -> Result<Vec<T>> {
-        let deadline = Instant::now() + self.inner.config.timeout;
-        let msg = self.recv_message(src, tag, Some(deadline))?;
-        self.check_message(src, msg, None)
+        let rec = self.inner.recorder.p2p(true, Some(src), T::DTYPE, 0, tag);
+        let r = (|| -> Result<Vec<T>> {
+            let deadline = Instant::now() + self.inner.config.timeout;
+            let msg = self.recv_message(src, tag, Some(deadline))?;
+            self.check_message(src, msg, None)
+        })();
+        rec.end(&r);
+        r
     }
 
     /// Receives the next message from `src` with `tag` into the start of `buf` and returns its length
     /// in elements: MPI's receive, whose buffer bounds the message (the rest of `buf` is left as it
     /// was). A longer message is an [`Error::InvalidArgument`] (MPI's `ERR_TRUNCATE`; the message is
     /// consumed). The payload is copied once, into `buf`. Waits up to the communicator's timeout.
+    #[track_caller]
     pub fn recv_upto<T: Element>(&self, buf: &mut [T], src: usize, tag: u64) -> Result<usize> {
-        let from = self.peer(RECV, "src", src)?;
-        let started = Instant::now();
-        let bytes = as_bytes_mut(buf);
-        let len = bytes.len();
-        let mut got = 0;
-        // Posted: a message of the buffer's length is written straight into it (no copy).
-        self.inner.transport.recv_posted(
-            from,
-            &self.p2p_tag(tag),
-            bytes,
-            len.max(1),
-            None,
-            Some(started + self.inner.config.timeout),
-            &mut || Ok(()),
-            &mut |dst, r| {
-                got = match r {
-                    Received::Direct(h) => {
-                        self.check_sent::<T>(src, &h, None)?;
-                        dst.len() / std::mem::size_of::<T>()
-                    }
-                    Received::Message(m) => self.fill::<T>(dst, src, tag, m)?,
-                };
-                Ok(())
-            },
-            &|e| self.recv_error(src, started, e),
-        )?;
-        Ok(got)
+        let rec = self
+            .inner
+            .recorder
+            .p2p(true, Some(src), T::DTYPE, buf.len(), tag);
+        let r = (|| -> Result<usize> {
+            let from = self.peer(RECV, "src", src)?;
+            let started = Instant::now();
+            let bytes = as_bytes_mut(buf);
+            let len = bytes.len();
+            let mut got = 0;
+            // Posted: a message of the buffer's length is written straight into it (no copy).
+            self.inner.transport.recv_posted(
+                from,
+                &self.p2p_tag(tag),
+                bytes,
+                len.max(1),
+                None,
+                Some(started + self.inner.config.timeout),
+                &mut || Ok(()),
+                &mut |dst, r| {
+                    got = match r {
+                        Received::Direct(h) => {
+                            self.check_sent::<T>(src, &h, None)?;
+                            dst.len() / std::mem::size_of::<T>()
+                        }
+                        Received::Message(m) => self.fill::<T>(dst, src, tag, m)?,
+                    };
+                    Ok(())
+                },
+                &|e| self.recv_error(src, started, e),
+            )?;
+            Ok(got)
+        })();
+        rec.end(&r);
+        r
     }
 
     /// [`Communicator::recv_upto`] of a message that has arrived already: `None` at once if none has.

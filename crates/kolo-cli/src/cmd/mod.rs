@@ -1,6 +1,7 @@
 //! One module per `kolo` subcommand.
 
 pub mod bench;
+pub mod diagnose;
 pub mod error;
 pub mod launch_args;
 pub mod run;

@@ -115,6 +115,6 @@ impl Levels for Hierarchy {
     ) -> Result<()> {
         let comm = self.level(level);
         let seq = comm.issue_blocking()?;
-        comm.run_step(seq, call, step)
+        comm.run_recorded(seq, call, step)
     }
 }

@@ -116,10 +116,19 @@ pub(crate) trait Runner: Send + Sync {
         &self,
         seq: u64,
         call: Call,
+        at: std::time::Instant,
         step: &mut dyn FnMut(&Ctx) -> Result<()>,
     ) -> Result<()>;
     /// The next sequence number for a blocking collective.
     fn issue_blocking(&self) -> Result<u64>;
+    /// [`Runner::run_step`] from now, in the communicator's flight record (a collective of a
+    /// sub-group that no communicator call started).
+    fn run_recorded(
+        &self,
+        seq: u64,
+        call: Call,
+        step: &mut dyn FnMut(&Ctx) -> Result<()>,
+    ) -> Result<()>;
     /// A sub-group of `members` (transport ranks) in which this process is `rank`, with group id
     /// `id`, over the same transport, topology and settings: a level of the hierarchical
     /// all-reduce.
@@ -135,6 +144,8 @@ pub(crate) struct Job<'a> {
     pub comm: &'a dyn Runner,
     pub seq: u64,
     pub call: Call,
+    /// When it started (its deadline counts from here).
+    pub at: std::time::Instant,
 }
 
 impl Job<'_> {
@@ -142,7 +153,7 @@ impl Job<'_> {
     pub fn run(self, step: impl FnOnce(&Ctx) -> Result<()>) -> Result<()> {
         let mut step = Some(step);
         self.comm
-            .run_step(self.seq, self.call, &mut |ctx| match step.take() {
+            .run_step(self.seq, self.call, self.at, &mut |ctx| match step.take() {
                 Some(f) => f(ctx),
                 None => Err(Error::Unsupported {
                     what: "a collective step run twice".into(),

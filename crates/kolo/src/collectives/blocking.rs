@@ -10,6 +10,7 @@ use crate::communicator::Communicator;
 /// Blocking collectives.
 impl Communicator {
     /// Blocks until every rank of the group has entered the barrier.
+    #[track_caller]
     pub fn barrier(&self) -> Result<()> {
         let seq = self.inner.issue_blocking()?;
         self.inner.barrier(seq)
@@ -27,24 +28,28 @@ impl Communicator {
     /// });
     /// assert!(results.iter().all(|r| matches!(r, Ok(Ok(())))));
     /// ```
+    #[track_caller]
     pub fn monitored_barrier(&self, timeout: std::time::Duration) -> Result<()> {
         let seq = self.inner.issue_blocking()?;
         self.inner.monitored_barrier(seq, timeout)
     }
 
     /// Copies `buf` of rank `root` into `buf` of every rank. Every rank passes the same length.
+    #[track_caller]
     pub fn broadcast<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
         let seq = self.inner.issue_blocking()?;
         self.inner.broadcast(seq, as_bytes_mut(buf), T::DTYPE, root)
     }
 
     /// Reduces `buf` element-wise over all ranks with `op`; every rank gets the result in `buf`.
+    #[track_caller]
     pub fn all_reduce<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
         let seq = self.inner.issue_blocking()?;
         self.inner.all_reduce(seq, as_bytes_mut(buf), T::DTYPE, op)
     }
 
     /// Reduces `buf` over all ranks into `buf` of `root`; other ranks' buffers are unchanged.
+    #[track_caller]
     pub fn reduce<T: Element>(&self, buf: &mut [T], op: ReduceOp, root: usize) -> Result<()> {
         let seq = self.inner.issue_blocking()?;
         self.inner
@@ -53,6 +58,7 @@ impl Communicator {
 
     /// `send` holds `size()` blocks of `recv.len()` elements; rank r receives block r reduced over all
     /// ranks.
+    #[track_caller]
     pub fn reduce_scatter<T: Element>(
         &self,
         send: &[T],
@@ -66,6 +72,7 @@ impl Communicator {
 
     /// Every rank's `send` (all the same length) concatenated in rank order into every rank's `recv`
     /// (`size() * send.len()` elements).
+    #[track_caller]
     pub fn all_gather<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
         let seq = self.inner.issue_blocking()?;
         self.inner
@@ -74,6 +81,7 @@ impl Communicator {
 
     /// All-gather with a count per rank: rank r sends `counts[r]` elements; `recv` holds their sum.
     /// Every rank passes the same `counts`.
+    #[track_caller]
     pub fn all_gather_v<T: Element>(
         &self,
         send: &[T],
@@ -92,11 +100,13 @@ impl Communicator {
 
     /// Every rank's `send` concatenated in rank order into `recv` of `root` (`size() * send.len()`
     /// elements; `recv` is not used on other ranks and may be empty).
+    #[track_caller]
     pub fn gather<T: Element>(&self, send: &[T], recv: &mut [T], root: usize) -> Result<()> {
         self.rooted((send, recv), (None, root), Rooted::Gather)
     }
 
     /// Gather with a count per rank (every rank passes the same `counts`).
+    #[track_caller]
     pub fn gather_v<T: Element>(
         &self,
         send: &[T],
@@ -109,11 +119,13 @@ impl Communicator {
 
     /// Splits `send` of `root` (`size() * recv.len()` elements) into blocks; rank r receives block r in
     /// `recv`. `send` is not used on other ranks and may be empty.
+    #[track_caller]
     pub fn scatter<T: Element>(&self, send: &[T], recv: &mut [T], root: usize) -> Result<()> {
         self.rooted((send, recv), (None, root), Rooted::Scatter)
     }
 
     /// Scatter with a count per rank (every rank passes the same `counts`).
+    #[track_caller]
     pub fn scatter_v<T: Element>(
         &self,
         send: &[T],
@@ -126,6 +138,7 @@ impl Communicator {
 
     /// `send` holds `size()` equal blocks; block d goes to rank d, and the block from rank s lands in
     /// block s of `recv`.
+    #[track_caller]
     pub fn all_to_all<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
         let seq = self.inner.issue_blocking()?;
         self.inner
@@ -134,6 +147,7 @@ impl Communicator {
 
     /// All-to-all with counts: `send_counts[d]` elements go to rank d, `recv_counts[s]` come from rank s
     /// (and must equal what rank s sends here).
+    #[track_caller]
     pub fn all_to_all_v<T: Element>(
         &self,
         send: &[T],
@@ -152,6 +166,7 @@ impl Communicator {
     }
 
     /// Gather or scatter (`way`) of `(send, recv)` at `root`, with `counts` per rank or equal parts.
+    #[track_caller]
     fn rooted<T: Element>(
         &self,
         (send, recv): (&[T], &mut [T]),

@@ -54,6 +54,7 @@ impl Communicator {
     /// the result after [`DeviceWork::wait`]. The buffer must be on
     /// [`Communicator::device_ordinal`] and stay allocated until then. Collective, in order with
     /// the communicator's other collectives; an error where the engine has no device collectives.
+    #[track_caller]
     pub fn all_reduce_device(&self, buf: DeviceBuffer, op: ReduceOp) -> Result<DeviceWork> {
         // Refused before it takes a place in the sequence: every rank refuses the same way, and
         // the communicator goes on.
@@ -78,6 +79,9 @@ impl Inner {
             Ok(c.call(buf.dtype, buf.count, Some(op), None))
         })?;
         call.algo = Algorithm::Engine;
-        self.backend.device_all_reduce(self.job(seq, call), buf, op)
+        // Recorded as completed once queued on the device (its stream orders it).
+        let r = self.backend.device_all_reduce(self.job(seq, call), buf, op);
+        self.recorder.end(seq, &r);
+        r
     }
 }

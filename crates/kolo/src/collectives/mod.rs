@@ -46,23 +46,27 @@ impl Inner {
         )
     }
 
+    /// Collective `seq` as its backend sees it, started now (recorded as started).
     fn job(&self, seq: u64, call: Call) -> Job<'_> {
+        let at = std::time::Instant::now();
+        self.recorder.start(seq, &call, at);
         Job {
             comm: self,
             seq,
             call,
+            at,
         }
     }
 
     pub(crate) fn barrier(&self, seq: u64) -> Result<()> {
         let call = Call::new(OpKind::Barrier, self.choose(OpKind::Barrier, 0, 0));
-        self.backend.run(self.job(seq, call), Collective::Barrier)
+        self.exec(seq, call, Collective::Barrier)
     }
 
     /// kolo's own barrier over the transport, whatever the backend (engines have no such barrier).
     pub(crate) fn monitored_barrier(&self, seq: u64, timeout: std::time::Duration) -> Result<()> {
         let call = Call::new(OpKind::Barrier, Algorithm::Direct);
-        self.run_timed(seq, call, timeout, false, barrier_monitored::barrier)
+        self.exec_own(seq, call, timeout, false, barrier_monitored::barrier)
     }
 
     pub(crate) fn broadcast(
@@ -76,7 +80,7 @@ impl Inner {
             Ok(c.call(dtype, buf.len() / dtype.size(), None, Some(c.root(root)?)))
         })?;
         let c = Collective::Broadcast { buf, dtype, root };
-        self.backend.run(self.job(seq, call), c)
+        self.exec(seq, call, c)
     }
 
     pub(crate) fn all_reduce(
@@ -91,7 +95,7 @@ impl Inner {
             Ok(c.call(dtype, count, Some(op), None))
         })?;
         let c = Collective::AllReduce { buf, dtype, op };
-        self.backend.run(self.job(seq, call), c)
+        self.exec(seq, call, c)
     }
 
     pub(crate) fn reduce(
@@ -116,7 +120,7 @@ impl Inner {
             op,
             root,
         };
-        self.backend.run(self.job(seq, call), c)
+        self.exec(seq, call, c)
     }
 
     pub(crate) fn reduce_scatter(
@@ -139,7 +143,7 @@ impl Inner {
             dtype,
             op,
         };
-        self.backend.run(self.job(seq, call), c)
+        self.exec(seq, call, c)
     }
 
     /// All-gather; `counts` is `None` for the equal-count form.
@@ -178,7 +182,7 @@ impl Inner {
             dtype,
             counts,
         };
-        self.backend.run(self.job(seq, call), c)
+        self.exec(seq, call, c)
     }
 
     /// Gather to `root` or scatter from it (`way`); `counts` is `None` for the equal-count form.
@@ -200,7 +204,7 @@ impl Inner {
             root,
             scatter,
         };
-        self.backend.run(self.job(seq, call), c)
+        self.exec(seq, call, c)
     }
 
     /// The checked fingerprint of a gather (`scatter`: a scatter) with buffers of `(send, recv)`
@@ -277,6 +281,6 @@ impl Inner {
             dtype,
             counts,
         };
-        self.backend.run(self.job(seq, call), c)
+        self.exec(seq, call, c)
     }
 }

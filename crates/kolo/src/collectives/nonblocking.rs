@@ -27,6 +27,7 @@ type Run2 = dyn FnOnce(&Inner, u64, &[u8], &mut [u8]) -> Result<()> + Send;
 impl Communicator {
     /// Queues `f` as the next collective (on the worker thread); its result completes the returned
     /// [`Work`].
+    #[track_caller]
     pub(crate) fn spawn<R: Send + 'static>(
         &self,
         op: OpKind,
@@ -44,6 +45,7 @@ impl Communicator {
 
     /// An asynchronous collective in place: `run` is the blocking call on `buf`'s bytes; `wait`
     /// gives `buf` back.
+    #[track_caller]
     fn spawn_in_place<B: CollectiveBuffer>(
         &self,
         op: OpKind,
@@ -57,6 +59,7 @@ impl Communicator {
 
     /// An asynchronous collective from `send` into a new buffer of `recv_len` elements: `run` is the
     /// blocking call on their bytes; `wait` gives the new buffer.
+    #[track_caller]
     fn spawn_alloc<S: CollectiveBuffer>(
         &self,
         op: OpKind,
@@ -78,6 +81,7 @@ impl Communicator {
 
     /// An asynchronous collective from `send` into `recv`: `run` is the blocking call on their
     /// bytes; `wait` gives both back.
+    #[track_caller]
     fn spawn_into<S: CollectiveBuffer, R: CollectiveBuffer<Elem = S::Elem>>(
         &self,
         op: OpKind,
@@ -97,11 +101,13 @@ impl Communicator {
     }
 
     /// Asynchronous [`Communicator::barrier`].
+    #[track_caller]
     pub fn barrier_async(&self) -> Work<()> {
         self.spawn(OpKind::Barrier, |inner, seq| inner.barrier(seq))
     }
 
     /// Asynchronous [`Communicator::broadcast`].
+    #[track_caller]
     pub fn broadcast_async<B: CollectiveBuffer>(&self, buf: B, root: usize) -> Work<B> {
         self.spawn_in_place(OpKind::Broadcast, buf, move |inner, seq, b| {
             inner.broadcast(seq, b, B::Elem::DTYPE, root)
@@ -109,6 +115,7 @@ impl Communicator {
     }
 
     /// Asynchronous [`Communicator::all_reduce`].
+    #[track_caller]
     pub fn all_reduce_async<B: CollectiveBuffer>(&self, buf: B, op: ReduceOp) -> Work<B> {
         self.spawn_in_place(OpKind::AllReduce, buf, move |inner, seq, b| {
             inner.all_reduce(seq, b, B::Elem::DTYPE, op)
@@ -116,6 +123,7 @@ impl Communicator {
     }
 
     /// Asynchronous [`Communicator::reduce`].
+    #[track_caller]
     pub fn reduce_async<B: CollectiveBuffer>(&self, buf: B, op: ReduceOp, root: usize) -> Work<B> {
         self.spawn_in_place(OpKind::Reduce, buf, move |inner, seq, b| {
             inner.reduce(seq, b, B::Elem::DTYPE, op, root)
@@ -123,6 +131,7 @@ impl Communicator {
     }
 
     /// Asynchronous [`Communicator::reduce_scatter`]; the result has `send` / `size()` elements.
+    #[track_caller]
     pub fn reduce_scatter_async<S: CollectiveBuffer>(
         &self,
         send: S,
@@ -135,6 +144,7 @@ impl Communicator {
     }
 
     /// Asynchronous [`Communicator::all_gather`]; the result has `size()` × `send` elements.
+    #[track_caller]
     pub fn all_gather_async<S: CollectiveBuffer>(&self, send: S) -> Work<Vec<S::Elem>> {
         let len = send.elements().len() * self.size();
         self.spawn_alloc(OpKind::AllGather, send, len, |inner, seq, s, r| {
@@ -144,6 +154,7 @@ impl Communicator {
 
     /// Asynchronous [`Communicator::gather`]; the result is the gathered data on `root`, empty
     /// elsewhere.
+    #[track_caller]
     pub fn gather_async<S: CollectiveBuffer>(&self, send: S, root: usize) -> Work<Vec<S::Elem>> {
         let len = if self.rank() == root {
             send.elements().len() * self.size()
@@ -156,6 +167,7 @@ impl Communicator {
     }
 
     /// Asynchronous [`Communicator::scatter`]: every rank passes `count`, the root also `send`.
+    #[track_caller]
     pub fn scatter_async<S: CollectiveBuffer>(
         &self,
         send: S,
@@ -168,6 +180,7 @@ impl Communicator {
     }
 
     /// Asynchronous [`Communicator::all_to_all`].
+    #[track_caller]
     pub fn all_to_all_async<S: CollectiveBuffer>(&self, send: S) -> Work<Vec<S::Elem>> {
         let len = send.elements().len();
         self.spawn_alloc(OpKind::AllToAll, send, len, |inner, seq, s, r| {
@@ -176,6 +189,7 @@ impl Communicator {
     }
 
     /// Asynchronous [`Communicator::all_gather_v`]; the result has `counts.iter().sum()` elements.
+    #[track_caller]
     pub fn all_gather_v_async<S: CollectiveBuffer>(
         &self,
         send: S,
@@ -188,6 +202,7 @@ impl Communicator {
     }
 
     /// Asynchronous [`Communicator::gather_v`]; the gathered data on `root`, empty elsewhere.
+    #[track_caller]
     pub fn gather_v_async<S: CollectiveBuffer>(
         &self,
         send: S,
@@ -211,6 +226,7 @@ impl Communicator {
     }
 
     /// Asynchronous [`Communicator::scatter_v`]; this rank's `counts[rank]` elements.
+    #[track_caller]
     pub fn scatter_v_async<S: CollectiveBuffer>(
         &self,
         send: S,
@@ -230,6 +246,7 @@ impl Communicator {
     }
 
     /// Asynchronous [`Communicator::all_to_all_v`].
+    #[track_caller]
     pub fn all_to_all_v_async<S: CollectiveBuffer>(
         &self,
         send: S,
@@ -263,6 +280,7 @@ fn with_counts(plain: OpKind, v: OpKind, counts: bool) -> OpKind {
 /// `(send, recv)`. Arguments are checked as in the blocking call, when the collective runs.
 impl Communicator {
     /// Asynchronous [`Communicator::reduce_scatter`] into `recv`.
+    #[track_caller]
     pub fn reduce_scatter_into_async<S: CollectiveBuffer, R: CollectiveBuffer<Elem = S::Elem>>(
         &self,
         send: S,
@@ -277,6 +295,7 @@ impl Communicator {
 
     /// Asynchronous [`Communicator::all_gather`] (`counts`: [`Communicator::all_gather_v`]) into
     /// `recv`.
+    #[track_caller]
     pub fn all_gather_into_async<S: CollectiveBuffer, R: CollectiveBuffer<Elem = S::Elem>>(
         &self,
         send: S,
@@ -292,6 +311,7 @@ impl Communicator {
 
     /// Asynchronous [`Communicator::gather`] (`counts`: [`Communicator::gather_v`]) into `recv`
     /// (used on `root` only); [`Communicator::scatter`] with `scatter`.
+    #[track_caller]
     fn rooted_into_async<S: CollectiveBuffer, R: CollectiveBuffer<Elem = S::Elem>>(
         &self,
         (send, recv): (S, R),
@@ -316,6 +336,7 @@ impl Communicator {
 
     /// Asynchronous [`Communicator::gather`] (`counts`: [`Communicator::gather_v`]) into `recv`
     /// (used on `root` only).
+    #[track_caller]
     pub fn gather_into_async<S: CollectiveBuffer, R: CollectiveBuffer<Elem = S::Elem>>(
         &self,
         send: S,
@@ -328,6 +349,7 @@ impl Communicator {
 
     /// Asynchronous [`Communicator::scatter`] (`counts`: [`Communicator::scatter_v`]) into `recv`
     /// (`send` used on `root` only).
+    #[track_caller]
     pub fn scatter_into_async<S: CollectiveBuffer, R: CollectiveBuffer<Elem = S::Elem>>(
         &self,
         send: S,
@@ -340,6 +362,7 @@ impl Communicator {
 
     /// Asynchronous [`Communicator::all_to_all`] (`counts` = `(send_counts, recv_counts)`:
     /// [`Communicator::all_to_all_v`]) into `recv`.
+    #[track_caller]
     pub fn all_to_all_into_async<S: CollectiveBuffer, R: CollectiveBuffer<Elem = S::Elem>>(
         &self,
         send: S,

@@ -15,10 +15,12 @@ use kolo_store::TcpStoreServer;
 
 use crate::backend::{self, Backend, Members};
 use crate::config::Config;
+use crate::flight::FlightRecorder as Recorder;
 pub(crate) use crate::topology::Topology;
 use crate::wait::{Pending, Turn};
 use crate::work::WorkQueue;
 
+mod flight;
 mod run;
 
 pub(crate) use crate::backend::ARENA_GROUP;
@@ -49,6 +51,8 @@ pub(crate) struct Inner {
     /// With an arena: the sequence number whose turn it is (arena steps must follow issue order even
     /// when several threads call blocking collectives).
     turn: Turn,
+    /// The record of this communicator's last operations (see `crate::flight`).
+    pub recorder: Arc<Recorder>,
     /// The rendezvous server, when this rank hosts it (kept alive with the world communicator).
     _store_server: Option<Arc<TcpStoreServer>>,
 }
@@ -126,8 +130,16 @@ impl Communicator {
                 arena: uses_arena,
             },
         );
+        let recorder = Recorder::new(
+            group,
+            members.clone(),
+            rank,
+            transport.rank(),
+            Arc::as_ptr(&transport).cast::<()>() as usize,
+        );
         let comm = Communicator {
             inner: Arc::new(Inner {
+                recorder,
                 uses_arena,
                 backend,
                 turn: Turn::default(),
@@ -309,6 +321,8 @@ impl Inner {
         *f = Some(Arc::new(e.clone()));
         self.has_failed.store(true, Ordering::Release);
         drop(f);
+        self.recorder.note_error(&e.to_string());
+        crate::flight::on_failure(&self.recorder, &e.to_string());
         // Under torchrun, the first failure is what its summary shows as the root cause.
         crate::error_file::record_error(&e.to_string());
         // A peer's abort already reached everyone; echoing it would only add noise.

@@ -2,6 +2,7 @@
 //! running one collective of kolo's own ([`Inner::run`]): its tag and fingerprint, the arena's turn
 //! and fingerprint step, its deadline, and poisoning on error.
 
+use std::panic::Location;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -10,7 +11,7 @@ use kolo_collectives::Ctx;
 use kolo_core::{Call, Error, Header, Result, Tag, TagSpace, Transport};
 
 use super::{Communicator, Inner};
-use crate::backend::Runner;
+use crate::backend::{Collective, Job, Runner};
 use crate::config::Config;
 use crate::stop_report::StopReport;
 use crate::wait::TurnGuard;
@@ -19,16 +20,47 @@ use crate::work::WorkQueue;
 impl Inner {
     /// Takes the next collective sequence number for a blocking call, after every queued async
     /// collective has finished (so collectives complete in issue order).
+    #[track_caller]
     pub fn issue_blocking(&self) -> Result<u64> {
         self.check()?;
         let _g = self.issue.lock().unwrap_or_else(|p| p.into_inner());
         self.pending.wait_zero();
-        Ok(self.seq.fetch_add(1, Ordering::SeqCst))
+        let seq = self.seq.fetch_add(1, Ordering::SeqCst);
+        self.recorder.issue(seq, Location::caller(), false);
+        Ok(seq)
     }
 
-    /// Runs `f` as collective number `seq` with fingerprint `call`; an error poisons the communicator.
-    pub fn run<R>(&self, seq: u64, call: Call, f: impl FnOnce(&Ctx) -> Result<R>) -> Result<R> {
-        self.run_timed(seq, call, self.config.timeout, true, f)
+    /// Runs collective `c` as number `seq` with fingerprint `call` on the backend, recorded.
+    pub(crate) fn exec(&self, seq: u64, call: Call, c: Collective<'_>) -> Result<()> {
+        let at = Instant::now();
+        self.recorder.start(seq, &call, at);
+        let r = self.backend.run(
+            Job {
+                comm: self,
+                seq,
+                call,
+                at,
+            },
+            c,
+        );
+        self.recorder.end(seq, &r);
+        r
+    }
+
+    /// Runs `f` as collective `seq` (kolo's own, whatever the backend), recorded.
+    pub(crate) fn exec_own<R>(
+        &self,
+        seq: u64,
+        call: Call,
+        timeout: Duration,
+        confirm: bool,
+        f: impl FnOnce(&Ctx) -> Result<R>,
+    ) -> Result<R> {
+        let at = Instant::now();
+        self.recorder.start(seq, &call, at);
+        let r = self.run_timed(seq, call, timeout, at, confirm, f);
+        self.recorder.end(seq, &r);
+        r
     }
 
     /// [`Inner::run`] with its own timeout; `confirm: false` skips the arena's fingerprint step (for
@@ -38,11 +70,11 @@ impl Inner {
         seq: u64,
         call: Call,
         timeout: Duration,
+        started: Instant,
         confirm: bool,
         f: impl FnOnce(&Ctx) -> Result<R>,
     ) -> Result<R> {
         self.check()?;
-        let started = Instant::now();
         let header = self.collective_header(seq, call);
         let deadline = Some(started + timeout);
         let ctx = |arena| {
@@ -107,6 +139,7 @@ impl Inner {
     }
 
     /// Queues `job` on this communicator's worker thread as collective number `seq`.
+    #[track_caller]
     pub fn submit(
         self: &Arc<Self>,
         job: impl FnOnce(&Arc<Inner>, u64) + Send + 'static,
@@ -114,6 +147,7 @@ impl Inner {
         self.check()?;
         let _g = self.issue.lock().unwrap_or_else(|p| p.into_inner());
         let seq = self.seq.fetch_add(1, Ordering::SeqCst);
+        self.recorder.issue(seq, Location::caller(), true);
         self.pending.add();
         let me = self.clone();
         let pending = self.pending.clone();
@@ -167,13 +201,23 @@ impl Runner for Inner {
         &self,
         seq: u64,
         call: Call,
+        at: Instant,
         step: &mut dyn FnMut(&Ctx) -> Result<()>,
     ) -> Result<()> {
-        self.run(seq, call, step)
+        self.run_timed(seq, call, self.config.timeout, at, true, step)
     }
 
     fn issue_blocking(&self) -> Result<u64> {
         Inner::issue_blocking(self)
+    }
+
+    fn run_recorded(
+        &self,
+        seq: u64,
+        call: Call,
+        step: &mut dyn FnMut(&Ctx) -> Result<()>,
+    ) -> Result<()> {
+        self.exec_own(seq, call, self.config.timeout, true, step)
     }
 
     fn child(&self, members: Vec<usize>, rank: usize, id: u64) -> Arc<dyn Runner> {

@@ -75,7 +75,7 @@ pub fn init_mpi(config: Config) -> Result<Communicator> {
     use kolo_core::Engine;
     let w = kolo_mpi::world()?;
     let (rank, size) = (w.engine.rank(), w.engine.size());
-    Ok(Communicator::assemble(
+    let comm = Communicator::assemble(
         w.transport,
         Some(w.engine),
         (0..size).collect(),
@@ -84,7 +84,14 @@ pub fn init_mpi(config: Config) -> Result<Communicator> {
         Arc::new(Topology::from_ids(&w.node_ids)),
         config,
         None,
-    ))
+    );
+    // mpirun and srun name the job for every rank alike.
+    let job = ["PMIX_NAMESPACE", "SLURM_JOB_ID", "OMPI_MCA_orte_hnp_uri"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok())
+        .unwrap_or_else(|| "mpi".into());
+    comm.watch_flight(&job);
+    Ok(comm)
 }
 
 /// The world communicator over the installed MPI library; this build has no MPI backend, so it
@@ -351,7 +358,7 @@ fn connect(opts: InitOptions, nccl: bool) -> Result<Communicator> {
         let _ = (nccl, local_rank, ids);
         None
     };
-    Ok(Communicator::assemble(
+    let comm = Communicator::assemble(
         transport,
         engine,
         members,
@@ -360,7 +367,14 @@ fn connect(opts: InitOptions, nccl: bool) -> Result<Communicator> {
         topology,
         opts.config,
         server,
-    ))
+    );
+    // The job without its restart count: `kolo run` looks for the records under the job's name.
+    let job = opts
+        .job_id
+        .rsplit_once('/')
+        .map_or(&*opts.job_id, |(job, _)| job);
+    comm.watch_flight(job);
+    Ok(comm)
 }
 
 /// Start of the names of a job's shared-memory segments (see [`kolo_transport::shm::name_prefix`]).

@@ -1,0 +1,235 @@
+//! The flight recorder: what each rank was doing when a job failed or hung.
+//!
+//! Every communicator keeps a ring of its last operations ([`FlightRecorder`]; collectives and
+//! point-to-point, `KOLO_FLIGHT_RECORDS` of each, 2,000 by default, 0 for none): the operation's
+//! number (a collective's sequence number, the one its messages are tagged with), what it was
+//! (operation, element type, count, root or peer, reduce operator, algorithm), its state (queued,
+//! started, completed, failed), when it was issued and started, and the caller's source location.
+//! Recording costs relaxed stores into a preallocated slot: the start time is the one the
+//! collective takes anyway for its deadline, and end times are taken (from the coarse clock) only
+//! for point-to-point operations and failures.
+//!
+//! Each rank writes its record as JSON ([`FlightDump`], one file per rank, `rank-R.json`) into
+//! `KOLO_TRACE_DIR` (`kolo run` sets it; else `$TMPDIR/kolo-trace-<job>`) when its world first
+//! fails (timeout, mismatch, lost peer — the rank that notices and, by the failure passed on, its
+//! peers), on `SIGUSR1` (which `kolo run` forwards to its workers: `kolo diagnose --live`), and on
+//! demand ([`crate::Communicator::dump_flight_record`]). `kolo diagnose DIR` merges the files:
+//! [`analysis`].
+
+pub mod analysis;
+mod clock;
+mod dump;
+mod record;
+mod ring;
+
+use std::panic::Location;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::Instant;
+
+use kolo_core::{Call, DType, OpKind};
+
+pub use dump::trace_dir;
+pub(crate) use dump::write_dump;
+pub(crate) use dump::{on_failure, watch, Watched};
+pub use record::{FlightDump, GroupRecord, OpRecord};
+use ring::{Claim, Ring};
+
+/// Operations of each kind a recorder keeps unless `KOLO_FLIGHT_RECORDS` says otherwise.
+pub const DEFAULT_RECORDS: usize = 2000;
+
+/// `KOLO_FLIGHT_RECORDS`, read once.
+fn capacity() -> usize {
+    static CAP: OnceLock<usize> = OnceLock::new();
+    *CAP.get_or_init(|| {
+        std::env::var("KOLO_FLIGHT_RECORDS")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(DEFAULT_RECORDS)
+    })
+}
+
+/// One communicator's record of its last operations.
+pub(crate) struct FlightRecorder {
+    /// `None` with `KOLO_FLIGHT_RECORDS=0`.
+    rings: Option<(Ring, Ring)>,
+    next_p2p: AtomicU64,
+    /// The group's id (part of every tag), its members (transport ranks) and this rank in it.
+    pub group: u64,
+    pub members: Vec<usize>,
+    pub rank: usize,
+    /// This process's rank in the world (the transport's).
+    pub world_rank: usize,
+    /// Which world: the transport's address, shared by the world and its sub-groups.
+    pub world: usize,
+    /// The first failure, as text.
+    error: Mutex<Option<String>>,
+    /// Whether this world's record has been written for its failure.
+    dumped: AtomicBool,
+}
+
+/// A point-to-point operation being recorded; [`P2p::end`] marks it done.
+pub(crate) struct P2p<'a> {
+    rec: &'a FlightRecorder,
+    id: u64,
+}
+
+impl P2p<'_> {
+    /// Marks the operation completed (or failed, with the time).
+    pub fn end<T, E>(self, r: &Result<T, E>) {
+        if let Some((_, p2p)) = &self.rec.rings {
+            match r {
+                Ok(_) => p2p.end(self.id, true, 0),
+                Err(_) => p2p.end(self.id, false, clock::coarse_now()),
+            }
+        }
+    }
+}
+
+impl FlightRecorder {
+    pub(crate) fn new(
+        group: u64,
+        members: Vec<usize>,
+        rank: usize,
+        world_rank: usize,
+        world: usize,
+    ) -> Arc<FlightRecorder> {
+        let cap = capacity();
+        let rec = Arc::new(FlightRecorder {
+            rings: (cap > 0).then(|| (Ring::new(cap), Ring::new(cap))),
+            next_p2p: AtomicU64::new(0),
+            group,
+            members,
+            rank,
+            world_rank,
+            world,
+            error: Mutex::new(None),
+            dumped: AtomicBool::new(false),
+        });
+        registry::add(Arc::downgrade(&rec));
+        rec
+    }
+
+    /// Collective `seq` issued by the caller at `location` (`queued`: when, if it waits behind
+    /// asynchronous work; else its start is its issue).
+    #[inline]
+    pub(crate) fn issue(&self, seq: u64, location: &'static Location<'static>, queued: bool) {
+        if let Some((coll, _)) = &self.rings {
+            let queued = if queued { clock::coarse_now() } else { 0 };
+            coll.claim(Claim {
+                id: seq,
+                location: Some(location),
+                queued,
+            });
+        }
+    }
+
+    /// Collective `seq` starts now (`at`, the instant its deadline counts from) as `call`.
+    #[inline]
+    pub(crate) fn start(&self, seq: u64, call: &Call, at: Instant) {
+        if let Some((coll, _)) = &self.rings {
+            coll.start(seq, call, clock::nanos(at));
+        }
+    }
+
+    /// Collective `seq` ended.
+    #[inline]
+    pub(crate) fn end<T>(&self, seq: u64, r: &kolo_core::Result<T>) {
+        if let Some((coll, _)) = &self.rings {
+            match r {
+                Ok(_) => coll.end(seq, true, 0),
+                Err(e) => {
+                    coll.end(seq, false, clock::coarse_now());
+                    self.note_error(&e.to_string());
+                }
+            }
+        }
+    }
+
+    /// A point-to-point operation starts: `send` or a receive, with `peer` (`None`: any source),
+    /// element type, count and tag.
+    #[inline]
+    #[track_caller]
+    pub(crate) fn p2p(
+        &self,
+        receive: bool,
+        peer: Option<usize>,
+        dtype: DType,
+        count: usize,
+        tag: u64,
+    ) -> P2p<'_> {
+        let id = self.next_p2p.fetch_add(1, Ordering::Relaxed);
+        if let Some((_, p2p)) = &self.rings {
+            let now = clock::coarse_now();
+            p2p.claim(Claim {
+                id,
+                location: Some(Location::caller()),
+                queued: now,
+            });
+            let op = if receive {
+                record::RECV
+            } else {
+                OpKind::Send as u8
+            };
+            let peer = peer.map_or(record::ANY_PEER, |p| p as u32);
+            p2p.start_p2p(id, op, dtype as u8, peer, count as u64, tag, now);
+        }
+        P2p { rec: self, id }
+    }
+
+    /// Remembers the first failure seen on this communicator.
+    pub(crate) fn note_error(&self, e: &str) {
+        let mut first = self.error.lock().unwrap_or_else(|p| p.into_inner());
+        if first.is_none() {
+            *first = Some(e.to_string());
+        }
+    }
+
+    /// This communicator's part of a dump.
+    pub(crate) fn record(&self) -> GroupRecord {
+        let (coll, p2p) = match &self.rings {
+            Some((c, p)) => (c.snapshot(), p.snapshot()),
+            None => (Vec::new(), Vec::new()),
+        };
+        let error = self.error.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        GroupRecord {
+            group: format!("{:x}", self.group),
+            rank: self.rank,
+            size: self.members.len(),
+            members: self.members.clone(),
+            collectives: coll.iter().map(|s| record::op_record(s, false)).collect(),
+            p2p: p2p.iter().map(|s| record::op_record(s, true)).collect(),
+            error,
+        }
+    }
+
+    /// Claims this world's one dump on failure: true the first time.
+    pub(crate) fn claim_failure_dump(&self) -> bool {
+        !self.dumped.swap(true, Ordering::AcqRel)
+    }
+}
+
+/// Every live recorder of the process, for the dumps.
+pub(crate) mod registry {
+    use super::*;
+
+    static ALL: Mutex<Vec<Weak<FlightRecorder>>> = Mutex::new(Vec::new());
+
+    pub(crate) fn add(rec: Weak<FlightRecorder>) {
+        let mut all = ALL.lock().unwrap_or_else(|p| p.into_inner());
+        if all.len() >= 64 && all.len().is_power_of_two() {
+            all.retain(|w| w.strong_count() > 0);
+        }
+        all.push(rec);
+    }
+
+    /// The live recorders of world `world` (every world with `None`), in creation order.
+    pub(crate) fn of(world: Option<usize>) -> Vec<Arc<FlightRecorder>> {
+        let mut all = ALL.lock().unwrap_or_else(|p| p.into_inner());
+        all.retain(|w| w.strong_count() > 0);
+        all.iter()
+            .filter_map(Weak::upgrade)
+            .filter(|r| world.is_none_or(|w| r.world == w))
+            .collect()
+    }
+}

@@ -1,0 +1,272 @@
+//! The recorder's ring of slots: fixed size, written with relaxed atomic stores by the thread that
+//! runs an operation (nothing allocated, nothing locked on the way), read by a dump from any thread.
+//!
+//! A slot's `id` (the operation's number + 1; 0 for a slot never written) is stored last with
+//! Release when a slot is (re)claimed; a reader takes a slot only when `id` reads the same before and
+//! after its fields, so a dump racing a writer sees the old operation, the new one, or skips the slot
+//! — never a mix of two. Fields written later (start, state, end) are single atomics and may be seen
+//! a moment late; a dump is a snapshot of a running process.
+
+use std::panic::Location;
+use std::ptr;
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Ordering};
+
+use kolo_core::Call;
+
+/// The state of a recorded operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum State {
+    /// Issued (queued behind earlier asynchronous operations, or not yet started).
+    Queued = 0,
+    /// Running: this rank entered it and waits for its peers.
+    Started = 1,
+    /// Finished on this rank.
+    Completed = 2,
+    /// Failed on this rank.
+    Failed = 3,
+}
+
+impl State {
+    fn from_code(c: u8) -> State {
+        match c {
+            1 => State::Started,
+            2 => State::Completed,
+            3 => State::Failed,
+            _ => State::Queued,
+        }
+    }
+
+    /// Its name in a dump.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            State::Queued => "queued",
+            State::Started => "started",
+            State::Completed => "completed",
+            State::Failed => "failed",
+        }
+    }
+}
+
+/// What a slot holds, read back.
+#[derive(Clone, Debug)]
+pub(crate) struct Snapshot {
+    pub id: u64,
+    pub state: State,
+    pub op: u8,
+    pub dtype: u8,
+    pub reduce: u8,
+    pub algo: u8,
+    /// Root (collectives) or peer (point-to-point); `u32::MAX` for none.
+    pub rank: u32,
+    pub count: u64,
+    pub tag: u64,
+    /// Nanoseconds on the recorder's clock (see `super::clock`); 0 for not known.
+    pub queued: u64,
+    pub started: u64,
+    pub ended: u64,
+    pub location: Option<&'static Location<'static>>,
+}
+
+#[derive(Default)]
+struct Slot {
+    id: AtomicU64,
+    state: AtomicU8,
+    op: AtomicU8,
+    dtype: AtomicU8,
+    reduce: AtomicU8,
+    algo: AtomicU8,
+    rank: AtomicU32,
+    count: AtomicU64,
+    tag: AtomicU64,
+    queued: AtomicU64,
+    started: AtomicU64,
+    ended: AtomicU64,
+    location: AtomicPtr<Location<'static>>,
+}
+
+/// A ring of `capacity` slots; operation `id` lives in slot `id % capacity`.
+pub(crate) struct Ring {
+    slots: Box<[Slot]>,
+}
+
+/// What a new slot starts with.
+pub(crate) struct Claim {
+    pub id: u64,
+    pub location: Option<&'static Location<'static>>,
+    pub queued: u64,
+}
+
+impl Ring {
+    pub(crate) fn new(capacity: usize) -> Ring {
+        Ring {
+            slots: (0..capacity.max(1)).map(|_| Slot::default()).collect(),
+        }
+    }
+
+    fn slot(&self, id: u64) -> &Slot {
+        &self.slots[(id % self.slots.len() as u64) as usize]
+    }
+
+    /// Claims the slot of operation `c.id`: queued, nothing else known yet.
+    #[inline]
+    pub(crate) fn claim(&self, c: Claim) {
+        let s = self.slot(c.id);
+        s.id.store(0, Ordering::Relaxed);
+        s.state.store(State::Queued as u8, Ordering::Relaxed);
+        s.op.store(0, Ordering::Relaxed);
+        s.dtype.store(0, Ordering::Relaxed);
+        s.reduce.store(0, Ordering::Relaxed);
+        s.algo.store(0, Ordering::Relaxed);
+        s.rank.store(u32::MAX, Ordering::Relaxed);
+        s.count.store(0, Ordering::Relaxed);
+        s.tag.store(0, Ordering::Relaxed);
+        s.queued.store(c.queued, Ordering::Relaxed);
+        s.started.store(0, Ordering::Relaxed);
+        s.ended.store(0, Ordering::Relaxed);
+        let loc = c
+            .location
+            .map_or(ptr::null_mut(), |l| ptr::from_ref(l).cast_mut());
+        s.location.store(loc, Ordering::Relaxed);
+        s.id.store(c.id + 1, Ordering::Release);
+    }
+
+    /// Operation `id` started at `at` as `call`.
+    #[inline]
+    pub(crate) fn start(&self, id: u64, call: &Call, at: u64) {
+        let s = self.slot(id);
+        s.op.store(call.op as u8, Ordering::Relaxed);
+        s.dtype
+            .store(call.dtype.map_or(0, |d| d as u8), Ordering::Relaxed);
+        s.reduce
+            .store(call.reduce.map_or(0, |r| r as u8), Ordering::Relaxed);
+        s.algo.store(call.algo as u8, Ordering::Relaxed);
+        s.rank
+            .store(call.root.unwrap_or(u32::MAX), Ordering::Relaxed);
+        s.count.store(call.count, Ordering::Relaxed);
+        s.started.store(at.max(1), Ordering::Relaxed);
+        s.state.store(State::Started as u8, Ordering::Release);
+    }
+
+    /// A point-to-point operation `id` started at `at`.
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn start_p2p(
+        &self,
+        id: u64,
+        op: u8,
+        dtype: u8,
+        peer: u32,
+        count: u64,
+        tag: u64,
+        at: u64,
+    ) {
+        let s = self.slot(id);
+        s.op.store(op, Ordering::Relaxed);
+        s.dtype.store(dtype, Ordering::Relaxed);
+        s.rank.store(peer, Ordering::Relaxed);
+        s.count.store(count, Ordering::Relaxed);
+        s.tag.store(tag, Ordering::Relaxed);
+        s.started.store(at.max(1), Ordering::Relaxed);
+        s.state.store(State::Started as u8, Ordering::Release);
+    }
+
+    /// Operation `id` ended (`at`: when, where known, else 0).
+    #[inline]
+    pub(crate) fn end(&self, id: u64, ok: bool, at: u64) {
+        let s = self.slot(id);
+        if s.id.load(Ordering::Relaxed) != id + 1 {
+            return; // overwritten meanwhile: a ring far smaller than the operations in flight
+        }
+        if at != 0 {
+            s.ended.store(at, Ordering::Relaxed);
+        }
+        let state = if ok { State::Completed } else { State::Failed };
+        s.state.store(state as u8, Ordering::Release);
+    }
+
+    /// The operations held, oldest first.
+    pub(crate) fn snapshot(&self) -> Vec<Snapshot> {
+        let mut out = Vec::with_capacity(self.slots.len());
+        for s in self.slots.iter() {
+            let id = s.id.load(Ordering::Acquire);
+            if id == 0 {
+                continue;
+            }
+            let snap = Snapshot {
+                id: id - 1,
+                state: State::from_code(s.state.load(Ordering::Acquire)),
+                op: s.op.load(Ordering::Relaxed),
+                dtype: s.dtype.load(Ordering::Relaxed),
+                reduce: s.reduce.load(Ordering::Relaxed),
+                algo: s.algo.load(Ordering::Relaxed),
+                rank: s.rank.load(Ordering::Relaxed),
+                count: s.count.load(Ordering::Relaxed),
+                tag: s.tag.load(Ordering::Relaxed),
+                queued: s.queued.load(Ordering::Relaxed),
+                started: s.started.load(Ordering::Relaxed),
+                ended: s.ended.load(Ordering::Relaxed),
+                // SAFETY: only `&'static Location`s (or null) are ever stored.
+                location: unsafe { s.location.load(Ordering::Relaxed).as_ref() },
+            };
+            if s.id.load(Ordering::Acquire) == id {
+                out.push(snap);
+            }
+        }
+        out.sort_by_key(|s| s.id);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kolo_core::{Algorithm, DType, OpKind, ReduceOp};
+
+    #[test]
+    fn keeps_the_last_operations_in_order() {
+        let r = Ring::new(4);
+        let call = Call {
+            op: OpKind::AllReduce,
+            dtype: Some(DType::F32),
+            reduce: Some(ReduceOp::Sum),
+            count: 7,
+            root: None,
+            algo: Algorithm::Ring,
+        };
+        for id in 0..6 {
+            r.claim(Claim {
+                id,
+                location: Some(Location::caller()),
+                queued: 0,
+            });
+            r.start(id, &call, 100 + id);
+            if id < 5 {
+                r.end(id, id != 3, 0);
+            }
+        }
+        let s = r.snapshot();
+        let ids: Vec<u64> = s.iter().map(|s| s.id).collect();
+        assert_eq!(ids, [2, 3, 4, 5], "the last four, oldest first");
+        let states: Vec<State> = s.iter().map(|s| s.state).collect();
+        assert_eq!(
+            states,
+            [
+                State::Completed,
+                State::Failed,
+                State::Completed,
+                State::Started
+            ]
+        );
+        assert_eq!(
+            (s[3].count, s[3].started, s[3].op),
+            (7, 105, OpKind::AllReduce as u8)
+        );
+        assert!(s[0].location.is_some_and(|l| l.file().ends_with("ring.rs")));
+        // Ending an operation whose slot was taken over changes nothing.
+        r.end(1, true, 9);
+        assert_eq!(
+            (r.snapshot()[3].state, r.snapshot()[3].ended),
+            (State::Started, 0)
+        );
+    }
+}
