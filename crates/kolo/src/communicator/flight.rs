@@ -13,10 +13,9 @@ impl Watched for Inner {
     }
 
     fn transport_failure(&self) -> Option<String> {
-        self.transport.failure().map(|f| {
-            f.into_error("between calls", self.rank)
-                .to_string()
-        })
+        self.transport
+            .failure()
+            .map(|f| f.into_error("between calls", self.rank).to_string())
     }
 }
 
@@ -48,5 +47,11 @@ impl Communicator {
     /// ```
     pub fn dump_flight_record(&self, reason: &str) -> std::io::Result<PathBuf> {
         flight::write_dump(&self.inner.recorder, reason)
+    }
+
+    /// This rank's flight record as [`Communicator::dump_flight_record`] would write it, without
+    /// writing it (`kolo::flight::analysis` reads a set of them).
+    pub fn flight_record(&self, reason: &str) -> flight::FlightDump {
+        flight::collect(&self.inner.recorder, reason)
     }
 }

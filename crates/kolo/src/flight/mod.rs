@@ -30,7 +30,7 @@ use std::time::Instant;
 use kolo_core::{Call, DType, OpKind};
 
 pub use dump::trace_dir;
-pub(crate) use dump::write_dump;
+pub(crate) use dump::{collect, write_dump};
 pub(crate) use dump::{on_failure, watch, Watched};
 pub use record::{FlightDump, GroupRecord, OpRecord};
 use ring::{Claim, Ring};
