@@ -44,23 +44,42 @@ fn raw(clock: libc::clockid_t) -> u64 {
         .saturating_add(ts.tv_nsec as u64)
 }
 
-/// `at` on the recorder's clock.
-#[inline]
-pub(crate) fn nanos(at: Instant) -> u64 {
-    (at.saturating_duration_since(base().instant).as_nanos() as u64).max(1)
+/// The clock's base, copied into each recorder (reading a `OnceLock` on every operation costs
+/// more than the rest of the recording).
+#[derive(Clone, Copy)]
+pub(crate) struct Clock {
+    instant: Instant,
+    coarse: u64,
 }
 
-/// Now, from the coarse clock.
-#[inline]
-pub(crate) fn coarse_now() -> u64 {
-    raw(libc::CLOCK_MONOTONIC_COARSE)
-        .saturating_sub(base().coarse)
-        .max(1)
+impl Clock {
+    pub(crate) fn get() -> Clock {
+        let b = base();
+        Clock {
+            instant: b.instant,
+            coarse: b.coarse,
+        }
+    }
+
+    /// `at` on the recorder's clock.
+    #[inline]
+    pub(crate) fn nanos(&self, at: Instant) -> u64 {
+        let d = at.saturating_duration_since(self.instant);
+        (d.as_secs() * 1_000_000_000 + u64::from(d.subsec_nanos())).max(1)
+    }
+
+    /// Now, from the coarse clock.
+    #[inline]
+    pub(crate) fn coarse_now(&self) -> u64 {
+        raw(libc::CLOCK_MONOTONIC_COARSE)
+            .saturating_sub(self.coarse)
+            .max(1)
+    }
 }
 
 /// Now, exactly.
 pub(crate) fn now() -> u64 {
-    nanos(Instant::now())
+    Clock::get().nanos(Instant::now())
 }
 
 /// A reading as Unix seconds (`None` for 0, not known).
@@ -75,7 +94,7 @@ mod tests {
     #[test]
     fn the_clocks_agree() {
         let exact = now();
-        let coarse = coarse_now();
+        let coarse = Clock::get().coarse_now();
         // The coarse clock lags by at most a tick (4 ms at 250 Hz).
         assert!(
             coarse + 20_000_000 > exact && coarse <= exact + 1_000_000,

@@ -10,7 +10,7 @@ use super::ring::Snapshot;
 /// The op code of a receive in the point-to-point ring (collectives use [`OpKind`]'s codes).
 pub(crate) const RECV: u8 = 200;
 /// The peer of a receive from any source.
-pub(crate) const ANY_PEER: u32 = u32::MAX - 1;
+pub(crate) const ANY_PEER: u32 = 0xFF_FFFE;
 
 /// One rank's flight record.
 #[derive(Clone, Debug, Serialize, Deserialize)]

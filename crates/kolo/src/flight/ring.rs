@@ -9,7 +9,7 @@
 
 use std::panic::Location;
 use std::ptr;
-use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
 use kolo_core::Call;
 
@@ -67,15 +67,27 @@ pub(crate) struct Snapshot {
     pub location: Option<&'static Location<'static>>,
 }
 
+/// The rank field's "none" (24 bits: ranks up to 16,777,214).
+const NO_RANK: u64 = 0xFF_FFFF;
+
+/// The call and state of a slot in one word: state, op, dtype, reduce, algo (8 bits each) and
+/// rank (24 bits), so that starting and ending an operation are one store each.
+fn meta(state: State, op: u8, dtype: u8, reduce: u8, algo: u8, rank: Option<u32>) -> u64 {
+    let rank = rank.map_or(NO_RANK, |r| u64::from(r).min(NO_RANK - 1));
+    state as u64
+        | u64::from(op) << 8
+        | u64::from(dtype) << 16
+        | u64::from(reduce) << 24
+        | u64::from(algo) << 32
+        | rank << 40
+}
+
+/// One operation: eight words, one cache line (a slot written costs one line, not two).
 #[derive(Default)]
+#[repr(align(64))]
 struct Slot {
     id: AtomicU64,
-    state: AtomicU8,
-    op: AtomicU8,
-    dtype: AtomicU8,
-    reduce: AtomicU8,
-    algo: AtomicU8,
-    rank: AtomicU32,
+    meta: AtomicU64,
     count: AtomicU64,
     tag: AtomicU64,
     queued: AtomicU64,
@@ -89,11 +101,36 @@ pub(crate) struct Ring {
     slots: Box<[Slot]>,
 }
 
-/// What a new slot starts with.
+/// What a slot is claimed with.
 pub(crate) struct Claim {
     pub id: u64,
     pub location: Option<&'static Location<'static>>,
     pub queued: u64,
+}
+
+/// An operation's call, as a slot keeps it.
+pub(crate) struct Op {
+    pub op: u8,
+    pub dtype: u8,
+    pub reduce: u8,
+    pub algo: u8,
+    pub rank: Option<u32>,
+    pub count: u64,
+    pub tag: u64,
+}
+
+impl Op {
+    pub(crate) fn of(call: &Call) -> Op {
+        Op {
+            op: call.op as u8,
+            dtype: call.dtype.map_or(0, |d| d as u8),
+            reduce: call.reduce.map_or(0, |r| r as u8),
+            algo: call.algo as u8,
+            rank: call.root,
+            count: call.count,
+            tag: 0,
+        }
+    }
 }
 
 impl Ring {
@@ -107,67 +144,57 @@ impl Ring {
         &self.slots[(id % self.slots.len() as u64) as usize]
     }
 
-    /// Claims the slot of operation `c.id`: queued, nothing else known yet.
+    /// Claims the slot of operation `c.id`: queued, its call not known yet. The fields a start
+    /// writes (count, tag, start and end times) keep the previous operation's values until then:
+    /// a reader takes them only from a started slot.
     #[inline]
     pub(crate) fn claim(&self, c: Claim) {
         let s = self.slot(c.id);
         s.id.store(0, Ordering::Relaxed);
-        s.state.store(State::Queued as u8, Ordering::Relaxed);
-        s.op.store(0, Ordering::Relaxed);
-        s.dtype.store(0, Ordering::Relaxed);
-        s.reduce.store(0, Ordering::Relaxed);
-        s.algo.store(0, Ordering::Relaxed);
-        s.rank.store(u32::MAX, Ordering::Relaxed);
-        s.count.store(0, Ordering::Relaxed);
-        s.tag.store(0, Ordering::Relaxed);
+        s.meta.store(meta(State::Queued, 0, 0, 0, 0, None), Ordering::Relaxed);
         s.queued.store(c.queued, Ordering::Relaxed);
-        s.started.store(0, Ordering::Relaxed);
-        s.ended.store(0, Ordering::Relaxed);
-        let loc = c
-            .location
-            .map_or(ptr::null_mut(), |l| ptr::from_ref(l).cast_mut());
+        let loc = c.location.map_or(ptr::null_mut(), |l| ptr::from_ref(l).cast_mut());
         s.location.store(loc, Ordering::Relaxed);
         s.id.store(c.id + 1, Ordering::Release);
     }
 
-    /// Operation `id` started at `at` as `call`.
+    /// Claims the slot of operation `id` and starts it at `at` in one pass (a blocking call).
     #[inline]
-    pub(crate) fn start(&self, id: u64, call: &Call, at: u64) {
-        let s = self.slot(id);
-        s.op.store(call.op as u8, Ordering::Relaxed);
-        s.dtype
-            .store(call.dtype.map_or(0, |d| d as u8), Ordering::Relaxed);
-        s.reduce
-            .store(call.reduce.map_or(0, |r| r as u8), Ordering::Relaxed);
-        s.algo.store(call.algo as u8, Ordering::Relaxed);
-        s.rank
-            .store(call.root.unwrap_or(u32::MAX), Ordering::Relaxed);
-        s.count.store(call.count, Ordering::Relaxed);
-        s.started.store(at.max(1), Ordering::Relaxed);
-        s.state.store(State::Started as u8, Ordering::Release);
-    }
-
-    /// A point-to-point operation `id` started at `at`.
-    #[inline]
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn start_p2p(
+    pub(crate) fn claim_started(
         &self,
         id: u64,
-        op: u8,
-        dtype: u8,
-        peer: u32,
-        count: u64,
-        tag: u64,
+        location: &'static Location<'static>,
+        op: &Op,
         at: u64,
     ) {
         let s = self.slot(id);
-        s.op.store(op, Ordering::Relaxed);
-        s.dtype.store(dtype, Ordering::Relaxed);
-        s.rank.store(peer, Ordering::Relaxed);
-        s.count.store(count, Ordering::Relaxed);
-        s.tag.store(tag, Ordering::Relaxed);
+        s.id.store(0, Ordering::Relaxed);
+        s.meta.store(
+            meta(State::Started, op.op, op.dtype, op.reduce, op.algo, op.rank),
+            Ordering::Relaxed,
+        );
+        s.count.store(op.count, Ordering::Relaxed);
+        s.tag.store(op.tag, Ordering::Relaxed);
+        s.queued.store(0, Ordering::Relaxed);
         s.started.store(at.max(1), Ordering::Relaxed);
-        s.state.store(State::Started as u8, Ordering::Release);
+        s.ended.store(0, Ordering::Relaxed);
+        s.location
+            .store(ptr::from_ref(location).cast_mut(), Ordering::Relaxed);
+        s.id.store(id + 1, Ordering::Release);
+    }
+
+    /// Operation `id` (claimed) started at `at`.
+    #[inline]
+    pub(crate) fn start(&self, id: u64, op: &Op, at: u64) {
+        let s = self.slot(id);
+        s.count.store(op.count, Ordering::Relaxed);
+        s.tag.store(op.tag, Ordering::Relaxed);
+        s.started.store(at.max(1), Ordering::Relaxed);
+        s.ended.store(0, Ordering::Relaxed);
+        s.meta.store(
+            meta(State::Started, op.op, op.dtype, op.reduce, op.algo, op.rank),
+            Ordering::Release,
+        );
     }
 
     /// Operation `id` ended (`at`: when, where known, else 0).
@@ -181,7 +208,8 @@ impl Ring {
             s.ended.store(at, Ordering::Relaxed);
         }
         let state = if ok { State::Completed } else { State::Failed };
-        s.state.store(state as u8, Ordering::Release);
+        let m = s.meta.load(Ordering::Relaxed);
+        s.meta.store(m & !0xFF | state as u64, Ordering::Release);
     }
 
     /// The operations held, oldest first.
@@ -192,14 +220,20 @@ impl Ring {
             if id == 0 {
                 continue;
             }
+            let m = s.meta.load(Ordering::Acquire);
+            let rank = m >> 40;
             let snap = Snapshot {
                 id: id - 1,
-                state: State::from_code(s.state.load(Ordering::Acquire)),
-                op: s.op.load(Ordering::Relaxed),
-                dtype: s.dtype.load(Ordering::Relaxed),
-                reduce: s.reduce.load(Ordering::Relaxed),
-                algo: s.algo.load(Ordering::Relaxed),
-                rank: s.rank.load(Ordering::Relaxed),
+                state: State::from_code(m as u8),
+                op: (m >> 8) as u8,
+                dtype: (m >> 16) as u8,
+                reduce: (m >> 24) as u8,
+                algo: (m >> 32) as u8,
+                rank: if rank == NO_RANK {
+                    u32::MAX
+                } else {
+                    rank as u32
+                },
                 count: s.count.load(Ordering::Relaxed),
                 tag: s.tag.load(Ordering::Relaxed),
                 queued: s.queued.load(Ordering::Relaxed),
@@ -209,7 +243,17 @@ impl Ring {
                 location: unsafe { s.location.load(Ordering::Relaxed).as_ref() },
             };
             if s.id.load(Ordering::Acquire) == id {
-                out.push(snap);
+                out.push(match snap.state {
+                    // Not started: what a start writes is still the previous operation's.
+                    State::Queued => Snapshot {
+                        count: 0,
+                        tag: 0,
+                        started: 0,
+                        ended: 0,
+                        ..snap
+                    },
+                    _ => snap,
+                });
             }
         }
         out.sort_by_key(|s| s.id);
@@ -239,7 +283,7 @@ mod tests {
                 location: Some(Location::caller()),
                 queued: 0,
             });
-            r.start(id, &call, 100 + id);
+            r.start(id, &Op::of(&call), 100 + id);
             if id < 5 {
                 r.end(id, id != 3, 0);
             }
@@ -262,6 +306,21 @@ mod tests {
             (7, 105, OpKind::AllReduce as u8)
         );
         assert!(s[0].location.is_some_and(|l| l.file().ends_with("ring.rs")));
+        assert_eq!(
+            (s[3].rank, s[3].dtype, s[3].reduce),
+            (u32::MAX, DType::F32 as u8, ReduceOp::Sum as u8)
+        );
+        // Claimed and started at once, with a root.
+        let rooted = Op {
+            rank: Some(5),
+            ..Op::of(&call)
+        };
+        r.claim_started(6, Location::caller(), &rooted, 7);
+        let s6 = r
+            .snapshot()
+            .pop()
+            .map(|s| (s.id, s.rank, s.state, s.started));
+        assert_eq!(s6, Some((6, 5, State::Started, 7)));
         // Ending an operation whose slot was taken over changes nothing.
         r.end(1, true, 9);
         assert_eq!(
