@@ -121,6 +121,26 @@ impl PyCommunicator {
         self.comm.backend()
     }
 
+    /// Writes this rank's flight record (its world's last operations) as `rank-R.json` in the
+    /// trace directory; returns the file's path.
+    fn dump_flight_record(&self, reason: &str) -> PyResult<String> {
+        self.comm
+            .dump_flight_record(reason)
+            .map(|p| p.display().to_string())
+            .map_err(|e| {
+                pyo3::exceptions::PyOSError::new_err(format!("cannot write the flight record: {e}"))
+            })
+    }
+
+    /// Where flight records go (`KOLO_TRACE_DIR`, else the job's directory in the temporary one).
+    /// Asking means a Python handler writes the stacks on SIGUSR1: from now on a record written
+    /// for a failure raises SIGUSR1 too.
+    #[getter]
+    fn flight_record_dir(&self) -> String {
+        kolo::flight::signal_on_failure(true);
+        kolo::flight::trace_dir().display().to_string()
+    }
+
     /// Why this communicator failed, if it has.
     fn failure(&self) -> Option<String> {
         self.comm.failure().map(|e| e.to_string())

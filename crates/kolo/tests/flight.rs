@@ -181,3 +181,32 @@ fn stragglers_are_the_ranks_that_arrive_last() {
     let text = analysis::straggler_text(&s);
     assert!(text.contains("rank 2 arrived last at 100 (100 %"), "{text}");
 }
+
+#[test]
+fn the_python_main_threads_stack_comes_from_the_last_faulthandler_dump() {
+    let text = r#"Thread 0x00007efe029fc6c0 (most recent call first):
+  File "/tmp/fh.py", line 5 in worker
+  File "/usr/lib/python3.11/threading.py", line 982 in run
+
+Current thread 0x00007efe03472b80 (most recent call first):
+  File "/tmp/fh.py", line 8 in load_batch
+  File "/tmp/fh.py", line 10 in <module>
+Thread 0x00007efe029fc6c0 (most recent call first):
+  File "/tmp/fh.py", line 5 in worker
+
+Thread 0x00007efe03472b80 (most recent call first):
+  File "/site-packages/kolo/_comm.py", line 74 in checked
+  File "/tmp/train.py", line 88 in load_batch
+  File "/tmp/train.py", line 120 in <module>
+"#;
+    let stack = analysis::python_main_stack(text).expect("a stack");
+    assert_eq!(
+        stack,
+        [
+            "/site-packages/kolo/_comm.py:74 in checked",
+            "/tmp/train.py:88 in load_batch",
+            "/tmp/train.py:120 in <module>"
+        ]
+    );
+    assert_eq!(analysis::python_main_stack("no dump here"), None);
+}

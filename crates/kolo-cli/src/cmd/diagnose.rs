@@ -106,7 +106,14 @@ fn read_dir(dir: &Path) -> Result<(Vec<FlightDump>, Unread), CliError> {
             .map_err(|e| e.to_string())
             .and_then(|t| serde_json::from_str::<FlightDump>(&t).map_err(|e| e.to_string()))
         {
-            Ok(d) => dumps.push(d),
+            Ok(mut d) => {
+                // A Python program's stacks, written by faulthandler on SIGUSR1 beside the record.
+                let py = p.with_file_name(format!("rank-{}.py.txt", d.rank));
+                if let Ok(text) = std::fs::read_to_string(py) {
+                    d.python_stack = analysis::python_main_stack(&text);
+                }
+                dumps.push(d)
+            }
             Err(why) => bad.push((p, why)),
         }
     }

@@ -200,6 +200,15 @@ class Communicator:
         """Why this communicator failed (a string), or None."""
         return self._c.failure()
 
+    def dump_flight_record(self, reason="on demand"):
+        """Writes this rank's flight record — the last collectives and point-to-point operations
+        of its world, with their state and caller, and the Python threads' stacks — into the trace
+        directory (``KOLO_TRACE_DIR``, else the job's under the temporary directory); returns the
+        record's path. ``kolo diagnose DIR`` reads every rank's together."""
+        from . import _flight
+
+        return _flight.dump(self._c, reason)
+
     def abort(self, reason="aborted"):
         """Fails every rank's pending and later operations with an error naming this rank."""
         self._c.abort(str(reason))
@@ -373,7 +382,11 @@ class Communicator:
 def init():
     """This process's communicator, from the launcher's environment (`kolo run`, torchrun,
     `srun`, or kolo's KOLO_* variables); a world of one without a launcher."""
-    return Communicator(_kolo.init())
+    from . import _flight
+
+    c = _kolo.init()
+    _flight.watch(c)
+    return Communicator(c)
 
 
 def local_world(size, timeout=None):

@@ -51,7 +51,7 @@ def _check_torch(d):
 
 _check_torch(dist)
 
-__all__ = ["ProcessGroupKolo", "register", "monitored_barrier"]
+__all__ = ["ProcessGroupKolo", "register", "monitored_barrier", "dump_flight_record"]
 
 # Imported once torch has passed the check above.
 from ._torch_ops import (  # noqa: E402
@@ -444,6 +444,9 @@ def _create(dist_backend_opts, backend_options=None):
         timeout=_timeout_seconds(dist_backend_opts.timeout),
         host=_store_host(store),
     )
+    from . import _flight
+
+    _flight.watch(comm)
     pg = ProcessGroupKolo(comm, rank, size, group)
     # torch uses a ProcessGroup subclass as the group itself (its Python methods are what torch's
     # calls reach, a receive's work included), and so registers no backend for its devices: the
@@ -462,6 +465,21 @@ def register():
     if not ("kolo" in getattr(dist.Backend, "backend_list", []) or hasattr(dist.Backend, "KOLO")):
         dist.Backend.register_backend("kolo", _create, extended_api=True, devices=["cpu"])
     _registered = True
+
+
+def dump_flight_record(group=None, reason="on demand"):
+    """Writes this rank's flight record: the last operations of the kolo process groups of this
+    process (collectives and point-to-point, with their state and source line) and the Python
+    threads' stacks, into the trace directory (``KOLO_TRACE_DIR``, else the job's under the
+    temporary directory — torchrun's run id names it); returns the record's path. ``kolo diagnose
+    DIR`` reads every rank's together. Each rank writes its own; not a collective."""
+    from . import _flight
+
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    if not isinstance(pg, ProcessGroupKolo):
+        raise TypeError("kolo.torch.dump_flight_record: the group is not a kolo process group")
+    comm = pg._c
+    return _flight.dump(comm, reason)
 
 
 def monitored_barrier(group=None, timeout=None):

@@ -113,6 +113,32 @@ fn plural(ranks: &[usize]) -> String {
     }
 }
 
+/// Where rank `m` made call `o`: the program's own frame for a Python program (the Rust location
+/// of a call from Python is the binding's), else the call's source line.
+fn at_in(m: &Member, o: &OpRecord) -> String {
+    let binding = o
+        .location
+        .as_deref()
+        .is_some_and(|l| l.contains("kolo-py/src/"));
+    match (binding, m.dump.python_stack.as_deref().and_then(user_frame)) {
+        (true, Some(f)) => format!(" at {f}"),
+        _ => at(o),
+    }
+}
+
+/// Where a finished call was made; nothing for a call from Python (the Rust location is the
+/// binding's, and Python's stack is of now).
+fn at_done(o: &OpRecord) -> String {
+    if o.location
+        .as_deref()
+        .is_some_and(|l| l.contains("kolo-py/src/"))
+    {
+        String::new()
+    } else {
+        at(o)
+    }
+}
+
 fn at(o: &OpRecord) -> String {
     o.location
         .as_deref()
@@ -214,39 +240,68 @@ pub fn diagnose(dumps: &[FlightDump]) -> String {
         .map(|d| format!("rank {} {} pid {}", d.rank, d.host, d.pid))
         .collect();
     let _ = writeln!(out, "({})", who.join("; "));
-    // Groups by id, in the order of the lowest rank's record.
-    let mut groups: Vec<String> = Vec::new();
+    // Groups by world and id, in the order of the lowest rank's record.
+    let mut groups: Vec<GroupKey> = Vec::new();
     for d in by_rank.values() {
         for g in &d.groups {
-            if !groups.contains(&g.group) {
-                groups.push(g.group.clone());
+            let k = GroupKey::of(g);
+            if !groups.contains(&k) {
+                groups.push(k);
             }
         }
     }
-    for gid in &groups {
-        group_report(&mut out, gid, &by_rank);
+    for (i, k) in groups.iter().enumerate() {
+        group_report(&mut out, k, i == 0, &by_rank);
     }
-    let s = stragglers_of(dumps, "1");
+    let Some(first) = groups.first() else {
+        return out;
+    };
+    let s = stragglers_of(dumps, first);
     if s.collectives > 0 {
         let _ = writeln!(out, "\n{}", straggler_text(&s));
     }
     out
 }
 
-/// The report of group `gid`.
-fn group_report(out: &mut String, gid: &str, by_rank: &BTreeMap<usize, &FlightDump>) {
+/// Which communicator a group record belongs to: its world's job and its group id.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupKey {
+    pub world: String,
+    pub group: String,
+}
+
+impl GroupKey {
+    pub fn of(g: &GroupRecord) -> GroupKey {
+        GroupKey {
+            world: g.world.clone(),
+            group: g.group.clone(),
+        }
+    }
+
+    fn matches(&self, g: &GroupRecord) -> bool {
+        g.world == self.world && g.group == self.group
+    }
+}
+
+/// The report of the group `key` (`first`: the first world's world communicator).
+fn group_report(
+    out: &mut String,
+    key: &GroupKey,
+    first: bool,
+    by_rank: &BTreeMap<usize, &FlightDump>,
+) {
     let mut members: Vec<(usize, Member)> = Vec::new();
     let mut size = 0;
     for d in by_rank.values() {
-        if let Some(g) = d.groups.iter().find(|g| g.group == gid) {
+        if let Some(g) = d.groups.iter().find(|g| key.matches(g)) {
             size = size.max(g.size);
             members.push((g.rank, Member { dump: d, group: g }));
         }
     }
-    let name = if gid == "1" {
-        "world".to_string()
-    } else {
-        format!("group {gid}")
+    let name = match (first, key.world.is_empty()) {
+        (true, _) => "world".to_string(),
+        (false, true) => format!("group {}", key.group),
+        (false, false) => format!("group {} of job {}", key.group, key.world),
     };
     let _ = writeln!(out, "\n{name} ({size} ranks):");
     // The first collective some rank has not completed.
@@ -274,16 +329,16 @@ fn group_report(out: &mut String, gid: &str, by_rank: &BTreeMap<usize, &FlightDu
         let _ = writeln!(out, "  collective #{k}: {title}");
         // Ranks that called something else at #k.
         if let Some(first) = first {
-            for (r, _, o) in &entered {
+            for (r, m, o) in &entered {
                 if !same_call(first, o) {
                     let _ = writeln!(
                         out,
                         "  MISMATCH: rank {} called {}{}, rank {r} called {}{}",
                         entered[0].0,
                         first.describe(),
-                        at(first),
+                        at_in(entered[0].1, first),
                         o.describe(),
-                        at(o)
+                        at_in(m, o)
                     );
                 }
             }
@@ -308,7 +363,10 @@ fn group_report(out: &mut String, gid: &str, by_rank: &BTreeMap<usize, &FlightDu
                 "  {} {how}, up to {}{}",
                 plural(&waited),
                 secs(longest),
-                first.map(at).unwrap_or_default()
+                entered
+                    .first()
+                    .map(|(_, m, o)| at_in(m, o))
+                    .unwrap_or_default()
             );
         }
         let absent: Vec<usize> = members
@@ -324,16 +382,26 @@ fn group_report(out: &mut String, gid: &str, by_rank: &BTreeMap<usize, &FlightDu
                         "its last completed collective was #{} ({}){}",
                         o.id,
                         o.describe(),
-                        at(o)
+                        at_done(o)
                     )
                 },
             );
             let now = m
                 .last_call()
                 .filter(|o| o.state == "started" || o.state == "queued")
-                .map(|o| format!("; it is in {} #{}{}", o.describe(), o.id, at(o)))
+                .map(|o| format!("; it is in {} #{}{}", o.describe(), o.id, at_in(m, o)))
                 .unwrap_or_default();
-            let _ = writeln!(out, "  rank {r} never entered collective #{k}: {last}{now}");
+            let py = m
+                .dump
+                .python_stack
+                .as_deref()
+                .and_then(user_frame)
+                .map(|f| format!("; its Python main thread is at {f}"))
+                .unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "  rank {r} never entered collective #{k}: {last}{now}{py}"
+            );
         }
     }
     let mut errors: Vec<(&str, Vec<usize>)> = Vec::new();
@@ -345,7 +413,7 @@ fn group_report(out: &mut String, gid: &str, by_rank: &BTreeMap<usize, &FlightDu
                 "  rank {r} waits in {} for {}{}",
                 o.describe(),
                 secs(waited),
-                at(o)
+                at_in(m, o)
             );
         }
         if let Some(e) = &m.group.error {
@@ -370,12 +438,54 @@ fn group_report(out: &mut String, gid: &str, by_rank: &BTreeMap<usize, &FlightDu
     }
 }
 
-/// Arrival times of the collectives of group `gid` that every rank entered, from the records.
-pub fn stragglers_of(dumps: &[FlightDump], gid: &str) -> Stragglers {
+/// The Python main thread's frames (innermost first, `file:line in function`) of the last dump
+/// in a file `faulthandler` wrote (one dump per `SIGUSR1`, appended; the main thread is listed
+/// last).
+pub fn python_main_stack(text: &str) -> Option<Vec<String>> {
+    let mut dumps: Vec<Vec<(String, Vec<String>)>> = Vec::new();
+    for line in text.lines() {
+        let header = line
+            .strip_prefix("Current thread ")
+            .or_else(|| line.strip_prefix("Thread "))
+            .and_then(|rest| rest.split_whitespace().next());
+        if let Some(id) = header {
+            let new_dump = dumps.last().is_none_or(|d| d.iter().any(|(t, _)| t == id));
+            if new_dump {
+                dumps.push(Vec::new());
+            }
+            if let Some(d) = dumps.last_mut() {
+                d.push((id.to_string(), Vec::new()));
+            }
+        } else if let Some(frame) = line.trim_start().strip_prefix("File \"") {
+            // `File "path", line N in func` → `path:N in func`.
+            let f = frame.replacen("\", line ", ":", 1);
+            if let Some((_, frames)) = dumps.last_mut().and_then(|d| d.last_mut()) {
+                frames.push(f);
+            }
+        }
+    }
+    dumps.pop()?.pop().map(|(_, frames)| frames)
+}
+
+/// The innermost frame of the program itself: not kolo's, torch.distributed's or the standard
+/// library's threading.
+fn user_frame(frames: &[String]) -> Option<String> {
+    let ours = |f: &&String| {
+        f.contains("/kolo/_")
+            || f.contains("/kolo/torch.py")
+            || f.contains("/kolo/MPI.py")
+            || f.contains("/torch/distributed/")
+            || f.contains("/threading.py")
+    };
+    frames.iter().find(|f| !ours(f)).or(frames.first()).cloned()
+}
+
+/// Arrival times of the collectives of group `key` that every rank entered, from the records.
+pub fn stragglers_of(dumps: &[FlightDump], key: &GroupKey) -> Stragglers {
     let mut per_rank: BTreeMap<usize, BTreeMap<u64, f64>> = BTreeMap::new();
     let mut size = 0;
     for d in dumps {
-        if let Some(g) = d.groups.iter().find(|g| g.group == gid) {
+        if let Some(g) = d.groups.iter().find(|g| key.matches(g)) {
             size = size.max(g.size);
             let m = per_rank.entry(g.rank).or_default();
             for o in &g.collectives {

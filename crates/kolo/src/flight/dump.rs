@@ -21,31 +21,62 @@ pub(crate) trait Watched: Send + Sync {
     fn transport_failure(&self) -> Option<String>;
 }
 
-static WATCHED: Mutex<Vec<Weak<dyn Watched>>> = Mutex::new(Vec::new());
-static START: Once = Once::new();
-static JOB: Mutex<Option<String>> = Mutex::new(None);
+/// A watched world: the communicator and its job.
+struct Entry {
+    world: Weak<dyn Watched>,
+    job: String,
+}
 
-/// Where the records go: `KOLO_TRACE_DIR`, else `$TMPDIR/kolo-trace-<job>` (the job id of the
-/// first world made by `kolo::init`, else the process id).
+static WATCHED: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
+static START: Once = Once::new();
+/// Whether another SIGUSR1 handler writes more of the record (Python's stacks, by faulthandler):
+/// then a record written for a failure raises SIGUSR1 too, and the watcher does not write the
+/// record again for that signal.
+static SIGNAL_ON_FAILURE: AtomicBool = AtomicBool::new(false);
+static SELF_RAISED: AtomicBool = AtomicBool::new(false);
+
+/// Has every record written for a failure raise SIGUSR1 in this process too, for another handler
+/// that writes more of it (the Python package's, which has faulthandler write Python's stacks).
+pub fn signal_on_failure(on: bool) {
+    SIGNAL_ON_FAILURE.store(on, Ordering::Release);
+}
+
+/// After a record written for a failure: SIGUSR1 for the other handlers, if asked.
+fn raise_for_others() {
+    if SIGNAL_ON_FAILURE.load(Ordering::Acquire) {
+        SELF_RAISED.store(true, Ordering::Release);
+        // SAFETY: raise has no memory effects; the handlers registered for SIGUSR1 are
+        // signal-hook's (a flag) and faulthandler's (async-signal-safe writes).
+        unsafe { libc::raise(libc::SIGUSR1) };
+    }
+}
+
+/// Where the records go: `KOLO_TRACE_DIR`, else `$TMPDIR/kolo-trace-<job>`, the job being the
+/// launcher's (`KOLO_JOB_ID` from `kolo run`, `TORCHELASTIC_RUN_ID` from torchrun), else that of
+/// the first world `kolo::init` made, else the process id.
 pub fn trace_dir() -> PathBuf {
-    let job = JOB
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .clone()
+    let env = kolo_core::settings::ProcessEnv;
+    let job = ["KOLO_JOB_ID", "TORCHELASTIC_RUN_ID"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok().filter(|j| !j.is_empty()))
+        .or_else(|| {
+            let w = WATCHED.lock().unwrap_or_else(|p| p.into_inner());
+            w.first().map(|e| e.job.clone())
+        })
         .unwrap_or_else(|| format!("pid{}", std::process::id()));
-    kolo_core::settings::trace_dir(&kolo_core::settings::ProcessEnv, &job)
+    kolo_core::settings::trace_dir(&env, &job)
 }
 
 /// Watches `world` (made by `kolo::init` for job `job`): its record is written on its first
 /// failure and on `SIGUSR1`.
 pub(crate) fn watch(world: Weak<dyn Watched>, job: &str) {
-    JOB.lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .get_or_insert_with(|| job.to_string());
     {
         let mut w = WATCHED.lock().unwrap_or_else(|p| p.into_inner());
-        w.retain(|w| w.strong_count() > 0);
-        w.push(world);
+        w.retain(|e| e.world.strong_count() > 0);
+        w.push(Entry {
+            world,
+            job: job.to_string(),
+        });
     }
     START.call_once(|| {
         let usr1 = Arc::new(AtomicBool::new(false));
@@ -57,17 +88,25 @@ pub(crate) fn watch(world: Weak<dyn Watched>, job: &str) {
     });
 }
 
-fn watched() -> Vec<Arc<dyn Watched>> {
+/// The live watched worlds, in the order they were made, with their jobs.
+fn watched_jobs() -> Vec<(Arc<dyn Watched>, String)> {
     let mut w = WATCHED.lock().unwrap_or_else(|p| p.into_inner());
-    w.retain(|w| w.strong_count() > 0);
-    w.iter().filter_map(Weak::upgrade).collect()
+    w.retain(|e| e.world.strong_count() > 0);
+    w.iter()
+        .filter_map(|e| e.world.upgrade().map(|a| (a, e.job.clone())))
+        .collect()
+}
+
+fn watched() -> Vec<Arc<dyn Watched>> {
+    watched_jobs().into_iter().map(|(w, _)| w).collect()
 }
 
 fn watcher(usr1: &AtomicBool) {
     loop {
         std::thread::sleep(Duration::from_millis(100));
-        if usr1.swap(false, Ordering::AcqRel) {
-            for w in watched() {
+        if usr1.swap(false, Ordering::AcqRel) && !SELF_RAISED.swap(false, Ordering::AcqRel) {
+            // One record holds every watched world of the process.
+            if let Some(w) = watched().first() {
                 report(write_dump(w.recorder(), "SIGUSR1"));
             }
         }
@@ -76,6 +115,7 @@ fn watcher(usr1: &AtomicBool) {
                 if w.recorder().claim_failure_dump() {
                     w.recorder().note_error(&f);
                     report(write_dump(w.recorder(), &f));
+                    raise_for_others();
                 }
             }
         }
@@ -97,6 +137,7 @@ pub(crate) fn on_failure(rec: &Arc<FlightRecorder>, reason: &str) {
     };
     if world.claim_failure_dump() {
         report(write_dump(world, reason));
+        raise_for_others();
     }
 }
 
@@ -131,20 +172,60 @@ pub(crate) fn write_dump(world: &Arc<FlightRecorder>, reason: &str) -> std::io::
     Ok(path)
 }
 
-/// The record of `world`'s rank now.
+/// The record of `world`'s rank now: `world` and its groups; for a world made by `kolo::init`,
+/// every such world of the process (torch's process groups, a second `init`), under the first
+/// one's rank.
 pub(crate) fn collect(world: &Arc<FlightRecorder>, reason: &str) -> FlightDump {
-    let mut recs = registry::of(Some(world.world));
-    // The world first (the largest group), then the sub-groups in creation order.
-    recs.sort_by_key(|r| std::cmp::Reverse(r.members.len()));
-    let size = recs.iter().map(|r| r.members.len()).max().unwrap_or(1);
+    let watched = watched_jobs();
+    let worlds: Vec<(usize, String)> = if watched
+        .iter()
+        .any(|(w, _)| w.recorder().world == world.world)
+    {
+        watched
+            .iter()
+            .map(|(w, job)| (w.recorder().world, job.clone()))
+            .collect()
+    } else {
+        vec![(world.world, String::new())]
+    };
+    let head = watched
+        .iter()
+        .map(|(w, _)| w.recorder().clone())
+        .find(|r| worlds.first().is_some_and(|(k, _)| *k == r.world))
+        .unwrap_or_else(|| world.clone());
+    let mut recs: Vec<(usize, Arc<FlightRecorder>)> = registry::of(None)
+        .into_iter()
+        .filter_map(|r| {
+            worlds
+                .iter()
+                .position(|(k, _)| *k == r.world)
+                .map(|i| (i, r))
+        })
+        .collect();
+    // World by world; in each the world first (the largest group), then its sub-groups.
+    recs.sort_by_key(|(i, r)| (*i, std::cmp::Reverse(r.members.len())));
+    let size = recs
+        .iter()
+        .filter(|(i, _)| *i == 0)
+        .map(|(_, r)| r.members.len())
+        .max()
+        .unwrap_or(1);
     FlightDump {
         version: 1,
-        rank: world.world_rank,
+        rank: head.world_rank,
         size,
         host: kolo_core::host::hostname().unwrap_or_default(),
         pid: std::process::id(),
         reason: reason.to_string(),
         dumped_at: clock::unix(clock::now()).unwrap_or(0.0),
-        groups: recs.iter().map(|r| r.record()).collect(),
+        python_stack: None,
+        groups: recs
+            .iter()
+            .map(|(i, r)| {
+                let mut g = r.record();
+                g.world = worlds[*i].1.clone();
+                g
+            })
+            .collect(),
     }
 }

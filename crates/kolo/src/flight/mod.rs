@@ -29,13 +29,11 @@ use std::time::Instant;
 
 use kolo_core::{Call, DType, OpKind};
 
-pub use dump::trace_dir;
 pub(crate) use dump::{collect, write_dump};
 pub(crate) use dump::{on_failure, watch, Watched};
+pub use dump::{signal_on_failure, trace_dir};
 pub use record::{FlightDump, GroupRecord, OpRecord};
 use ring::{Claim, Op, Ring};
-
-
 
 /// Operations of each kind a recorder keeps unless `KOLO_FLIGHT_RECORDS` says otherwise.
 pub const DEFAULT_RECORDS: usize = 2000;
@@ -198,6 +196,7 @@ impl FlightRecorder {
         };
         let error = self.error.lock().unwrap_or_else(|p| p.into_inner()).clone();
         GroupRecord {
+            world: String::new(),
             group: format!("{:x}", self.group),
             rank: self.rank,
             size: self.members.len(),
@@ -271,14 +270,20 @@ mod cost {
         for _ in 0..n {
             x += rec.clock.nanos(std::hint::black_box(at));
         }
-        println!("nanos: {:.1} ns ({x})", t.elapsed().as_nanos() as f64 / n as f64);
+        println!(
+            "nanos: {:.1} ns ({x})",
+            t.elapsed().as_nanos() as f64 / n as f64
+        );
         let (coll, _) = rec.rings.as_ref().unwrap();
         let op = ring::Op::of(&call);
         let t = Instant::now();
         for seq in 0..n {
             coll.claim_started(seq, Location::caller(), &op, 5);
         }
-        println!("claim_started: {:.1} ns", t.elapsed().as_nanos() as f64 / n as f64);
+        println!(
+            "claim_started: {:.1} ns",
+            t.elapsed().as_nanos() as f64 / n as f64
+        );
         let t = Instant::now();
         for seq in 0..n {
             coll.end(seq, true, 0);

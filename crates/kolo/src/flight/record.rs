@@ -27,13 +27,22 @@ pub struct FlightDump {
     pub reason: String,
     /// When (Unix seconds).
     pub dumped_at: f64,
-    /// One entry per communicator of the world (the world itself first, then its sub-groups).
+    /// One entry per communicator (each world first, then its sub-groups).
     pub groups: Vec<GroupRecord>,
+    /// The Python threads' stacks at the last `SIGUSR1` (innermost frame first, one per line;
+    /// the program's main thread), when the program is Python: read by `kolo diagnose` from
+    /// `rank-R.py.txt` beside the record.
+    #[serde(default)]
+    pub python_stack: Option<Vec<String>>,
 }
 
 /// One communicator's operations.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct GroupRecord {
+    /// The job of the world it belongs to (one process can hold several: torch's process groups,
+    /// a second `kolo::init`); empty for a world `kolo::init` did not make.
+    #[serde(default)]
+    pub world: String,
     /// The group id (hex), the same on every member.
     pub group: String,
     /// This rank in the group, the group's size and its members (world ranks).

@@ -151,9 +151,12 @@ impl Ring {
     pub(crate) fn claim(&self, c: Claim) {
         let s = self.slot(c.id);
         s.id.store(0, Ordering::Relaxed);
-        s.meta.store(meta(State::Queued, 0, 0, 0, 0, None), Ordering::Relaxed);
+        s.meta
+            .store(meta(State::Queued, 0, 0, 0, 0, None), Ordering::Relaxed);
         s.queued.store(c.queued, Ordering::Relaxed);
-        let loc = c.location.map_or(ptr::null_mut(), |l| ptr::from_ref(l).cast_mut());
+        let loc = c
+            .location
+            .map_or(ptr::null_mut(), |l| ptr::from_ref(l).cast_mut());
         s.location.store(loc, Ordering::Relaxed);
         s.id.store(c.id + 1, Ordering::Release);
     }
