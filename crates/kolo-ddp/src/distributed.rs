@@ -82,7 +82,9 @@ pub fn check_loss(comm: &Communicator, step: u64, loss: f64) -> Result<f64> {
     let mut all = vec![0.0f64; comm.size()];
     comm.all_gather(&[loss], &mut all)?;
     if all.iter().any(|l| !l.is_finite()) {
-        return Err(TrainError::NonFiniteLoss { step, losses: all });
+        let e = TrainError::NonFiniteLoss { step, losses: all };
+        comm.dump_flight_record_on_failure(&e.to_string());
+        return Err(e);
     }
     Ok(all.iter().sum::<f64>() / all.len() as f64)
 }
@@ -103,7 +105,9 @@ pub fn check_loss_active(comm: &Communicator, step: u64, loss: Option<f64>) -> R
         .collect();
     if active.iter().any(|l| !l.is_finite()) {
         let losses = all.chunks_exact(2).map(|c| c[0]).collect();
-        return Err(TrainError::NonFiniteLoss { step, losses });
+        let e = TrainError::NonFiniteLoss { step, losses };
+        comm.dump_flight_record_on_failure(&e.to_string());
+        return Err(e);
     }
     if active.is_empty() {
         return Ok(None);

@@ -186,7 +186,12 @@ fn train_on(comm: &Communicator, cfg: &TrainConfig, device: &Device) -> Result<S
     let mut gathered = vec![0i64; world];
     comm.all_gather(&[held as i64], &mut gathered)?;
     let optimizer_state_bytes = gathered.iter().map(|&b| b as u64).collect();
+    let stragglers = match world {
+        1 => None,
+        _ => Some(comm.stragglers(1000)?),
+    };
     let summary = Summary {
+        stragglers,
         optimizer_state_bytes,
         config: cfg.clone(),
         world_size: world,

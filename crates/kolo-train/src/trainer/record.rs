@@ -133,6 +133,9 @@ impl Recorder {
                 .unwrap_or_default(),
             self.dir.path().display()
         );
+        if let Some(s) = summary.stragglers.as_ref().filter(|s| s.collectives > 0) {
+            println!("{}", kolo::flight::analysis::straggler_text(s));
+        }
         Ok(())
     }
 }

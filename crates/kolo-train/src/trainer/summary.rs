@@ -52,4 +52,8 @@ pub struct Summary {
     /// each rank its shard; otherwise every rank all of it).
     #[serde(default)]
     pub optimizer_state_bytes: Vec<u64>,
+    /// Which ranks arrived last at the world's collectives (the last 1,000 every rank completed,
+    /// from the flight records; `None` with one rank).
+    #[serde(default)]
+    pub stragglers: Option<kolo::flight::analysis::Stragglers>,
 }

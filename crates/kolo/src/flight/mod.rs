@@ -274,7 +274,7 @@ mod cost {
             "nanos: {:.1} ns ({x})",
             t.elapsed().as_nanos() as f64 / n as f64
         );
-        let (coll, _) = rec.rings.as_ref().unwrap();
+        let (coll, _) = rec.rings.as_ref().expect("recording is on");
         let op = ring::Op::of(&call);
         let t = Instant::now();
         for seq in 0..n {
