@@ -11,7 +11,7 @@ set -euo pipefail
 BIN=${1:-target/release}
 KOLO=$BIN/kolo
 EX=$BIN/examples
-for f in "$KOLO" "$EX/matrix"; do
+for f in "$KOLO" "$EX/matrix" "$EX/stuck_rank"; do
     if [[ ! -x $f ]]; then
         echo "e2e-mpi: $f is missing; build with: cargo build --release -p kolo-cli -p kolo --examples --features kolo-cli/mpi,kolo/mpi" >&2
         exit 2
@@ -89,6 +89,21 @@ check_mismatch() {
     ok "$name"
 }
 
+check_diagnose() {
+    local name="kolo diagnose on MPI: a stuck rank under mpirun, named with its last call"
+    run 60 "${MPIRUN[@]}" -n 3 -x KOLO_TIMEOUT=3 -x KOLO_TRACE_DIR="$TMP/trace" "$EX/stuck_rank"
+    if ((rc == 0 || rc == 124)); then fail "$name" "exit code $rc"; return; fi
+    run 60 "$KOLO" diagnose "$TMP/trace"
+    if ((rc != 0)); then fail "$name" "kolo diagnose exited with $rc"; return; fi
+    if ! grep -q "^3 of 3 ranks left a flight record" <<<"$out" ||
+        ! grep -q "collective #10: all_reduce f32 × 65,536 (sum, engine)" <<<"$out" ||
+        ! grep -Eq "rank 2 never entered collective #10: .*stuck_rank.rs:28:" <<<"$out"; then
+        fail "$name" "kolo diagnose did not name rank 2 and collective #10"
+        return
+    fi
+    ok "$name"
+}
+
 check_matrix "mpirun -n 2 matrix" "${MPIRUN[@]}" -n 2 "$EX/matrix"
 check_matrix "mpirun -n 4 matrix" "${MPIRUN[@]}" -n 4 "$EX/matrix"
 check_matrix "kolo run --backend mpi -n 4 matrix" "$KOLO" run --backend mpi -n 4 -- "$EX/matrix"
@@ -98,5 +113,6 @@ check_train "mpirun -n 2 kolo train --worker: digits MLP on MPI" "$TMP/train-mpi
 check_train "kolo train --backend mpi -n 2: digits MLP on MPI" "$TMP/train-backend" \
     "$KOLO" train --backend mpi -n 2
 check_bench
+check_diagnose
 
 finish e2e-mpi

@@ -287,6 +287,10 @@ events = [e for e in (d["traceEvents"] if isinstance(d, dict) else d)
           if e.get("cat") == "bucket" and e.get("ph") == "b"]
 want = sys.argv[2]
 ok = events and all(e["args"]["hook"] == want for e in events)
+# One arrival-skew counter per bucket all-reduce of a rank (every rank reduces the same buckets).
+skew = [e for e in (d["traceEvents"] if isinstance(d, dict) else d)
+        if e.get("ph") == "C" and e.get("name") == "arrival skew"]
+ok = ok and 2 * len(skew) == len(events) and all(e["args"]["last_rank"] in (0, 1) for e in skew)
 if want == "bf16":
     ok = ok and all(2 * e["args"]["wire_bytes"] == e["args"]["bytes"] for e in events)
 sys.exit(0 if ok else 1)

@@ -9,7 +9,9 @@
 //! gradients, `wire_bytes` each rank put into the collective where the hook says (half of `bytes`
 //! under fp16/bf16 compression), `hook`, `queued_us`, the time it waited in the queue since its
 //! launch). The time from launch to
-//! completion is also an async `queued → done` slice per bucket.
+//! completion is also an async `queued → done` slice per bucket. A counter track on rank 0,
+//! `arrival skew`, shows for each bucket all-reduce how long after the first rank the last one took
+//! it up (`skew_us`) and which rank that was (`last_rank`).
 //!
 //! Clocks are aligned at [`Timeline::start`]: rank 0 plays a few ping-pongs with every rank and keeps
 //! the round with the shortest round trip; every timestamp in the file is on rank 0's clock, in
@@ -152,8 +154,27 @@ impl Shared {
     fn gather(&self, with_meta: bool, queue_id: &mut u64) -> Result<Option<Vec<String>>> {
         let events = std::mem::take(&mut *self.events.lock().unwrap_or_else(|p| p.into_inner()));
         let mine = render(self, &events, with_meta, queue_id);
+        // When this rank arrived at each bucket's all-reduce (the worker took it up), on rank 0's
+        // clock: rank 0 draws the arrival skew from them.
+        let arrivals: Vec<f64> = events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Bucket(b) => {
+                    Some(self.us(b.times.and_then(|t| t.started).unwrap_or(b.launched)))
+                }
+                Event::Span { .. } => None,
+            })
+            .collect();
         drop(events);
-        Ok(self.comm.gather_object(&mine, 0)?)
+        let all = self.comm.gather_object(&(mine, arrivals), 0)?;
+        Ok(all.map(|all| {
+            let (mut parts, arrivals): (Vec<String>, Vec<Vec<f64>>) = all.into_iter().unzip();
+            let skew = arrival_skew(&arrivals);
+            if !skew.is_empty() {
+                parts.push(skew);
+            }
+            parts
+        }))
     }
 
     fn us(&self, t: Instant) -> f64 {
@@ -383,6 +404,38 @@ fn clock_offset(comm: &Communicator, origin: Instant) -> Result<f64> {
     Ok(offsets[rank])
 }
 
+/// A counter track on rank 0 (`arrival skew`): for each bucket all-reduce, how long after the
+/// first rank the last one arrived (µs), and which rank that was. `arrivals[r]` are rank r's
+/// arrival times in bucket order; nothing unless every rank has the same number.
+fn arrival_skew(arrivals: &[Vec<f64>]) -> String {
+    let n = arrivals.first().map_or(0, Vec::len);
+    if arrivals.len() < 2 || n == 0 || arrivals.iter().any(|a| a.len() != n) {
+        return String::new();
+    }
+    let mut out = String::new();
+    for k in 0..n {
+        let at: Vec<f64> = arrivals.iter().map(|a| a[k]).collect();
+        let first = at.iter().copied().fold(f64::INFINITY, f64::min);
+        let (last_rank, last) =
+            at.iter()
+                .copied()
+                .enumerate()
+                .fold(
+                    (0, f64::NEG_INFINITY),
+                    |m, (r, t)| if t > m.1 { (r, t) } else { m },
+                );
+        if !out.is_empty() {
+            out.push_str(",\n");
+        }
+        let _ = write!(
+            out,
+            "{{\"ph\":\"C\",\"name\":\"arrival skew\",\"pid\":0,\"ts\":{first:.3},\"args\":{{\"skew_us\":{:.3},\"last_rank\":{last_rank}}}}}",
+            (last - first).max(0.0)
+        );
+    }
+    out
+}
+
 fn json_str(out: &mut String, s: &str) {
     // serde_json's escaping of a string cannot fail.
     out.push_str(&serde_json::to_string(s).unwrap_or_else(|_| "\"?\"".into()));
@@ -470,4 +523,33 @@ fn render(s: &Shared, events: &[Event], with_meta: bool, queue_id: &mut u64) -> 
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::arrival_skew;
+
+    #[test]
+    fn arrival_skew_names_the_last_rank_of_each_bucket() {
+        let out = arrival_skew(&[vec![10.0, 50.0], vec![13.5, 40.0], vec![11.0, 41.0]]);
+        let events: Vec<serde_json::Value> = out
+            .split(",\n")
+            .map(|e| serde_json::from_str(e).expect("an event"))
+            .collect();
+        let got: Vec<(f64, f64, u64)> = events
+            .iter()
+            .map(|e| {
+                let a = &e["args"];
+                (
+                    e["ts"].as_f64().unwrap_or(-1.0),
+                    a["skew_us"].as_f64().unwrap_or(-1.0),
+                    a["last_rank"].as_u64().unwrap_or(9),
+                )
+            })
+            .collect();
+        assert_eq!(got, [(10.0, 3.5, 1), (40.0, 10.0, 0)]);
+        // Ranks that reduced different numbers of buckets (join): no track.
+        assert!(arrival_skew(&[vec![1.0], vec![1.0, 2.0]]).is_empty());
+        assert!(arrival_skew(&[vec![1.0]]).is_empty());
+    }
 }
