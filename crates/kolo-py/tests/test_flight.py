@@ -109,3 +109,14 @@ def test_dump_on_demand(tmp_path, monkeypatch):
     record = json.loads(open(path).read())
     assert record["reason"] == "asked"
     assert [o["op"] for o in record["groups"][0]["collectives"]] == ["all_reduce"]
+
+
+@pytest.mark.skipif(not KOLO, reason="set KOLO_BIN to the kolo binary (the suite does)")
+def test_a_job_that_goes_well_leaves_nothing_behind(tmp_path):
+    program = tmp_path / "fine.py"
+    program.write_text("import numpy as np, kolo\nc = kolo.init()\nc.all_reduce(np.ones(4))\n")
+    env = dict(os.environ, KOLO_TRACE_DIR=str(tmp_path / "trace"))
+    p = subprocess.run([KOLO, "run", "-n", "2", "--", sys.executable, str(program)],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert not (tmp_path / "trace").exists(), os.listdir(tmp_path / "trace")

@@ -5,11 +5,27 @@ a failure and which ``kolo diagnose --live`` sends a running job. ``faulthandler
 signal handler itself, so a rank stuck in its own code (even holding the GIL) still tells where
 it is; ``kolo diagnose`` shows the main thread's innermost frame of the program."""
 
+import atexit
 import faulthandler
 import os
 import signal
 
 _files = {}
+
+
+@atexit.register
+def _tidy():
+    """At a clean exit, removes the stack files no signal wrote to (and their directory when it is
+    left empty): a job that went well leaves nothing behind."""
+    for path, f in list(_files.items()):
+        try:
+            empty = os.fstat(f.fileno()).st_size == 0
+            f.close()
+            if empty:
+                os.remove(path)
+                os.rmdir(os.path.dirname(path))
+        except OSError:
+            pass
 
 
 def watch(native):

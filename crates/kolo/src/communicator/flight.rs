@@ -41,8 +41,8 @@ impl Communicator {
     /// std::env::set_var("KOLO_TRACE_DIR", dir.path());
     /// let paths = kolo::run_local(2, kolo::Config::default(), |comm| {
     ///     let mut v = [comm.rank() as f32];
-    ///     comm.all_reduce(&mut v, kolo::ReduceOp::Sum)?;
-    ///     comm.dump_flight_record("example")
+    ///     comm.all_reduce(&mut v, kolo::ReduceOp::Sum).expect("all_reduce");
+    ///     comm.dump_flight_record("example").expect("a record")
     /// });
     /// let text = std::fs::read_to_string(dir.path().join("rank-1.json")).unwrap();
     /// let dump: kolo::flight::FlightDump = serde_json::from_str(&text).unwrap();

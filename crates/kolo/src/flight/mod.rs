@@ -1,6 +1,6 @@
 //! The flight recorder: what each rank was doing when a job failed or hung.
 //!
-//! Every communicator keeps a ring of its last operations ([`FlightRecorder`]; collectives and
+//! Every communicator keeps a ring of its last operations (collectives and
 //! point-to-point, `KOLO_FLIGHT_RECORDS` of each, 2,000 by default, 0 for none): the operation's
 //! number (a collective's sequence number, the one its messages are tagged with), what it was
 //! (operation, element type, count, root or peer, reduce operator, algorithm), its state (queued,
