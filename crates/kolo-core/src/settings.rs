@@ -103,7 +103,7 @@ pub fn trace_dir(env: &dyn Env, job: &str) -> std::path::PathBuf {
 /// Every `KOLO_*` variable kolo reads (or, for `KOLO_CPUS`, sets for its workers).
 pub const SETTINGS: &[Setting] = &[
     s("KOLO_TIMEOUT", "`300`", "seconds an operation may wait for a peer before it fails with `Error::Timeout`"),
-    s("KOLO_FLIGHT_RECORDS", "`2000`", "operations of each kind (collective, point-to-point) every communicator's flight recorder keeps (`0`: none)"),
+    s("KOLO_FLIGHT_RECORDS", "`2048`", "operations of each kind (collective, point-to-point) every communicator's flight recorder keeps, rounded up to a power of two (`0`: none)"),
     s("KOLO_TRACE_DIR", "`$TMPDIR/kolo-trace-<job>`", "where each rank writes its flight record (`rank-R.json`) on a failure, on `SIGUSR1` and on demand; `kolo diagnose DIR` reads them"),
     s("KOLO_ALGO_ALLREDUCE", "cost model", "force `ring`, `recursive_doubling`, `halving_doubling` or `tree`"),
     s("KOLO_CONFIRM_CALLS", "`1`", "`0` skips the fingerprint step every collective on shared memory (and on MPI) starts with; only for measuring what it costs"),

@@ -16,7 +16,7 @@ instead (their last operation and its source line), which waited and how long, c
 disagree on, ranks that left no record (a dead process or host), and which ranks arrive last at \
 the collectives they all entered (stragglers: p50/p99 arrival skew).
 
-Every rank keeps a record of its last operations (KOLO_FLIGHT_RECORDS, 2,000 of each kind) and \
+Every rank keeps a record of its last operations (KOLO_FLIGHT_RECORDS, 2,048 of each kind) and \
 writes it to KOLO_TRACE_DIR (default: $TMPDIR/kolo-trace-<job id>) when its job fails, on \
 SIGUSR1, and when the program asks (Communicator::dump_flight_record, \
 kolo.torch.dump_flight_record()). After a failure `kolo run` prints the directory.

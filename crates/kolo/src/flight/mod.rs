@@ -1,7 +1,7 @@
 //! The flight recorder: what each rank was doing when a job failed or hung.
 //!
 //! Every communicator keeps a ring of its last operations (collectives and
-//! point-to-point, `KOLO_FLIGHT_RECORDS` of each, 2,000 by default, 0 for none): the operation's
+//! point-to-point, `KOLO_FLIGHT_RECORDS` of each, 2,048 by default, rounded up to a power of two, 0 for none): the operation's
 //! number (a collective's sequence number, the one its messages are tagged with), what it was
 //! (operation, element type, count, root or peer, reduce operator, algorithm), its state (queued,
 //! started, completed, failed), when it was issued and started, and the caller's source location.
@@ -23,7 +23,7 @@ mod record;
 mod ring;
 
 use std::panic::Location;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Instant;
 
@@ -36,7 +36,7 @@ pub use record::{FlightDump, GroupRecord, OpRecord};
 use ring::{Claim, Op, Ring};
 
 /// Operations of each kind a recorder keeps unless `KOLO_FLIGHT_RECORDS` says otherwise.
-pub const DEFAULT_RECORDS: usize = 2000;
+pub const DEFAULT_RECORDS: usize = 2048;
 
 /// `KOLO_FLIGHT_RECORDS`, read once.
 fn capacity() -> usize {
@@ -66,6 +66,10 @@ pub(crate) struct FlightRecorder {
     error: Mutex<Option<String>>,
     /// Whether this world's record has been written for its failure.
     dumped: AtomicBool,
+    /// The caller of the blocking collective issued last and not started yet (null: none).
+    /// Threads that issue blocking collectives on one communicator at once may see each other's;
+    /// that only mislabels a line of the record.
+    issued: AtomicPtr<Location<'static>>,
     /// The process-wide clock base, kept here so that reading it costs nothing.
     clock: clock::Clock,
 }
@@ -107,6 +111,7 @@ impl FlightRecorder {
             world,
             error: Mutex::new(None),
             dumped: AtomicBool::new(false),
+            issued: AtomicPtr::new(std::ptr::null_mut()),
             clock: clock::Clock::get(),
         });
         registry::add(Arc::downgrade(&rec));
@@ -114,15 +119,21 @@ impl FlightRecorder {
     }
 
     /// Collective `seq` issued by the caller at `location` (`queued`: behind asynchronous work,
-    /// with the time; a blocking call's issue is its start).
+    /// with the time: it takes its slot now). A blocking call's issue is its start: the location
+    /// waits here and the start writes the slot in one pass.
     #[inline]
     pub(crate) fn issue(&self, seq: u64, location: &'static Location<'static>, queued: bool) {
         if let Some((coll, _)) = &self.rings {
-            coll.claim(Claim {
-                id: seq,
-                location: Some(location),
-                queued: if queued { self.clock.coarse_now() } else { 0 },
-            });
+            if queued {
+                coll.claim(Claim {
+                    id: seq,
+                    location: Some(location),
+                    queued: self.clock.coarse_now(),
+                });
+            } else {
+                self.issued
+                    .store(std::ptr::from_ref(location).cast_mut(), Ordering::Relaxed);
+            }
         }
     }
 
@@ -130,7 +141,16 @@ impl FlightRecorder {
     #[inline]
     pub(crate) fn start(&self, seq: u64, call: &Call, at: Instant) {
         if let Some((coll, _)) = &self.rings {
-            coll.start(seq, &Op::of(call), self.clock.nanos(at));
+            let op = Op::of(call);
+            let at = self.clock.nanos(at);
+            // SAFETY: `issued` holds only `&'static Location`s (or null).
+            match unsafe { self.issued.load(Ordering::Relaxed).as_ref() } {
+                Some(location) => {
+                    self.issued.store(std::ptr::null_mut(), Ordering::Relaxed);
+                    coll.claim_started(seq, location, &op, at);
+                }
+                None => coll.start(seq, &op, at),
+            }
         }
     }
 

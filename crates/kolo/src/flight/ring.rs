@@ -96,9 +96,11 @@ struct Slot {
     location: AtomicPtr<Location<'static>>,
 }
 
-/// A ring of `capacity` slots; operation `id` lives in slot `id % capacity`.
+/// A ring of slots (a power of two: finding a slot is a mask, not a division); operation `id`
+/// lives in slot `id & mask`.
 pub(crate) struct Ring {
     slots: Box<[Slot]>,
+    mask: u64,
 }
 
 /// What a slot is claimed with.
@@ -134,14 +136,19 @@ impl Op {
 }
 
 impl Ring {
+    /// A ring of at least `capacity` slots (the next power of two).
     pub(crate) fn new(capacity: usize) -> Ring {
+        let n = capacity.max(1).next_power_of_two();
         Ring {
-            slots: (0..capacity.max(1)).map(|_| Slot::default()).collect(),
+            slots: (0..n).map(|_| Slot::default()).collect(),
+            mask: n as u64 - 1,
         }
     }
 
+    #[inline]
     fn slot(&self, id: u64) -> &Slot {
-        &self.slots[(id % self.slots.len() as u64) as usize]
+        // In bounds: the mask is the length minus one.
+        &self.slots[(id & self.mask) as usize]
     }
 
     /// Claims the slot of operation `c.id`: queued, its call not known yet. The fields a start
