@@ -80,15 +80,10 @@ const fn s(name: &'static str, default: &'static str, meaning: &'static str) -> 
     }
 }
 
-/// Where the ranks of job `job` write their flight records: `KOLO_TRACE_DIR` if set, else
-/// `kolo-trace-<job>` in the temporary directory (the job id with anything but letters, digits,
-/// `-` and `_` replaced by `_`). The launcher looks there too.
-pub fn trace_dir(env: &dyn Env, job: &str) -> std::path::PathBuf {
-    if let Some(d) = env.lookup_os("KOLO_TRACE_DIR").filter(|d| !d.is_empty()) {
-        return d.into();
-    }
-    let safe: String = job
-        .chars()
+/// `s` with anything but ASCII letters, digits, `-` and `_` replaced by `_`: a job id made fit for
+/// a file or segment name.
+pub fn file_name_safe(s: &str) -> String {
+    s.chars()
         .map(|c| {
             if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
                 c
@@ -96,7 +91,17 @@ pub fn trace_dir(env: &dyn Env, job: &str) -> std::path::PathBuf {
                 '_'
             }
         })
-        .collect();
+        .collect()
+}
+
+/// Where the ranks of job `job` write their flight records: `KOLO_TRACE_DIR` if set, else
+/// `kolo-trace-<job>` in the temporary directory (the job id with anything but letters, digits,
+/// `-` and `_` replaced by `_`). The launcher looks there too.
+pub fn trace_dir(env: &dyn Env, job: &str) -> std::path::PathBuf {
+    if let Some(d) = env.lookup_os("KOLO_TRACE_DIR").filter(|d| !d.is_empty()) {
+        return d.into();
+    }
+    let safe = file_name_safe(job);
     std::env::temp_dir().join(format!("kolo-trace-{safe}"))
 }
 

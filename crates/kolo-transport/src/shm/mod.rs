@@ -73,16 +73,7 @@ const SETUP_OP: &str = "shm connect";
 /// to characters safe in a file name. The launcher removes leftovers by this prefix.
 pub fn name_prefix(job_id: &str) -> String {
     let job = job_id.split('/').next().unwrap_or("kolo");
-    let safe: String = job
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
+    let safe = kolo_core::settings::file_name_safe(job);
     format!("kolo-{safe}-")
 }
 
