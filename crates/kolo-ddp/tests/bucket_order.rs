@@ -3,6 +3,8 @@
 //! first bucket — so a model of numbered blocks (`layers.10` sorts before `layers.2`) sends its
 //! last layers first. Training is unchanged by it (the DDP equivalence tests run with it on).
 
+mod common;
+
 use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::{linear, Linear, VarBuilder, VarMap};
 use kolo::Config;
@@ -34,7 +36,7 @@ fn block_order(ddp: &Ddp) -> Vec<usize> {
 }
 
 fn layouts(rebuild: bool) -> Vec<(Vec<usize>, Vec<usize>, Vec<usize>)> {
-    let res = kolo::run_local(2, Config::default(), move |comm| -> Result<_> {
+    common::on_ranks(2, Config::default(), move |comm| -> Result<_> {
         let vm = VarMap::new();
         blocks(&VarBuilder::from_varmap(&vm, DType::F32, &Device::Cpu))?;
         let opts = DdpOptions {
@@ -54,14 +56,7 @@ fn layouts(rebuild: bool) -> Vec<(Vec<usize>, Vec<usize>, Vec<usize>)> {
             ddp.backward(&x.sqr()?.sum_all()?)?;
         }
         Ok((before, block_order(&ddp), ddp.layout().len.clone()))
-    });
-    res.into_iter()
-        .enumerate()
-        .map(|(r, out)| match out {
-            Ok(Ok(v)) => v,
-            other => panic!("rank {r}: {other:?}"),
-        })
-        .collect()
+    })
 }
 
 fn descending(order: &[usize]) -> bool {

@@ -1,6 +1,8 @@
 //! `broadcast_buffers` (PyTorch's default): after a synchronizing backward pass every rank holds
 //! rank 0's BatchNorm running statistics; with it off each keeps its own.
 
+mod common;
+
 use candle_core::{DType, Device, Module, ModuleT, Tensor};
 use candle_nn::{linear, VarBuilder, VarMap};
 use kolo::Config;
@@ -9,7 +11,7 @@ use kolo_ddp::Result;
 use kolo_nn::batch_norm::BatchNorm;
 
 fn running_stats(broadcast: bool) -> Vec<Vec<f32>> {
-    let res = kolo::run_local(2, Config::default(), move |comm| -> Result<Vec<f32>> {
+    common::on_ranks(2, Config::default(), move |comm| -> Result<Vec<f32>> {
         let vm = VarMap::new();
         let build = |vb: VarBuilder| -> candle_core::Result<(BatchNorm, candle_nn::Linear)> {
             Ok((BatchNorm::new(3, vb.pp("bn"))?, linear(3, 1, vb.pp("fc"))?))
@@ -29,14 +31,7 @@ fn running_stats(broadcast: bool) -> Vec<Vec<f32>> {
         let mut stats = bn.running_mean().to_vec1::<f32>()?;
         stats.extend(bn.running_var().to_vec1::<f32>()?);
         Ok(stats)
-    });
-    res.into_iter()
-        .enumerate()
-        .map(|(r, out)| match out {
-            Ok(Ok(v)) => v,
-            other => panic!("rank {r}: {other:?}"),
-        })
-        .collect()
+    })
 }
 
 #[test]

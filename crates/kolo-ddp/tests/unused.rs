@@ -2,6 +2,8 @@
 //! a layer the forward pass skips, and the layers before an operation without a backward pass
 //! (candle_nn's fused LayerNorm), with overlap on and off; a pass that uses everything names none.
 
+mod common;
+
 use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::{layer_norm, linear, LayerNormConfig, VarBuilder, VarMap};
 use kolo::Config;
@@ -19,7 +21,7 @@ fn layers(vb: &VarBuilder) -> candle_core::Result<[Box<dyn Module>; 4]> {
 }
 
 fn unused_after(overlap: bool) -> Vec<Vec<Vec<String>>> {
-    let res = kolo::run_local(
+    common::on_ranks(
         2,
         Config::default(),
         move |comm| -> Result<Vec<Vec<String>>> {
@@ -48,14 +50,7 @@ fn unused_after(overlap: bool) -> Vec<Vec<Vec<String>>> {
             }
             Ok(seen)
         },
-    );
-    res.into_iter()
-        .enumerate()
-        .map(|(r, out)| match out {
-            Ok(Ok(v)) => v,
-            other => panic!("rank {r}: {other:?}"),
-        })
-        .collect()
+    )
 }
 
 #[test]
