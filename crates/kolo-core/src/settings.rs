@@ -105,6 +105,26 @@ pub fn trace_dir(env: &dyn Env, job: &str) -> std::path::PathBuf {
     std::env::temp_dir().join(format!("kolo-trace-{safe}"))
 }
 
+/// Whether a file name is a rank's flight record (`rank-R.json`).
+pub fn is_flight_record(name: &str) -> bool {
+    name.starts_with("rank-") && name.ends_with(".json")
+}
+
+/// How many flight records in `dir` were written at or after `since` (0 if `dir` cannot be read).
+pub fn fresh_flight_records(dir: &std::path::Path, since: std::time::SystemTime) -> usize {
+    std::fs::read_dir(dir).map_or(0, |entries| {
+        entries
+            .filter_map(Result::ok)
+            .filter(|e| is_flight_record(&e.file_name().to_string_lossy()))
+            .filter(|e| {
+                e.metadata()
+                    .and_then(|m| m.modified())
+                    .is_ok_and(|t| t >= since)
+            })
+            .count()
+    })
+}
+
 /// Every `KOLO_*` variable kolo reads (or, for `KOLO_CPUS`, sets for its workers).
 pub const SETTINGS: &[Setting] = &[
     s("KOLO_TIMEOUT", "`300`", "seconds an operation may wait for a peer before it fails with `Error::Timeout`"),

@@ -67,7 +67,9 @@ fn run(args: &DiagnoseArgs) -> Result<ExitCode, CliError> {
             )));
         }
         let deadline = Instant::now() + Duration::from_secs_f64(args.wait.max(0.1));
-        while fresh(&dir, asked) < expect && Instant::now() < deadline {
+        while kolo_core::settings::fresh_flight_records(&dir, asked) < expect
+            && Instant::now() < deadline
+        {
             std::thread::sleep(Duration::from_millis(100));
         }
     }
@@ -123,22 +125,7 @@ fn read_dir(dir: &Path) -> Result<(Vec<FlightDump>, Unread), CliError> {
 fn is_record(p: &Path) -> bool {
     p.file_name()
         .and_then(|n| n.to_str())
-        .is_some_and(|n| n.starts_with("rank-") && n.ends_with(".json"))
-}
-
-/// Records in `dir` written since `since`.
-fn fresh(dir: &Path, since: SystemTime) -> usize {
-    std::fs::read_dir(dir).map_or(0, |entries| {
-        entries
-            .filter_map(Result::ok)
-            .filter(|e| is_record(&e.path()))
-            .filter(|e| {
-                e.metadata()
-                    .and_then(|m| m.modified())
-                    .is_ok_and(|t| t >= since)
-            })
-            .count()
-    })
+        .is_some_and(kolo_core::settings::is_flight_record)
 }
 
 /// The children of `pid` (a `kolo run`'s workers), or none.

@@ -158,12 +158,10 @@ impl FlightRecorder {
     #[inline]
     pub(crate) fn end<T>(&self, seq: u64, r: &kolo_core::Result<T>) {
         if let Some((coll, _)) = &self.rings {
+            // A failed collective's error is noted when it poisons the communicator.
             match r {
                 Ok(_) => coll.end(seq, true, 0),
-                Err(e) => {
-                    coll.end(seq, false, self.clock.coarse_now());
-                    self.note_error(&e.to_string());
-                }
+                Err(_) => coll.end(seq, false, self.clock.coarse_now()),
             }
         }
     }
