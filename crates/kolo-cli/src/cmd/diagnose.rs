@@ -158,6 +158,11 @@ fn env_of(pid: u32, name: &str) -> Option<String> {
 /// Where the job of `pid` (a `kolo run` or a worker) writes its records: its workers' (or its own)
 /// KOLO_TRACE_DIR, else the default for their KOLO_JOB_ID.
 fn job_dir(pid: u32) -> Result<PathBuf, CliError> {
+    if !Path::new(&format!("/proc/{pid}")).exists() {
+        return Err(CliError::Failed(format!(
+            "--live {pid}: no such process (give the pid of the job's `kolo run` or of a worker)"
+        )));
+    }
     let mut procs = workers_of(pid);
     procs.push(pid);
     for p in procs {
