@@ -37,6 +37,10 @@ pub(crate) struct Shared {
     size: usize,
     mailbox: Mailbox,
     pending: Mutex<Vec<PendingSend>>,
+    /// Held while moving messages into the mailbox: two threads pumping at once (a collective and
+    /// the flight recorder's watcher asking for failures) could each take one of two messages of
+    /// one tag from MPI and deliver them in the opposite order.
+    pumping: Mutex<()>,
     aborted: AtomicBool,
     closed: AtomicBool,
     watch: Arc<Watch>,
@@ -54,8 +58,28 @@ impl Shared {
         });
     }
 
-    /// Moves every message that has arrived into the mailbox; returns whether there was one.
+    /// Moves every message that has arrived into the mailbox, in MPI's order; returns whether there
+    /// was one.
     fn pump(&self) -> bool {
+        let _one_at_a_time = self.pumping.lock().unwrap_or_else(|e| e.into_inner());
+        self.pump_locked()
+    }
+
+    /// [`Shared::pump`] unless another thread is pumping (then that thread delivers what came).
+    fn try_pump(&self) {
+        match self.pumping.try_lock() {
+            Ok(_one_at_a_time) => {
+                self.pump_locked();
+            }
+            Err(std::sync::TryLockError::Poisoned(e)) => {
+                let _one_at_a_time = e.into_inner();
+                self.pump_locked();
+            }
+            Err(std::sync::TryLockError::WouldBlock) => {}
+        }
+    }
+
+    fn pump_locked(&self) -> bool {
         let mut any = false;
         loop {
             let mut flag: c_int = 0;
@@ -266,6 +290,7 @@ impl MpiTransport {
             size,
             mailbox: Mailbox::new(size),
             pending: Mutex::new(Vec::new()),
+            pumping: Mutex::new(()),
             aborted: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             watch,
@@ -373,7 +398,8 @@ impl Transport for MpiTransport {
     }
 
     fn failure(&self) -> Option<LinkFailure> {
-        self.shared.pump();
+        // Asked from other threads too (the flight recorder's watcher): never waits on a pump.
+        self.shared.try_pump();
         self.shared.mailbox.failure()
     }
 

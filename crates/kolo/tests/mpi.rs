@@ -57,6 +57,58 @@ fn api_on_mpi() {
     mpirun(5, "rank_api");
 }
 
+/// kolo's own halving-doubling over MPI point-to-point (messages of several pieces under one tag),
+/// run asynchronously while this thread polls a point-to-point receive: two threads
+/// draining MPI's messages at once (as with the flight recorder's watcher too) must still deliver
+/// every piece in the order it was sent.
+#[test]
+#[ignore = "entry point of the ranks `mpirun` starts"]
+fn rank_watched_while_busy() {
+    let Some(_world) = world() else { return };
+    let mut config = Config::default();
+    config.overrides.all_reduce = Some(kolo::Algorithm::HalvingDoubling);
+    let c = kolo::init_mpi(config).expect("MPI world");
+    let (r, size, n) = (c.rank(), c.size(), 1_000_003);
+    let peer = r ^ 1;
+    // The peer sends this note only after its last round.
+    let mut last = c.irecv::<i64>(peer, 7, Some(1));
+    let result = (|| {
+        for round in 0..50u64 {
+            let v: Vec<f32> = (0..n).map(|i| ((i + r) % 7) as f32).collect();
+            let work = c.all_reduce_async(v, ReduceOp::Sum);
+            // Every test() drains MPI's messages on this thread while the collective's thread
+            // drains them too.
+            while !work.is_completed() {
+                assert!(
+                    !last.test(),
+                    "the peer's last note came before the last round"
+                );
+            }
+            let v = work.wait()?;
+            let want = |i: usize| (0..size).map(|s| ((i + s) % 7) as f32).sum::<f32>();
+            if let Some(i) = (0..n).find(|&i| v[i] != want(i)) {
+                panic!("round {round}: element {i} is {}, not {}", v[i], want(i));
+            }
+        }
+        c.send(&[1i64], peer, 7)?;
+        last.wait().map(drop)
+    })();
+    report(&c, result);
+}
+
+#[test]
+fn a_watched_world_keeps_message_order() {
+    let run = mpirun_with(4, "rank_watched_while_busy", &[]);
+    for r in 0..4 {
+        assert!(
+            run.text.contains(&format!("rank {r} ok")),
+            "rank {r}:\n{}",
+            run.text
+        );
+    }
+    assert!(run.success, "{}", run.text);
+}
+
 #[test]
 #[ignore = "entry point of the ranks `mpirun` starts"]
 fn rank_mismatch() {
