@@ -64,8 +64,8 @@ impl Clock {
     /// `at` on the recorder's clock.
     #[inline]
     pub(crate) fn nanos(&self, at: Instant) -> u64 {
-        let d = at.saturating_duration_since(self.instant);
-        (d.as_secs() * 1_000_000_000 + u64::from(d.subsec_nanos())).max(1)
+        // `Instant - Instant` saturates at zero.
+        ((at - self.instant).as_nanos() as u64).max(1)
     }
 
     /// Now, from the coarse clock.
