@@ -275,6 +275,16 @@ pub enum Error {
         /// The engine's message.
         reason: String,
     },
+
+    /// A fault-tolerant world cannot go on: fewer live workers than its floor, this worker left
+    /// out of the membership the others agreed, or no agreement within the time allowed.
+    #[error("fault-tolerant world, generation {generation}: {reason}")]
+    Membership {
+        /// The generation (membership) that could not be formed.
+        generation: u64,
+        /// What happened and what to do.
+        reason: String,
+    },
 }
 
 /// What [`Error::BarrierTimeout`] says after "monitored_barrier on rank N: ".

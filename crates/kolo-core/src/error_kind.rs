@@ -82,7 +82,10 @@ impl Error {
             Error::Unsupported { .. } => ErrorKind::Unsupported,
             Error::Aborted { kind, .. } => *kind,
             Error::Failed { first, .. } => first.kind(),
-            Error::Io { .. } | Error::Store(_) | Error::Serialize { .. } => ErrorKind::Other,
+            Error::Io { .. }
+            | Error::Store(_)
+            | Error::Serialize { .. }
+            | Error::Membership { .. } => ErrorKind::Other,
         }
     }
 }

@@ -32,6 +32,7 @@ mod buffer;
 mod collectives;
 mod communicator;
 pub mod config;
+pub mod elastic;
 pub mod error_file;
 pub mod flight;
 mod group;
