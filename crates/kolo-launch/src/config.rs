@@ -42,6 +42,11 @@ pub struct LaunchConfig {
     /// How many times the whole worker group is restarted after a worker fails (torchrun's
     /// `--max-restarts`; default 0). Not after the launcher is interrupted by a signal.
     pub max_restarts: usize,
+    /// Fault-tolerant workers (`--restart-workers`): a worker that fails is restarted alone (with
+    /// the same rank, job id and store; `KOLO_WORKER_RESTART` counts its restarts) while the others
+    /// go on, up to `max_restarts` restarts in all; the workers of a fault-tolerant world
+    /// (`kolo::elastic`) take it back at their next step boundary.
+    pub restart_workers: bool,
     /// Minimum and maximum number of nodes (launchers) of the job; `(1, 1)` for one host. With more,
     /// the launcher given `node_rank` 0 hosts the store on `master_addr:master_port` and every
     /// launcher joins through it; `min < max` makes the job elastic (see [`crate::rendezvous`]).
@@ -80,6 +85,7 @@ impl LaunchConfig {
             extra_env: Vec::new(),
             cpu_bind: CpuBind::default(),
             max_restarts: 0,
+            restart_workers: false,
             nnodes: (1, 1),
             node_rank: None,
             iface: None,

@@ -30,5 +30,8 @@ pub const KOLO_JOB_SECRET: &str = "KOLO_JOB_SECRET";
 /// How many times `kolo run` has restarted the worker group after a failure (0 on the first run);
 /// a program resumes from its checkpoint when it is above 0.
 pub const KOLO_RESTART_COUNT: &str = "KOLO_RESTART_COUNT";
+/// How many workers the launcher had restarted alone when it started this one (fault-tolerant
+/// workers, `--restart-workers`); absent for a worker of the first start.
+pub const KOLO_WORKER_RESTART: &str = "KOLO_WORKER_RESTART";
 /// The CPUs the worker is bound to (`0-3` style), set only when the launcher binds workers.
 pub const KOLO_CPUS: &str = "KOLO_CPUS";

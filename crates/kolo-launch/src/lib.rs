@@ -102,6 +102,7 @@ pub fn launch(cfg: &LaunchConfig) -> Result<LaunchOutcome, LaunchError> {
         job_id: base_id.clone(),
         cpus: bind::plan(cfg.cpu_bind, cfg.nproc, &bind::allowed_cpus()),
         restart: 0,
+        worker_restart: 0,
         node_rank: 0,
         nnodes: 1,
         addr,
@@ -242,6 +243,7 @@ fn launch_nodes(
             },
             cpus: cpus.clone(),
             restart,
+            worker_restart: 0,
             node_rank: round.node_rank,
             nnodes: round.nnodes,
             addr,
@@ -332,16 +334,58 @@ fn run_group(
             }
         }
     }
-    drop(done_tx);
+    let mut restarted = 0usize;
+    let mut respawn = |old: &Worker| -> supervise::Replace {
+        if !cfg.restart_workers {
+            return supervise::Replace::Stop;
+        }
+        if restarted >= cfg.max_restarts {
+            supervise::report(format_args!(
+                "worker rank {} failed ({}); no restarts left (--max-restarts {}), the others go on \
+                 without it",
+                old.rank,
+                old.exit.map_or_else(|| "exited".to_string(), |t| t.to_string()),
+                cfg.max_restarts
+            ));
+            return supervise::Replace::LeftOut;
+        }
+        restarted += 1;
+        let local = old.rank - job.rank(cfg, 0);
+        supervise::report(format_args!(
+            "worker rank {} failed ({}); restarting it alone (restart {} of {}), the others go on",
+            old.rank,
+            old.exit
+                .map_or_else(|| "exited".to_string(), |t| t.to_string()),
+            restarted,
+            cfg.max_restarts
+        ));
+        let mut again = job.clone();
+        again.worker_restart = restarted;
+        match spawn::spawn_worker(cfg, &again, local).and_then(|mut worker| {
+            supervise::watch(&mut worker, &exit_tx);
+            streams += attach_output(&mut worker, cfg.prefix_output, &done_tx)?;
+            Ok(worker)
+        }) {
+            Ok(w) => supervise::Replace::Restarted(w),
+            Err(e) => supervise::Replace::Failed(e),
+        }
+    };
 
-    let stopped =
-        match supervise::supervise(&mut workers, cfg.grace_period, signals, &exit_rx, external) {
-            Ok(stopped) => stopped,
-            Err(err) => {
-                supervise::stop_all(&mut workers, Duration::ZERO);
-                return Err(err);
-            }
-        };
+    let stopped = match supervise::supervise(
+        &mut workers,
+        cfg.grace_period,
+        signals,
+        &exit_rx,
+        external,
+        &mut respawn,
+    ) {
+        Ok(stopped) => stopped,
+        Err(err) => {
+            supervise::stop_all(&mut workers, Duration::ZERO);
+            return Err(err);
+        }
+    };
+    drop(done_tx);
     drop(exit_tx);
     supervise::kill_stragglers(&workers);
     // Workers remove their shared-memory segment's name once all have mapped it; one that died before
@@ -363,6 +407,11 @@ fn run_group(
         }
     }
 
+    let left_out = workers
+        .iter()
+        .filter(|w| w.left_out)
+        .map(|w| w.rank)
+        .collect();
     let ranks = workers
         .iter()
         .map(|w| RankExit {
@@ -385,6 +434,7 @@ fn run_group(
         interrupted_by,
         restarts: 0,
         remote_failure,
+        left_out,
     })
 }
 

@@ -97,6 +97,9 @@ pub struct LaunchOutcome {
     /// In a job on several nodes: the job's first failure, wherever it was (`node N (host): rank R
     /// ... failed: ...`), when this node's workers were stopped because of it.
     pub remote_failure: Option<String>,
+    /// Fault-tolerant workers (`restart_workers`) that failed with no restarts left, which the
+    /// others went on without: the job succeeds if the workers still running at its end do.
+    pub left_out: Vec<usize>,
 }
 
 impl LaunchOutcome {
@@ -121,6 +124,7 @@ impl LaunchOutcome {
             None => self
                 .ranks
                 .iter()
+                .filter(|r| !self.left_out.contains(&r.rank))
                 .map(|r| r.termination)
                 .find(|t| !t.success())
                 .map_or(0, Termination::exit_code),
@@ -201,6 +205,7 @@ mod tests {
             interrupted_by: None,
             restarts: 0,
             remote_failure: None,
+            left_out: Vec::new(),
         };
         assert_eq!(out.exit_code(), 0);
         assert!(out.success());
@@ -219,6 +224,7 @@ mod tests {
             interrupted_by: None,
             restarts: 0,
             remote_failure: None,
+            left_out: Vec::new(),
         };
         assert_eq!(out.exit_code(), 3);
         assert!(!out.success());
@@ -239,6 +245,7 @@ mod tests {
             interrupted_by: None,
             restarts: 0,
             remote_failure: None,
+            left_out: Vec::new(),
         };
         assert_eq!(out.exit_code(), 137);
     }
@@ -252,6 +259,7 @@ mod tests {
             interrupted_by: Some(libc::SIGINT),
             restarts: 0,
             remote_failure: None,
+            left_out: Vec::new(),
         };
         assert_eq!(out.exit_code(), 130);
         let out = LaunchOutcome {

@@ -23,10 +23,13 @@ pub(crate) struct Worker {
     /// Whether a thread is blocked waiting for this worker's exit (see
     /// [`crate::supervise::watch`]); otherwise the supervisor polls it.
     pub(crate) watched: bool,
+    /// A fault-tolerant worker that failed and was not restarted: its peers go on without it,
+    /// so its failure does not stop the job.
+    pub(crate) left_out: bool,
 }
 
 /// What every worker of one launch shares.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct JobEnv {
     pub(crate) master_port: u16,
     pub(crate) job_id: String,
@@ -36,6 +39,9 @@ pub(crate) struct JobEnv {
     pub(crate) secret: String,
     /// How many times the worker group has been restarted (`KOLO_RESTART_COUNT`).
     pub(crate) restart: usize,
+    /// How many workers this launcher has restarted alone so far, the one started now included
+    /// (`KOLO_WORKER_RESTART`, with [`LaunchConfig::restart_workers`]).
+    pub(crate) worker_restart: usize,
     /// This node's rank and the number of nodes.
     pub(crate) node_rank: usize,
     pub(crate) nnodes: usize,
@@ -75,6 +81,9 @@ pub(crate) fn worker_env(
         ("TORCHELASTIC_USE_AGENT_STORE", "True".to_owned()),
         ("TORCHELASTIC_RESTART_COUNT", job.restart.to_string()),
     ];
+    if job.worker_restart > 0 {
+        vars.push((env::KOLO_WORKER_RESTART, job.worker_restart.to_string()));
+    }
     if let Some(addr) = job.addr {
         vars.push(("KOLO_LISTEN_ADDR", addr.to_string()));
         vars.push(("KOLO_ADVERTISE_ADDR", addr.to_string()));
@@ -136,6 +145,7 @@ pub(crate) fn spawn_worker(
         exit: None,
         exited_at: None,
         watched: false,
+        left_out: false,
     })
 }
 
@@ -178,6 +188,7 @@ mod tests {
             cpus: None,
             secret: "s".to_owned(),
             restart: 0,
+            worker_restart: 0,
             node_rank: 0,
             nnodes: 1,
             addr: None,

@@ -140,6 +140,7 @@ pub(crate) fn supervise(
     signals: &SignalFlags,
     notices: &Receiver<ExitNotice>,
     external: &mut dyn FnMut() -> Option<String>,
+    respawn: &mut dyn FnMut(&Worker) -> Replace,
 ) -> Result<Stopped, LaunchError> {
     let mut cause = None;
     let mut phase = Phase::Running;
@@ -192,6 +193,17 @@ pub(crate) fn supervise(
 
         let mut wait = POLL_INTERVAL;
         if let Phase::Running = phase {
+            // Fault-tolerant workers: a failed one is replaced while the others go on.
+            for w in workers.iter_mut() {
+                if !w.left_out && w.exit.is_some_and(|t| !t.success()) {
+                    match respawn(w) {
+                        Replace::Restarted(new) => *w = new,
+                        Replace::Failed(e) => return Err(e),
+                        Replace::LeftOut => w.left_out = true,
+                        Replace::Stop => {}
+                    }
+                }
+            }
             let failed = failures(workers);
             if let Some(first) = failed.iter().map(|f| f.at).min() {
                 let decide_at = first + FAILURE_WINDOW;
@@ -291,10 +303,23 @@ struct Failure {
     at: Instant,
 }
 
-/// The workers that have failed so far.
+/// What becomes of a worker that failed.
+pub(crate) enum Replace {
+    /// The job stops (every worker is stopped).
+    Stop,
+    /// A new worker of the same rank took its place.
+    Restarted(Worker),
+    /// Starting its replacement failed.
+    Failed(LaunchError),
+    /// The others go on without it (fault-tolerant workers, no restarts left).
+    LeftOut,
+}
+
+/// The workers that have failed so far (but not those left out).
 fn failures(workers: &[Worker]) -> Vec<Failure> {
     workers
         .iter()
+        .filter(|w| !w.left_out)
         .filter_map(|w| match (w.exit, w.exited_at) {
             (Some(termination), Some(at)) if !termination.success() => Some(Failure {
                 rank: w.rank,

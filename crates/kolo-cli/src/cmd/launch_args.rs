@@ -37,6 +37,12 @@ pub struct LaunchArgs {
     #[arg(long, value_name = "K", default_value = "0")]
     pub max_restarts: usize,
 
+    /// Restart only a worker that fails, with the same rank, while the others go on (up to
+    /// --max-restarts restarts in all); for workers that survive a lost peer (`kolo::elastic`,
+    /// `kolo train --fault-tolerant`)
+    #[arg(long)]
+    pub restart_workers: bool,
+
     /// CPU binding: `cores` gives each worker its own block of the CPUs the launcher may use (when
     /// there are 2 or more workers and no more workers than CPUs; like mpirun's default), `none`
     /// leaves placement to the scheduler. The worker's CPUs are in KOLO_CPUS. With several workers,
@@ -129,6 +135,7 @@ impl LaunchArgs {
         cfg.master_addr = self.master_addr.clone();
         cfg.master_port = self.master_port;
         cfg.max_restarts = self.max_restarts;
+        cfg.restart_workers = self.restart_workers;
         cfg.grace_period = self.grace_period;
         cfg.nnodes = self.nnodes;
         cfg.node_rank = self.node_rank;

@@ -142,6 +142,14 @@ pub struct TrainArgs {
     /// communication tracks) for Perfetto or chrome://tracing
     #[arg(long, value_name = "FILE")]
     timeline: Option<PathBuf>,
+    /// Fault tolerance: when a worker is lost its peers go on at the size left from the last
+    /// completed step (no restart, no checkpoint), and the launcher restarts it (up to
+    /// --max-restarts times in all) to rejoin at a step boundary
+    #[arg(long)]
+    fault_tolerant: bool,
+    /// With --fault-tolerant: the fewest workers training goes on with
+    #[arg(long, default_value = "1", value_name = "N", value_parser = parse_positive, requires = "fault_tolerant")]
+    min_workers: usize,
     /// Run as a worker of a job (set by the launcher)
     #[arg(long, hide = true)]
     worker: bool,
@@ -185,7 +193,8 @@ impl TrainArgs {
                 .clone()
                 .or_else(|| env.lookup_os(RUN_DIR_ENV).map(PathBuf::from))
                 .or_else(|| self.torchrun_run_dir(env)),
-            resume: self.resume || restart_count(env) > 0,
+            // A fault-tolerant run's restarted worker gets the state from a live peer instead.
+            resume: self.resume || (restart_count(env) > 0 && !self.fault_tolerant),
             train_limit: self.train_limit,
             test_limit: self.test_limit,
             stop_after: self.stop_after,
@@ -200,6 +209,8 @@ impl TrainArgs {
             shard_optimizer: self.shard_optimizer,
             timeline: self.timeline.clone(),
             device: self.device,
+            fault_tolerant: self.fault_tolerant,
+            min_workers: self.min_workers,
         }
     }
 }
@@ -223,6 +234,9 @@ fn worker(args: &TrainArgs) -> ExitCode {
     if args.replicas > 1 {
         return replicas::worker(args.replicas, &args.config());
     }
+    if args.fault_tolerant {
+        return fault_tolerant_worker(&args.config());
+    }
     let comm = match kolo::init() {
         Ok(c) => c,
         Err(e) => {
@@ -234,6 +248,33 @@ fn worker(args: &TrainArgs) -> ExitCode {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
+    }
+}
+
+/// A worker of a fault-tolerant job: joins the job's current generation (a restarted worker too)
+/// and trains until the last epoch, through the loss and return of workers.
+fn fault_tolerant_worker(cfg: &TrainConfig) -> ExitCode {
+    let options = kolo::elastic::ElasticOptions {
+        min_size: cfg.min_workers,
+        ..Default::default()
+    };
+    let mut world = match kolo::elastic::ElasticWorld::from_env(options) {
+        Ok(w) => w,
+        Err(e) => {
+            report(&format!("kolo train: worker could not join the job: {e}"));
+            return ExitCode::FAILURE;
+        }
+    };
+    match trainer::run_elastic(&mut world, cfg) {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(e) => {
+            report(&format!(
+                "kolo train: member {} (rank {}): {e}",
+                world.member(),
+                world.comm().rank()
+            ));
+            ExitCode::FAILURE
+        }
     }
 }
 
@@ -326,6 +367,17 @@ fn launch_job(args: &TrainArgs) -> Result<ExitCode, CliError> {
         ),
         (RUN_DIR_ENV, run_dir.to_string_lossy().into_owned()),
     ];
+    if args.fault_tolerant {
+        if args.min_workers > args.nproc {
+            return Err(CliError::Usage(format!(
+                "--min-workers {} is more than the {} workers (-n)",
+                args.min_workers, args.nproc
+            )));
+        }
+        let mut launch = args.launch.clone();
+        launch.restart_workers = true;
+        return super::launch_workers("train", args.nproc, &launch, &defaults);
+    }
     super::launch_workers("train", args.nproc, &args.launch, &defaults)
 }
 

@@ -81,6 +81,18 @@ pub struct TrainConfig {
     /// Where the tensors live: the CPU, or one GPU per rank ([`kolo_ddp::device`]).
     #[serde(default)]
     pub device: kolo_ddp::device::DeviceKind,
+    /// Fault tolerance (`--fault-tolerant`): a lost worker's peers go on at the size left from
+    /// the last completed step, a restarted worker rejoins at a step boundary
+    /// ([`kolo::elastic`]); run with [`crate::trainer::run_elastic`].
+    #[serde(default)]
+    pub fault_tolerant: bool,
+    /// With `fault_tolerant`: the fewest workers training goes on with.
+    #[serde(default = "one")]
+    pub min_workers: usize,
+}
+
+fn one() -> usize {
+    1
 }
 
 impl Default for TrainConfig {
@@ -117,6 +129,8 @@ impl Default for TrainConfig {
             shard_optimizer: false,
             timeline: None,
             device: kolo_ddp::device::DeviceKind::Cpu,
+            fault_tolerant: false,
+            min_workers: 1,
         }
     }
 }
@@ -193,6 +207,50 @@ pub(super) fn check_config(cfg: &TrainConfig) -> Result<()> {
     }
     if !(cfg.target_accuracy > 0.0 && cfg.target_accuracy <= 1.0) {
         return bad("target accuracy", "must be in (0, 1]");
+    }
+    if cfg.fault_tolerant {
+        let refuse = |arg: &'static str, why: &str| {
+            Err(TrainError::InvalidArgument {
+                arg,
+                reason: format!("cannot be combined with --fault-tolerant: {why}"),
+            })
+        };
+        if cfg.shard_optimizer {
+            return refuse(
+                "shard-optimizer",
+                "a lost worker takes its shard of the optimizer state with it (no other worker                  holds a copy); train without --shard-optimizer, or restart from checkpoints                  with --max-restarts",
+            );
+        }
+        if cfg.replicas > 1 {
+            return refuse("replicas", "a worker's replicas would be lost together");
+        }
+        if cfg.uneven {
+            return refuse(
+                "uneven",
+                "the fault-tolerant sampler already gives every sample once",
+            );
+        }
+        if cfg.backward_passes_per_step > 1 {
+            return refuse(
+                "backward-passes-per-step",
+                "a step lost to a fault would take its accumulated passes with it",
+            );
+        }
+        if cfg.reduce == kolo_ddp::ddp::GradientReduce::Adasum {
+            return refuse(
+                "reduce",
+                "Adasum needs a power-of-two world, which a loss breaks",
+            );
+        }
+        if cfg.resume || cfg.timeline.is_some() {
+            return refuse(
+                "resume/timeline",
+                "not supported in a fault-tolerant run yet",
+            );
+        }
+        if cfg.min_workers == 0 {
+            return bad("min-workers", "must be at least 1");
+        }
     }
     Ok(())
 }

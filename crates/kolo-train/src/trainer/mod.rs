@@ -5,12 +5,14 @@
 //! checkpoints and a summary into the run directory.
 
 mod config;
+mod elastic;
 mod epoch;
 mod record;
 mod setup;
 mod summary;
 
 pub use config::TrainConfig;
+pub use elastic::run_elastic;
 pub use summary::{EpochStats, Summary};
 
 use std::time::Instant;
@@ -201,6 +203,7 @@ fn train_on(comm: &Communicator, cfg: &TrainConfig, device: &Device) -> Result<S
         total_seconds: started.elapsed().as_secs_f64(),
         run_dir: Some(dir_path),
         epochs: stats,
+        reconfigurations: Vec::new(),
     };
     if let Some(o) = out.as_ref() {
         o.summary(&summary)?;

@@ -57,7 +57,19 @@ pub(super) fn build_optimizer(
     shape: [usize; 3],
     classes: usize,
 ) -> Result<(VarMap, DistributedOptimizer<Box<dyn DynOptimizer>>)> {
-    // Build once to create the parameters, initialize from the seed (rank 0's values win).
+    let varmap = new_varmap(cfg, device, shape, classes)?;
+    let dopt = wrap(comm, cfg, &varmap)?;
+    Ok((varmap, dopt))
+}
+
+/// The model's parameters, initialized from the seed (the same on every rank).
+pub(super) fn new_varmap(
+    cfg: &TrainConfig,
+    device: &Device,
+    shape: [usize; 3],
+    classes: usize,
+) -> Result<VarMap> {
+    // Build once to create the parameters.
     let varmap = VarMap::new();
     models::build(
         cfg.model,
@@ -66,9 +78,19 @@ pub(super) fn build_optimizer(
         classes,
     )?;
     models::seeded_init(&varmap, cfg.seed)?;
+    Ok(varmap)
+}
+
+/// `varmap`'s parameters under DDP on `comm` (rank 0's values win) with the optimizer that
+/// trains them.
+pub(super) fn wrap(
+    comm: &Communicator,
+    cfg: &TrainConfig,
+    varmap: &VarMap,
+) -> Result<DistributedOptimizer<Box<dyn DynOptimizer>>> {
     let mut ddp = Ddp::new(
         comm,
-        &varmap,
+        varmap,
         DdpOptions {
             bucket_bytes: cfg.bucket_bytes,
             overlap: cfg.overlap,
@@ -93,8 +115,11 @@ pub(super) fn build_optimizer(
     } else {
         optim::build(ddp.params().to_vec(), optimizer_config(cfg))?
     };
-    let dopt = DistributedOptimizer::new(ddp, opt, cfg.backward_passes_per_step)?;
-    Ok((varmap, dopt))
+    Ok(DistributedOptimizer::new(
+        ddp,
+        opt,
+        cfg.backward_passes_per_step,
+    )?)
 }
 
 /// Rank 0 creates the run directory; every rank returns rank 0's directory (`Some` on rank 0 only)

@@ -56,4 +56,7 @@ pub struct Summary {
     /// from the flight records; `None` with one rank).
     #[serde(default)]
     pub stragglers: Option<kolo::flight::analysis::Stragglers>,
+    /// `--fault-tolerant`: one line per reconfiguration (lost and joined workers, and why).
+    #[serde(default)]
+    pub reconfigurations: Vec<String>,
 }

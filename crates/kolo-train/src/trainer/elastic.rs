@@ -1,0 +1,317 @@
+//! `kolo train --fault-tolerant`: training that goes on when a worker is lost.
+//!
+//! Each step runs on the current generation of a [`kolo::elastic::ElasticWorld`]. When a collective
+//! fails (a peer died), every survivor keeps what it has — parameters and optimizer state as of its
+//! last completed step — and reconfigures: the survivors agree on the next generation, and the one
+//! that got furthest (a step's all-reduce may have completed on some ranks and not others) hands
+//! its parameters, optimizer state and place in the epoch to all. A restarted worker asks to join;
+//! the members see it at the next step boundary, reconfigure with it, and it receives the same.
+//! Nothing is reloaded from disk.
+//!
+//! The data order is one permutation per epoch; each step takes the next `size × batch` samples
+//! of it and rank `r` its `r`-th share, so a change of size re-partitions the rest of the epoch:
+//! no sample is skipped or repeated (the samples of a step lost to a fault are taken again). The
+//! gradient average follows the live world size; `--scale-lr` follows it too.
+
+use std::time::Instant;
+
+use candle_core::{DType, Device, Tensor};
+use candle_nn::VarMap;
+use kolo::elastic::ElasticWorld;
+use kolo::{Communicator, ReduceOp};
+use kolo_data::{Dataset, DistributedSampler};
+use kolo_ddp::checkpoint;
+use kolo_ddp::distributed::{check_loss, DistributedOptimizer};
+use kolo_ddp::optim::DynOptimizer;
+use kolo_ddp::{vars_comm, TrainError};
+use kolo_models as models;
+use kolo_nn::vars::sorted_vars;
+use serde::{Deserialize, Serialize};
+
+use super::config::{self, TrainConfig};
+use super::{epoch, setup, EpochStats, Summary};
+use crate::error::{Result, RunError};
+
+type Opt = DistributedOptimizer<Box<dyn DynOptimizer>>;
+
+/// Where training is, handed from the furthest survivor to every member after a reconfiguration.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+struct Position {
+    /// Commits so far (steps and finished epochs): the furthest member has the most.
+    progress: u64,
+    epoch: usize,
+    /// Samples of this epoch's order trained on.
+    consumed: usize,
+    /// Optimizer steps.
+    step: u64,
+    loss_sum: f64,
+    loss_steps: usize,
+    /// Seconds of training in this epoch (wall time of its steps, over generations).
+    seconds: f64,
+    samples: usize,
+    epochs: Vec<EpochStats>,
+    /// One line per reconfiguration.
+    events: Vec<String>,
+}
+
+/// What a member keeps of a generation that failed: its optimizer state as of its last step.
+#[derive(Default)]
+struct Kept {
+    state: Vec<(String, Tensor)>,
+    optimizer_steps: u64,
+}
+
+/// Trains fault-tolerantly on `world` according to `cfg` (`cfg.fault_tolerant`); every member of
+/// the last generation returns the summary, and its rank 0 writes `summary.json` into `cfg.out`.
+pub fn run_elastic(world: &mut ElasticWorld, cfg: &TrainConfig) -> Result<Summary> {
+    config::check_config(cfg)?;
+    let device = cfg
+        .device
+        .device((world.comm().rank(), world.comm().local_rank()))?;
+    let (train, test) = setup::load_data(cfg)?;
+    let varmap = setup::new_varmap(cfg, &device, train.shape, train.num_classes)?;
+    let started = Instant::now();
+    let mut pos = Position::default();
+    let mut kept = Kept::default();
+    if world.comm().rank() == 0 {
+        println!(
+            "kolo train: {} on {} ({} train / {} test samples), fault-tolerant, {} workers \
+             (at least {}) × batch {}, {} lr {}",
+            cfg.model,
+            cfg.dataset,
+            train.len(),
+            test.len(),
+            world.comm().size(),
+            cfg.min_workers,
+            cfg.batch_size,
+            cfg.optimizer,
+            cfg.lr
+        );
+    }
+    loop {
+        let generation = (|| -> Result<bool> {
+            let mut dopt = handover(world.comm(), cfg, &varmap, &mut pos, &kept, train.len())?;
+            let done = train_generation(
+                world, cfg, &device, &train, &test, &varmap, &mut dopt, &mut pos,
+            );
+            // Whatever happened, keep this member's optimizer state as of its last step.
+            kept = Kept {
+                state: dopt.inner().state(),
+                optimizer_steps: dopt.inner().step_count(),
+            };
+            done
+        })();
+        let why = match generation {
+            Ok(true) => break,
+            Ok(false) => "a worker asked to join".to_string(),
+            Err(RunError::Train(TrainError::Comm(e))) => e.to_string(),
+            Err(e) => return Err(e),
+        };
+        let change = world.reconfigure()?;
+        let line = format!(
+            "generation {}: {} workers ({}{}) after: {why}",
+            change.generation,
+            change.size,
+            if change.lost.is_empty() {
+                String::new()
+            } else {
+                format!("lost members {:?}", change.lost)
+            },
+            if change.joined.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "{}joined members {:?}",
+                    if change.lost.is_empty() { "" } else { ", " },
+                    change.joined
+                )
+            }
+        );
+        if change.rank == 0 {
+            println!("kolo train: {line}");
+        }
+        pos.events.push(line);
+    }
+    let comm = world.comm();
+    let summary = Summary {
+        config: cfg.clone(),
+        world_size: comm.size(),
+        final_accuracy: pos.epochs.last().map_or(0.0, |s| s.test_accuracy),
+        samples_per_second: pos
+            .epochs
+            .iter()
+            .map(|e| e.samples_per_second * e.epoch_seconds)
+            .sum::<f64>()
+            / pos
+                .epochs
+                .iter()
+                .map(|e| e.epoch_seconds)
+                .sum::<f64>()
+                .max(1e-9),
+        seconds_to_target: None,
+        total_seconds: started.elapsed().as_secs_f64(),
+        run_dir: cfg.out.clone(),
+        optimizer_state_bytes: Vec::new(),
+        stragglers: None,
+        epochs: pos.epochs.clone(),
+        reconfigurations: pos.events.clone(),
+    };
+    if comm.rank() == 0 {
+        if let Some(dir) = &cfg.out {
+            let path = dir.join("summary.json");
+            let io = |source| kolo_metrics::MetricsError::Io {
+                path: path.clone(),
+                source,
+            };
+            std::fs::create_dir_all(dir).map_err(io)?;
+            let text = serde_json::to_string_pretty(&summary).unwrap_or_default();
+            std::fs::write(&path, text).map_err(io)?;
+        }
+    }
+    Ok(summary)
+}
+
+/// Makes every member of the new generation start from the furthest member's state: its
+/// parameters, optimizer state and position (a joiner has none: it only receives).
+fn handover(
+    comm: &Communicator,
+    cfg: &TrainConfig,
+    varmap: &VarMap,
+    pos: &mut Position,
+    kept: &Kept,
+    train_len: usize,
+) -> Result<Opt> {
+    let mut furthest = [pos.progress as i64];
+    comm.all_reduce(&mut furthest, ReduceOp::Max)?;
+    let mut root = [if pos.progress as i64 == furthest[0] {
+        comm.rank() as i64
+    } else {
+        i64::MAX
+    }];
+    comm.all_reduce(&mut root, ReduceOp::Min)?;
+    let root = root[0] as usize;
+    // Everything is received before anything is applied: a handover that fails half-way (another
+    // loss) leaves this member as it was.
+    let next: Position = comm.broadcast_object((comm.rank() == root).then(|| pos.clone()), root)?;
+    let vars = sorted_vars(varmap);
+    let device = vars
+        .first()
+        .map_or(Device::Cpu, |(_, v)| v.device().clone());
+    let mine: std::collections::HashMap<String, Tensor> = kept.state.iter().cloned().collect();
+    let state =
+        checkpoint::broadcast_tensors(comm, root, (comm.rank() == root).then_some(&mine), &device)?;
+    let mut steps = [kept.optimizer_steps as i64];
+    comm.broadcast(&mut steps, root)?;
+    // Written into the parameters only once all of them arrived.
+    let refs: Vec<_> = vars.iter().map(|(_, v)| v).collect();
+    vars_comm::broadcast_vars::<f32>(comm, &refs, root)?;
+    *pos = next;
+    // Every member now holds the same parameters: DDP's own broadcast from rank 0 changes nothing.
+    let dopt = setup::wrap(comm, cfg, varmap)?;
+    let steps_per_epoch = train_len.div_ceil(cfg.batch_size * comm.size()).max(1);
+    let mut dopt = setup::schedule(cfg, comm.size(), steps_per_epoch, dopt);
+    if !state.is_empty() {
+        dopt.inner_mut().load_state(&state)?;
+    }
+    dopt.inner_mut().set_step_count(steps[0] as u64);
+    dopt.set_steps(pos.step);
+    Ok(dopt)
+}
+
+/// Trains until every epoch is done (`true`), a worker asks to join (`false`), or a collective
+/// fails (the error).
+#[allow(clippy::too_many_arguments)]
+fn train_generation(
+    world: &mut ElasticWorld,
+    cfg: &TrainConfig,
+    device: &Device,
+    train: &Dataset,
+    test: &Dataset,
+    varmap: &VarMap,
+    dopt: &mut Opt,
+    pos: &mut Position,
+) -> Result<bool> {
+    let comm = world.comm().clone();
+    let (rank, size) = (comm.rank(), comm.size());
+    let shape = train.shape;
+    let (mut xs, mut ys) = (Vec::new(), Vec::new());
+    while pos.epoch < cfg.epochs {
+        let order =
+            kolo_data::rng::permutation(train.len(), cfg.seed.wrapping_add(pos.epoch as u64));
+        loop {
+            let global = (cfg.batch_size * size).min(order.len() - pos.consumed);
+            // The last few samples of an epoch, fewer than the workers, are left out.
+            if global < size {
+                break;
+            }
+            if world.grow_requested()? {
+                return Ok(false);
+            }
+            let t = Instant::now();
+            let (lo, hi) = (global * rank / size, global * (rank + 1) / size);
+            let mine = &order[pos.consumed + lo..pos.consumed + hi];
+            train.gather(mine, &mut xs, &mut ys)?;
+            let mut x =
+                Tensor::from_slice(&xs, (mine.len(), shape[0], shape[1], shape[2]), device)?;
+            let y = Tensor::from_slice(&ys, mine.len(), device)?;
+            let vb = match cfg.precision.compute_dtype() {
+                Some(compute) => {
+                    x = x.to_dtype(compute)?;
+                    dopt.ddp().var_builder_in(compute, device)
+                }
+                None => dopt.ddp().var_builder(DType::F32, device),
+            };
+            let model = if cfg.sync_bn {
+                models::build_sync_bn(cfg.model, vb, shape, train.num_classes, &comm)?
+            } else {
+                models::build(cfg.model, vb, shape, train.num_classes)?
+            };
+            let logits = model.forward(&x, true)?.to_dtype(DType::F32)?;
+            let loss = candle_nn::loss::cross_entropy(&logits, &y)?;
+            let mean = check_loss(&comm, pos.step, f64::from(loss.to_scalar::<f32>()?))?;
+            dopt.backward_step(&loss)?;
+            // Committed: the step is this member's from here on.
+            pos.progress += 1;
+            pos.step += 1;
+            pos.consumed += global;
+            pos.samples += global;
+            pos.loss_sum += mean;
+            pos.loss_steps += 1;
+            pos.seconds += t.elapsed().as_secs_f64();
+        }
+        dopt.ddp().sync_buffers()?;
+        let eval_sampler = DistributedSampler::eval(test.len(), size, rank)?;
+        let (test_loss, test_accuracy) =
+            epoch::evaluate(&comm, cfg, device, varmap, test, &eval_sampler)?;
+        let s = EpochStats {
+            epoch: pos.epoch + 1,
+            train_loss: pos.loss_sum / pos.loss_steps.max(1) as f64,
+            test_loss,
+            test_accuracy,
+            buffers_agreed: None,
+            epoch_seconds: pos.seconds,
+            samples_per_second: pos.samples as f64 / pos.seconds.max(1e-9),
+        };
+        if rank == 0 {
+            println!(
+                "epoch {}/{}: train loss {:.4}, test loss {:.4}, accuracy {:.2} %, {:.0} samples/s, {} workers",
+                s.epoch,
+                cfg.epochs,
+                s.train_loss,
+                s.test_loss,
+                100.0 * s.test_accuracy,
+                s.samples_per_second,
+                size
+            );
+        }
+        pos.epochs.push(s);
+        pos.progress += 1;
+        pos.epoch += 1;
+        pos.consumed = 0;
+        pos.loss_sum = 0.0;
+        pos.loss_steps = 0;
+        pos.seconds = 0.0;
+        pos.samples = 0;
+    }
+    Ok(true)
+}
