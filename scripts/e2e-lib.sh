@@ -51,3 +51,14 @@ finish() {
 
 # has_line LINE: the last job printed exactly LINE.
 has_line() { grep -qxF -- "$1" <<<"$out"; }
+
+# The pid of the worker of launcher $1 whose environment has RANK=$2 (empty if none).
+worker_of_rank() {
+    local p
+    for p in $(ps --ppid "$1" -o pid= 2>/dev/null); do
+        if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "RANK=$2"; then
+            echo "$p"
+            return
+        fi
+    done
+}

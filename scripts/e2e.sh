@@ -80,16 +80,6 @@ check_ring() {
     ok "$name"
 }
 
-# The pid of the worker of launcher $1 whose environment has RANK=$2 (empty if none).
-worker_of_rank() {
-    local p
-    for p in $(ps --ppid "$1" -o pid= 2>/dev/null); do
-        if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "RANK=$2"; then
-            echo "$p"
-            return
-        fi
-    done
-}
 
 check_killed_worker() {
     local transport=$1

@@ -276,6 +276,17 @@ pub enum Error {
         reason: String,
     },
 
+    /// A worker asked to join a fault-tolerant world whose members have all left: the job is
+    /// over (a worker restarted as the others finished), or every member died.
+    #[error(
+        "fault-tolerant world: every member of generation {generation} has left or died, so there \
+         is nothing to join (the job is over)"
+    )]
+    JobOver {
+        /// The last generation.
+        generation: u64,
+    },
+
     /// A fault-tolerant world cannot go on: fewer live workers than its floor, this worker left
     /// out of the membership the others agreed, or no agreement within the time allowed.
     #[error("fault-tolerant world, generation {generation}: {reason}")]

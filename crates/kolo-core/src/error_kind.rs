@@ -85,7 +85,8 @@ impl Error {
             Error::Io { .. }
             | Error::Store(_)
             | Error::Serialize { .. }
-            | Error::Membership { .. } => ErrorKind::Other,
+            | Error::Membership { .. }
+            | Error::JobOver { .. } => ErrorKind::Other,
         }
     }
 }

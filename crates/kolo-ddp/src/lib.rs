@@ -32,6 +32,7 @@ pub mod clip;
 pub mod ddp;
 pub mod device;
 pub mod distributed;
+pub mod elastic;
 mod error;
 #[doc(hidden)]
 pub mod fuzzing;

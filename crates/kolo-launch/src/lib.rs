@@ -32,6 +32,7 @@ pub mod bind;
 mod config;
 pub mod env;
 mod error;
+mod group;
 pub mod mpirun;
 pub mod net;
 pub mod node_args;
@@ -45,8 +46,7 @@ mod spawn;
 mod supervise;
 pub mod watch;
 
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use kolo_core::settings::{Env, ProcessEnv};
 
@@ -55,14 +55,8 @@ pub use config::{LaunchConfig, DEFAULT_GRACE_PERIOD, DEFAULT_MASTER_ADDR};
 pub use error::LaunchError;
 pub use outcome::{LaunchOutcome, RankExit, Termination};
 
-use output::Target;
 use process::SignalFlags;
-use spawn::{JobEnv, Worker};
-use supervise::StopCause;
-
-/// How long the launcher waits, after all workers have exited, for their
-/// output to be forwarded completely.
-const OUTPUT_DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
+use spawn::JobEnv;
 
 /// A node whose heartbeat has stood still this long when this node's workers fail is taken as the
 /// cause (workers notice a lost peer after their own heartbeat timeout, 6 s by default).
@@ -108,7 +102,8 @@ pub fn launch(cfg: &LaunchConfig) -> Result<LaunchOutcome, LaunchError> {
         addr,
     };
     loop {
-        let mut outcome = run_group(cfg, &job, &signals, &mut || None)?;
+        let exited = |job: &JobEnv, pid: u32| store.set(&exited_key(job, pid), b"1");
+        let mut outcome = group::run_group(cfg, &job, &signals, &mut || None, &exited)?;
         outcome.restarts = job.restart;
         let failed = outcome.first_failure.is_some() && outcome.interrupted_by.is_none();
         if !failed || job.restart >= cfg.max_restarts {
@@ -122,6 +117,12 @@ pub fn launch(cfg: &LaunchConfig) -> Result<LaunchOutcome, LaunchError> {
             cfg.nproc, job.restart, cfg.max_restarts
         ));
     }
+}
+
+/// The store key that says worker process `pid` of this node has exited (read by the
+/// membership agreement of `kolo::elastic`, whose members register `NODE_RANK:pid`).
+fn exited_key(job: &JobEnv, pid: u32) -> String {
+    format!("kolo/{}/ft/exited/{}:{pid}", job.job_id, job.node_rank)
 }
 
 /// The job secret: the caller's `KOLO_JOB_SECRET` (every node of a job must share it), else a fresh
@@ -249,7 +250,10 @@ fn launch_nodes(
             addr,
         };
         let watch = watch::Watch::start(store.clone(), &round, &store_at);
-        let mut outcome = run_group(cfg, &job, signals, &mut || watch.reason())?;
+        let exited = |job: &JobEnv, pid: u32| {
+            let _ = store.set(&exited_key(job, pid), b"1");
+        };
+        let mut outcome = group::run_group(cfg, &job, signals, &mut || watch.reason(), &exited)?;
         outcome.restarts = restart;
         // A node silent for a while when this node's workers failed is what they lost.
         let silent = watch.silent_nodes(SILENT);
@@ -306,138 +310,6 @@ fn launch_nodes(
     }
 }
 
-/// Starts one group of workers and supervises it until every worker is gone; `external` is polled
-/// for a reason to stop them that comes from elsewhere (another node).
-fn run_group(
-    cfg: &LaunchConfig,
-    job: &JobEnv,
-    signals: &SignalFlags,
-    external: &mut dyn FnMut() -> Option<String>,
-) -> Result<LaunchOutcome, LaunchError> {
-    let started_at = std::time::SystemTime::now();
-    let (done_tx, done_rx) = mpsc::channel();
-    let (exit_tx, exit_rx) = mpsc::channel();
-    let mut workers: Vec<Worker> = Vec::with_capacity(cfg.nproc);
-    let mut streams = 0usize;
-    for rank in 0..cfg.nproc {
-        let started = spawn::spawn_worker(cfg, job, rank).and_then(|mut worker| {
-            supervise::watch(&mut worker, &exit_tx);
-            let attached = attach_output(&mut worker, cfg.prefix_output, &done_tx);
-            workers.push(worker);
-            attached
-        });
-        match started {
-            Ok(n) => streams += n,
-            Err(err) => {
-                supervise::stop_all(&mut workers, cfg.grace_period);
-                return Err(err);
-            }
-        }
-    }
-    let mut restarted = 0usize;
-    let mut respawn = |old: &Worker| -> supervise::Replace {
-        if !cfg.restart_workers {
-            return supervise::Replace::Stop;
-        }
-        if restarted >= cfg.max_restarts {
-            supervise::report(format_args!(
-                "worker rank {} failed ({}); no restarts left (--max-restarts {}), the others go on \
-                 without it",
-                old.rank,
-                old.exit.map_or_else(|| "exited".to_string(), |t| t.to_string()),
-                cfg.max_restarts
-            ));
-            return supervise::Replace::LeftOut;
-        }
-        restarted += 1;
-        let local = old.rank - job.rank(cfg, 0);
-        supervise::report(format_args!(
-            "worker rank {} failed ({}); restarting it alone (restart {} of {}), the others go on",
-            old.rank,
-            old.exit
-                .map_or_else(|| "exited".to_string(), |t| t.to_string()),
-            restarted,
-            cfg.max_restarts
-        ));
-        let mut again = job.clone();
-        again.worker_restart = restarted;
-        match spawn::spawn_worker(cfg, &again, local).and_then(|mut worker| {
-            supervise::watch(&mut worker, &exit_tx);
-            streams += attach_output(&mut worker, cfg.prefix_output, &done_tx)?;
-            Ok(worker)
-        }) {
-            Ok(w) => supervise::Replace::Restarted(w),
-            Err(e) => supervise::Replace::Failed(e),
-        }
-    };
-
-    let stopped = match supervise::supervise(
-        &mut workers,
-        cfg.grace_period,
-        signals,
-        &exit_rx,
-        external,
-        &mut respawn,
-    ) {
-        Ok(stopped) => stopped,
-        Err(err) => {
-            supervise::stop_all(&mut workers, Duration::ZERO);
-            return Err(err);
-        }
-    };
-    drop(done_tx);
-    drop(exit_tx);
-    supervise::kill_stragglers(&workers);
-    // Workers remove their shared-memory segment's name once all have mapped it; one that died before
-    // that leaves the name behind. Every worker is gone now, so anything left of this job is garbage.
-    kolo_transport::shm::segment::remove_with_prefix(&kolo_transport::shm::name_prefix(
-        &job.job_id,
-    ));
-    if matches!(stopped.cause, Some(StopCause::Failure(_))) {
-        records::report(&job.job_id, workers.len(), started_at);
-    }
-
-    // Let the output threads finish; a stream still held open by a process
-    // that escaped the workers' process groups must not hang the launcher.
-    let deadline = Instant::now() + OUTPUT_DRAIN_TIMEOUT;
-    for _ in 0..streams {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if done_rx.recv_timeout(left).is_err() {
-            break;
-        }
-    }
-
-    let left_out = workers
-        .iter()
-        .filter(|w| w.left_out)
-        .map(|w| w.rank)
-        .collect();
-    let ranks = workers
-        .iter()
-        .map(|w| RankExit {
-            rank: w.rank,
-            pid: w.pid,
-            // Every worker has been reaped when `supervise` returns.
-            termination: w.exit.unwrap_or(Termination::Signaled(libc::SIGKILL)),
-        })
-        .collect();
-    let (first_failure, interrupted_by, remote_failure) = match stopped.cause {
-        Some(StopCause::Failure(rank)) => (Some(rank), None, None),
-        Some(StopCause::Signal(sig)) => (None, Some(sig), None),
-        Some(StopCause::Remote(why)) => (None, None, Some(why)),
-        None => (None, None, None),
-    };
-    Ok(LaunchOutcome {
-        ranks,
-        first_failure,
-        also_failed: stopped.also_failed,
-        interrupted_by,
-        restarts: 0,
-        remote_failure,
-        left_out,
-    })
-}
-
 /// Binds the rendezvous store the workers will connect to. It answers PyTorch's `TCPStore`
 /// clients too (in their own key space), so that torch.distributed's `env://` rendezvous works in
 /// workers told the launcher hosts the store (`TORCHELASTIC_USE_AGENT_STORE`).
@@ -449,41 +321,6 @@ fn host_store(cfg: &LaunchConfig, secret: &str) -> Result<kolo_store::TcpStoreSe
             addr: cfg.endpoint(port),
             source,
         })
-}
-
-/// Starts the threads forwarding `worker`'s stdout and stderr; returns how
-/// many were started.
-fn attach_output(
-    worker: &mut Worker,
-    prefix: bool,
-    done: &mpsc::Sender<()>,
-) -> Result<usize, LaunchError> {
-    let rank = worker.rank;
-    let mut started = 0;
-    let thread_error = |source| LaunchError::OutputThread { rank, source };
-    if let Some(stdout) = worker.child.stdout.take() {
-        output::spawn_forwarder(
-            rank,
-            stdout,
-            Target::Stdout,
-            output::prefix(rank, prefix),
-            done.clone(),
-        )
-        .map_err(thread_error)?;
-        started += 1;
-    }
-    if let Some(stderr) = worker.child.stderr.take() {
-        output::spawn_forwarder(
-            rank,
-            stderr,
-            Target::Stderr,
-            output::prefix(rank, prefix),
-            done.clone(),
-        )
-        .map_err(thread_error)?;
-        started += 1;
-    }
-    Ok(started)
 }
 
 #[cfg(test)]

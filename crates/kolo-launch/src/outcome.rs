@@ -121,6 +121,17 @@ impl LaunchOutcome {
             Some(r) if !r.termination.success() => r.termination.exit_code(),
             Some(_) => 1,
             None if self.remote_failure.is_some() => 1,
+            // Workers left out count only when no other worker finished (a fault-tolerant job
+            // that lost them all failed).
+            None if !self.ranks.is_empty()
+                && self.ranks.iter().all(|r| self.left_out.contains(&r.rank)) =>
+            {
+                self.ranks
+                    .iter()
+                    .map(|r| r.termination)
+                    .find(|t| !t.success())
+                    .map_or(1, Termination::exit_code)
+            }
             None => self
                 .ranks
                 .iter()
@@ -267,5 +278,25 @@ mod tests {
             ..out
         };
         assert_eq!(out.exit_code(), 143);
+    }
+
+    #[test]
+    fn left_out_workers_fail_the_job_only_when_no_worker_finished() {
+        let mut out = LaunchOutcome {
+            ranks: vec![
+                rank(0, Termination::Exited(0)),
+                rank(1, Termination::Exited(4)),
+            ],
+            first_failure: None,
+            also_failed: Vec::new(),
+            interrupted_by: None,
+            restarts: 0,
+            remote_failure: None,
+            left_out: vec![1],
+        };
+        assert_eq!(out.exit_code(), 0);
+        out.ranks[0] = rank(0, Termination::Exited(4));
+        out.left_out = vec![0, 1];
+        assert_eq!(out.exit_code(), 4);
     }
 }

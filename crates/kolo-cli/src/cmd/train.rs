@@ -258,21 +258,17 @@ fn fault_tolerant_worker(cfg: &TrainConfig) -> ExitCode {
         min_size: cfg.min_workers,
         ..Default::default()
     };
-    let mut world = match kolo::elastic::ElasticWorld::from_env(options) {
-        Ok(w) => w,
-        Err(e) => {
-            report(&format!("kolo train: worker could not join the job: {e}"));
-            return ExitCode::FAILURE;
-        }
-    };
-    match trainer::run_elastic(&mut world, cfg) {
+    match trainer::run_elastic(|| kolo::elastic::ElasticWorld::from_env(options), cfg) {
         Ok(_) => ExitCode::SUCCESS,
+        Err(kolo_train::RunError::Train(kolo_ddp::TrainError::Comm(kolo::Error::JobOver {
+            ..
+        }))) => {
+            println!("kolo train: the job finished before this restarted worker could rejoin it");
+            ExitCode::SUCCESS
+        }
         Err(e) => {
-            report(&format!(
-                "kolo train: member {} (rank {}): {e}",
-                world.member(),
-                world.comm().rank()
-            ));
+            let rank = std::env::var("RANK").unwrap_or_else(|_| "?".into());
+            report(&format!("kolo train: worker {rank}: {e}"));
             ExitCode::FAILURE
         }
     }
@@ -368,6 +364,8 @@ fn launch_job(args: &TrainArgs) -> Result<ExitCode, CliError> {
         (RUN_DIR_ENV, run_dir.to_string_lossy().into_owned()),
     ];
     if args.fault_tolerant {
+        // What every worker would refuse, said once.
+        trainer::check_config(&args.config()).map_err(|e| CliError::Usage(e.to_string()))?;
         if args.min_workers > args.nproc {
             return Err(CliError::Usage(format!(
                 "--min-workers {} is more than the {} workers (-n)",

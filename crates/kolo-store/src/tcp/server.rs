@@ -163,6 +163,13 @@ impl TcpStoreServer {
         self.local_addr
     }
 
+    /// Sets `key` to `value` in the server's own (kolo) key space, as a client's `set` would,
+    /// without a connection: for the process that hosts the store (a launcher telling its
+    /// workers that one of them exited).
+    pub fn set(&self, key: &str, value: &[u8]) {
+        self.shared.kv.set(key, value);
+    }
+
     /// Stops the server: closes the listener and every client connection,
     /// wakes blocked waits and joins all server threads. Idempotent; also
     /// done on drop. Returns within about 50 ms plus the time threads take

@@ -136,7 +136,7 @@ impl Default for TrainConfig {
 }
 
 /// Refuses settings that cannot train, before anything starts.
-pub(super) fn check_config(cfg: &TrainConfig) -> Result<()> {
+pub fn check_config(cfg: &TrainConfig) -> Result<()> {
     let bad = |arg: &'static str, reason: &str| {
         Err(TrainError::InvalidArgument {
             arg,
@@ -218,7 +218,9 @@ pub(super) fn check_config(cfg: &TrainConfig) -> Result<()> {
         if cfg.shard_optimizer {
             return refuse(
                 "shard-optimizer",
-                "a lost worker takes its shard of the optimizer state with it (no other worker                  holds a copy); train without --shard-optimizer, or restart from checkpoints                  with --max-restarts",
+                "a lost worker takes its shard of the optimizer state with it (no other worker \
+                 holds a copy); train without --shard-optimizer, or restart from checkpoints \
+                 with --max-restarts",
             );
         }
         if cfg.replicas > 1 {
@@ -250,6 +252,9 @@ pub(super) fn check_config(cfg: &TrainConfig) -> Result<()> {
         }
         if cfg.min_workers == 0 {
             return bad("min-workers", "must be at least 1");
+        }
+        if cfg.device != kolo_ddp::device::DeviceKind::Cpu {
+            return refuse("device", "fault-tolerant training runs on the CPU for now");
         }
     }
     Ok(())

@@ -18,14 +18,13 @@ use std::time::Instant;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarMap;
 use kolo::elastic::ElasticWorld;
-use kolo::{Communicator, ReduceOp};
+use kolo::Communicator;
 use kolo_data::{Dataset, DistributedSampler};
-use kolo_ddp::checkpoint;
 use kolo_ddp::distributed::{check_loss, DistributedOptimizer};
+use kolo_ddp::elastic::{self, Kept};
 use kolo_ddp::optim::DynOptimizer;
-use kolo_ddp::{vars_comm, TrainError};
+use kolo_ddp::TrainError;
 use kolo_models as models;
-use kolo_nn::vars::sorted_vars;
 use serde::{Deserialize, Serialize};
 
 use super::config::{self, TrainConfig};
@@ -54,25 +53,22 @@ struct Position {
     events: Vec<String>,
 }
 
-/// What a member keeps of a generation that failed: its optimizer state as of its last step.
-#[derive(Default)]
-struct Kept {
-    state: Vec<(String, Tensor)>,
-    optimizer_steps: u64,
-}
-
-/// Trains fault-tolerantly on `world` according to `cfg` (`cfg.fault_tolerant`); every member of
-/// the last generation returns the summary, and its rank 0 writes `summary.json` into `cfg.out`.
-pub fn run_elastic(world: &mut ElasticWorld, cfg: &TrainConfig) -> Result<Summary> {
+/// Trains fault-tolerantly according to `cfg` (`cfg.fault_tolerant`) on the world `join` gives
+/// (called once the data is loaded, so that a restarted worker keeps no one waiting); every member
+/// of the last generation returns the summary, and its rank 0 writes `summary.json` into `cfg.out`.
+pub fn run_elastic(
+    join: impl FnOnce() -> kolo::Result<ElasticWorld>,
+    cfg: &TrainConfig,
+) -> Result<Summary> {
     config::check_config(cfg)?;
-    let device = cfg
-        .device
-        .device((world.comm().rank(), world.comm().local_rank()))?;
     let (train, test) = setup::load_data(cfg)?;
+    // The CPU: a rank's GPU would change with each generation.
+    let device = cfg.device.device((0, 0))?;
     let varmap = setup::new_varmap(cfg, &device, train.shape, train.num_classes)?;
+    let world = &mut join()?;
     let started = Instant::now();
     let mut pos = Position::default();
-    let mut kept = Kept::default();
+    let mut kept: Kept<()> = Kept::default();
     if world.comm().rank() == 0 {
         println!(
             "kolo train: {} on {} ({} train / {} test samples), fault-tolerant, {} workers \
@@ -96,8 +92,9 @@ pub fn run_elastic(world: &mut ElasticWorld, cfg: &TrainConfig) -> Result<Summar
             );
             // Whatever happened, keep this member's optimizer state as of its last step.
             kept = Kept {
-                state: dopt.inner().state(),
+                optimizer_state: dopt.inner().state(),
                 optimizer_steps: dopt.inner().step_count(),
+                ..Kept::default()
             };
             done
         })();
@@ -171,49 +168,32 @@ pub fn run_elastic(world: &mut ElasticWorld, cfg: &TrainConfig) -> Result<Summar
     Ok(summary)
 }
 
-/// Makes every member of the new generation start from the furthest member's state: its
-/// parameters, optimizer state and position (a joiner has none: it only receives).
+/// Makes every member of the new generation start from the furthest member's state
+/// ([`kolo_ddp::elastic::handover`]) and wraps the parameters in DDP on the new communicator.
 fn handover(
     comm: &Communicator,
     cfg: &TrainConfig,
     varmap: &VarMap,
     pos: &mut Position,
-    kept: &Kept,
+    kept: &Kept<()>,
     train_len: usize,
 ) -> Result<Opt> {
-    let mut furthest = [pos.progress as i64];
-    comm.all_reduce(&mut furthest, ReduceOp::Max)?;
-    let mut root = [if pos.progress as i64 == furthest[0] {
-        comm.rank() as i64
-    } else {
-        i64::MAX
-    }];
-    comm.all_reduce(&mut root, ReduceOp::Min)?;
-    let root = root[0] as usize;
-    // Everything is received before anything is applied: a handover that fails half-way (another
-    // loss) leaves this member as it was.
-    let next: Position = comm.broadcast_object((comm.rank() == root).then(|| pos.clone()), root)?;
-    let vars = sorted_vars(varmap);
-    let device = vars
-        .first()
-        .map_or(Device::Cpu, |(_, v)| v.device().clone());
-    let mine: std::collections::HashMap<String, Tensor> = kept.state.iter().cloned().collect();
-    let state =
-        checkpoint::broadcast_tensors(comm, root, (comm.rank() == root).then_some(&mine), &device)?;
-    let mut steps = [kept.optimizer_steps as i64];
-    comm.broadcast(&mut steps, root)?;
-    // Written into the parameters only once all of them arrived.
-    let refs: Vec<_> = vars.iter().map(|(_, v)| v).collect();
-    vars_comm::broadcast_vars::<f32>(comm, &refs, root)?;
-    *pos = next;
+    let mine = Kept {
+        progress: pos.progress,
+        position: pos.clone(),
+        optimizer_state: kept.optimizer_state.clone(),
+        optimizer_steps: kept.optimizer_steps,
+    };
+    let got = elastic::handover(comm, varmap, &mine)?;
+    *pos = got.position;
     // Every member now holds the same parameters: DDP's own broadcast from rank 0 changes nothing.
     let dopt = setup::wrap(comm, cfg, varmap)?;
     let steps_per_epoch = train_len.div_ceil(cfg.batch_size * comm.size()).max(1);
     let mut dopt = setup::schedule(cfg, comm.size(), steps_per_epoch, dopt);
-    if !state.is_empty() {
-        dopt.inner_mut().load_state(&state)?;
+    if !got.optimizer_state.is_empty() {
+        dopt.inner_mut().load_state(&got.optimizer_state)?;
     }
-    dopt.inner_mut().set_step_count(steps[0] as u64);
+    dopt.inner_mut().set_step_count(got.optimizer_steps);
     dopt.set_steps(pos.step);
     Ok(dopt)
 }

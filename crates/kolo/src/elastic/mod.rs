@@ -179,7 +179,9 @@ impl ElasticWorld {
     pub fn new(opts: InitOptions, job: &str, options: ElasticOptions) -> Result<ElasticWorld> {
         let (store, host) = open_store(&opts)?;
         let keys = Keys::new(job);
-        let me = quorum::register(&*store, &keys, opts.rank)?;
+        let node = std::env::var("NODE_RANK").unwrap_or_else(|_| "0".into());
+        let process = format!("{}:{}", node.trim(), std::process::id());
+        let me = quorum::register(&*store, &keys, opts.rank, &process)?;
         let heartbeat = Heartbeat::start(store.clone(), keys.clone(), me);
         let rules = Rules {
             first_size: opts.size,

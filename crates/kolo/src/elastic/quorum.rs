@@ -13,7 +13,9 @@
 //! | `next` | counter: the last member number given out |
 //! | `slot/<n>` | member `n`'s launch rank (orders the first generation and joiners) |
 //! | `beat/<n>` | member `n`'s heartbeat counter |
-//! | `gone/<n>` | member `n` left, or its heartbeat stood still for `dead_after` |
+//! | `proc/<n>` | member `n`'s process, `NODE_RANK:pid` |
+//! | `exited/<node>:<pid>` | that process exited (its launcher says so: `kolo run`) |
+//! | `gone/<n>` | member `n` left, exited, or its heartbeat stood still for `dead_after` |
 //! | `g<k>/join/<n>` | member `n` asks to be in generation `k` |
 //! | `g<k>/asked` | counter: how many asked to be in generation `k` (a joiner's signal) |
 //! | `g<k>/members` | generation `k`'s members in rank order, `n,n,n` (written once) |
@@ -86,8 +88,9 @@ fn store_err(generation: u64, what: &str, e: impl std::fmt::Display) -> Error {
     }
 }
 
-/// Gives this process its member number and records its launch rank.
-pub(crate) fn register(store: &dyn Store, keys: &Keys, slot: usize) -> Result<u64> {
+/// Gives this process its member number and records its launch rank and `process` (`NODE_RANK:pid`,
+/// the name under which a launcher reports its exit).
+pub(crate) fn register(store: &dyn Store, keys: &Keys, slot: usize, process: &str) -> Result<u64> {
     let n = store
         .add(&keys.key(format_args!("next")), 1)
         .map_err(|e| store_err(0, "register", e))?;
@@ -97,6 +100,9 @@ pub(crate) fn register(store: &dyn Store, keys: &Keys, slot: usize) -> Result<u6
             &keys.key(format_args!("slot/{n}")),
             slot.to_string().as_bytes(),
         )
+        .map_err(|e| store_err(0, "register", e))?;
+    store
+        .set(&keys.key(format_args!("proc/{n}")), process.as_bytes())
         .map_err(|e| store_err(0, "register", e))?;
     Ok(n)
 }
@@ -182,7 +188,21 @@ pub(crate) fn agree(
             let left = store
                 .try_get(&keys.key(format_args!("gone/{c}")))
                 .map_err(|e| err("departures", e))?;
-            if left.is_some() {
+            // Its launcher saw its process exit.
+            let exited = match store
+                .try_get(&keys.key(format_args!("proc/{c}")))
+                .map_err(|e| err("departures", e))?
+            {
+                Some(p) => store
+                    .try_get(&keys.key(format_args!("exited/{}", String::from_utf8_lossy(&p))))
+                    .map_err(|e| err("departures", e))?
+                    .is_some(),
+                None => false,
+            };
+            if left.is_some() || exited {
+                if exited {
+                    mark_gone(store, keys, c);
+                }
                 gone.push(c);
                 continue;
             }
@@ -204,6 +224,9 @@ pub(crate) fn agree(
             waiting.push(c);
         }
         let from_previous = previous.iter().filter(|p| joined.contains(p)).count();
+        if k > 0 && !previous.is_empty() && previous.iter().all(|p| gone.contains(p)) {
+            return Err(Error::JobOver { generation: k - 1 });
+        }
         let majority = 2 * from_previous > previous.len();
         let ready = if k == 0 {
             joined.len() >= rules.first_size

@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""Goodput of `kolo train` when workers are killed: fault-tolerant vs restart-from-checkpoint.
+
+Trains LeNet on Fashion-MNIST for --epochs epochs with -n workers, three ways, on each transport:
+
+  undisturbed      no kills (the reference)
+  fault-tolerant   kolo train --fault-tolerant --max-restarts K: survivors go on from their last
+                   step, the launcher restarts the killed worker, which rejoins at a step boundary
+  restart          kolo train --max-restarts K: the launcher restarts every worker, which resume
+                   from the newest epoch checkpoint (today's elastic mode)
+
+and, in the last two, SIGKILLs one worker every --every seconds (ranks in turn, rank 0 included),
+the same schedule for both. Goodput = useful samples (epochs x training samples) / wall seconds.
+Prints a Markdown table; exits non-zero if a disturbed run fails or ends more than --max-drop
+points of accuracy below the undisturbed one.
+
+    scripts/bench_fault_tolerance.py --kolo target/release/kolo -n 3 --epochs 15 --every 20
+"""
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def worker_pids(launcher_pid):
+    """{rank: pid} of the launcher's worker processes."""
+    out = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            if ppid != launcher_pid:
+                continue
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = dict(
+                    kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv
+                )
+            out[int(env.get(b"RANK", b"-1"))] = int(pid)
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def run(args, transport, mode, log_dir):
+    out = tempfile.mkdtemp(prefix=f"kolo-ft-{mode}-", dir=log_dir)
+    cmd = [args.kolo, "train", "-n", str(args.n), "--epochs", str(args.epochs),
+           "--no-progress", "--out", out, "--seed", "1"]
+    if mode == "fault-tolerant":
+        cmd += ["--fault-tolerant", "--max-restarts", "1000"]
+    elif mode == "restart":
+        cmd += ["--max-restarts", "1000"]
+    env = dict(os.environ, KOLO_TRANSPORT=transport)
+    log = open(os.path.join(out, "launcher.log"), "w")
+    t0 = time.monotonic()
+    p = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    kills, victim = [], 1 % args.n
+    next_kill = t0 + args.every
+    while p.poll() is None:
+        now = time.monotonic()
+        if mode != "undisturbed" and now >= next_kill:
+            pids = worker_pids(p.pid)
+            if victim in pids:
+                try:
+                    os.kill(pids[victim], signal.SIGKILL)
+                    kills.append((round(now - t0, 1), victim))
+                except ProcessLookupError:
+                    pass
+            victim = (victim + 1) % args.n
+            next_kill += args.every
+        time.sleep(0.1)
+    wall = time.monotonic() - t0
+    log.close()
+    summary = {}
+    try:
+        with open(os.path.join(out, "summary.json")) as f:
+            summary = json.load(f)
+    except OSError:
+        pass
+    return {
+        "transport": transport, "mode": mode, "code": p.returncode, "wall": wall,
+        "kills": kills, "accuracy": summary.get("final_accuracy"),
+        "reconfigurations": len(summary.get("reconfigurations", [])), "dir": out,
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--kolo", default="target/release/kolo")
+    ap.add_argument("-n", type=int, default=3)
+    ap.add_argument("--epochs", type=int, default=15)
+    ap.add_argument("--every", type=float, default=20.0, help="seconds between kills")
+    ap.add_argument("--transports", default="shm,tcp")
+    ap.add_argument("--modes", default="undisturbed,fault-tolerant,restart")
+    ap.add_argument("--train-samples", type=int, default=60000)
+    ap.add_argument("--max-drop", type=float, default=0.5, help="accuracy points")
+    ap.add_argument("--json", help="also write the rows here")
+    args = ap.parse_args()
+    log_dir = tempfile.mkdtemp(prefix="kolo-ft-bench-")
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")
+                if l.startswith("model name")), "?")
+    print(f"CPU: {cpu}, {os.cpu_count()} cores; {args.n} workers, LeNet / Fashion-MNIST, "
+          f"{args.epochs} epochs, a worker SIGKILLed every {args.every:g} s; logs in {log_dir}")
+    rows, bad = [], False
+    for transport in args.transports.split(","):
+        base = None
+        for mode in args.modes.split(","):
+            r = run(args, transport, mode, log_dir)
+            r["goodput"] = args.epochs * args.train_samples / r["wall"]
+            if mode == "undisturbed":
+                base = r
+            r["vs"] = r["goodput"] / base["goodput"] if base else None
+            r["drop"] = (100 * (base["accuracy"] - r["accuracy"])
+                         if base and base["accuracy"] is not None and r["accuracy"] is not None
+                         else None)
+            if r["code"] != 0 or r["accuracy"] is None or (r["drop"] or 0) > args.max_drop:
+                bad = True
+            rows.append(r)
+            print(f"  {transport} {mode}: exit {r['code']}, {r['wall']:.1f} s, "
+                  f"{len(r['kills'])} kills, accuracy {r['accuracy']}", flush=True)
+    print()
+    print("| transport | mode | kills | wall s | goodput samples/s | vs undisturbed | accuracy % | Δ points |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        acc = f"{100 * r['accuracy']:.2f}" if r["accuracy"] is not None else "failed"
+        vs = f"{r['vs']:.2f}" if r["vs"] else "-"
+        drop = f"{0.0 - r['drop']:+.2f}" if r["drop"] is not None else "-"
+        print(f"| {r['transport']} | {r['mode']} | {len(r['kills'])} | {r['wall']:.1f} | "
+              f"{r['goodput']:.0f} | {vs} | {acc} | {drop} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    sys.exit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()
