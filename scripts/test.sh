@@ -78,6 +78,7 @@ cargo build --workspace --bins --examples --locked
 scripts/e2e.sh target/debug
 scripts/e2e-examples.sh target/debug
 scripts/e2e-diagnose.sh target/debug
+scripts/e2e-fault-tolerance.sh target/debug
 
 stage "NCCL engine: feature build and its CPU-side tests (no GPU here; scripts/gpu-check.sh on one)"
 cargo clippy -p kolo-nccl -p kolo --features kolo/nccl --all-targets --locked -- -D warnings
