@@ -92,9 +92,10 @@ scripts/e2e-launchers.sh target/debug
 stage "Python package: the kolo wheel (maturin) and its tests (pytest; torch backend under torchrun)"
 # Built and installed into PyTorch's venv (its torch loads the backend through the package's
 # entry point); the dev profile shares the build above. expecttest: torch's distributed test suite
-# (tests/test_torch_suite.py runs a few of its tests on kolo) imports it.
+# (tests/test_torch_suite.py runs a few of its tests on kolo) imports it; torchft: kolo as its
+# reconfigurable process group (tests/test_torchft.py).
 VENV=$(dirname "$(dirname "$KOLO_TORCHRUN")")
-"$VENV/bin/pip" install -q --retries 5 "maturin>=1.9.4,<2" pytest expecttest
+"$VENV/bin/pip" install -q --retries 5 "maturin>=1.9.4,<2" pytest expecttest "torchft==0.2.0"
 rm -rf target/wheels
 "$VENV/bin/maturin" build -q -m crates/kolo-py/Cargo.toml --profile dev -o target/wheels
 "$VENV/bin/pip" install -q --force-reinstall --no-deps target/wheels/kolo-*.whl

@@ -253,7 +253,20 @@ fn launch_nodes(
         let exited = |job: &JobEnv, pid: u32| {
             let _ = store.set(&exited_key(job, pid), b"1");
         };
-        let mut outcome = group::run_group(cfg, &job, signals, &mut || watch.reason(), &exited)?;
+        // Fault-tolerant workers go on without a lost node: its loss is reported, not acted on.
+        let mut told = false;
+        let mut external = || match watch.reason() {
+            Some(why) if cfg.restart_workers => {
+                if !std::mem::replace(&mut told, true) {
+                    supervise::report(format_args!(
+                        "{why}; this node's fault-tolerant workers go on without it"
+                    ));
+                }
+                None
+            }
+            other => other,
+        };
+        let mut outcome = group::run_group(cfg, &job, signals, &mut external, &exited)?;
         outcome.restarts = restart;
         // A node silent for a while when this node's workers failed is what they lost.
         let silent = watch.silent_nodes(SILENT);
@@ -289,8 +302,14 @@ fn launch_nodes(
             None => {
                 let _ = rendezvous::done(&*store, restart, round.node_rank);
                 if hosting {
-                    // Keep the store up until every node's workers are done with it.
-                    rendezvous::wait_all_done(&*store, restart, round.nnodes, cfg.rdzv_timeout);
+                    // Keep the store up until every node's workers are done with it (a node lost
+                    // to fault-tolerant workers never says so: not long).
+                    let wait = if cfg.restart_workers {
+                        cfg.rdzv_timeout.min(Duration::from_secs(10))
+                    } else {
+                        cfg.rdzv_timeout
+                    };
+                    rendezvous::wait_all_done(&*store, restart, round.nnodes, wait);
                 }
                 return Ok(outcome);
             }

@@ -115,6 +115,17 @@ class ProcessGroupKolo(dist.ProcessGroup):
     def __repr__(self):
         return f"ProcessGroupKolo(rank={self.rank()}, size={self.size()}, {self._c!r})"
 
+    def abort(self):
+        """Ends this group at once: its operations in flight and queued fail with an error on
+        every rank (the others learn of it), and the process goes on — to make a new group over
+        the ranks left, as torchft's reconfiguration does (``kolo.torchft``)."""
+        self._c.abort("the process group was aborted")
+
+    def shutdown(self):
+        """Ends this group (as :meth:`abort`; torch's ``destroy_process_group`` calls it)."""
+        if self._c.failure() is None:
+            self._c.abort("the process group was shut down")
+
     # -- machinery ------------------------------------------------------------------------------
     # A plan is what one torch call does: (calls, after), each call `call(done)` one kolo
     # operation, `after` a copy out of scratch tensors once they have all succeeded (or None).
@@ -426,8 +437,19 @@ def _timeout_seconds(timeout):
 
 
 def _create(dist_backend_opts, backend_options=None):
-    store = dist_backend_opts.store
-    rank, size = dist_backend_opts.group_rank, dist_backend_opts.group_size
+    group = str(getattr(dist_backend_opts, "group_id", "") or "default")
+    return make_group(
+        dist_backend_opts.store,
+        dist_backend_opts.group_rank,
+        dist_backend_opts.group_size,
+        group,
+        _timeout_seconds(dist_backend_opts.timeout),
+    )
+
+
+def make_group(store, rank, size, group="default", timeout=None):
+    """A :class:`ProcessGroupKolo` of `size` ranks meeting through the torch `store` (each
+    rank passes its own `rank`; `timeout` in seconds, None for kolo's own)."""
     # A name for this communicator's keys and shared memory, unique to this run: rank 0 draws it,
     # the others read it from the (group's) store.
     if rank == 0:
@@ -435,13 +457,12 @@ def _create(dist_backend_opts, backend_options=None):
         store.set("kolo/token", token)
     else:
         token = store.get("kolo/token").decode()
-    group = str(getattr(dist_backend_opts, "group_id", "") or "default")
     comm = _kolo.init_with_store(
         store,
         rank,
         size,
         job=f"torch-{token}/{group}",
-        timeout=_timeout_seconds(dist_backend_opts.timeout),
+        timeout=timeout,
         host=_store_host(store),
     )
     from . import _flight
