@@ -9,7 +9,9 @@
 #   4. a floor (--min-workers 3) that a loss breaks: every survivor stops with the floor's message;
 #   5. settings it refuses up front;
 #   6. a loop of one's own (crates/kolo-ddp/examples/ddp_fault_tolerant.rs) under
-#      `kolo run --restart-workers`, rank 1 killed: it finishes with the loss it must reach.
+#      `kolo run --restart-workers`, rank 1 killed: it finishes with the loss it must reach;
+#   7. two hosts (network namespaces, 2 workers each) and the link between them cut mid-job: the
+#      host with the store trains on with its 2 workers and finishes, the other stops (needs root).
 #
 # Usage: scripts/e2e-fault-tolerance.sh [BIN_DIR]    (default target/release)
 # Expects BIN_DIR/kolo and BIN_DIR/examples/ddp_fault_tolerant
@@ -158,11 +160,31 @@ check_own_loop() {
     ok "$name"
 }
 
+check_partition() {
+    local name="two hosts, the link cut mid-job: the side with the store trains on and finishes, the other stops"
+    local here
+    here=$(cd "$(dirname "$0")" && pwd)
+    rc=0
+    out=$("$here/netns-partition.sh" "$KOLO" 2 "epoch 1/4" -- train --fault-tolerant --model mlp \
+        --dataset mnist --train-limit 20000 --test-limit 2000 --epochs 4 --batch-size 32 \
+        --no-progress --out "$TMP/partition" 2>&1) || rc=$?
+    if ((rc == 77)); then
+        skip "$name" "$(tail -1 <<<"$out")"
+        return
+    fi
+    if ((rc != 0)); then fail "$name" "netns-partition.sh: exit code $rc"; return; fi
+    expect "$name" "^partition: node 0 exit 0 after" "^partition: node 1 exit 1 after" \
+        "\[node 0\] kolo train: generation 1: 2 workers \(lost members \[[0-9]+, [0-9]+\]\)" \
+        "\[node 0\] epoch 4/4: .* 2 workers" "\[node 1\] kolo run: stopping workers: lost the rendezvous store" || return
+    ok "$name"
+}
+
 check_lost_and_rejoined shm 1
 check_lost_and_rejoined tcp 0
 check_two_at_once
 check_floor
 check_refusals
 check_own_loop
+check_partition
 
 finish e2e-fault-tolerance

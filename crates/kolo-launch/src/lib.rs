@@ -253,10 +253,11 @@ fn launch_nodes(
         let exited = |job: &JobEnv, pid: u32| {
             let _ = store.set(&exited_key(job, pid), b"1");
         };
-        // Fault-tolerant workers go on without a lost node: its loss is reported, not acted on.
+        // Fault-tolerant workers go on without a lost node: its loss is reported, not acted on
+        // (but without the store they cannot go on).
         let mut told = false;
         let mut external = || match watch.reason() {
-            Some(why) if cfg.restart_workers => {
+            Some(why) if cfg.restart_workers && watch.store_lost().is_none() => {
                 if !std::mem::replace(&mut told, true) {
                     supervise::report(format_args!(
                         "{why}; this node's fault-tolerant workers go on without it"
@@ -296,6 +297,9 @@ fn launch_nodes(
         }
         let first_failure = match &local {
             Some(what) => rendezvous::fail(&*store, restart, what),
+            // Fault-tolerant workers that finished here finished the job, whatever another
+            // node's fate.
+            None if cfg.restart_workers && outcome.success() => None,
             None => rendezvous::failure(&*store, restart).ok().flatten(),
         };
         match first_failure {

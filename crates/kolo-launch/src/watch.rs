@@ -107,6 +107,11 @@ impl Watch {
         lock(&self.state).reason.clone()
     }
 
+    /// Whether (and how) the store was lost, so far.
+    pub fn store_lost(&self) -> Option<String> {
+        lock(&self.state).store_lost.clone()
+    }
+
     /// Stops watching and says whether the store was lost (and how). Waits for the store call in
     /// progress, if any, which takes at most [`STORE_TIMEOUT`].
     pub fn finish(mut self) -> Option<String> {
