@@ -17,7 +17,14 @@
 //! (`min_size`) ends every survivor with [`Error::Membership`](kolo_core::Error::Membership).
 //!
 //! The store must outlive every worker: `kolo run` hosts it in the launcher (so rank 0 may die
-//! too), as does torchrun's agent; a rendezvous whose store rank 0 would host is refused.
+//! too), as does torchrun's agent; a rendezvous whose store rank 0 would host is refused. A
+//! launcher that reaps a worker says so in the store (`kolo run`), so the others need not wait
+//! for its heartbeat to stop.
+//!
+//! The generations connect kolo's own transports (shared memory, TCP); an MPI world cannot
+//! change its members (that needs ULFM's `MPI_Comm_shrink`, which the Open MPI builds kolo is
+//! tested with do not enable), and a world of threads ([`crate::run_local`]) has no members that
+//! can die alone.
 //!
 //! ```
 //! use std::sync::Arc;
