@@ -144,6 +144,7 @@ pub const SETTINGS: &[Setting] = &[
     s("KOLO_AGENT_STORE", "unset", "`1`: the launcher hosts the rendezvous store (rank 0 must not start one); set by `kolo run`"),
     s("KOLO_JOB_ID", "torchrun's or Slurm's job id, else `kolo`", "the job's id (`kolo run` sets a fresh random one per launch)"),
     s("KOLO_RESTART_COUNT", "`0`", "how often the launcher restarted the worker group (set by `kolo run`)"),
+    s("KOLO_WORKER_RESTART", "unset", "`kolo run --restart-workers`: how many workers the launcher had restarted alone when it started this one"),
     s("KOLO_JOB_SECRET", "none", "the job's shared secret for authenticating connections (`kolo run` generates one per job)"),
     s("KOLO_BIND", "`cores`", "`kolo run`/`train`/`bench`: `cores` binds each worker to its own block of CPUs, `none` does not"),
     s("KOLO_CPUS", "set by `kolo run`", "the CPUs a bound worker may run on"),

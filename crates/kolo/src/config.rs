@@ -23,6 +23,10 @@ pub struct Config {
     /// (`KOLO_CONFIRM_CALLS=0`) is only for measuring what it costs: mismatches are then still caught
     /// where messages flow, but e.g. a broadcast's root can finish before its peers notice.
     pub confirm_calls: bool,
+    /// Operations of each kind (collective, point-to-point) the communicator's flight recorder
+    /// keeps (`crate::flight`); `Some(0)` records nothing. `None`: `KOLO_FLIGHT_RECORDS`, else
+    /// [`crate::flight::DEFAULT_RECORDS`].
+    pub flight_records: Option<usize>,
 }
 
 impl Default for Config {
@@ -31,6 +35,7 @@ impl Default for Config {
             timeout: DEFAULT_TIMEOUT,
             overrides: Overrides::default(),
             confirm_calls: true,
+            flight_records: None,
         }
     }
 }

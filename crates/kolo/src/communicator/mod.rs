@@ -133,9 +133,11 @@ impl Communicator {
         let recorder = Recorder::new(
             group,
             members.clone(),
-            rank,
-            transport.rank(),
+            (rank, transport.rank()),
             Arc::as_ptr(&transport).cast::<()>() as usize,
+            config
+                .flight_records
+                .unwrap_or_else(crate::flight::capacity),
         );
         let comm = Communicator {
             inner: Arc::new(Inner {

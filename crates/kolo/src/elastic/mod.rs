@@ -143,14 +143,12 @@ fn open_store(opts: &InitOptions) -> Result<(Arc<dyn Store>, Option<String>)> {
     match &opts.method {
         InitMethod::Tcp { host, port } => {
             if opts.host_store {
-                return Err(Error::Config {
-                    var: "KOLO_FAULT_TOLERANT".into(),
-                    value: "1".into(),
-                    reason: format!(
-                        "rank 0 would host the rendezvous store at {host}:{port}, and the job \
-                         could not outlive rank 0: start the workers with `kolo run` (its \
-                         launcher hosts the store), torchrun, or a store of their own \
-                         (KOLO_INIT_METHOD=file:///shared/path)"
+                return Err(Error::Unsupported {
+                    what: format!(
+                        "a fault-tolerant world whose rendezvous store rank 0 would host (at \
+                         {host}:{port}): the job could not outlive rank 0; start the workers \
+                         with `kolo run` (its launcher hosts the store), torchrun, or a store of \
+                         their own (KOLO_INIT_METHOD=file:///shared/path)"
                     ),
                 });
             }

@@ -39,7 +39,7 @@ use ring::{Claim, Op, Ring};
 pub const DEFAULT_RECORDS: usize = 2048;
 
 /// `KOLO_FLIGHT_RECORDS`, read once.
-fn capacity() -> usize {
+pub(crate) fn capacity() -> usize {
     static CAP: OnceLock<usize> = OnceLock::new();
     *CAP.get_or_init(|| {
         std::env::var("KOLO_FLIGHT_RECORDS")
@@ -96,11 +96,10 @@ impl FlightRecorder {
     pub(crate) fn new(
         group: u64,
         members: Vec<usize>,
-        rank: usize,
-        world_rank: usize,
+        (rank, world_rank): (usize, usize),
         world: usize,
+        cap: usize,
     ) -> Arc<FlightRecorder> {
-        let cap = capacity();
         let rec = Arc::new(FlightRecorder {
             rings: (cap > 0).then(|| (Ring::new(cap), Ring::new(cap))),
             next_p2p: AtomicU64::new(0),
@@ -264,7 +263,7 @@ mod cost {
     #[test]
     #[ignore = "a measurement: cargo test -p kolo --release flight::cost -- --ignored --nocapture"]
     fn recording_a_blocking_collective() {
-        let rec = FlightRecorder::new(1, vec![0, 1], 0, 0, 0);
+        let rec = FlightRecorder::new(1, vec![0, 1], (0, 0), 0, DEFAULT_RECORDS);
         let call = Call {
             op: OpKind::AllReduce,
             dtype: Some(DType::F32),
