@@ -31,6 +31,13 @@ impl Communicator {
         flight::watch(Arc::downgrade(&world), job);
     }
 
+    /// Pauses (`false`) or resumes this communicator's flight recording, for measuring what it
+    /// costs (`examples/flight_cost.rs`); operations run while paused are not in the record.
+    #[doc(hidden)]
+    pub fn set_flight_recording(&self, on: bool) {
+        self.inner.recorder.pause(!on);
+    }
+
     /// Writes this rank's flight record now — the last operations of this communicator's world and
     /// of every group made from it, with `reason` — as `rank-R.json` in `KOLO_TRACE_DIR` (else
     /// `$TMPDIR/kolo-trace-<job>`); returns the file's path. Not collective: each rank writes its

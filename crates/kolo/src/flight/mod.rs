@@ -72,6 +72,8 @@ pub(crate) struct FlightRecorder {
     issued: AtomicPtr<Location<'static>>,
     /// The process-wide clock base, kept here so that reading it costs nothing.
     clock: clock::Clock,
+    /// Recording paused (for measuring what it costs on one communicator).
+    paused: AtomicBool,
 }
 
 /// A point-to-point operation being recorded; [`P2p::end`] marks it done.
@@ -83,7 +85,7 @@ pub(crate) struct P2p<'a> {
 impl P2p<'_> {
     /// Marks the operation completed (or failed, with the time).
     pub fn end<T, E>(self, r: &Result<T, E>) {
-        if let Some((_, p2p)) = &self.rec.rings {
+        if let Some((_, p2p)) = self.rec.rings() {
             match r {
                 Ok(_) => p2p.end(self.id, true, 0),
                 Err(_) => p2p.end(self.id, false, self.rec.clock.coarse_now()),
@@ -112,9 +114,24 @@ impl FlightRecorder {
             dumped: AtomicBool::new(false),
             issued: AtomicPtr::new(std::ptr::null_mut()),
             clock: clock::Clock::get(),
+            paused: AtomicBool::new(false),
         });
         registry::add(Arc::downgrade(&rec));
         rec
+    }
+
+    /// The rings, unless recording is off or paused.
+    #[inline]
+    fn rings(&self) -> Option<&(Ring, Ring)> {
+        match &self.rings {
+            Some(r) if !self.paused.load(Ordering::Relaxed) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// Pauses (or resumes) recording.
+    pub(crate) fn pause(&self, paused: bool) {
+        self.paused.store(paused, Ordering::Relaxed);
     }
 
     /// Collective `seq` issued by the caller at `location` (`queued`: behind asynchronous work,
@@ -122,7 +139,7 @@ impl FlightRecorder {
     /// waits here and the start writes the slot in one pass.
     #[inline]
     pub(crate) fn issue(&self, seq: u64, location: &'static Location<'static>, queued: bool) {
-        if let Some((coll, _)) = &self.rings {
+        if let Some((coll, _)) = self.rings() {
             if queued {
                 coll.claim(Claim {
                     id: seq,
@@ -139,7 +156,7 @@ impl FlightRecorder {
     /// Collective `seq` starts now (`at`, the instant its deadline counts from) as `call`.
     #[inline]
     pub(crate) fn start(&self, seq: u64, call: &Call, at: Instant) {
-        if let Some((coll, _)) = &self.rings {
+        if let Some((coll, _)) = self.rings() {
             let op = Op::of(call);
             let at = self.clock.nanos(at);
             // SAFETY: `issued` holds only `&'static Location`s (or null).
@@ -156,7 +173,7 @@ impl FlightRecorder {
     /// Collective `seq` ended.
     #[inline]
     pub(crate) fn end<T>(&self, seq: u64, r: &kolo_core::Result<T>) {
-        if let Some((coll, _)) = &self.rings {
+        if let Some((coll, _)) = self.rings() {
             // A failed collective's error is noted when it poisons the communicator.
             match r {
                 Ok(_) => coll.end(seq, true, 0),
@@ -178,7 +195,7 @@ impl FlightRecorder {
         tag: u64,
     ) -> P2p<'_> {
         let id = self.next_p2p.fetch_add(1, Ordering::Relaxed);
-        if let Some((_, p2p)) = &self.rings {
+        if let Some((_, p2p)) = self.rings() {
             let op = Op {
                 op: if receive {
                     record::RECV
