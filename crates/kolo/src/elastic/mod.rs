@@ -2,7 +2,7 @@
 //! left, and takes a restarted worker back at a step boundary — without restarting the job.
 //!
 //! An [`ElasticWorld`] holds the current generation's [`Communicator`]. When a collective fails
-//! because a peer died ([`Error::PeerLost`](kolo_core::Error::PeerLost), a timeout, an abort), every
+//! because a peer died ([`Error::PeerLost`], a timeout, an abort), every
 //! survivor calls [`ElasticWorld::reconfigure`]: the survivors agree through the rendezvous store
 //! on the next generation's members (those still alive: each process keeps a heartbeat in the
 //! store), get new ranks (survivors keep their order) and connect a new communicator over them.
@@ -14,7 +14,7 @@
 //! A generation forms when every live process has asked to be in it, or, after a settling time,
 //! when a majority of the previous generation has: of a world cut in two, only the side that
 //! reaches the store (and, when both do, the majority) goes on. Fewer members than the floor
-//! (`min_size`) ends every survivor with [`Error::Membership`](kolo_core::Error::Membership).
+//! (`min_size`) ends every survivor with [`Error::Membership`].
 //!
 //! The store must outlive every worker: `kolo run` hosts it in the launcher (so rank 0 may die
 //! too), as does torchrun's agent; a rendezvous whose store rank 0 would host is refused. A
