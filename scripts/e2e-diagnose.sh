@@ -25,18 +25,6 @@ done
 # shellcheck source=scripts/e2e-lib.sh
 source "$(dirname "$0")/e2e-lib.sh"
 
-# expect NAME PATTERN...: fails NAME unless $out has a line matching each (extended) pattern.
-expect() {
-    local name=$1 p
-    shift
-    for p in "$@"; do
-        if ! grep -Eq -- "$p" <<<"$out"; then
-            fail "$name" "no line matching: $p"
-            return 1
-        fi
-    done
-}
-
 check_after_failure() {
     local name="kolo diagnose after a hang: the stuck rank, its last call, the ranks that waited"
     rc=0

@@ -34,18 +34,6 @@ source "$(dirname "$0")/e2e-lib.sh"
 ARGS=(train -n 3 --model mlp --dataset mnist --train-limit 30000 --test-limit 2000 --epochs 3
     --batch-size 32 --lr 0.05 --no-progress)
 
-# expect NAME PATTERN...: fails NAME unless $out has a line matching each (extended) pattern.
-expect() {
-    local name=$1 p
-    shift
-    for p in "$@"; do
-        if ! grep -Eq -- "$p" <<<"$out"; then
-            fail "$name" "no line matching: $p"
-            return 1
-        fi
-    done
-}
-
 # accuracy: the final accuracy (percent) the last job's summary.json in $1 holds.
 accuracy() {
     python3 -c 'import json,sys; print(round(100 * json.load(open(sys.argv[1]))["final_accuracy"], 2))' "$1/summary.json" 2>/dev/null

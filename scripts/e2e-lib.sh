@@ -49,6 +49,17 @@ finish() {
     ((failed == 0)) || exit 1
 }
 
+# expect NAME PATTERN...: fails NAME unless $out has a line matching each (extended) pattern.
+expect() {
+    local name=$1 p
+    shift
+    for p in "$@"; do
+        if ! grep -Eq -- "$p" <<<"$out"; then
+            fail "$name" "no line matching: $p"
+            return 1
+        fi
+    done
+}
 # has_line LINE: the last job printed exactly LINE.
 has_line() { grep -qxF -- "$1" <<<"$out"; }
 

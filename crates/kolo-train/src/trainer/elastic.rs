@@ -234,13 +234,7 @@ fn train_generation(
             let mut x =
                 Tensor::from_slice(&xs, (mine.len(), shape[0], shape[1], shape[2]), device)?;
             let y = Tensor::from_slice(&ys, mine.len(), device)?;
-            let vb = match cfg.precision.compute_dtype() {
-                Some(compute) => {
-                    x = x.to_dtype(compute)?;
-                    dopt.ddp().var_builder_in(compute, device)
-                }
-                None => dopt.ddp().var_builder(DType::F32, device),
-            };
+            let vb = epoch::compute_in(cfg, dopt, &mut x, device)?;
             let model = if cfg.sync_bn {
                 models::build_sync_bn(cfg.model, vb, shape, train.num_classes, &comm)?
             } else {

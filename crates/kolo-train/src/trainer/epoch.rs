@@ -77,13 +77,7 @@ pub(super) fn train_epoch(
         let y = Tensor::from_slice(&ys, b.len(), device)?;
         drop(data);
         let forward = tl.span("forward");
-        let vb = match cfg.precision.compute_dtype() {
-            Some(compute) => {
-                x = x.to_dtype(compute)?;
-                dopt.ddp().var_builder_in(compute, device)
-            }
-            None => dopt.ddp().var_builder(DType::F32, device),
-        };
+        let vb = compute_in(cfg, dopt, &mut x, device)?;
         let model = if cfg.sync_bn {
             models::build_sync_bn(cfg.model, vb, shape, classes, ctx.comm)?
         } else {
@@ -135,6 +129,23 @@ pub(super) fn train_epoch(
         loss: loss_sum / steps.max(1) as f64,
         steps,
         seconds,
+    })
+}
+
+/// The parameters to build the model from in the run's compute precision (`--precision bf16`:
+/// a bf16 view of the f32 master weights), with the input `x` converted to it.
+pub(super) fn compute_in<'a>(
+    cfg: &TrainConfig,
+    dopt: &'a DistributedOptimizer<Box<dyn DynOptimizer>>,
+    x: &mut Tensor,
+    device: &Device,
+) -> Result<VarBuilder<'a>> {
+    Ok(match cfg.precision.compute_dtype() {
+        Some(compute) => {
+            *x = x.to_dtype(compute)?;
+            dopt.ddp().var_builder_in(compute, device)
+        }
+        None => dopt.ddp().var_builder(DType::F32, device),
     })
 }
 
