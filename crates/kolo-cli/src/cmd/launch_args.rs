@@ -211,6 +211,13 @@ pub fn launch_mpi(
                 .into(),
         ));
     }
+    if launch.restart_workers {
+        return Err(CliError::Usage(
+            "--backend mpi: --restart-workers does not apply: an MPI world cannot change its \
+             members (fault-tolerant workers connect kolo's own transports; use --backend kolo)"
+                .into(),
+        ));
+    }
     if let Some(what) = mpirun::unsupported_option(
         launch.on_hosts(),
         launch.nnodes,
