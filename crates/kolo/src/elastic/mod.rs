@@ -169,7 +169,35 @@ impl ElasticWorld {
     /// The fault-tolerant world of this process, from the environment as [`crate::init`] reads it
     /// (under `kolo run`: its launcher's store); a restarted worker joins the running generation.
     pub fn from_env(options: ElasticOptions) -> Result<ElasticWorld> {
-        let opts = InitOptions::from_env()?;
+        ElasticWorld::from_lookup(kolo_core::settings::ProcessEnv, options)
+    }
+
+    /// [`ElasticWorld::from_env`], reading the variables from `env` (a map in tests).
+    pub fn from_lookup(
+        env: impl kolo_core::settings::Env + Copy,
+        options: ElasticOptions,
+    ) -> Result<ElasticWorld> {
+        let get = |k: &str| env.lookup(k);
+        match crate::init::Backend::choose(get)? {
+            crate::init::Backend::Mpi => {
+                return Err(Error::Unsupported {
+                    what: "a fault-tolerant world on MPI: an MPI world cannot change its members \
+                           (that needs ULFM's MPI_Comm_shrink); start the workers with `kolo run \
+                           --restart-workers` (or KOLO_BACKEND=kolo under mpirun) to use kolo's \
+                           own transports"
+                        .into(),
+                })
+            }
+            crate::init::Backend::Nccl => {
+                return Err(Error::Unsupported {
+                    what: "a fault-tolerant world on NCCL (not built yet: training on the CPU \
+                           only)"
+                        .into(),
+                })
+            }
+            _ => {}
+        }
+        let opts = InitOptions::from_lookup(env)?;
         // The job without its restart count: every incarnation of a worker meets under one name.
         let job = opts
             .job_id

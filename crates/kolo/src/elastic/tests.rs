@@ -244,3 +244,27 @@ fn half_of_the_world_does_not_go_on_alone() {
         );
     }
 }
+
+#[test]
+fn mpi_and_nccl_worlds_are_refused_naming_why() {
+    let built = [cfg!(feature = "mpi"), cfg!(feature = "nccl")];
+    for ((backend, says), built) in [("mpi", "MPI_Comm_shrink"), ("nccl", "NCCL")]
+        .into_iter()
+        .zip(built)
+    {
+        let env = |k: &str| match k {
+            "KOLO_BACKEND" => Some(backend.to_string()),
+            "RANK" => Some("0".into()),
+            "WORLD_SIZE" => Some("2".into()),
+            _ => None,
+        };
+        match ElasticWorld::from_lookup(env, quick()) {
+            Err(e @ Error::Unsupported { .. }) if built => {
+                assert!(e.to_string().contains(says), "{e}")
+            }
+            // A build without the backend refuses it first.
+            Err(Error::Config { var, .. }) if !built => assert_eq!(var, "KOLO_BACKEND"),
+            other => panic!("KOLO_BACKEND={backend}: {other:?}"),
+        }
+    }
+}
