@@ -1,6 +1,7 @@
 """kolo as torchft's process group: three ranks all-reduce in one quorum, rank 2 is SIGKILLed, the
 survivors' next all-reduce raises an error naming it (no hang), they abort the group and
-reconfigure it, as torchft's Manager does, into a quorum of two that works."""
+reconfigure it, as torchft's Manager does, into a quorum of two that works; and the same through
+torchft's own Manager and Lighthouse, three replica groups, one killed inside a step's quorum."""
 
 import os
 import subprocess
@@ -64,3 +65,86 @@ def test_survivors_reconfigure_after_a_lost_rank(tmp_path):
         err = next(line for line in outs[r].splitlines() if line.startswith(f"rank {r} error: "))
         assert "rank 2" in err, text
         assert f"rank {r} quorum1 {float(1 + 2)}" in outs[r], text
+
+
+REPLICA = r"""
+import datetime, os, signal, sys, time
+import torch
+import torch.distributed as dist
+from torchft import Manager
+from kolo.torchft import ProcessGroupKolo
+
+rid, lighthouse, steps, die_at = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+w = torch.zeros(4)
+
+
+def load_state_dict(sd):
+    w.copy_(sd["w"])
+
+
+m = Manager(
+    pg=ProcessGroupKolo(timeout=datetime.timedelta(seconds=10)),
+    load_state_dict=load_state_dict,
+    state_dict=lambda: {"w": w.clone()},
+    min_replica_size=2,
+    rank=0,
+    world_size=1,
+    store_addr="127.0.0.1",
+    store_port=store.port,
+    lighthouse_addr=lighthouse,
+    replica_id=rid,
+    timeout=datetime.timedelta(seconds=10),
+    use_async_quorum=False,
+)
+while m.current_step() < steps:
+    m.start_quorum()
+    # (>=: a replica that recovered from a peer may skip steps.)
+    if m.current_step() >= die_at and rid == "r2":
+        os.kill(os.getpid(), signal.SIGKILL)  # in the step's quorum, before its all-reduce
+    g = torch.ones(4)
+    m.allreduce(g).wait()
+    if m.should_commit():
+        w += g
+    else:
+        print(f"{rid} step {m.current_step()} not committed: {m.errored()}", flush=True)
+    print(f"{rid} step {m.current_step()} participants {m.num_participants()}", flush=True)
+    time.sleep(0.02)
+print(f"{rid} done at step {m.current_step()} w {w[0].item()}", flush=True)
+m.shutdown()
+"""
+
+
+def test_torchft_manager_goes_on_after_a_lost_replica(tmp_path):
+    from torchft._torchft import LighthouseServer
+
+    # Long enough a join timeout for all three to be in the first quorum.
+    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=2, join_timeout_ms=5000)
+    program = tmp_path / "replica.py"
+    program.write_text(REPLICA)
+    try:
+        procs = [
+            subprocess.Popen(
+                [sys.executable, str(program), f"r{i}", lighthouse.address(), "20", "8"],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            for i in range(3)
+        ]
+        outs = [p.communicate(timeout=180)[0] for p in procs]
+    finally:
+        lighthouse.shutdown()
+    text = "\n".join(o[-4000:] for o in outs)
+    assert procs[2].returncode == -9, text
+    failed = []
+    for r in (0, 1):
+        assert procs[r].returncode == 0, text
+        lines = outs[r].splitlines()
+        failed += [l for l in lines if l.startswith(f"r{r} step ") and " not committed: " in l]
+        # The steps after the loss ran with two participants; every committed step counted once.
+        assert f"r{r} step 20 participants 2" in lines, text
+        assert f"r{r} done at step 20 w 20.0" in lines, text
+    # The step the killed replica was in failed, on kolo's error naming the lost rank (its rank in
+    # that quorum: torchft's quorums do not always hold all three), and was not committed.
+    assert failed and all("lost connection to rank" in line for line in failed), text
