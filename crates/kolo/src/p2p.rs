@@ -273,33 +273,16 @@ impl Communicator {
             .inner
             .recorder
             .p2p(true, Some(src), T::DTYPE, buf.len(), tag);
-        let r = (|| -> Result<()> {
-            let from = self.peer(RECV, "src", src)?;
-            let started = Instant::now();
-            let count = buf.len();
-            let bytes = as_bytes_mut(buf);
-            let len = bytes.len();
-            // Posted: a transport that can writes the payload straight into `buf` (no buffer, no copy).
-            self.inner.transport.recv_posted(
-                from,
-                &self.p2p_tag(tag),
-                bytes,
-                len.max(1),
-                None,
-                Some(started + self.inner.config.timeout),
-                &mut || Ok(()),
-                &mut |dst, got| match got {
-                    Received::Direct(h) => self.check_header::<T>(src, &h, dst.len(), Some(count)),
-                    Received::Message(m) => {
-                        self.check_header::<T>(src, &m.header, m.payload.len(), Some(count))?;
-                        dst.copy_from_slice(&m.payload);
-                        self.inner.transport.recycle(m.payload);
-                        Ok(())
-                    }
-                },
-                &|e| self.recv_error(src, started, e),
-            )
-        })();
+        let count = buf.len();
+        let r = self.recv_into(as_bytes_mut(buf), src, tag, &mut |dst, got| match got {
+            Received::Direct(h) => self.check_header::<T>(src, &h, dst.len(), Some(count)),
+            Received::Message(m) => {
+                self.check_header::<T>(src, &m.header, m.payload.len(), Some(count))?;
+                dst.copy_from_slice(&m.payload);
+                self.inner.transport.recycle(m.payload);
+                Ok(())
+            }
+        });
         rec.end(&r);
         r
     }
@@ -327,37 +310,47 @@ impl Communicator {
             .inner
             .recorder
             .p2p(true, Some(src), T::DTYPE, buf.len(), tag);
-        let r = (|| -> Result<usize> {
-            let from = self.peer(RECV, "src", src)?;
-            let started = Instant::now();
-            let bytes = as_bytes_mut(buf);
-            let len = bytes.len();
-            let mut got = 0;
-            // Posted: a message of the buffer's length is written straight into it (no copy).
-            self.inner.transport.recv_posted(
-                from,
-                &self.p2p_tag(tag),
-                bytes,
-                len.max(1),
-                None,
-                Some(started + self.inner.config.timeout),
-                &mut || Ok(()),
-                &mut |dst, r| {
-                    got = match r {
-                        Received::Direct(h) => {
-                            self.check_sent::<T>(src, &h, None)?;
-                            dst.len() / std::mem::size_of::<T>()
-                        }
-                        Received::Message(m) => self.fill::<T>(dst, src, tag, m)?,
-                    };
-                    Ok(())
-                },
-                &|e| self.recv_error(src, started, e),
-            )?;
-            Ok(got)
-        })();
+        let mut got = 0;
+        let r = self
+            .recv_into(as_bytes_mut(buf), src, tag, &mut |dst, r| {
+                got = match r {
+                    Received::Direct(h) => {
+                        self.check_sent::<T>(src, &h, None)?;
+                        dst.len() / std::mem::size_of::<T>()
+                    }
+                    Received::Message(m) => self.fill::<T>(dst, src, tag, m)?,
+                };
+                Ok(())
+            })
+            .map(|()| got);
         rec.end(&r);
         r
+    }
+
+    /// The next message from `src` with `tag`, posted into `bytes`: a transport that can writes
+    /// the payload straight into it (no buffer, no copy), else `each` gets the message to copy.
+    /// Waits up to the communicator's timeout.
+    fn recv_into(
+        &self,
+        bytes: &mut [u8],
+        src: usize,
+        tag: u64,
+        each: &mut dyn FnMut(&mut [u8], Received) -> Result<()>,
+    ) -> Result<()> {
+        let from = self.peer(RECV, "src", src)?;
+        let started = Instant::now();
+        let len = bytes.len();
+        self.inner.transport.recv_posted(
+            from,
+            &self.p2p_tag(tag),
+            bytes,
+            len.max(1),
+            None,
+            Some(started + self.inner.config.timeout),
+            &mut || Ok(()),
+            each,
+            &|e| self.recv_error(src, started, e),
+        )
     }
 
     /// [`Communicator::recv_upto`] of a message that has arrived already: `None` at once if none has.
