@@ -268,3 +268,22 @@ fn mpi_and_nccl_worlds_are_refused_naming_why() {
         }
     }
 }
+
+#[test]
+fn a_store_rank_0_would_host_is_refused() {
+    let mut opts = InitOptions::new(
+        InitMethod::Tcp {
+            host: "127.0.0.1".into(),
+            port: 1,
+        },
+        0,
+        2,
+    );
+    opts.host_store = true;
+    match ElasticWorld::new(opts, "own-store", quick()) {
+        Err(e @ Error::Unsupported { .. }) => {
+            assert!(e.to_string().contains("could not outlive rank 0"), "{e}")
+        }
+        other => panic!("{other:?}"),
+    }
+}
