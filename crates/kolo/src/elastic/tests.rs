@@ -280,6 +280,8 @@ fn a_store_rank_0_would_host_is_refused() {
         2,
     );
     opts.host_store = true;
+    // (Were it not refused, the store connection would fail within this.)
+    opts.config.timeout = Duration::from_secs(2);
     match ElasticWorld::new(opts, "own-store", quick()) {
         Err(e @ Error::Unsupported { .. }) => {
             assert!(e.to_string().contains("could not outlive rank 0"), "{e}")
