@@ -90,6 +90,9 @@ impl ShmTransport {
                     return Some(());
                 }
                 if self.state_word(peer, 0).load(Ordering::Acquire) != STATE_ALIVE {
+                    // Aborted or lost: noted in the mailbox, which the next look reports; closed:
+                    // the drain notes it once the ring is read to the end.
+                    self.check_peer(peer);
                     return Some(());
                 }
                 self.progress_except(Some(peer));

@@ -296,3 +296,33 @@ fn an_arena_step_posted_just_before_a_close_is_read() {
         assert_eq!((h.tag.value, inline[0]), (round, round as u8));
     }
 }
+
+/// A posting waits for a peer that then aborts, is lost or closes: the posting ends at once with
+/// the peer's reason (it used to spin on the peer's changed state without ever reading it).
+#[test]
+fn a_posting_ends_when_its_peer_aborts_or_closes() {
+    for ending in ["abort", "close"] {
+        let (a, b) = pair(1 << 12);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut into = vec![0u8; 4096];
+            let (_, r) = post(&b, 7, &[], &mut into, 1024, None, Duration::from_secs(60));
+            let _ = tx.send(r);
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        match ending {
+            "abort" => a.abort("rank 0 gives up"),
+            _ => drop(a),
+        }
+        let r = rx
+            .recv_timeout(Duration::from_secs(10))
+            .unwrap_or_else(|_| panic!("{ending}: the posting did not end within 10 s"));
+        let e = r.expect_err("a posting whose peer went away");
+        let text = format!("{e:?}");
+        let named = match ending {
+            "abort" => text.contains("rank 0 gives up") && text.contains("Aborted"),
+            _ => text.contains("PeerClosed"),
+        };
+        assert!(named, "{ending}: {text}");
+    }
+}

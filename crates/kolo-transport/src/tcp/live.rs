@@ -4,9 +4,11 @@
 use std::io::Read;
 use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, TryLockError};
 use std::thread;
 use std::time::{Duration, Instant};
+
+use rustix::event::{poll, PollFd, PollFlags, Timespec};
 
 use crate::io_err;
 use kolo_core::{Error, LinkFailure, Mailbox};
@@ -70,11 +72,9 @@ pub(super) fn start_heartbeats(
         .spawn(move || {
             while !lv.stop.load(Ordering::SeqCst) {
                 for link in l.iter().flatten() {
-                    // A link busy with a send needs no heartbeat.
-                    if let Ok(mut w) = link.writer.try_lock() {
-                        let _ =
-                            frame::write_frame(&mut *w, Kind::Heartbeat, &control_header(), &[]);
-                    }
+                    // A link busy with a send needs no heartbeat, nor can one that is full (a peer
+                    // that stopped reading) take one: the others still get theirs.
+                    send_control(link, Kind::Heartbeat, &[], Duration::ZERO);
                 }
                 let mut slept = Duration::ZERO;
                 while slept < HEARTBEAT_EVERY && !lv.stop.load(Ordering::SeqCst) {
@@ -119,4 +119,40 @@ pub(super) fn start_heartbeats(
         })
         .map_err(io_err(format!("rank {rank}: spawn heartbeat thread")))?;
     Ok(())
+}
+
+/// Writes a control frame (heartbeat, abort, goodbye) on `link` unless that would wait more than
+/// `wait` for the writer's lock (a send in progress) or for room in the socket (a peer that stopped
+/// reading: its process stopped, its host cut off, where a blocking write would wait for as long as
+/// TCP retries — many minutes). Returns whether the frame was written whole; when it was not,
+/// what was written of it (only a long abort reason can be cut) leaves the stream unusable, and the
+/// caller closes the link.
+pub(super) fn send_control(link: &Link, kind: Kind, payload: &[u8], wait: Duration) -> bool {
+    let until = Instant::now() + wait;
+    let mut w = loop {
+        match link.writer.try_lock() {
+            Ok(w) => break w,
+            Err(TryLockError::Poisoned(p)) => break p.into_inner(),
+            Err(TryLockError::WouldBlock) if Instant::now() < until => {
+                thread::sleep(Duration::from_millis(1))
+            }
+            Err(TryLockError::WouldBlock) => return false,
+        }
+    };
+    // Writable means a good part of the send buffer is free: far more than a frame's prefix.
+    let left = until.saturating_duration_since(Instant::now());
+    let ts = Timespec {
+        tv_sec: left.as_secs() as i64,
+        tv_nsec: i64::from(left.subsec_nanos()),
+    };
+    let mut fds = [PollFd::new(&*w, PollFlags::OUT)];
+    if !matches!(poll(&mut fds, Some(&ts)), Ok(n) if n > 0) {
+        return false;
+    }
+    // The lock keeps data sends out while the timeout is set: only this frame is bounded by it.
+    let bound = left.max(Duration::from_millis(100));
+    let _ = w.set_write_timeout(Some(bound));
+    let written = frame::write_frame(&mut *w, kind, &control_header(), payload).is_ok();
+    let _ = w.set_write_timeout(None);
+    written
 }

@@ -42,7 +42,7 @@ use kolo_store::{JobSecret, Store};
 
 use connect::{accept_higher, connect_lower};
 use frame::Kind;
-use live::{start_heartbeats, Liveness, Touch};
+use live::{send_control, start_heartbeats, Liveness, Touch};
 use posted::{Pool, Posts};
 use reader::Reader;
 
@@ -100,6 +100,9 @@ pub struct TcpTransport {
 }
 
 pub(super) const SETUP_OP: &str = "tcp connect";
+
+/// The longest an abort or a close waits to hand a peer its last frame (see [`send_control`]).
+const CONTROL_WAIT: Duration = Duration::from_secs(2);
 
 impl TcpTransport {
     /// Connects rank `rank` of `size` to all others, meeting them through `store` under `prefix`.
@@ -342,9 +345,10 @@ impl Transport for TcpTransport {
         if self.aborted.swap(true, Ordering::SeqCst) {
             return;
         }
-        for peer in 0..self.size {
-            if peer != self.rank {
-                let _ = self.write(peer, Kind::Abort, &control_header(), clip(reason));
+        for link in self.links.iter().flatten() {
+            if !send_control(link, Kind::Abort, clip(reason), CONTROL_WAIT) {
+                // A peer that cannot take the frame learns of the abort from the closed link.
+                let _ = link.ctl.shutdown(Shutdown::Both);
             }
         }
         self.mailbox.fail(LinkFailure::LocalClosed {
@@ -469,18 +473,20 @@ impl Drop for TcpTransport {
             .failure()
             .map(|f| f.forwarded("shutdown", self.rank));
         for link in self.links.iter().flatten() {
-            let mut w = link.writer.lock().unwrap_or_else(|p| p.into_inner());
-            if !aborted {
-                let _ = match &failed {
-                    Some(reason) => {
-                        frame::write_frame(&mut *w, Kind::Abort, &control_header(), clip(reason))
-                    }
-                    None => frame::write_frame(&mut *w, Kind::Goodbye, &control_header(), &[]),
+            let said = aborted
+                || match &failed {
+                    Some(reason) => send_control(link, Kind::Abort, clip(reason), CONTROL_WAIT),
+                    None => send_control(link, Kind::Goodbye, &[], CONTROL_WAIT),
                 };
-            }
             // Half-close: our reader keeps draining until the peer closes too, so no unread data
-            // turns our close into a reset that could destroy what the peer has not read yet.
-            let _ = w.shutdown(Shutdown::Write);
+            // turns our close into a reset that could destroy what the peer has not read yet. A
+            // peer that could not take the last frame (it stopped reading) is cut off outright.
+            let how = if said {
+                Shutdown::Write
+            } else {
+                Shutdown::Both
+            };
+            let _ = link.ctl.shutdown(how);
         }
     }
 }

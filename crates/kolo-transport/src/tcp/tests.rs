@@ -320,3 +320,85 @@ fn a_frame_still_arriving_does_not_hold_back_the_sends() {
     assert!(sends_first, "the sends waited for the frame in flight");
     assert!(buf[..64].iter().all(|&x| x == 6) && buf[64..].iter().all(|&x| x == 7));
 }
+
+/// Rank `rank` of `size` as a bare socket: it connects to rank 0, proves the secret, says hello and
+/// then never reads — a process stopped, or a host cut off with its connections still open.
+fn frozen_peer(
+    store: &MemoryStore,
+    prefix: &str,
+    rank: u32,
+    size: u32,
+    secret: &kolo_store::JobSecret,
+) -> std::net::TcpStream {
+    use kolo_store::Store;
+    use std::io::{Read, Write};
+    let addr = store
+        .get(&format!("{prefix}/tcp/0"), Duration::from_secs(20))
+        .expect("rank 0's address");
+    let addr = String::from_utf8_lossy(&addr).to_string();
+    let mut s = std::net::TcpStream::connect(addr.as_str()).expect("connect to rank 0");
+    kolo_store::auth::client(&mut s, secret).expect("the secret exchange");
+    let world = kolo_core::call::fnv1a(&[prefix.as_bytes(), &u64::from(size).to_le_bytes()]);
+    s.write_all(&super::frame::Hello { rank, size, world }.encode())
+        .expect("hello");
+    let mut ack = [0u8; 1];
+    s.read_exact(&mut ack).expect("rank 0's acknowledgement");
+    s
+}
+
+/// A peer that stopped reading, with the send buffers towards it full: neither an abort nor
+/// dropping the transport waits for it (a blocking write of the last frame would wait for as long
+/// as TCP retries), and the frame that cannot go is replaced by closing the link.
+#[test]
+fn a_peer_that_stopped_reading_holds_up_neither_abort_nor_close() {
+    for ending in ["abort", "drop"] {
+        let store = MemoryStore::new();
+        let prefix = format!("frozen/{}", JOB.fetch_add(1, Ordering::SeqCst));
+        let opts = TcpOptions {
+            heartbeat_timeout: None,
+            ..TcpOptions::default()
+        };
+        let (t, _frozen) = std::thread::scope(|s| {
+            let t = s.spawn(|| TcpTransport::connect(&store, &prefix, 0, 2, &opts));
+            let peer = frozen_peer(&store, &prefix, 1, 2, &opts.secret);
+            match t.join() {
+                Ok(Ok(t)) => (t, peer),
+                _ => panic!("rank 0 did not connect"),
+            }
+        });
+        // Fill what the kernel buffers towards the peer.
+        {
+            use std::io::Write;
+            let link = t.links[1].as_ref().expect("the link to rank 1");
+            let mut ctl = &link.ctl;
+            ctl.set_nonblocking(true).expect("non-blocking");
+            let chunk = vec![0u8; 1 << 16];
+            let mut filled = 0usize;
+            loop {
+                match ctl.write(&chunk) {
+                    Ok(n) => filled += n,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(e) => panic!("filling the socket: {e}"),
+                }
+            }
+            ctl.set_nonblocking(false).expect("blocking again");
+            assert!(filled > 0);
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let started = Instant::now();
+        std::thread::spawn(move || {
+            if ending == "abort" {
+                t.abort("rank 0 gives up");
+            }
+            drop(t);
+            let _ = tx.send(());
+        });
+        rx.recv_timeout(Duration::from_secs(20))
+            .unwrap_or_else(|_| panic!("{ending}: still waiting for the frozen peer after 20 s"));
+        assert!(
+            started.elapsed() < Duration::from_secs(8),
+            "{ending} took {:?}",
+            started.elapsed()
+        );
+    }
+}
