@@ -10,11 +10,14 @@ Trains LeNet on Fashion-MNIST for --epochs epochs with -n workers, three ways, o
                    from the newest epoch checkpoint (today's elastic mode)
 
 and, in the last two, SIGKILLs one worker every --every seconds (ranks in turn, rank 0 included),
-the same schedule for both. Goodput = useful samples (epochs x training samples) / wall seconds.
+the same schedule for both. Transports: shm and tcp (one host, -n workers), and netns: two hosts
+(network namespaces joined by a veth pair, -n workers on each, TCP between them); run the script
+under scripts/netns-with.sh for it (root). Goodput = useful samples (epochs x training samples) / wall seconds.
 Prints a Markdown table; exits non-zero if a disturbed run fails or its test accuracy (the mean of
 the last three epochs) is more than --max-drop points below the undisturbed one's.
 
     scripts/bench_fault_tolerance.py --kolo target/release/kolo -n 3 --epochs 15 --every 20
+    scripts/netns-with.sh scripts/bench_fault_tolerance.py --transports netns -n 2 --epochs 15
 """
 
 import argparse
@@ -27,8 +30,8 @@ import tempfile
 import time
 
 
-def worker_pids(launcher_pid):
-    """{rank: pid} of the launcher's worker processes."""
+def worker_pids(launcher_pids):
+    """{rank: pid} of the launchers' worker processes."""
     out = {}
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
@@ -36,7 +39,7 @@ def worker_pids(launcher_pid):
         try:
             with open(f"/proc/{pid}/stat") as f:
                 ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            if ppid != launcher_pid:
+            if ppid not in launcher_pids:
                 continue
             with open(f"/proc/{pid}/environ", "rb") as f:
                 env = dict(
@@ -48,35 +51,61 @@ def worker_pids(launcher_pid):
     return out
 
 
-def run(args, transport, mode, log_dir):
-    out = tempfile.mkdtemp(prefix=f"kolo-ft-{mode}-", dir=log_dir)
+def launch(args, transport, mode, out):
+    """Starts the job's launchers (one, or one per network-namespace host); returns them."""
     cmd = [args.kolo, "train", "-n", str(args.n), "--epochs", str(args.epochs),
-           "--no-progress", "--out", out, "--seed", "1"]
+           "--no-progress", "--seed", "1"]
     if mode == "fault-tolerant":
         cmd += ["--fault-tolerant", "--max-restarts", "1000"]
     elif mode == "restart":
         cmd += ["--max-restarts", "1000"]
-    env = dict(os.environ, KOLO_TRANSPORT=transport)
-    log = open(os.path.join(out, "launcher.log"), "w")
+    if transport != "netns":
+        log = open(os.path.join(out, "launcher.log"), "w")
+        env = dict(os.environ, KOLO_TRANSPORT=transport)
+        return [subprocess.Popen(cmd + ["--out", out], env=env, stdout=log,
+                                 stderr=subprocess.STDOUT)]
+    hosts = os.environ.get("KOLO_NETNS", "").split()
+    if len(hosts) != 4:
+        sys.exit("--transports netns: run under scripts/netns-with.sh (KOLO_NETNS is not set)")
+    port = str(29000 + os.getpid() % 900)
+    procs = []
+    for node in (0, 1):
+        ns, iface = hosts[2 * node], hosts[2 * node + 1]
+        node_out = out if node == 0 else os.path.join(out, "node1")
+        os.makedirs(node_out, exist_ok=True)
+        log = open(os.path.join(node_out, "launcher.log"), "w")
+        procs.append(subprocess.Popen(
+            ["ip", "netns", "exec", ns] + cmd + [
+                "--out", node_out, "--nnodes", "2", "--node-rank", str(node),
+                "--master-addr", "10.77.0.1", "--master-port", port, "--iface", iface],
+            stdout=log, stderr=subprocess.STDOUT))
+    return procs
+
+
+def run(args, transport, mode, log_dir):
+    out = tempfile.mkdtemp(prefix=f"kolo-ft-{transport}-{mode}-", dir=log_dir)
+    workers = args.n * (2 if transport == "netns" else 1)
     t0 = time.monotonic()
-    p = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
-    kills, victim = [], 1 % args.n
+    procs = launch(args, transport, mode, out)
+    # `ip netns exec` runs the launcher in its own process (it execs): the same pid.
+    launchers = {p.pid for p in procs}
+    kills, victim = [], 1 % workers
     next_kill = t0 + args.every
-    while p.poll() is None:
+    while any(p.poll() is None for p in procs):
         now = time.monotonic()
         if mode != "undisturbed" and now >= next_kill:
-            pids = worker_pids(p.pid)
+            pids = worker_pids(launchers)
             if victim in pids:
                 try:
                     os.kill(pids[victim], signal.SIGKILL)
                     kills.append((round(now - t0, 1), victim))
                 except ProcessLookupError:
                     pass
-            victim = (victim + 1) % args.n
+            victim = (victim + 1) % workers
             next_kill += args.every
         time.sleep(0.1)
     wall = time.monotonic() - t0
-    log.close()
+    code = next((p.returncode for p in procs if p.returncode != 0), 0)
     summary = {}
     try:
         with open(os.path.join(out, "summary.json")) as f:
@@ -84,7 +113,7 @@ def run(args, transport, mode, log_dir):
     except OSError:
         pass
     return {
-        "transport": transport, "mode": mode, "code": p.returncode, "wall": wall,
+        "transport": transport, "mode": mode, "code": code, "wall": wall,
         "kills": kills, "accuracy": summary.get("final_accuracy"),
         # Test accuracy moves by up to a point from one epoch to the next (SGD at a fixed rate):
         # the mean of the last three epochs is the steadier figure to compare.
@@ -109,7 +138,7 @@ def main():
     log_dir = tempfile.mkdtemp(prefix="kolo-ft-bench-")
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")
                 if l.startswith("model name")), "?")
-    print(f"CPU: {cpu}, {os.cpu_count()} cores; {args.n} workers, LeNet / Fashion-MNIST, "
+    print(f"CPU: {cpu}, {os.cpu_count()} cores; {args.n} workers (per host on netns), LeNet / Fashion-MNIST, "
           f"{args.epochs} epochs, a worker SIGKILLed every {args.every:g} s; logs in {log_dir}")
     rows, bad = [], False
     for transport in args.transports.split(","):
