@@ -230,7 +230,10 @@ impl BatchNorm {
             );
         }
         if !matches!(x.dtype(), DType::F32 | DType::F64) {
-            candle_core::bail!("batch norm: input must be f32 or f64, not {:?}", x.dtype());
+            candle_core::bail!(
+                "batch norm: input must be f32, f64, bf16 or f16, not {:?}",
+                x.dtype()
+            );
         }
         Ok(())
     }
@@ -259,6 +262,9 @@ impl BatchNorm {
         relu: bool,
         train: bool,
     ) -> Result<Tensor> {
+        if let Some(y) = self.in_f32(x, residual, relu, train)? {
+            return Ok(y);
+        }
         let y = if train {
             self.check_input(x)?;
             let (w, b, eps) = (&self.weight, &self.bias, self.config.eps);
@@ -377,8 +383,37 @@ impl BatchNorm {
         Ok(())
     }
 
+    /// Half-precision input (bf16, f16): as autocast does, the layer runs in f32 — a batch's
+    /// statistics and their normalization lose too much to bf16's 8-bit mantissa — on the input,
+    /// residual, γ and β cast to f32 (casts that backward passes through), and hands its output
+    /// back in the input's dtype. The running statistics are f32 either way. `None` for f32 / f64.
+    fn in_f32(
+        &self,
+        x: &Tensor,
+        residual: Option<&Tensor>,
+        relu: bool,
+        train: bool,
+    ) -> Result<Option<Tensor>> {
+        let dtype = x.dtype();
+        if !matches!(dtype, DType::BF16 | DType::F16) {
+            return Ok(None);
+        }
+        let f32 = |t: &Tensor| t.to_dtype(DType::F32);
+        let layer = BatchNorm {
+            weight: f32(&self.weight)?,
+            bias: f32(&self.bias)?,
+            ..self.clone()
+        };
+        let residual = residual.map(f32).transpose()?;
+        let y = layer.forward_fused(&f32(x)?, residual.as_ref(), relu, train)?;
+        y.to_dtype(dtype).map(Some)
+    }
+
     /// Normalizes with the running statistics (always local).
     pub fn forward_eval(&self, x: &Tensor) -> Result<Tensor> {
+        if let Some(y) = self.in_f32(x, None, false, false)? {
+            return Ok(y);
+        }
         self.check_input(x)?;
         let dtype = x.dtype();
         let mean = self.running_mean.as_detached_tensor().to_dtype(dtype)?;

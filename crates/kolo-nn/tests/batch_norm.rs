@@ -191,3 +191,97 @@ fn given_statistics_give_the_fused_ops_output_and_gradients() -> Result<()> {
     }
     Ok(())
 }
+
+/// bf16 activations (mixed precision) go through the layer as autocast takes them: normalized in
+/// f32 and handed back in bf16 — exactly the f32 layer's output on the same values, rounded to
+/// bf16 — with the same running statistics, and gradients reaching the bf16 input and the bf16 γ
+/// and β (the casts of f32 master weights) through the casts; evaluation mode too.
+#[test]
+fn bf16_activations_are_normalized_in_f32_as_autocast_does() -> Result<()> {
+    use candle_core::ModuleT;
+    let (shape, c) = (&[4, 3, 5, 7][..], 3);
+    let x = var(shape, DType::BF16)?;
+    let r = Tensor::randn(0f32, 1., shape, &Device::Cpu)?.to_dtype(DType::BF16)?;
+    // γ and β as bf16 copies of f32 masters, the running statistics f32: as
+    // `Ddp::var_builder_in(BF16)` hands them out.
+    let (w, b) = (var(&[c], DType::F32)?, var(&[c], DType::F32)?);
+    let (w16, b16) = (w.to_dtype(DType::BF16)?, b.to_dtype(DType::BF16)?);
+    let layer = batch_norm::BatchNorm::new(c, Given::builder(&w16, &b16))?;
+    let (w32, b32) = (w16.to_dtype(DType::F32)?, b16.to_dtype(DType::F32)?);
+    let reference = batch_norm::BatchNorm::new(c, Given::builder(&w32, &b32))?;
+    for (residual, relu) in [(false, false), (true, true)] {
+        let res = residual.then_some(&r);
+        let got = layer.forward_fused(&x, res, relu, true)?;
+        assert_eq!(got.dtype(), DType::BF16);
+        let res32 = res.map(|r| r.to_dtype(DType::F32)).transpose()?;
+        let want = reference.forward_fused(&x.to_dtype(DType::F32)?, res32.as_ref(), relu, true)?;
+        let want = want.to_dtype(DType::BF16)?.to_dtype(DType::F32)?;
+        assert_eq!(
+            rel_diff(&got.to_dtype(DType::F32)?, &want)?,
+            0.0,
+            "residual {residual} relu {relu}: the f32 layer's output, rounded once"
+        );
+        for (a, e) in [
+            (layer.running_mean(), reference.running_mean()),
+            (layer.running_var(), reference.running_var()),
+        ] {
+            assert_eq!(a.dtype(), DType::F32);
+            assert_eq!(rel_diff(a, e)?, 0.0, "running statistics");
+        }
+        let g = Tensor::randn(0f32, 1., shape, &Device::Cpu)?;
+        let grads = (got.to_dtype(DType::F32)? * &g)?.sum_all()?.backward()?;
+        let dtype_of = |t: &Tensor| grads.get(t).map(|g| g.dtype());
+        assert_eq!(dtype_of(&x), Some(DType::BF16), "the bf16 input's gradient");
+        assert_eq!(dtype_of(&w), Some(DType::F32), "γ's f32 master's gradient");
+        assert_eq!(dtype_of(&b), Some(DType::F32), "β's f32 master's gradient");
+    }
+    let eval = layer.forward_t(&x, false)?;
+    let want = reference.forward_t(&x.to_dtype(DType::F32)?, false)?;
+    assert_eq!(eval.dtype(), DType::BF16);
+    assert!(
+        rel_diff(&eval.to_dtype(DType::F32)?, &want)? < 1e-2,
+        "evaluation"
+    );
+    Ok(())
+}
+
+/// A builder that hands out the given γ and β as they are (any dtype) and f32 running statistics.
+struct Given {
+    weight: Tensor,
+    bias: Tensor,
+}
+
+impl Given {
+    fn builder(weight: &Tensor, bias: &Tensor) -> candle_nn::VarBuilder<'static> {
+        let given = Given {
+            weight: weight.clone(),
+            bias: bias.clone(),
+        };
+        candle_nn::VarBuilder::from_backend(Box::new(given), DType::F32, Device::Cpu)
+    }
+}
+
+impl candle_nn::var_builder::SimpleBackend for Given {
+    fn get(
+        &self,
+        s: candle_core::Shape,
+        name: &str,
+        h: candle_nn::Init,
+        dtype: DType,
+        dev: &Device,
+    ) -> Result<Tensor> {
+        match name {
+            "weight" => Ok(self.weight.clone()),
+            "bias" => Ok(self.bias.clone()),
+            _ => h.var(s, dtype, dev).map(|v| v.as_tensor().clone()),
+        }
+    }
+
+    fn get_unchecked(&self, name: &str, _: DType, _: &Device) -> Result<Tensor> {
+        candle_core::bail!("no tensor {name}")
+    }
+
+    fn contains_tensor(&self, name: &str) -> bool {
+        matches!(name, "weight" | "bias")
+    }
+}

@@ -240,3 +240,53 @@ fn a_diverging_loss_stops_every_rank() {
         }
     }
 }
+
+/// Mixed precision with BatchNorm models: ResNet-18 (1 and 2 ranks, and with SyncBatchNorm on 2)
+/// trains a few steps of Fashion-MNIST under `--precision bf16` — the
+/// layers normalize bf16 activations in f32 — with finite losses, f32 running statistics, and
+/// every rank agreeing on the result.
+#[test]
+fn bf16_trains_batch_norm_models() {
+    use kolo_ddp::precision::Precision;
+    if !Path::new("/usr/share/datasets/fashion-mnist").exists() {
+        panic!("Fashion-MNIST is not installed (scripts/fetch-data.sh installs it)");
+    }
+    for (model, sync_bn, ranks) in [
+        (ModelKind::Resnet18, false, 1),
+        (ModelKind::Resnet18, false, 2),
+        (ModelKind::Resnet18, true, 2),
+    ] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cfg = TrainConfig {
+            model,
+            dataset: DatasetKind::FashionMnist,
+            train_limit: Some(32),
+            test_limit: Some(16),
+            batch_size: 16,
+            precision: Precision::Bf16,
+            sync_bn,
+            ..synthetic(dir.path(), 1)
+        };
+        let case = format!("{model:?} sync_bn {sync_bn} on {ranks} rank(s)");
+        let res = train(ranks, &cfg);
+        let s = res[0].as_ref().unwrap_or_else(|e| panic!("{case}: {e}"));
+        assert!(s.epochs[0].train_loss.is_finite(), "{case}: {:?}", s.epochs);
+        // The running statistics the checkpoint holds are f32 and finite.
+        let buffers: Vec<(String, Vec<f32>)> = final_model(dir.path(), 1)
+            .into_iter()
+            .filter(|(k, _)| kolo_nn::batch_norm::is_buffer_name(k))
+            .map(|(k, t)| (k, t.to_vec1::<f32>().expect("f32 running statistics")))
+            .collect();
+        assert!(!buffers.is_empty(), "{case}: no running statistics saved");
+        for (k, v) in &buffers {
+            assert!(v.iter().all(|x| x.is_finite()), "{case}: {k} = {v:?}");
+        }
+        for r in &res[1..] {
+            assert_eq!(
+                r.as_ref().map(|s| s.final_accuracy).ok(),
+                Some(s.final_accuracy),
+                "{case}"
+            );
+        }
+    }
+}
