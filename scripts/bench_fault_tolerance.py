@@ -21,6 +21,7 @@ the last three epochs) is more than --max-drop points below the undisturbed one'
 """
 
 import argparse
+import csv
 import json
 import os
 import signal
@@ -82,6 +83,21 @@ def launch(args, transport, mode, out):
     return procs
 
 
+def last3(out, summary):
+    """Mean test accuracy of the last three epochs: from metrics.csv where there is one (after a
+    resume summary.json holds only the epochs since; a restarted epoch's later row wins), else
+    from summary.json."""
+    acc = {}
+    try:
+        with open(os.path.join(out, "metrics.csv")) as f:
+            for row in csv.DictReader(f):
+                acc[int(row["epoch"])] = float(row["test_accuracy"])
+    except (OSError, KeyError, ValueError):
+        acc = {e["epoch"]: e["test_accuracy"] for e in summary.get("epochs", [])}
+    last = [acc[e] for e in sorted(acc)[-3:]]
+    return sum(last) / 3 if len(last) == 3 else None
+
+
 def run(args, transport, mode, log_dir):
     out = tempfile.mkdtemp(prefix=f"kolo-ft-{transport}-{mode}-", dir=log_dir)
     workers = args.n * (2 if transport == "netns" else 1)
@@ -117,8 +133,7 @@ def run(args, transport, mode, log_dir):
         "kills": kills, "accuracy": summary.get("final_accuracy"),
         # Test accuracy moves by up to a point from one epoch to the next (SGD at a fixed rate):
         # the mean of the last three epochs is the steadier figure to compare.
-        "last3": (sum(e["test_accuracy"] for e in summary["epochs"][-3:]) / 3
-                  if len(summary.get("epochs", [])) >= 3 else None),
+        "last3": last3(out, summary),
         "reconfigurations": len(summary.get("reconfigurations", [])), "dir": out,
     }
 
