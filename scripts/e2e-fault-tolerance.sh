@@ -3,7 +3,7 @@
 # while it trains (kolo::elastic; the launcher restarts only the killed worker).
 #
 #   1. shared memory, rank 1 killed in epoch 2: the job goes on, the worker rejoins, and the final
-#      accuracy is within 1 point of the same run undisturbed;
+#      accuracy is within 1 point of the same run undisturbed; metrics.csv holds every epoch;
 #   2. TCP, rank 0 killed (the store lives in the launcher, so the job outlives rank 0);
 #   3. two workers killed at once with no restarts left: the last one trains on alone, exit 0;
 #   4. a floor (--min-workers 3) that a loss breaks: every survivor stops with the floor's message;
@@ -89,6 +89,14 @@ check_lost_and_rejoined() {
     acc=$(accuracy "$TMP/ft-$transport")
     if [[ -z $acc ]] || ! within_a_point "$acc" "$calm"; then
         fail "$name" "final accuracy ${acc}% vs ${calm}% undisturbed"
+        return
+    fi
+    # kolo train's outputs, written by whichever worker is rank 0 at each epoch's end (on TCP the
+    # original rank 0 is the one killed): every epoch's row, the plot, a checkpoint.
+    local dir=$TMP/ft-$transport rows=0
+    [[ -f $dir/metrics.csv ]] && rows=$(($(wc -l <"$dir/metrics.csv") - 1))
+    if ((rows != 3)) || [[ ! -s $dir/training.png || ! -e $dir/checkpoints/latest ]]; then
+        fail "$name" "outputs: metrics.csv holds $rows epoch row(s), not 3; or no training.png or checkpoint"
         return
     fi
     ok "$name (accuracy ${acc}% vs ${calm}% undisturbed)"

@@ -20,14 +20,17 @@ use candle_nn::VarMap;
 use kolo::elastic::ElasticWorld;
 use kolo::Communicator;
 use kolo_data::{Dataset, DistributedSampler};
+use kolo_ddp::checkpoint::TrainState;
 use kolo_ddp::distributed::{check_loss, DistributedOptimizer};
 use kolo_ddp::elastic::{self, Kept};
 use kolo_ddp::optim::DynOptimizer;
 use kolo_ddp::TrainError;
+use kolo_metrics::RunDir;
 use kolo_models as models;
 use serde::{Deserialize, Serialize};
 
 use super::config::{self, TrainConfig};
+use super::record::{self, Recorder};
 use super::{epoch, setup, EpochStats, Summary};
 use crate::error::{Result, RunError};
 
@@ -51,6 +54,8 @@ struct Position {
     epochs: Vec<EpochStats>,
     /// One line per reconfiguration.
     events: Vec<String>,
+    /// The metrics CSV's rows so far (see [`record_epoch`]).
+    rows: Vec<Vec<f64>>,
 }
 
 /// Trains fault-tolerantly according to `cfg` (`cfg.fault_tolerant`) on the world `join` gives
@@ -278,6 +283,11 @@ fn train_generation(
                 size
             );
         }
+        let lr = dopt.inner().learning_rate();
+        if rank == 0 {
+            record_epoch(cfg, pos, &s, varmap, dopt, size)?;
+        }
+        pos.rows.push(record::row(&s, pos.step, lr));
         pos.epochs.push(s);
         pos.progress += 1;
         pos.epoch += 1;
@@ -288,4 +298,53 @@ fn train_generation(
         pos.samples = 0;
     }
     Ok(true)
+}
+
+/// Rank 0's outputs of an epoch, those of `kolo train`: the metrics CSV (rewritten from the rows
+/// handed over, so that a rank 0 of a later generation — another process, perhaps on another
+/// host — writes the whole history), TensorBoard's scalars, the plot and a checkpoint.
+fn record_epoch(
+    cfg: &TrainConfig,
+    pos: &Position,
+    s: &EpochStats,
+    varmap: &VarMap,
+    dopt: &Opt,
+    size: usize,
+) -> Result<()> {
+    let Some(out) = &cfg.out else {
+        return Ok(());
+    };
+    std::fs::create_dir_all(out).map_err(|source| TrainError::Io {
+        path: out.clone(),
+        source,
+    })?;
+    let fresh = TrainConfig {
+        resume: false,
+        ..cfg.clone()
+    };
+    let workers = format!("{size} workers, fault-tolerant");
+    let mut rec = Recorder::open(RunDir::from_path(out), &fresh, workers)?;
+    rec.replay(&pos.rows)?;
+    let state = TrainState {
+        epoch: s.epoch,
+        step: pos.step,
+        seed: cfg.seed,
+        optimizer_steps: dopt.inner().step_count(),
+        model: cfg.model.to_string(),
+        dataset: cfg.dataset.to_string(),
+        world_size: size,
+        batch_size: cfg.batch_size,
+    };
+    // Local: fault-tolerant training refuses a sharded optimizer, whose gathering is collective.
+    match dopt.inner().gather_state()? {
+        Some(snapshot) => rec.epoch(
+            cfg,
+            s,
+            &state,
+            varmap,
+            dopt.inner().learning_rate(),
+            &snapshot,
+        ),
+        None => Ok(()),
+    }
 }

@@ -13,6 +13,20 @@ use kolo_nn::vars::sorted_vars;
 use crate::error::Result;
 use kolo_ddp::optim::StateSnapshot;
 
+/// An epoch's row of the metrics CSV ([`TRAINING_COLUMNS`]).
+pub(super) fn row(s: &EpochStats, step: u64, lr: f64) -> Vec<f64> {
+    vec![
+        s.epoch as f64,
+        step as f64,
+        s.train_loss,
+        s.test_loss,
+        s.test_accuracy,
+        s.epoch_seconds,
+        s.samples_per_second,
+        lr,
+    ]
+}
+
 /// Rank 0's outputs.
 pub(super) struct Recorder {
     dir: RunDir,
@@ -48,6 +62,16 @@ impl Recorder {
         })
     }
 
+    /// Writes rows of earlier epochs into the metrics CSV (a fault-tolerant run's new rank 0, which
+    /// may be another process than the one that wrote them, rewrites the file from the rows it was
+    /// handed).
+    pub fn replay(&mut self, rows: &[Vec<f64>]) -> Result<()> {
+        for r in rows {
+            self.csv.append(r)?;
+        }
+        Ok(())
+    }
+
     /// Prints the epoch's line and writes its metrics, plot and checkpoint.
     pub fn epoch(
         &mut self,
@@ -68,16 +92,7 @@ impl Recorder {
             s.epoch_seconds,
             s.samples_per_second
         );
-        self.csv.append(&[
-            s.epoch as f64,
-            state.step as f64,
-            s.train_loss,
-            s.test_loss,
-            s.test_accuracy,
-            s.epoch_seconds,
-            s.samples_per_second,
-            lr,
-        ])?;
+        self.csv.append(&row(s, state.step, lr))?;
         if let Some(tb) = self.tb.as_mut() {
             let scalars = [
                 ("loss/train", s.train_loss as f32),
