@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The whole kolo test suite, from a fresh machine with Rust installed: installs what it needs (data;
-# OpenMPI and libclang for the MPI backend; afl++ for the fuzz targets; PyTorch's torchrun), then
-# lints (fmt, clippy, docs), runs every unit, integration, property and doc test, each fuzz target for
-# a few seconds, the end-to-end launcher checks (kolo run, torchrun, srun), and the MPI backend's tests
-# and end-to-end checks under mpirun. Exits non-zero on the first failing stage.
+# OpenMPI and libclang for the MPI backend; afl++ for the fuzz targets; PyTorch's torchrun; mdBook),
+# then lints (fmt, clippy, docs), builds and checks the book (docs/), runs every unit, integration,
+# property and doc test, each fuzz target for a few seconds, the end-to-end launcher checks (kolo run,
+# torchrun, srun), and the MPI backend's tests and end-to-end checks under mpirun. Exits non-zero on
+# the first failing stage.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -58,6 +59,21 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 stage "docs"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 
+stage "book: mdbook build docs; its links, anchors, includes, code blocks and commands"
+# mdBook is not a Debian package: without one on PATH, install it from crates.io (no default
+# features: no server, watcher or search index; about 3.5 minutes on 2 cores). mdBook itself exits 0
+# on a missing include and ignores broken links, so scripts/check-book.py checks those, and that every
+# code block is an include of a compiled or tested example or a command that names real paths,
+# examples, crates, features and options. `mdbook test` is not run: the book's Rust snippets are
+# regions of the examples, which `cargo clippy --all-targets` builds and scripts/e2e-examples.sh runs;
+# compiling them again with rustdoc would need `-L` to this workspace's build and test nothing more.
+if ! command -v mdbook >/dev/null 2>&1; then
+  cargo install mdbook --locked --no-default-features --version 0.5.4
+fi
+mdbook --version
+mdbook build docs
+python3 scripts/check-book.py
+
 stage "tests (unit, integration, property, multi-process)"
 # `--cargo-profile dev`: the same build as the doc tests and the end-to-end binaries (the test profile
 # would compile every dependency a second time).
@@ -79,6 +95,8 @@ scripts/e2e.sh target/debug
 scripts/e2e-examples.sh target/debug
 scripts/e2e-diagnose.sh target/debug
 scripts/e2e-fault-tolerance.sh target/debug
+# The book's and README's `kolo ...` commands against the options of the binary just built.
+python3 scripts/check-book.py --kolo target/debug/kolo
 
 stage "NCCL engine: feature build and its CPU-side tests (no GPU here; scripts/gpu-check.sh on one)"
 cargo clippy -p kolo-nccl -p kolo --features kolo/nccl --all-targets --locked -- -D warnings

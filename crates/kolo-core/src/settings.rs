@@ -4,7 +4,8 @@
 //!
 //! The constructors that read settings (`Config::from_lookup`, `InitOptions::from_lookup`,
 //! `ShmOptions::from_lookup`, …) take an [`Env`]; their `from_env` forms pass [`ProcessEnv`].
-//! README.md's settings table is [`markdown_table`] of [`SETTINGS`] (a test checks it).
+//! The book's settings chapter (`docs/src/settings.md`) shows [`markdown_table`] of [`SETTINGS`]
+//! (a test checks it).
 
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -61,7 +62,8 @@ impl<F: Fn(&str) -> Option<String>> Env for F {
     }
 }
 
-/// One setting: its variable, its default and what it means (as README.md's table shows them).
+/// One setting: its variable, its default and what it means (as the book's settings table shows
+/// them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Setting {
     /// The environment variable.
@@ -165,7 +167,8 @@ pub fn setting(name: &str) -> Option<&'static Setting> {
     SETTINGS.iter().find(|s| s.name == name)
 }
 
-/// [`SETTINGS`] as a Markdown table (README.md's "Settings" section shows exactly this).
+/// [`SETTINGS`] as a Markdown table (the book's settings chapter, `docs/src/settings.md`, shows
+/// exactly this).
 pub fn markdown_table() -> String {
     let mut t = String::from("| variable | default | meaning |\n|---|---|---|\n");
     for s in SETTINGS {
@@ -181,28 +184,29 @@ pub fn markdown_table() -> String {
 mod tests {
     use super::*;
 
+    /// The table after the marker in the book's settings chapter is exactly [`markdown_table`].
     #[test]
-    fn readme_settings_table_matches_the_code() {
-        let readme = include_str!("../../../README.md");
-        let section = readme
-            .split_once("\n### Settings\n")
+    fn book_settings_table_matches_the_code() {
+        const MARKER: &str = "<!-- the settings table: kolo_core::settings::markdown_table() -->\n";
+        let chapter = include_str!("../../../docs/src/settings.md");
+        let section = chapter
+            .split_once(MARKER)
             .map(|(_, rest)| rest)
-            .expect("README.md has a \"### Settings\" section");
+            .expect("docs/src/settings.md has the settings table's marker");
         let table: String = section
             .lines()
-            .skip_while(|l| !l.starts_with('|'))
             .take_while(|l| l.starts_with('|'))
             .map(|l| format!("{l}\n"))
             .collect();
         assert_eq!(
             table,
             markdown_table(),
-            "README.md's settings table differs from kolo_core::settings::SETTINGS"
+            "docs/src/settings.md's table differs from kolo_core::settings::SETTINGS"
         );
     }
 
     /// Every `"KOLO_…"` string literal in the crates' sources (tests' own names aside) is a row
-    /// of [`SETTINGS`], so a variable cannot be added without its row (and README.md's).
+    /// of [`SETTINGS`], so a variable cannot be added without its row (and the book's).
     #[test]
     fn every_variable_in_the_sources_is_in_the_table() {
         const TEST_ONLY: &[&str] = &["KOLO_TEST_VAR", "KOLO_NO_SUCH", "KOLO_TEST_NCCL"];

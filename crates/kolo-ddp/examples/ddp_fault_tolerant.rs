@@ -46,6 +46,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let limit: usize = std::env::args().nth(1).map_or(Ok(12_000), |a| a.parse())?;
     let train = fashion(limit)?;
     let dev = Device::Cpu;
+    // ANCHOR: world
     let mut world = match ElasticWorld::from_env(ElasticOptions::default()) {
         Ok(w) => w,
         // Restarted as the others finished: nothing left to do.
@@ -77,6 +78,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             );
         }
     }
+    // ANCHOR_END: world
     let mean = kept.position.last_mean.unwrap_or(f64::NAN);
     if world.comm().rank() == 0 {
         println!("done: last epoch's mean loss {mean:.4}");

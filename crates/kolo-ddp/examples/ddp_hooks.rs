@@ -29,6 +29,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let varmap = VarMap::new();
     mlp(VarBuilder::from_varmap(&varmap, DType::F32, &dev))?;
     let mut ddp = Ddp::new(&comm, &varmap, DdpOptions::default())?;
+    // ANCHOR: hook
     // A hook of our own: count the bytes, then hand the bucket to the built-in bf16 compression.
     let sent = Arc::new(AtomicUsize::new(0));
     let (counter, bf16) = (
@@ -39,6 +40,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         counter.fetch_add(2 * bucket.len(), Ordering::Relaxed); // bf16: 2 bytes an element
         bf16.reduce(bucket, comm)
     })?;
+    // ANCHOR_END: hook
     let params: usize = ddp.params().iter().map(|(_, v)| v.elem_count()).sum();
     let model = mlp(ddp.var_builder(DType::F32, &dev))?;
     let sgd = optim::build(ddp.params(), OptimizerConfig::sgd(0.1, 0.9))?;

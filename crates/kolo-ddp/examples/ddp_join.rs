@@ -40,6 +40,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let model = mlp(ddp.var_builder(DType::F32, &dev))?;
     let sgd = optim::build(ddp.params(), OptimizerConfig::sgd(0.05, 0.9))?;
     let mut opt = DistributedOptimizer::new(ddp, sgd, 1)?;
+    // ANCHOR: join
     opt.set_join(true); // on every rank, before the first step
     let (mut xs, mut ys, mut step, mut means) = (Vec::new(), Vec::new(), 0u64, Vec::new());
     for batch in batches(&mine, 32, false)? {
@@ -61,6 +62,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         step += 1;
         Ok(())
     })?;
+    // ANCHOR_END: join
     let same = same_on_every_rank(&comm, opt.ddp().params())?;
     let recent = &means[means.len().saturating_sub(20)..];
     let mean = recent.iter().sum::<f64>() / recent.len() as f64; // of the last 20 steps

@@ -8,8 +8,8 @@
 //!
 //! Every rank trains on its shard of the first TRAIN_SAMPLES images (default 12,000) for two
 //! epochs; rank 0 saves a checkpoint after each and prints the loss. Exits non-zero unless the last
-//! epoch's mean loss is below 0.6 (the suite runs it so). The README shows the part between the
-//! ANCHOR lines.
+//! epoch's mean loss is below 0.6 (the suite runs it so). The README and the book show the part
+//! between the ANCHOR lines.
 
 mod common;
 

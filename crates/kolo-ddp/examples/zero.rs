@@ -39,7 +39,9 @@ fn setup(
     kolo_models::seeded_init(&varmap, 7)?;
     let ddp = Ddp::new(comm, &varmap, DdpOptions::default())?;
     let model = mlp(ddp.var_builder(DType::F32, dev))?;
+    // ANCHOR: sharded
     let zero = ShardedOptimizer::new(comm, ddp.params(), OptimizerConfig::adamw(1e-3, 0.01))?;
+    // ANCHOR_END: sharded
     Ok((
         varmap,
         model,
@@ -105,9 +107,11 @@ fn main() -> Res<()> {
     // One epoch, a checkpoint, a fresh start resumed from it, the second epoch.
     let (_, model, mut opt) = setup(&comm, &dev)?;
     train(&comm, &data, &model, &mut opt, 0..1)?;
+    // ANCHOR: checkpoint
     opt.save_checkpoint(dir, 1)?;
     let (resumed, model, mut opt) = setup(&comm, &dev)?;
     let state = opt.resume(dir)?.ok_or("no checkpoint to resume from")?;
+    // ANCHOR_END: checkpoint
     train(&comm, &data, &model, &mut opt, state.epoch as u64..2)?;
 
     let equal = values(&straight)? == values(&resumed)?;

@@ -59,7 +59,8 @@ fn cuda(_rank: usize, _local_rank: usize) -> Result<Device> {
     Err(TrainError::InvalidArgument {
         arg: "device",
         reason: "this build of kolo has no CUDA support: build it with `--features \
-                 kolo-cli/cuda` (which needs CUDA's nvcc; README, *GPUs*)"
+                 kolo-cli/cuda` (which needs CUDA's nvcc; the book's *GPUs* chapter, \
+                 docs/src/gpus.md)"
             .into(),
     })
 }

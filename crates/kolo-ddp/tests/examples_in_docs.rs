@@ -1,7 +1,9 @@
 //! The README's training loop is the compiled example's: the block after the README's marker
 //! equals the `ANCHOR: loop` region of `examples/ddp_minimal.rs` (dedented), so the README cannot
-//! show code that no longer compiles. (The suite runs the example itself under `kolo run -n 2`:
-//! `scripts/e2e-examples.sh`.)
+//! show code that no longer compiles; and the book's chapters show that region by including it
+//! (mdBook's `{{#include ...:loop}}`), not by a copy. (The suite runs the example itself under
+//! `kolo run -n 2`: `scripts/e2e-examples.sh`; `scripts/check-book.py` checks every other include
+//! and copy.)
 
 use std::path::Path;
 
@@ -59,5 +61,25 @@ fn readme_loop_is_the_compiled_example() {
     assert!(
         example.starts_with("let comm = kolo::init()?;"),
         "{example}"
+    );
+}
+
+#[test]
+fn the_book_includes_the_loop_from_the_example() {
+    const INCLUDE: &str = "crates/kolo-ddp/examples/ddp_minimal.rs:loop}}";
+    for chapter in ["getting-started.md", "loop/index.md"] {
+        let text = read(&format!("../../docs/src/{chapter}"));
+        let at = text
+            .find(INCLUDE)
+            .unwrap_or_else(|| panic!("docs/src/{chapter} does not include {INCLUDE}"));
+        let line = text[..at].rsplit('\n').next().unwrap_or("");
+        assert!(
+            line.starts_with("{{#include ") && line.ends_with("../"),
+            "docs/src/{chapter}: the include of {INCLUDE} is not on a line of its own: {line}"
+        );
+    }
+    assert!(
+        !anchored(&read("examples/ddp_minimal.rs"), "loop").is_empty(),
+        "the example has its loop region"
     );
 }

@@ -3,6 +3,7 @@ the backend name. Under torchrun:
 
     torchrun --nproc_per_node 2 crates/kolo-py/examples/ddp_lenet.py [--backend kolo|gloo]
         [--epochs 10] [--batch 64] [--lr 0.05] [--momentum 0.9] [--data /usr/share/datasets/fashion-mnist]
+        [--limit N]
 
 One thread per worker; DistributedSampler shards the 60,000 training images; rank 0 prints the test
 accuracy and samples/s of every epoch and a JSON summary. The data is Debian's
@@ -46,15 +47,20 @@ def main():
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--momentum", type=float, default=0.9)
     ap.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
+    ap.add_argument("--limit", type=int, default=0, help="train on the first N images only (0: all)")
     a = ap.parse_args()
 
     torch.set_num_threads(1)
-    dist.init_process_group(backend=a.backend)
-    rank, n = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     xtr, ytr = load(a.data, "train")
     xte, yte = load(a.data, "t10k")
+    if a.limit:
+        xtr, ytr = xtr[:a.limit], ytr[:a.limit]
+    # ANCHOR: backend
+    dist.init_process_group(backend=a.backend)  # "kolo" (this script's default) or "gloo"
     model = nn.parallel.DistributedDataParallel(lenet())
+    # ANCHOR_END: backend
+    rank, n = dist.get_rank(), dist.get_world_size()
     opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=a.momentum)
     sampler = torch.utils.data.DistributedSampler(range(len(xtr)), num_replicas=n, rank=rank, shuffle=True, seed=0)
     start, seen, acc = time.perf_counter(), 0, 0.0

@@ -199,3 +199,14 @@ def test_pytorch_programs_run_under_kolo_run():
     rc, out = kolo_run([sys.executable, os.path.join(EXAMPLES, "matrix.py")], n=4)
     assert rc == 0, out[-3000:]
     assert "sum: 28.0" in out
+
+
+@pytest.mark.skipif(not os.path.isdir("/usr/share/datasets/fashion-mnist"),
+                    reason="needs Debian's dataset-fashion-mnist")
+def test_ddp_lenet_example_trains_on_kolo():
+    # The book's PyTorch quick start: the example as it is, on a slice of the data.
+    rc, out = torchrun([os.path.join(EXAMPLES, "ddp_lenet.py"), "--epochs", "1", "--limit", "4096"])
+    assert rc == 0, out[-3000:]
+    summary = [x for x in out.splitlines() if '"backend": "kolo"' in x]
+    assert len(summary) == 1, out[-3000:]
+    assert '"workers": 2' in summary[0], summary[0]

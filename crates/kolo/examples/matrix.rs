@@ -20,6 +20,7 @@ fn join(values: &[f64]) -> String {
 }
 
 fn run(comm: &Communicator) -> Result<(), Box<dyn Error>> {
+    // ANCHOR: collectives
     let (rank, size) = (comm.rank(), comm.size());
     let data: Vec<f64> = if rank == 0 {
         (0..N).map(|i| i as f64).collect()
@@ -36,6 +37,7 @@ fn run(comm: &Communicator) -> Result<(), Box<dyn Error>> {
     let squares: Vec<f64> = part.iter().map(|x| x * x).collect();
     let mut all = vec![0.0; N];
     comm.all_gather(&squares, &mut all)?;
+    // ANCHOR_END: collectives
 
     if rank == 0 {
         println!("sum: {}", sum[0]);

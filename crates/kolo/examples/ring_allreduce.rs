@@ -73,6 +73,7 @@ fn chunk(c: usize, len: usize, n: usize) -> Range<usize> {
     c * len / n..(c + 1) * len / n
 }
 
+// ANCHOR: ring
 /// Sums `data` over all ranks, in place; the messages use tags `tag..tag + 2 (n - 1)`.
 fn ring_all_reduce(comm: &Communicator, data: &mut [f32], tag: u64) -> kolo::Result<()> {
     let (r, n, len) = (comm.rank(), comm.size(), data.len());
@@ -103,6 +104,7 @@ fn ring_all_reduce(comm: &Communicator, data: &mut [f32], tag: u64) -> kolo::Res
     }
     Ok(())
 }
+// ANCHOR_END: ring
 
 /// Runs `op` once to warm up and `iters` times timed, each on fresh input, and returns the median time
 /// and the last result. Element `i` on rank `r` is `(i + r) % 7`: small integers, so sums are exact.

@@ -10,7 +10,7 @@
 //! ```
 
 use std::time::Duration;
-
+// ANCHOR: main
 fn main() -> kolo::Result<()> {
     let comm = kolo::init()?;
     let stuck_at: usize = std::env::var("STUCK_AT")
@@ -30,3 +30,4 @@ fn main() -> kolo::Result<()> {
     println!("rank {} finished", comm.rank());
     Ok(())
 }
+// ANCHOR_END: main
