@@ -262,7 +262,15 @@ def check_command(path, line, words, kolo, known_examples):
             problem(path, line, f"{w}: no example {m.group(2)} in crates/*/examples")
     if words[0] == "cargo":
         check_cargo(path, line, words)
-    script = next((w for w in words[:2] if re.match(r"^scripts/[\w.-]+$", w)), None)
+    is_script = lambda w: re.match(r"^scripts/[\w.-]+$", w)  # noqa: E731
+    script = next((w for w in words[:2] if is_script(w)), None)
+    # A script that runs a command (scripts/netns-with.sh SCRIPT ...): the options are the inner one's.
+    while script:
+        inner = words[words.index(script) + 1:][:2]
+        nested = next((w for w in inner if is_script(w)), None)
+        if not nested:
+            break
+        script = nested
     if script and os.path.isfile(os.path.join(ROOT, script)):
         source = open(os.path.join(ROOT, script), encoding="utf-8").read()
         after = words[words.index(script) + 1:]
