@@ -30,6 +30,7 @@
 //! # Ok(())
 //! # }
 //! ```
+#![warn(missing_docs)]
 
 pub mod batch;
 pub mod cifar;

@@ -26,6 +26,38 @@
 //! candle code, the `kolo train` loop (data, metrics, plots, progress) is kolo-train. Its only
 //! kolo dependency besides kolo itself is kolo-nn, for which variables are buffers and their
 //! order.
+//!
+//! ```
+//! use candle_core::{DType, Device, Module, Tensor};
+//! use candle_nn::{VarBuilder, VarMap};
+//! use kolo_ddp::ddp::{Ddp, DdpOptions};
+//! use kolo_ddp::distributed::DistributedOptimizer;
+//! use kolo_ddp::optim::{self, OptimizerConfig};
+//!
+//! // Two ranks (threads here; processes under `kolo run` or torchrun), each with its own data,
+//! // fit y = 2x + 1 together: gradients averaged over the ranks, parameters equal on both.
+//! let weights = kolo::run_local(2, kolo::Config::default(), |comm| {
+//!     let dev = Device::Cpu;
+//!     let varmap = VarMap::new();
+//!     candle_nn::linear(1, 1, VarBuilder::from_varmap(&varmap, DType::F32, &dev))?;
+//!     let ddp = Ddp::new(&comm, &varmap, DdpOptions::default())?; // rank 0's initial values
+//!     let model = candle_nn::linear(1, 1, ddp.var_builder(DType::F32, &dev))?; // built once
+//!     let sgd = optim::build(ddp.params(), OptimizerConfig::sgd(0.1, 0.0))?;
+//!     let mut opt = DistributedOptimizer::new(ddp, sgd, 1)?;
+//!     let x = Tensor::new(&[[comm.rank() as f32], [comm.rank() as f32 + 0.5]], &dev)?;
+//!     let y = ((&x * 2.0)? + 1.0)?;
+//!     for _ in 0..200 {
+//!         let loss = (model.forward(&x)? - &y)?.sqr()?.mean_all()?;
+//!         opt.backward_step(&loss)?;
+//!     }
+//!     let w = varmap.get((1, 1), "weight", candle_nn::Init::Const(0.), DType::F32, &dev)?;
+//!     Ok::<f32, kolo_ddp::TrainError>(w.flatten_all()?.to_vec1::<f32>()?[0])
+//! });
+//! let w: Vec<f32> = weights.into_iter().map(|r| r.unwrap().unwrap()).collect();
+//! assert_eq!(w[0], w[1]);
+//! assert!((w[0] - 2.0).abs() < 0.05, "{w:?}");
+//! ```
+#![warn(missing_docs)]
 
 pub mod checkpoint;
 pub mod clip;

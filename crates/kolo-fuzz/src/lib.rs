@@ -14,6 +14,7 @@
 //! (`scripts/fuzz.sh`), each binary is an AFL++ persistent-mode fuzzer reading its input from AFL++.
 //! Built plainly, it replays the files and directories named on its command line, and
 //! `--seeds DIR` writes its seed inputs (made by kolo's own encoders) into `DIR`.
+#![warn(missing_docs)]
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

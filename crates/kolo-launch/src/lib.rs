@@ -24,6 +24,7 @@
 //! other ranks that failed on their own ([`LaunchOutcome::also_failed`]).
 //! SIGINT, SIGTERM and SIGHUP sent to the launcher are forwarded to the
 //! workers as SIGTERM in the same way.
+#![warn(missing_docs)]
 
 #[cfg(not(unix))]
 compile_error!("kolo-launch supports Unix only");

@@ -9,6 +9,25 @@
 //! - [`Progress`]: the per-epoch progress bar of rank 0 (plain log lines when
 //!   stderr is not a terminal).
 //! - [`RunDir`]: the run directory and the names of the files inside it.
+//!
+//! ```
+//! use kolo_metrics::{plot_training, read_csv, MetricsCsv, TrainingSeries, TRAINING_COLUMNS};
+//!
+//! let dir = tempfile::tempdir()?;
+//! let path = dir.path().join("metrics.csv");
+//! let mut csv = MetricsCsv::create(&path, &TRAINING_COLUMNS)?;
+//! // epoch, step, train loss, test loss, test accuracy, seconds, samples/s, learning rate
+//! csv.append(&[1.0, 100.0, 0.9, 0.6, 0.78, 2.5, 25_600.0, 0.05])?;
+//! csv.append(&[2.0, 200.0, 0.5, 0.45, 0.84, 2.4, 26_700.0, 0.05])?;
+//! let (columns, rows) = read_csv(&path)?;
+//! assert_eq!((columns.len(), rows.len()), (8, 2));
+//! // The training plot (text needs a font; without one it says so and draws the lines alone).
+//! let series = TrainingSeries::from_csv(&path)?;
+//! let _warning = plot_training(&series, &dir.path().join("training.png"), "two epochs")?;
+//! assert!(dir.path().join("training.png").exists());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+#![warn(missing_docs)]
 
 mod csv;
 mod error;

@@ -61,6 +61,7 @@
 //! for the layer itself; see [`BatchNorm`]).
 //!
 //! [`BatchNorm`]: kolo_nn::batch_norm::BatchNorm
+#![warn(missing_docs)]
 
 mod check;
 mod init;

@@ -22,6 +22,14 @@
 //! A process whose communicator failed exits with status 1 without finalizing instead, which mpirun
 //! treats as a failed job and ends, so that a rank that gives up never leaves the others waiting
 //! inside MPI.
+//!
+//! ```
+//! // The MPI library kolo runs on (MPI may be initialized without mpirun: a world of one).
+//! let version = kolo_mpi::library_version()?;
+//! assert!(!version.is_empty());
+//! # Ok::<(), kolo_core::Error>(())
+//! ```
+#![warn(missing_docs)]
 
 mod engine;
 mod runtime;

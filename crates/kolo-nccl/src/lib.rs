@@ -25,6 +25,15 @@
 //!   `KOLO_NCCL_LIBRARY` to choose the file), the CUDA driver through cudarc's dynamic loading: a
 //!   build with the `nccl` feature runs on machines without GPUs, and asking one of them for NCCL
 //!   is an error naming the missing library.
+//!
+//! ```
+//! // Where kolo's NCCL engine could run: a count of GPUs, or why there are none.
+//! match kolo_nccl::device_count() {
+//!     Ok(n) => println!("{n} CUDA device(s)"),
+//!     Err(e) => println!("no NCCL here: {e}"),
+//! }
+//! ```
+#![warn(missing_docs)]
 
 mod device;
 mod engine;

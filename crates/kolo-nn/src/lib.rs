@@ -23,6 +23,23 @@
 //! backward pass sums the statistics' gradients over the ranks; the normalization leaves its input
 //! gradient to the statistics' backward pass ([`ops::BatchNormStats`]), which writes all of it in
 //! one pass. The crate depends on kolo (for the communicator), candle and gemm only.
+//!
+//! ```
+//! use candle_core::{DType, Device, Module, Tensor};
+//! use candle_nn::{VarBuilder, VarMap};
+//!
+//! // A convolution on kolo's kernels, in any candle model; gradients flow as through candle's.
+//! let varmap = VarMap::new();
+//! let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+//! let conv = kolo_nn::layers::conv2d(1, 4, 3, 1, 1, vb.pp("conv"))?;
+//! let x = Tensor::randn(0f32, 1., (2, 1, 8, 8), &Device::Cpu)?;
+//! let y = kolo_nn::ops::relu(&conv.forward(&x)?)?;
+//! assert_eq!(y.dims(), &[2, 4, 8, 8]);
+//! let grads = y.sum_all()?.backward()?;
+//! assert!(varmap.all_vars().iter().all(|v| grads.get(v).is_some()));
+//! # Ok::<(), candle_core::Error>(())
+//! ```
+#![warn(missing_docs)]
 
 pub mod autograd;
 pub mod batch_norm;

@@ -4,6 +4,7 @@
 //! torch.distributed backend meets there), or as threads of this process
 //! (`local_communicators`, for tests). The Python package (`crates/kolo-py/python/kolo`) wraps
 //! it: numpy and torch tensors, object collectives, mpi4py's names, the torch backend.
+#![warn(missing_docs)]
 
 mod args;
 mod buffer;

@@ -7,6 +7,25 @@
 //!
 //! The building blocks live in their own crates, usable without this one: kernels and layers in
 //! kolo-nn, models in kolo-models, DDP, optimizers and checkpoints in kolo-ddp.
+//!
+//! ```
+//! use kolo_train::trainer::{run, TrainConfig};
+//!
+//! // `kolo train` as a library: an MLP on seeded Gaussian blobs, two ranks as threads, no files.
+//! let cfg = TrainConfig {
+//!     model: kolo_models::ModelKind::Mlp,
+//!     dataset: kolo_data::DatasetKind::Synthetic,
+//!     epochs: 2,
+//!     progress: false,
+//!     out: None,
+//!     ..TrainConfig::default()
+//! };
+//! let summaries = kolo::run_local(2, kolo::Config::default(), |comm| run(&comm, &cfg));
+//! let s = summaries[0].as_ref().unwrap().as_ref().unwrap();
+//! assert_eq!(s.epochs.len(), 2);
+//! assert!(s.final_accuracy > 0.8, "{:?}", s.epochs);
+//! ```
+#![warn(missing_docs)]
 
 mod error;
 pub mod simulate;

@@ -8,6 +8,21 @@
 //! - [`tcp`]: one TCP connection per pair of ranks, found through the rendezvous store; usable across
 //!   hosts.
 //! - [`hybrid`]: shared memory to the ranks of this host, TCP to the others.
+//!
+//! ```
+//! use kolo_core::{Algorithm, Call, Header, OpKind, Tag, TagSpace, Transport};
+//!
+//! // Two ranks in one process; rank 0 sends, rank 1 receives (the TCP and shared-memory
+//! // transports are used the same way, one rank per process).
+//! let world = kolo_transport::local_world(2);
+//! let tag = Tag { group: 0, space: TagSpace::P2p, value: 7 };
+//! let header = Header { ack: false, tag, call: Call::new(OpKind::Send, Algorithm::Direct) };
+//! world[0].send(1, &header, b"hello").map_err(|f| f.into_error("send", 0))?;
+//! let message = world[1].recv(0, &tag, None).map_err(|e| format!("{e:?}"))?;
+//! assert_eq!(message.payload, b"hello");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+#![warn(missing_docs)]
 
 #[doc(hidden)]
 pub mod fuzzing;

@@ -25,6 +25,7 @@
 //! or root) get [`Error::Mismatch`] instead of a hang. A peer that dies or stops answering is an
 //! error naming it, within the communicator's timeout ([`Config::timeout`], `KOLO_TIMEOUT`) at the
 //! latest and at once when its connection drops.
+#![warn(missing_docs)]
 
 mod adasum;
 mod backend;

@@ -15,8 +15,9 @@ use super::{FlightDump, GroupRecord, OpRecord};
 pub struct Stragglers {
     /// Collectives counted.
     pub collectives: usize,
-    /// Arrival skew (last arrival − first), seconds: median and 99th percentile.
+    /// Arrival skew (last arrival − first), seconds: the median.
     pub skew_p50_s: f64,
+    /// Arrival skew, seconds: the 99th percentile.
     pub skew_p99_s: f64,
     /// Per rank, most often last first.
     pub ranks: Vec<Lateness>,
@@ -25,12 +26,15 @@ pub struct Stragglers {
 /// One rank's lateness.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Lateness {
+    /// The rank (in the communicator).
     pub rank: usize,
-    /// How many of the collectives this rank entered last, and that as a share.
+    /// How many of the collectives this rank entered last.
     pub last: usize,
+    /// `last` as a share of the collectives counted.
     pub share: f64,
-    /// Median and 99th percentile of how long after the first rank it arrived (all collectives).
+    /// Median of how long after the first rank it arrived (all collectives), seconds.
     pub behind_p50_s: f64,
+    /// 99th percentile of the same, seconds.
     pub behind_p99_s: f64,
 }
 
@@ -266,11 +270,14 @@ pub fn diagnose(dumps: &[FlightDump]) -> String {
 /// Which communicator a group record belongs to: its world's job and its group id.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GroupKey {
+    /// The job of the world ([`GroupRecord::world`]).
     pub world: String,
+    /// The group id ([`GroupRecord::group`]).
     pub group: String,
 }
 
 impl GroupKey {
+    /// The key of `g`.
     pub fn of(g: &GroupRecord) -> GroupKey {
         GroupKey {
             world: g.world.clone(),

@@ -17,11 +17,13 @@ pub(crate) const ANY_PEER: u32 = 0xFF_FFFE;
 pub struct FlightDump {
     /// Format version (1).
     pub version: u32,
-    /// This process's rank in its world, and the world's size.
+    /// This process's rank in its world.
     pub rank: usize,
+    /// The world's size.
     pub size: usize,
-    /// Host name and process id.
+    /// Host name.
     pub host: String,
+    /// Process id.
     pub pid: u32,
     /// Why it was written: the failure, `SIGUSR1`, or the caller's reason.
     pub reason: String,
@@ -45,9 +47,11 @@ pub struct GroupRecord {
     pub world: String,
     /// The group id (hex), the same on every member.
     pub group: String,
-    /// This rank in the group, the group's size and its members (world ranks).
+    /// This rank in the group.
     pub rank: usize,
+    /// The group's size.
     pub size: usize,
+    /// Its members (world ranks).
     pub members: Vec<usize>,
     /// The last collectives, oldest first; `id` is the collective's sequence number, the same on
     /// every rank for the same call.
@@ -65,14 +69,15 @@ pub struct OpRecord {
     pub id: u64,
     /// `all_reduce`, `broadcast`, ..., `send`, `recv`; `?` while only issued.
     pub op: String,
-    /// Element type and count (per rank; a hash of the counts for the variable forms).
+    /// Element type.
     pub dtype: Option<String>,
+    /// Element count (per rank; a hash of the counts for the variable forms).
     pub count: u64,
     /// Reduce operator.
     pub reduce: Option<String>,
-    /// Root (group rank) of a rooted collective; peer of a point-to-point operation (`None` for any
-    /// source).
+    /// Root (group rank) of a rooted collective.
     pub root: Option<u32>,
+    /// Peer of a point-to-point operation (`None` for any source).
     pub peer: Option<u32>,
     /// Tag of a point-to-point operation.
     pub tag: Option<u64>,
@@ -80,10 +85,11 @@ pub struct OpRecord {
     pub algorithm: Option<String>,
     /// `queued`, `started`, `completed` or `failed`.
     pub state: String,
-    /// Unix seconds: issued (when it waited behind asynchronous work), started (entered), ended
-    /// (point-to-point operations and failures).
+    /// Unix seconds: issued (when it waited behind asynchronous work).
     pub queued: Option<f64>,
+    /// Unix seconds: started (this rank entered it).
     pub started: Option<f64>,
+    /// Unix seconds: ended (point-to-point operations and failures).
     pub ended: Option<f64>,
     /// The caller: `file:line:column`.
     pub location: Option<String>,
