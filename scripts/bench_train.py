@@ -342,6 +342,25 @@ def peak_per_core(a):
     return json.loads(line)["peak_gflops_per_core"], probe
 
 
+def write_plot(a, med, name):
+    """Median samples/s against workers, one column per implementation, to a.csv; `kolo plot` draws
+    it into the PNG beside it."""
+    cols = [("kolo", "kolo-{}"), ("PyTorch DDP", "torch-{}")]
+    if a.baseline:
+        cols.append(("kolo --baseline", "base-{}"))
+    cols = [(label, key) for label, key in cols if key.format(1) in med]
+    with open(a.csv, "w") as f:
+        f.write(",".join(["workers"] + [label for label, _ in cols]) + "\n")
+        for w in (1, 2):
+            f.write(",".join([str(w)] + [f"{med[key.format(w)]:.1f}" for _, key in cols]) + "\n")
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")
+                if l.startswith("model name")), "?")
+    title = f"{name} / Fashion-MNIST, batch {a.batch} per worker, medians of {a.rounds} rounds — {cpu}"
+    subprocess.run([os.path.join(a.bin, "kolo"), "plot", a.csv, "--out",
+                    os.path.splitext(a.csv)[0] + ".png", "--title", title,
+                    "--y-desc", "samples/s"], check=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
@@ -362,6 +381,9 @@ def main():
     ap.add_argument("--timeline", action="store_true", help="the cost of --timeline (see above)")
     ap.add_argument("--torch-backends", action="store_true", help="PyTorch DDP on Gloo vs on kolo (see above)")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--csv", help="(the kolo/PyTorch comparison) also write the median samples/s of kolo "
+                                  "and PyTorch DDP at 1 and 2 workers here, and draw it beside as a PNG "
+                                  "with `kolo plot`")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                     help="cuda: kolo train --device cuda against PyTorch DDP on NCCL (see above)")
     ap.add_argument("--bin", default="target/release", help="where the kolo binary and the examples are")
@@ -435,6 +457,8 @@ def main():
         ratios = {"1": med["kolo-1"] / med["torch-1"], "2": med["kolo-2"] / med["torch-2"]}
         print(f"  kolo / PyTorch DDP ({name}): 1 worker {ratios['1']:.2f}x, 2 workers {ratios['2']:.2f}x")
         print(f"  PyTorch scaling efficiency, 2 workers: {100 * med['torch-2'] / (2 * med['torch-1']):.0f} %")
+    if a.csv:
+        write_plot(a, med, name)
     print(json.dumps({"model": a.model, "medians": med, "runs": res, "batch": a.batch, "epochs": a.epochs,
                       "train_limit": a.train_limit, "test_limit": a.test_limit, "lr": a.lr, "momentum": a.momentum,
                       "kolo_over_torch": ratios, "train_flops_per_sample": flops, "gflops_per_core": gflops,

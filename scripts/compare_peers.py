@@ -3,7 +3,7 @@
 
     python3 scripts/compare_peers.py [--n 2] [--rounds 3] [--kolo target/release/kolo]
         [--python /path/to/python-with-torch] [--skip openmpi,kolo-shm] [--sizes 4,1024,...]
-        [--baseline /path/to/an/older/kolo] [--op allreduce|p2p]
+        [--baseline /path/to/an/older/kolo] [--op allreduce|p2p] [--csv busbw.csv]
 
 Each round runs, in turn: OpenMPI (../shared/peers/run-openmpi.sh), kolo over shared memory, Gloo
 (../shared/peers/gloo_allreduce.py, run with --python), the same Gloo harness with its backend
@@ -22,6 +22,9 @@ ratios the targets are stated in:
 With `--op p2p`: ping-pong between two ranks instead (time is half a round trip), OpenMPI's MPI_Send/
 MPI_Recv (scripts/mpi_pingpong.c, compiled with mpicc) against `kolo bench p2p` over shared memory
 and TCP (and --baseline); the target: kolo-shm's bandwidth >= OpenMPI's at every size.
+
+With `--csv FILE` (all-reduce): the median bus bandwidth of each implementation at each size is also
+written to FILE and drawn (log-log, titled with the CPU) into FILE's .png by `kolo plot`.
 
 A peer that cannot run (OpenMPI or torch not installed) is reported and left out. The spread of each
 median (min..max over the rounds, as ratios) is printed for kolo-tcp / Gloo, since the machine the
@@ -76,6 +79,32 @@ def with_backend(harness, backend):
     return f.name
 
 
+def write_plot(args, results, sizes):
+    """The busbw of every implementation that ran at its median time (nccl-tests' formula: bytes /
+    time x 2(n-1)/n), one column each, to args.csv; then
+    `kolo plot` draws it (log-log) into the PNG beside it."""
+    names = [k for k in results if results[k]]
+    with open(args.csv, "w") as f:
+        f.write(",".join(["bytes"] + names) + "\n")
+        for b in sizes:
+            cells = []
+            for k in names:
+                rs = results[k].get(b)
+                # From the time (the harnesses round busbw to a few decimals: Gloo's 4 B is 0.0).
+                t = statistics.median(r["time_us"] for r in rs) if rs else 0
+                bus = b / (t * 1e-6) / 1e9 * 2 * (args.n - 1) / args.n if t else None
+                cells.append(f"{bus:.6g}" if bus else "")
+            f.write(",".join([str(b)] + cells) + "\n")
+    png = os.path.splitext(args.csv)[0] + ".png"
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")
+                if l.startswith("model name")), "?")
+    title = (f"all-reduce f32, {args.n} ranks, medians of {args.rounds} rounds — {cpu}, "
+             f"{os.cpu_count()} cores")
+    subprocess.run([args.kolo, "plot", args.csv, "--out", png, "--title", title,
+                    "--x-desc", "message size", "--y-desc", "bus bandwidth (GB/s)", "--bytes-x",
+                    "--log-y"], check=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=2)
@@ -87,6 +116,8 @@ def main():
     ap.add_argument("--baseline", help="an older kolo binary, measured over shared memory and TCP "
                                        "as kolo-shm-base and kolo-tcp-base")
     ap.add_argument("--op", default="allreduce", choices=["allreduce", "p2p"])
+    ap.add_argument("--csv", help="also write the median busbw (GB/s) of each implementation at each "
+                                  "size here (all-reduce), and draw it beside as a PNG with `kolo plot`")
     args = ap.parse_args()
     n = str(args.n)
     sizes = [str(int(s)) for s in args.sizes.split(",")]
@@ -120,6 +151,8 @@ def main():
         rs = [g["time_us"] / x["time_us"] for x, g in zip(xs, gs) if x["time_us"]]
         return f"{min(rs):.2f}..{max(rs):.2f}" if rs else "-"
 
+    if args.csv:
+        write_plot(args, results, [int(x) for x in sizes])
     print(f"all-reduce f32 sum, n = {args.n}, medians of {args.rounds} rounds (busbw in GB/s, time in us)")
     hdr = f"{'bytes':>10} {'openmpi':>9} {'gloo':>9} {'kolo-shm':>9} {'kolo-tcp':>9}   {'shm/ompi':>8} {'shm/gloo':>8} {'tcp/gloo':>8}"
     print(hdr)

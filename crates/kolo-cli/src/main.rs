@@ -45,6 +45,9 @@ enum Command {
     /// Read the ranks' flight records and say which rank stopped where (and who is slow)
     #[command(long_about = cmd::diagnose::LONG_ABOUT)]
     Diagnose(Box<cmd::diagnose::DiagnoseArgs>),
+    /// Draw a CSV of series against one x as a PNG (the benchmark scripts' pictures)
+    #[command(long_about = cmd::plot::LONG_ABOUT)]
+    Plot(Box<cmd::plot::PlotArgs>),
 }
 
 fn main() -> ExitCode {
@@ -55,6 +58,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => cmd::bench::execute(*args),
         Command::Simulate(args) => cmd::simulate::execute(*args),
         Command::Diagnose(args) => cmd::diagnose::execute(*args),
+        Command::Plot(args) => cmd::plot::execute(*args),
     }
 }
 

@@ -39,8 +39,8 @@ mod tensorboard;
 pub use crate::csv::{read_csv, MetricsCsv, TRAINING_COLUMNS};
 pub use crate::error::{MetricsError, Result};
 pub use crate::plot::{
-    plot_csv, plot_scaling, plot_training, plot_training_with, FontSource, PlotOptions,
-    PlotWarning, ScalingPoint, TrainingSeries, FONT_CANDIDATES, FONT_ENV,
+    plot_csv, plot_scaling, plot_series_csv, plot_training, plot_training_with, FontSource,
+    PlotOptions, PlotWarning, ScalingPoint, SeriesPlot, TrainingSeries, FONT_CANDIDATES, FONT_ENV,
 };
 pub use crate::progress::Progress;
 pub use crate::rundir::RunDir;

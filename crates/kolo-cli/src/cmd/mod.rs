@@ -4,6 +4,7 @@ pub mod bench;
 pub mod diagnose;
 pub mod error;
 pub mod launch_args;
+pub mod plot;
 pub mod run;
 pub mod scaling;
 pub mod simulate;

@@ -22,8 +22,10 @@ mod axis;
 mod font;
 mod png;
 mod scaling;
+mod series;
 
 pub use scaling::{plot_scaling, ScalingPoint};
+pub use series::{plot_series_csv, SeriesPlot};
 
 use axis::*;
 use font::{load_any_font, load_font};
@@ -323,6 +325,7 @@ where
             y_desc: "loss",
             x: (x_ticks, x_range),
             y: (y_ticks, y_range),
+            x_fmt: None,
             y_fmt: &fmt_number,
             lines: &losses,
             legend_pos: SeriesLabelPosition::UpperRight,
@@ -370,6 +373,7 @@ where
             y_desc: "accuracy",
             x: (x_ticks, x_range),
             y: (y_ticks, y_range),
+            x_fmt: None,
             y_fmt: &y_fmt,
             lines: &acc_lines,
             legend_pos: SeriesLabelPosition::LowerRight,
@@ -386,6 +390,8 @@ pub(super) struct Panel<'a> {
     pub(super) x: (Vec<f64>, Range<f64>),
     pub(super) y: (Vec<f64>, Range<f64>),
     pub(super) y_fmt: &'a dyn Fn(&f64) -> String,
+    /// Labels of the x axis' ticks (`None`: plain numbers).
+    pub(super) x_fmt: Option<&'a dyn Fn(&f64) -> String>,
     pub(super) lines: &'a [Line<'a>],
     pub(super) legend_pos: SeriesLabelPosition,
 }
@@ -441,7 +447,7 @@ where
         mesh.bold_line_style(GRID_COLOR)
             .light_line_style(LIGHT_GRID_COLOR)
             .axis_style(AXIS_COLOR)
-            .x_label_formatter(&fmt_number)
+            .x_label_formatter(panel.x_fmt.unwrap_or(&fmt_number))
             .y_label_formatter(&panel.y_fmt);
         if text {
             mesh.x_desc(panel.x_desc)
