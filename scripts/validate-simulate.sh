@@ -9,7 +9,8 @@
 # Environment: KOLO (binary, default target/debug/kolo), MODEL (lenet), BATCH (64), STEPS (40 steps
 # per rank to measure), PROFILE_STEPS (30), INPUT_SHAPE (1x28x28, the dataset's), REPEAT (3: medians of that many profiles and runs), DATASET (mnist), DATA_DIR (data/mnist), OUT (a temporary directory),
 # MAX_ERR (10: the script exits 1 when a prediction misses the measurement by more than this many
-# percent, naming the world sizes).
+# percent, naming the world sizes), CSV (a file: the predicted and measured step times per world
+# size are also written there and drawn into the .png beside it with `kolo plot`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KOLO=${KOLO:-target/debug/kolo}
@@ -34,6 +35,7 @@ sed "s/\"cores_per_node\": [0-9]*/\"cores_per_node\": $CORES/" scripts/local-clu
 median() { python3 -c "import statistics,sys; print(statistics.median(float(x) for x in sys.argv[1:]))" "$@"; }
 
 printf '%6s %8s %13s %13s %8s\n' ranks threads predicted_ms measured_ms error_%
+[[ -n ${CSV:-} ]] && echo "ranks,predicted (kolo simulate),measured (kolo train)" >"$CSV"
 for n in "${RANKS[@]}"; do
   t=$((CORES / n)); [ "$t" -ge 1 ] || t=1
   preds=() meass=()
@@ -66,10 +68,15 @@ for n in "${RANKS[@]}"; do
   meas=$(median "${meass[@]}")
   err=$(python3 -c "print(f'{($pred - $meas) / $meas * 100:+.1f}')")
   printf '%6s %8s %13.2f %13.2f %8s\n' "$n" "$t" "$pred" "$meas" "$err"
+  [[ -n ${CSV:-} ]] && echo "$n,$pred,$meas" >>"$CSV"
   if python3 -c "import sys; sys.exit(abs($err) <= $MAX_ERR)"; then
     misses+=("$n ranks: $err %")
   fi
 done
+if [[ -n ${CSV:-} ]]; then
+  "$KOLO" plot "$CSV" --out "${CSV%.*}.png" --x-desc "processes (ranks)" --y-desc "step time (ms)" \
+    --title "$MODEL, batch $BATCH per rank: predicted vs measured step time — $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $CORES cores"
+fi
 if ((${#misses[@]})); then
   echo "validate-simulate: predictions off by more than $MAX_ERR %: ${misses[*]}" >&2
   exit 1
