@@ -14,7 +14,9 @@
 # Usage: scripts/validate-simulate-link.sh [KOLO] [ROUNDS] [RATE...]
 #        (default target/release/kolo, 3, 1gbit 200mbit); TRAIN_LIMIT (1024 samples a run);
 #        MAX_ERR (10: exits 1 when the prediction from the measured link misses the measured step
-#        time by more than this many percent at some rate).
+#        time by more than this many percent at some rate); CSV (a file: the step times against
+#        the link's nominal rate in Mbit/s are also written there and drawn into the .png beside it
+#        with `kolo plot`).
 # Needs root (CAP_NET_ADMIN), iproute2 with tc, and the data (scripts/fetch-data.sh); exits 77 when
 # namespaces cannot be made here. No traffic leaves the machine.
 set -euo pipefail
@@ -37,6 +39,7 @@ json() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.arg
 
 rows=()
 misses=()
+[[ -n ${CSV:-} ]] && echo "link Mbit/s,predicted (nominal link),predicted (measured link),measured" >"$CSV"
 for rate in "${RATES[@]}"; do
     netns_up "kval$$"
     trap 'netns_down; rm -rf "$work"' EXIT
@@ -89,9 +92,14 @@ print(float(m[1]) * {'':1e-9,'k':1e-6,'m':1e-3,'g':1}[m[2]])" "$rate")
     rows+=("$(python3 -c "
 n, g, l, pn, pm, m = '$rate', $gbps, $lat_us, $p_nominal, $p_measured, $m
 print(f'{n:>8} {g:9.3f} {l:8.0f} {pn:10.0f} {(pn - m) / m * 100:+7.1f}% {pm:10.0f} {(pm - m) / m * 100:+7.1f}% {m:9.0f}')")")
+    [[ -n ${CSV:-} ]] && echo "$(python3 -c "print($nominal * 1000)"),$p_nominal,$p_measured,$m" >>"$CSV"
     netns_down
     trap 'rm -rf "$work"' EXIT
 done
+if [[ -n ${CSV:-} ]]; then
+    "$KOLO" plot "$CSV" --out "${CSV%.*}.png" --y-desc "ms per step" \
+        --title "ResNet-18, 2 hosts x 1 worker, batch $BATCH each: simulated vs measured — $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
+fi
 echo "ResNet-18, 2 hosts x 1 worker, batch $BATCH each; ms per step (medians of $ROUNDS runs)"
 printf '%8s %9s %8s %10s %8s %10s %8s %9s\n' link meas_gbps lat_us pred_nom err pred_meas err measured
 printf '%s\n' "${rows[@]}"

@@ -75,6 +75,26 @@ pub fn plot_series_csv(csv: &Path, png: &Path, plot: &SeriesPlot) -> Result<Opti
     })
 }
 
+/// The upper corner whose quarter of the plot holds fewer points, for the legend.
+fn legend_corner(
+    points: &[(f64, f64)],
+    x: &std::ops::Range<f64>,
+    y: &std::ops::Range<f64>,
+) -> SeriesLabelPosition {
+    let (x_mid, y_mid) = ((x.start + x.end) / 2.0, (y.start + y.end) / 2.0);
+    let upper = |left: bool| {
+        points
+            .iter()
+            .filter(|p| p.1 > y_mid && (p.0 < x_mid) == left)
+            .count()
+    };
+    if upper(true) > upper(false) {
+        SeriesLabelPosition::UpperRight
+    } else {
+        SeriesLabelPosition::UpperLeft
+    }
+}
+
 /// A size in bytes from its log₂: `4 B`, `64 KiB`, `16 MiB`.
 fn bytes_label(log2: &f64) -> String {
     let v = 2f64.powf(*log2).round();
@@ -144,6 +164,7 @@ where
         })
         .collect();
     let pow10 = |v: &f64| fmt_number(&10f64.powf(*v));
+    let corner = legend_corner(&all, &x_range, &y_range);
     draw_panel(
         &body,
         Panel {
@@ -157,7 +178,7 @@ where
                 .bytes_x
                 .then_some(&bytes_label as &dyn Fn(&f64) -> String),
             lines: &drawn,
-            legend_pos: SeriesLabelPosition::UpperLeft,
+            legend_pos: corner,
         },
         text,
     )
