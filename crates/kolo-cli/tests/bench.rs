@@ -200,3 +200,37 @@ fn bad_input_is_an_error_before_launching() {
         text(&out)
     );
 }
+
+#[test]
+fn csv_holds_every_sizes_busbw_and_its_picture_is_drawn() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let csv = dir.path().join("busbw.csv");
+    let out = kolo_bench(&[
+        "allreduce",
+        "-n",
+        "2",
+        "--sizes",
+        "4,1K,64K",
+        "--csv",
+        csv.to_str().expect("utf-8"),
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let written = std::fs::read_to_string(&csv).expect("the CSV");
+    let rows: Vec<&str> = written.lines().collect();
+    assert_eq!(rows[0], "bytes,kolo-shm", "{written}");
+    let sizes: Vec<&str> = rows[1..]
+        .iter()
+        .map(|r| r.split(',').next().unwrap_or(""))
+        .collect();
+    assert_eq!(sizes, ["4", "1024", "65536"], "{written}");
+    for r in &rows[1..] {
+        let busbw: f64 = r
+            .split(',')
+            .nth(1)
+            .and_then(|v| v.parse().ok())
+            .expect("busbw");
+        assert!(busbw > 0.0, "{written}");
+    }
+    let png = std::fs::read(dir.path().join("busbw.png")).expect("the PNG");
+    assert_eq!(&png[1..4], b"PNG");
+}

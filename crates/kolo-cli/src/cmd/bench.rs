@@ -16,6 +16,7 @@ use super::error::CliError;
 use kolo_ddp::device::DeviceKind;
 
 mod device;
+mod figure;
 
 pub const LONG_ABOUT: &str = "\
 Time one of kolo's collectives (or point-to-point ping-pong) on N workers, like nccl-tests, \
@@ -130,6 +131,9 @@ pub struct BenchArgs {
     /// One JSON object per size instead of the table
     #[arg(long)]
     json: bool,
+    /// Also write each size's busbw (GB/s) to this CSV, drawn log-log into the PNG beside it
+    #[arg(long, value_name = "FILE")]
+    csv: Option<std::path::PathBuf>,
     /// Also check the result of every warm-up and timed iteration where it is stable
     /// (broadcast, allgather, reduce_scatter, alltoall, p2p); the final check always runs
     #[arg(long)]
@@ -474,9 +478,11 @@ fn report(
         );
     }
     let mut total_wrong = 0u64;
+    let mut busbw = Vec::new();
     for &bytes in &args.sizes {
         let row = bench_size(bytes)?;
         total_wrong += row.wrong;
+        busbw.push((row.bytes, row.busbw));
         if !lead {
             continue;
         }
@@ -499,6 +505,10 @@ fn report(
                 row.bytes, row.count, type_name, row.time_us, row.algbw, row.busbw, row.wrong
             );
         }
+    }
+    if let (true, Some(csv)) = (lead, &args.csv) {
+        let title = format!("kolo bench {}, {n} ranks, {type_name}", args.op().name());
+        figure::write(csv, implementation, &title, &busbw);
     }
     Ok(total_wrong)
 }
