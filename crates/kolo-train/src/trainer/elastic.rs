@@ -20,7 +20,6 @@ use candle_nn::VarMap;
 use kolo::elastic::ElasticWorld;
 use kolo::Communicator;
 use kolo_data::{Dataset, DistributedSampler};
-use kolo_ddp::checkpoint::TrainState;
 use kolo_ddp::distributed::{check_loss, DistributedOptimizer};
 use kolo_ddp::elastic::{self, Kept};
 use kolo_ddp::optim::DynOptimizer;
@@ -285,7 +284,7 @@ fn train_generation(
         }
         let lr = dopt.inner().learning_rate();
         if rank == 0 {
-            record_epoch(cfg, pos, &s, varmap, dopt, size)?;
+            record_epoch(cfg, pos, &s, varmap, dopt, (size, lr))?;
         }
         pos.rows.push(record::row(&s, pos.step, lr));
         pos.epochs.push(s);
@@ -309,7 +308,7 @@ fn record_epoch(
     s: &EpochStats,
     varmap: &VarMap,
     dopt: &Opt,
-    size: usize,
+    (size, lr): (usize, f64),
 ) -> Result<()> {
     let Some(out) = &cfg.out else {
         return Ok(());
@@ -325,26 +324,10 @@ fn record_epoch(
     let workers = format!("{size} workers, fault-tolerant");
     let mut rec = Recorder::open(RunDir::from_path(out), &fresh, workers)?;
     rec.replay(&pos.rows)?;
-    let state = TrainState {
-        epoch: s.epoch,
-        step: pos.step,
-        seed: cfg.seed,
-        optimizer_steps: dopt.inner().step_count(),
-        model: cfg.model.to_string(),
-        dataset: cfg.dataset.to_string(),
-        world_size: size,
-        batch_size: cfg.batch_size,
-    };
+    let state = record::train_state(cfg, s.epoch, pos.step, dopt.inner().step_count(), size);
     // Local: fault-tolerant training refuses a sharded optimizer, whose gathering is collective.
     match dopt.inner().gather_state()? {
-        Some(snapshot) => rec.epoch(
-            cfg,
-            s,
-            &state,
-            varmap,
-            dopt.inner().learning_rate(),
-            &snapshot,
-        ),
+        Some(snapshot) => rec.epoch(cfg, s, &state, varmap, lr, &snapshot),
         None => Ok(()),
     }
 }

@@ -20,7 +20,6 @@ use std::time::Instant;
 use candle_core::Device;
 use kolo::Communicator;
 use kolo_data::DistributedSampler;
-use kolo_ddp::checkpoint::TrainState;
 use kolo_ddp::optim::OptimizerKind;
 use kolo_ddp::replicas::Placement;
 use kolo_ddp::timeline::Timeline;
@@ -153,16 +152,7 @@ fn train_on(comm: &Communicator, cfg: &TrainConfig, device: &Device) -> Result<S
         let _checkpoint = timeline.span("checkpoint");
         let snapshot = dopt.inner().gather_state()?;
         if let (Some(o), Some(snapshot)) = (out.as_mut(), snapshot.as_ref()) {
-            let state = TrainState {
-                epoch: epoch + 1,
-                step,
-                seed: cfg.seed,
-                optimizer_steps: dopt.inner().step_count(),
-                model: cfg.model.to_string(),
-                dataset: cfg.dataset.to_string(),
-                world_size: world,
-                batch_size: cfg.batch_size,
-            };
+            let state = record::train_state(cfg, epoch + 1, step, dopt.inner().step_count(), world);
             o.epoch(
                 cfg,
                 &s,

@@ -27,6 +27,27 @@ pub(super) fn row(s: &EpochStats, step: u64, lr: f64) -> Vec<f64> {
     ]
 }
 
+/// The progress a checkpoint of `kolo train` records after `epoch` epochs and `step` optimizer
+/// steps of `world` workers.
+pub(super) fn train_state(
+    cfg: &TrainConfig,
+    epoch: usize,
+    step: u64,
+    optimizer_steps: u64,
+    world: usize,
+) -> TrainState {
+    TrainState {
+        epoch,
+        step,
+        seed: cfg.seed,
+        optimizer_steps,
+        model: cfg.model.to_string(),
+        dataset: cfg.dataset.to_string(),
+        world_size: world,
+        batch_size: cfg.batch_size,
+    }
+}
+
 /// Rank 0's outputs.
 pub(super) struct Recorder {
     dir: RunDir,
