@@ -12,8 +12,11 @@
 #   4. GPU tensors on NCCL (kolo-ddp's tests/gpu.rs): all-reduce of every float type and
 #      operator against the host's arithmetic; the DDP invariant with gradient buckets on the GPU;
 #      a mismatched GPU collective; a peer that exits (rank 0's next collective fails in seconds);
-#   5. the matrix example under KOLO_BACKEND=nccl;
-#   6. kolo train --device cuda (LeNet / Fashion-MNIST, 3 epochs) on kolo's transports and on
+#   5. the flight record of GPU collectives (a queued one stays `started` until its wait sees it
+#      done) and `kolo diagnose` on a rank stuck in its own code while the other waits in a GPU
+#      collective: the collective, who never entered it and where it last was, who waited;
+#   6. the matrix example under KOLO_BACKEND=nccl;
+#   7. kolo train --device cuda (LeNet / Fashion-MNIST, 3 epochs) on kolo's transports and on
 #      NCCL, one worker per GPU, and on 2 ranks on NCCL (gradient buckets on the GPU): each must
 #      reach 85 % test accuracy.
 #
@@ -135,6 +138,9 @@ check "a mismatched GPU collective on 2 ranks" 2 'rank [0-9]+: gpu mismatch ok' 
   'KOLO_TIMEOUT=30 ranks 2 "$gpu_tests" --ignored --exact gpu_mismatch_rank --nocapture'
 check "a peer that exits, 2 ranks" 1 'rank 0: gpu peer loss ok' \
   'KOLO_TIMEOUT=120 ranks 2 "$gpu_tests" --ignored --exact gpu_peer_loss_rank --nocapture'
+check "flight record on NCCL: a stuck rank, kolo diagnose" 5 \
+  '(rank 0: gpu stuck ok|^2 of 2 ranks left a flight record|collective #[0-9]+: all_reduce f32 × 1,048,576 \(sum|rank 0 waited in it( and failed)?, up to [0-9.]+ s at .*gpu\.rs:[0-9]+|rank 1 never entered collective #[0-9]+: its last completed collective was #[0-9]+ \(all_reduce.*gpu\.rs:[0-9]+)' \
+  'd=$(mktemp -d); KOLO_TIMEOUT=10 KOLO_TRACE_DIR=$d ranks 2 "$gpu_tests" --ignored --exact gpu_stuck_rank --nocapture; "$kolo" diagnose "$d"'
 for n in 1 2; do
   check "the matrix example on NCCL, $n rank(s)" 2 '(sum: 28|squares: 0 1 4 9 16 25 36 49)$' \
     "ranks $n \"\$matrix\""

@@ -43,7 +43,8 @@ fn unsupported(what: String) -> TrainError {
 /// gets the result), on the GPU: queued at once, read after [`TensorWork::wait`]. The tensor must
 /// be f32, f64, f16 or bf16 and on the GPU of `comm`'s engine
 /// ([`Communicator::device_ordinal`]); no other tensor may share its storage while it is reduced.
-/// Collective.
+/// Collective. The flight record names the caller's line.
+#[track_caller]
 pub fn all_reduce_tensor(comm: &Communicator, t: &Tensor, op: ReduceOp) -> Result<TensorWork> {
     let dtype = match t.dtype() {
         DType::F32 => kolo::DType::F32,

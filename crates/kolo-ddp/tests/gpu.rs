@@ -9,7 +9,10 @@
 //!   5 SGD steps, with the parameters of one model trained on batch N·b;
 //! - `gpu_mismatch_rank`: ranks that reduce tensors of different lengths all get an error;
 //! - `gpu_peer_loss_rank`: rank 1 exits; rank 0's next GPU collective fails within seconds
-//!   (kolo's heartbeats), not at the communicator's timeout.
+//!   (kolo's heartbeats), not at the communicator's timeout;
+//! - `gpu_stuck_rank`: the flight record of GPU collectives: a queued one is `started` until its
+//!   wait sees it done on the GPU, then `completed`; then rank 1 gets stuck in its own code and
+//!   rank 0 times out in the next one, for `kolo diagnose` to name (the script checks what it says).
 #![cfg(all(feature = "cuda", feature = "nccl"))]
 
 mod common;
@@ -221,4 +224,40 @@ fn gpu_peer_loss_rank() {
         "the error took {waited:?}: {e}"
     );
     println!("rank {r}: gpu peer loss ok after {waited:?}: {e}");
+}
+
+/// The state of the last collective in this rank's flight record.
+fn last_state(comm: &Communicator) -> String {
+    let dump = comm.flight_record("gpu check");
+    dump.groups
+        .iter()
+        .flat_map(|g| g.collectives.last())
+        .map(|o| o.state.clone())
+        .next_back()
+        .unwrap_or_default()
+}
+
+#[test]
+#[ignore = "entry point of the ranks scripts/gpu-check.sh starts"]
+fn gpu_stuck_rank() {
+    let Some((comm, dev)) = world() else { return };
+    let r = comm.rank();
+    let t = Tensor::ones(1 << 20, DType::F32, &dev).expect("tensor");
+    for _ in 0..3 {
+        let work = all_reduce_tensor(&comm, &t, ReduceOp::Sum).expect("queued");
+        assert_eq!(last_state(&comm), "started", "queued on the GPU, not waited for");
+        work.wait().expect("all-reduce");
+        assert_eq!(last_state(&comm), "completed", "waited for");
+    }
+    if r == 1 {
+        println!("rank 1: stuck in its own code");
+        std::thread::sleep(Duration::from_secs(300));
+    }
+    let e = all_reduce_tensor(&comm, &t, ReduceOp::Sum)
+        .and_then(|w| w.wait())
+        .expect_err("rank 1 never enters");
+    assert_eq!(last_state(&comm), "failed");
+    println!("rank {r}: gpu stuck ok: {e}");
+    // A failed rank: kolo run asks the others for their records and stops them.
+    std::process::exit(3);
 }

@@ -13,6 +13,8 @@ use crate::communicator::{Communicator, Inner};
 #[must_use = "the buffer holds the result only after wait()"]
 pub struct DeviceWork {
     comm: Communicator,
+    /// Its sequence number: the flight record's entry, completed (or failed) by the wait.
+    seq: u64,
     ticket: Option<DeviceTicket>,
 }
 
@@ -21,8 +23,19 @@ impl DeviceWork {
     /// for any stream. An error (a peer that died or stalled: the communicator's timeout; the
     /// engine's own error) poisons the communicator.
     pub fn wait(mut self) -> Result<()> {
+        self.finish()
+    }
+
+    /// Waits for the GPU and ends the collective's entry in the flight record with the outcome:
+    /// a collective stuck on the device (a peer that never queued its part) stays `started` there.
+    fn finish(&mut self) -> Result<()> {
         match self.ticket.take() {
-            Some(t) => self.comm.inner.backend.device_wait(&*self.comm.inner, t),
+            Some(t) => {
+                let inner = &*self.comm.inner;
+                let r = inner.backend.device_wait(inner, t);
+                inner.recorder.end(self.seq, &r);
+                r
+            }
             None => Ok(()),
         }
     }
@@ -30,10 +43,8 @@ impl DeviceWork {
 
 impl Drop for DeviceWork {
     fn drop(&mut self) {
-        if let Some(t) = self.ticket.take() {
-            // An error has poisoned the communicator: the next call reports it.
-            let _ = self.comm.inner.backend.device_wait(&*self.comm.inner, t);
-        }
+        // An error has poisoned the communicator: the next call reports it.
+        let _ = self.finish();
     }
 }
 
@@ -68,6 +79,7 @@ impl Communicator {
         let ticket = self.inner.all_reduce_device(seq, buf, op)?;
         Ok(DeviceWork {
             comm: self.clone(),
+            seq,
             ticket: Some(ticket),
         })
     }
@@ -79,9 +91,11 @@ impl Inner {
             Ok(c.call(buf.dtype, buf.count, Some(op), None))
         })?;
         call.algo = Algorithm::Engine;
-        // Recorded as completed once queued on the device (its stream orders it).
+        // Started when queued on the device; DeviceWork's wait ends it (a refusal, here).
         let r = self.backend.device_all_reduce(self.job(seq, call), buf, op);
-        self.recorder.end(seq, &r);
+        if r.is_err() {
+            self.recorder.end(seq, &r);
+        }
         r
     }
 }
