@@ -245,7 +245,11 @@ fn gpu_stuck_rank() {
     let t = Tensor::ones(1 << 20, DType::F32, &dev).expect("tensor");
     for _ in 0..3 {
         let work = all_reduce_tensor(&comm, &t, ReduceOp::Sum).expect("queued");
-        assert_eq!(last_state(&comm), "started", "queued on the GPU, not waited for");
+        assert_eq!(
+            last_state(&comm),
+            "started",
+            "queued on the GPU, not waited for"
+        );
         work.wait().expect("all-reduce");
         assert_eq!(last_state(&comm), "completed", "waited for");
     }
