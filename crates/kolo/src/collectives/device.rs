@@ -13,8 +13,10 @@ use crate::communicator::{Communicator, Inner};
 #[must_use = "the buffer holds the result only after wait()"]
 pub struct DeviceWork {
     comm: Communicator,
-    /// Its sequence number: the flight record's entry, completed (or failed) by the wait.
+    /// Its sequence number and start: the flight record's entry, completed (or failed) by the
+    /// wait.
     seq: u64,
+    at: std::time::Instant,
     ticket: Option<DeviceTicket>,
 }
 
@@ -33,7 +35,7 @@ impl DeviceWork {
             Some(t) => {
                 let inner = &*self.comm.inner;
                 let r = inner.backend.device_wait(inner, t);
-                inner.recorder.end(self.seq, &r);
+                inner.recorder.end(self.seq, self.at, &r);
                 r
             }
             None => Ok(()),
@@ -76,26 +78,35 @@ impl Communicator {
             ));
         }
         let seq = self.inner.issue_blocking()?;
-        let ticket = self.inner.all_reduce_device(seq, buf, op)?;
+        let (ticket, at) = self.inner.all_reduce_device(seq, buf, op)?;
         Ok(DeviceWork {
             comm: self.clone(),
             seq,
+            at,
             ticket: Some(ticket),
         })
     }
 }
 
 impl Inner {
-    fn all_reduce_device(&self, seq: u64, buf: DeviceBuffer, op: ReduceOp) -> Result<DeviceTicket> {
+    /// Queues the collective; its ticket and start.
+    fn all_reduce_device(
+        &self,
+        seq: u64,
+        buf: DeviceBuffer,
+        op: ReduceOp,
+    ) -> Result<(DeviceTicket, std::time::Instant)> {
         let mut call = self.check_args(OpKind::AllReduce, |c| {
             Ok(c.call(buf.dtype, buf.count, Some(op), None))
         })?;
         call.algo = Algorithm::Engine;
         // Started when queued on the device; DeviceWork's wait ends it (a refusal, here).
-        let r = self.backend.device_all_reduce(self.job(seq, call), buf, op);
+        let job = self.job(seq, call);
+        let at = job.at;
+        let r = self.backend.device_all_reduce(job, buf, op);
         if r.is_err() {
-            self.recorder.end(seq, &r);
+            self.recorder.end(seq, at, &r);
         }
-        r
+        r.map(|t| (t, at))
     }
 }

@@ -84,7 +84,7 @@ impl Communicator {
         let done: Vec<&flight::OpRecord> = rec
             .collectives
             .iter()
-            .filter(|o| o.state == "completed" && o.started.is_some())
+            .filter(|o| o.state == "completed" && o.started.is_some() && !o.start_coarse)
             .collect();
         // The ids every rank holds: from the latest first one to the earliest last one.
         let id = |o: &&flight::OpRecord| i64::try_from(o.id).unwrap_or(i64::MAX);

@@ -43,7 +43,7 @@ impl Inner {
             },
             c,
         );
-        self.recorder.end(seq, &r);
+        self.recorder.end(seq, at, &r);
         r
     }
 
@@ -59,7 +59,7 @@ impl Inner {
         let at = Instant::now();
         self.recorder.start(seq, &call, at);
         let r = self.run_timed(seq, call, timeout, at, confirm, f);
-        self.recorder.end(seq, &r);
+        self.recorder.end(seq, at, &r);
         r
     }
 

@@ -192,7 +192,8 @@ impl Member<'_> {
         let c = self.group.collectives.last();
         let p = self.group.p2p.last();
         match (c, p) {
-            (Some(c), Some(p)) if p.started > c.started => Some(p),
+            // A collective without a start time (not timed) counts as the later one.
+            (Some(c), Some(p)) if c.started.is_some() && p.started > c.started => Some(p),
             (Some(c), _) => Some(c),
             (None, p) => p,
         }
@@ -352,13 +353,16 @@ fn group_report(
         }
         let waited: Vec<usize> = entered.iter().map(|e| e.0).collect();
         if !waited.is_empty() {
+            // Not known where no rank timed it (a record written by hand, say).
             let longest = entered
                 .iter()
                 .filter_map(|(_, m, o)| {
                     let end = o.ended.unwrap_or(m.dump.dumped_at);
                     o.started.map(|s| end - s)
                 })
-                .fold(0.0, f64::max);
+                .reduce(f64::max)
+                .map(|s| format!(", up to {}", secs(s)))
+                .unwrap_or_default();
             let states: Vec<&str> = entered.iter().map(|e| e.2.state.as_str()).collect();
             let how = if states.iter().all(|s| *s == "failed") {
                 "waited in it and failed"
@@ -367,9 +371,8 @@ fn group_report(
             };
             let _ = writeln!(
                 out,
-                "  {} {how}, up to {}{}",
+                "  {} {how}{longest}{}",
                 plural(&waited),
-                secs(longest),
                 entered
                     .first()
                     .map(|(_, m, o)| at_in(m, o))
@@ -495,7 +498,7 @@ pub fn stragglers_of(dumps: &[FlightDump], key: &GroupKey) -> Stragglers {
         if let Some(g) = d.groups.iter().find(|g| key.matches(g)) {
             size = size.max(g.size);
             let m = per_rank.entry(g.rank).or_default();
-            for o in &g.collectives {
+            for o in g.collectives.iter().filter(|o| !o.start_coarse) {
                 if let Some(s) = o.started {
                     m.insert(o.id, s);
                 }

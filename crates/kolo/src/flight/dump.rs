@@ -111,6 +111,9 @@ fn watcher(usr1: &AtomicBool) {
             }
         }
         for w in watched() {
+            for rec in registry::of(Some(w.recorder().world)) {
+                rec.stamp_running();
+            }
             if let Some(f) = w.transport_failure() {
                 if w.recorder().claim_failure_dump() {
                     w.recorder().note_error(&f);
@@ -125,19 +128,37 @@ fn watcher(usr1: &AtomicBool) {
 /// Called by a communicator on its first failure: writes its world's record (once), if the world
 /// is watched or `KOLO_TRACE_DIR` is set (worlds of threads in tests write nothing unasked).
 pub(crate) fn on_failure(rec: &Arc<FlightRecorder>, reason: &str) {
+    if let Some(world) = failure_world(rec) {
+        if world.claim_failure_dump() {
+            report(write_dump(&world, reason));
+            raise_for_others();
+        }
+    }
+}
+
+/// The recorder whose dump holds `rec`'s world on a failure: the watched world's, else `rec`'s
+/// own where `KOLO_TRACE_DIR` asks for records, else none.
+fn failure_world(rec: &FlightRecorder) -> Option<Arc<FlightRecorder>> {
     let asked = std::env::var_os("KOLO_TRACE_DIR").is_some_and(|d| !d.is_empty());
-    let watched = watched()
-        .iter()
-        .find(|w| w.recorder().world == rec.world)
-        .cloned();
-    let world = match &watched {
-        Some(w) => w.recorder(),
-        None if asked => rec,
-        None => return,
-    };
-    if world.claim_failure_dump() {
-        report(write_dump(world, reason));
-        raise_for_others();
+    match watched().iter().find(|w| w.recorder().world == rec.world) {
+        Some(w) => Some(w.recorder().clone()),
+        None if asked => registry::of(Some(rec.world))
+            .into_iter()
+            .find(|r| std::ptr::eq(&**r, rec)),
+        None => None,
+    }
+}
+
+/// Called when a failed collective has been recorded as such (its exact start, its end): the
+/// record written at the failure, which saw it running, is written once more, complete.
+pub(crate) fn after_failed_op(rec: &FlightRecorder) {
+    if let Some(world) = failure_world(rec) {
+        if world.claim_redump() {
+            let reason = world.first_error().unwrap_or_else(|| "failure".into());
+            if let Err(e) = write_dump(&world, &reason) {
+                eprintln!("kolo: could not write the flight record: {e}");
+            }
+        }
     }
 }
 

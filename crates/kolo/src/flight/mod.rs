@@ -5,9 +5,12 @@
 //! number (a collective's sequence number, the one its messages are tagged with), what it was
 //! (operation, element type, count, root or peer, reduce operator, algorithm), its state (queued,
 //! started, completed, failed), when it was issued and started, and the caller's source location.
-//! Recording costs relaxed stores into a preallocated slot: the start time is the one the
-//! collective takes anyway for its deadline, and end times are taken (from the coarse clock) only
-//! for point-to-point operations and failures.
+//! Recording costs relaxed stores into a preallocated slot. Start times are the instant the
+//! collective takes anyway for its deadline, turned into the recorder's clock for one collective in
+//! [`TIMED_EVERY`] (by sequence number, so every rank times the same ones: the straggler report's
+//! sample) and for every collective that fails; the watcher thread gives a running collective
+//! without one a coarse reading, so that a hang still says how long each rank waited. End times are
+//! taken (from the coarse clock) only for point-to-point operations and failures.
 //!
 //! Each rank writes its record as JSON ([`FlightDump`], one file per rank, `rank-R.json`) into
 //! `KOLO_TRACE_DIR` (`kolo run` sets it; else `$TMPDIR/kolo-trace-<job>`) when its world first
@@ -38,6 +41,11 @@ use ring::{Claim, Op, Ring};
 /// Operations of each kind a recorder keeps unless `KOLO_FLIGHT_RECORDS` says otherwise.
 pub const DEFAULT_RECORDS: usize = 2048;
 
+/// Collectives whose sequence number is a multiple of this have their exact start time recorded
+/// (besides every failed one). Timing every collective cost a 4-byte all-reduce 1.5 % more than
+/// recording the rest of it did.
+pub const TIMED_EVERY: u64 = 8;
+
 /// `KOLO_FLIGHT_RECORDS`, read once.
 pub(crate) fn capacity() -> usize {
     static CAP: OnceLock<usize> = OnceLock::new();
@@ -49,10 +57,14 @@ pub(crate) fn capacity() -> usize {
     })
 }
 
-/// One communicator's record of its last operations.
+/// One communicator's record of its last operations: cache-line aligned, so that the fields every
+/// collective reads and writes share no line with another thread's data.
+#[repr(align(64))]
 pub(crate) struct FlightRecorder {
     /// `None` with `KOLO_FLIGHT_RECORDS=0`.
-    rings: Option<(Ring, Ring)>,
+    rings: Option<Box<(Ring, Ring)>>,
+    /// The rings while recording (null when off or paused): one load tells both.
+    active: AtomicPtr<(Ring, Ring)>,
     next_p2p: AtomicU64,
     /// The group's id (part of every tag), its members (transport ranks) and this rank in it.
     pub group: u64,
@@ -66,14 +78,14 @@ pub(crate) struct FlightRecorder {
     error: Mutex<Option<String>>,
     /// Whether this world's record has been written for its failure.
     dumped: AtomicBool,
+    /// Whether it has been written again once the failed operation's record was complete.
+    redumped: AtomicBool,
     /// The caller of the blocking collective issued last and not started yet (null: none).
     /// Threads that issue blocking collectives on one communicator at once may see each other's;
     /// that only mislabels a line of the record.
     issued: AtomicPtr<Location<'static>>,
     /// The process-wide clock base, kept here so that reading it costs nothing.
     clock: clock::Clock,
-    /// Recording paused (for measuring what it costs on one communicator).
-    paused: AtomicBool,
 }
 
 /// A point-to-point operation being recorded; [`P2p::end`] marks it done.
@@ -102,8 +114,13 @@ impl FlightRecorder {
         world: usize,
         cap: usize,
     ) -> Arc<FlightRecorder> {
+        let rings = (cap > 0).then(|| Box::new((Ring::new(cap, false), Ring::new(cap, true))));
+        let active = rings
+            .as_deref()
+            .map_or(std::ptr::null_mut(), |r| std::ptr::from_ref(r).cast_mut());
         let rec = Arc::new(FlightRecorder {
-            rings: (cap > 0).then(|| (Ring::new(cap), Ring::new(cap))),
+            rings,
+            active: AtomicPtr::new(active),
             next_p2p: AtomicU64::new(0),
             group,
             members,
@@ -112,9 +129,9 @@ impl FlightRecorder {
             world,
             error: Mutex::new(None),
             dumped: AtomicBool::new(false),
+            redumped: AtomicBool::new(false),
             issued: AtomicPtr::new(std::ptr::null_mut()),
             clock: clock::Clock::get(),
-            paused: AtomicBool::new(false),
         });
         registry::add(Arc::downgrade(&rec));
         rec
@@ -123,15 +140,17 @@ impl FlightRecorder {
     /// The rings, unless recording is off or paused.
     #[inline]
     fn rings(&self) -> Option<&(Ring, Ring)> {
-        match &self.rings {
-            Some(r) if !self.paused.load(Ordering::Relaxed) => Some(r),
-            _ => None,
-        }
+        // SAFETY: `active` is null or points into `self.rings`, which lives as long as `self`.
+        unsafe { self.active.load(Ordering::Relaxed).as_ref() }
     }
 
-    /// Pauses (or resumes) recording.
+    /// Pauses (or resumes) recording (for measuring what it costs on one communicator).
     pub(crate) fn pause(&self, paused: bool) {
-        self.paused.store(paused, Ordering::Relaxed);
+        let active = match (&self.rings, paused) {
+            (Some(r), false) => std::ptr::from_ref(&**r).cast_mut(),
+            _ => std::ptr::null_mut(),
+        };
+        self.active.store(active, Ordering::Relaxed);
     }
 
     /// Collective `seq` issued by the caller at `location` (`queued`: behind asynchronous work,
@@ -153,12 +172,17 @@ impl FlightRecorder {
         }
     }
 
-    /// Collective `seq` starts now (`at`, the instant its deadline counts from) as `call`.
+    /// Collective `seq` starts now (`at`, the instant its deadline counts from) as `call`; its
+    /// start time is recorded for one in [`TIMED_EVERY`].
     #[inline]
     pub(crate) fn start(&self, seq: u64, call: &Call, at: Instant) {
         if let Some((coll, _)) = self.rings() {
             let op = Op::of(call);
-            let at = self.clock.nanos(at);
+            let at = if seq % TIMED_EVERY == 0 {
+                self.clock.nanos(at)
+            } else {
+                0
+            };
             // SAFETY: `issued` holds only `&'static Location`s (or null).
             match unsafe { self.issued.load(Ordering::Relaxed).as_ref() } {
                 Some(location) => {
@@ -170,15 +194,27 @@ impl FlightRecorder {
         }
     }
 
-    /// Collective `seq` ended.
+    /// Collective `seq`, started at `at`, ended.
     #[inline]
-    pub(crate) fn end<T>(&self, seq: u64, r: &kolo_core::Result<T>) {
+    pub(crate) fn end<T>(&self, seq: u64, at: Instant, r: &kolo_core::Result<T>) {
         if let Some((coll, _)) = self.rings() {
             // A failed collective's error is noted when it poisons the communicator.
             match r {
                 Ok(_) => coll.end(seq, true, 0),
-                Err(_) => coll.end(seq, false, self.clock.coarse_now()),
+                Err(_) => {
+                    coll.set_start(seq, self.clock.nanos(at));
+                    coll.end(seq, false, self.clock.coarse_now());
+                    // The record written at the failure saw this collective still running.
+                    dump::after_failed_op(self);
+                }
             }
+        }
+    }
+
+    /// Gives the running collectives without a start time a coarse one (the watcher's tick).
+    pub(crate) fn stamp_running(&self) {
+        if let Some((coll, _)) = self.rings() {
+            coll.stamp_running(self.clock.coarse_now());
         }
     }
 
@@ -224,7 +260,7 @@ impl FlightRecorder {
 
     /// This communicator's part of a dump.
     pub(crate) fn record(&self) -> GroupRecord {
-        let (coll, p2p) = match &self.rings {
+        let (coll, p2p) = match self.rings.as_deref() {
             Some((c, p)) => (c.snapshot(), p.snapshot()),
             None => (Vec::new(), Vec::new()),
         };
@@ -244,6 +280,17 @@ impl FlightRecorder {
     /// Claims this world's one dump on failure: true the first time.
     pub(crate) fn claim_failure_dump(&self) -> bool {
         !self.dumped.swap(true, Ordering::AcqRel)
+    }
+
+    /// Claims the one rewrite of this world's failure dump: true the first time, and only after
+    /// the dump.
+    pub(crate) fn claim_redump(&self) -> bool {
+        self.dumped.load(Ordering::Acquire) && !self.redumped.swap(true, Ordering::AcqRel)
+    }
+
+    /// The first failure noted.
+    pub(crate) fn first_error(&self) -> Option<String> {
+        self.error.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 }
 
@@ -295,7 +342,7 @@ mod cost {
         for seq in 0..n {
             rec.issue(seq, Location::caller(), false);
             rec.start(seq, &call, at);
-            rec.end::<()>(seq, &Ok(()));
+            rec.end::<()>(seq, at, &Ok(()));
         }
         let per = t.elapsed().as_nanos() as f64 / n as f64;
         println!("issue + start + end: {per:.1} ns per collective");
@@ -308,7 +355,7 @@ mod cost {
             "nanos: {:.1} ns ({x})",
             t.elapsed().as_nanos() as f64 / n as f64
         );
-        let (coll, _) = rec.rings.as_ref().expect("recording is on");
+        let (coll, _) = rec.rings.as_deref().expect("recording is on");
         let op = ring::Op::of(&call);
         let t = Instant::now();
         for seq in 0..n {

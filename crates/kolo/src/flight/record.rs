@@ -87,8 +87,14 @@ pub struct OpRecord {
     pub state: String,
     /// Unix seconds: issued (when it waited behind asynchronous work).
     pub queued: Option<f64>,
-    /// Unix seconds: started (this rank entered it).
+    /// Unix seconds: started (this rank entered it). Recorded for one collective in
+    /// [`super::TIMED_EVERY`], every failed one, and (coarsely, see `start_coarse`) one found
+    /// running; every point-to-point operation (coarsely).
     pub started: Option<f64>,
+    /// `started` is a coarse reading, within about 0.1 s: how long the rank waited, not when it
+    /// arrived (left out of the straggler report).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub start_coarse: bool,
     /// Unix seconds: ended (point-to-point operations and failures).
     pub ended: Option<f64>,
     /// The caller: `file:line:column`.
@@ -163,6 +169,7 @@ pub(crate) fn op_record(s: &Snapshot, p2p: bool) -> OpRecord {
         state: s.state.name().to_string(),
         queued: clock::unix(s.queued),
         started: clock::unix(s.started),
+        start_coarse: s.start_coarse,
         ended: clock::unix(s.ended),
         location: s
             .location

@@ -63,12 +63,25 @@ pub(crate) struct Snapshot {
     /// Nanoseconds on the recorder's clock (see `super::clock`); 0 for not known.
     pub queued: u64,
     pub started: u64,
+    /// `started` is a coarse reading ([`Ring::stamp_running`]), not the exact start.
+    pub start_coarse: bool,
     pub ended: u64,
     pub location: Option<&'static Location<'static>>,
 }
 
+/// A start time's mark for a coarse reading (the watcher's, for an operation found running
+/// without one): such a start tells how long a rank waited, not when exactly it arrived.
+const COARSE: u64 = 1 << 63;
+
 /// The rank field's "none" (24 bits: ranks up to 16,777,214).
 const NO_RANK: u64 = 0xFF_FFFF;
+
+/// The state's bits of a slot's `meta`.
+const STATE: u64 = 0b11;
+/// A bit of `meta`: `queued` holds this operation's time of issue (else it is stale). Likewise
+/// `ended` counts only for a failed operation and `tag` only in a ring of point-to-point
+/// operations: a blocking collective's claim writes five words, not eight.
+const QUEUED: u64 = 0b100;
 
 /// The call and state of a slot in one word: state, op, dtype, reduce, algo (8 bits each) and
 /// rank (24 bits), so that starting and ending an operation are one store each.
@@ -101,6 +114,8 @@ struct Slot {
 pub(crate) struct Ring {
     slots: Box<[Slot]>,
     mask: u64,
+    /// Whether its operations have tags (point-to-point).
+    tags: bool,
 }
 
 /// What a slot is claimed with.
@@ -136,12 +151,14 @@ impl Op {
 }
 
 impl Ring {
-    /// A ring of at least `capacity` slots (the next power of two).
-    pub(crate) fn new(capacity: usize) -> Ring {
+    /// A ring of at least `capacity` slots (the next power of two), of operations with tags
+    /// (point-to-point) or without (collectives).
+    pub(crate) fn new(capacity: usize, tags: bool) -> Ring {
         let n = capacity.max(1).next_power_of_two();
         Ring {
             slots: (0..n).map(|_| Slot::default()).collect(),
             mask: n as u64 - 1,
+            tags,
         }
     }
 
@@ -152,14 +169,16 @@ impl Ring {
     }
 
     /// Claims the slot of operation `c.id`: queued, its call not known yet. The fields a start
-    /// writes (count, tag, start and end times) keep the previous operation's values until then:
-    /// a reader takes them only from a started slot.
+    /// writes (count, tag, start time) keep the previous operation's values until then: a reader
+    /// takes them only from a started slot.
     #[inline]
     pub(crate) fn claim(&self, c: Claim) {
         let s = self.slot(c.id);
         s.id.store(0, Ordering::Relaxed);
-        s.meta
-            .store(meta(State::Queued, 0, 0, 0, 0, None), Ordering::Relaxed);
+        s.meta.store(
+            meta(State::Queued, 0, 0, 0, 0, None) | QUEUED,
+            Ordering::Relaxed,
+        );
         s.queued.store(c.queued, Ordering::Relaxed);
         let loc = c
             .location
@@ -184,25 +203,26 @@ impl Ring {
             Ordering::Relaxed,
         );
         s.count.store(op.count, Ordering::Relaxed);
-        s.tag.store(op.tag, Ordering::Relaxed);
-        s.queued.store(0, Ordering::Relaxed);
-        s.started.store(at.max(1), Ordering::Relaxed);
-        s.ended.store(0, Ordering::Relaxed);
+        if self.tags {
+            s.tag.store(op.tag, Ordering::Relaxed);
+        }
+        s.started.store(at, Ordering::Relaxed);
         s.location
             .store(ptr::from_ref(location).cast_mut(), Ordering::Relaxed);
         s.id.store(id + 1, Ordering::Release);
     }
 
-    /// Operation `id` (claimed) started at `at`.
+    /// Operation `id` (claimed) started at `at` (0: not timed).
     #[inline]
     pub(crate) fn start(&self, id: u64, op: &Op, at: u64) {
         let s = self.slot(id);
         s.count.store(op.count, Ordering::Relaxed);
-        s.tag.store(op.tag, Ordering::Relaxed);
-        s.started.store(at.max(1), Ordering::Relaxed);
-        s.ended.store(0, Ordering::Relaxed);
+        if self.tags {
+            s.tag.store(op.tag, Ordering::Relaxed);
+        }
+        s.started.store(at, Ordering::Relaxed);
         s.meta.store(
-            meta(State::Started, op.op, op.dtype, op.reduce, op.algo, op.rank),
+            meta(State::Started, op.op, op.dtype, op.reduce, op.algo, op.rank) | QUEUED,
             Ordering::Release,
         );
     }
@@ -219,7 +239,35 @@ impl Ring {
         }
         let state = if ok { State::Completed } else { State::Failed };
         let m = s.meta.load(Ordering::Relaxed);
-        s.meta.store(m & !0xFF | state as u64, Ordering::Release);
+        s.meta.store(m & !STATE | state as u64, Ordering::Release);
+    }
+
+    /// Operation `id`'s exact start, `at` (known again where it failed).
+    pub(crate) fn set_start(&self, id: u64, at: u64) {
+        let s = self.slot(id);
+        if s.id.load(Ordering::Relaxed) == id + 1 {
+            s.started.store(at, Ordering::Relaxed);
+        }
+    }
+
+    /// Gives every running operation without a start time the coarse reading `now`: how long a
+    /// rank has waited in an operation that was not timed. A slot reclaimed at that moment may
+    /// get it too, marked coarse all the same.
+    pub(crate) fn stamp_running(&self, now: u64) {
+        for s in self.slots.iter() {
+            if s.id.load(Ordering::Acquire) == 0 {
+                continue;
+            }
+            let state = State::from_code((s.meta.load(Ordering::Acquire) & STATE) as u8);
+            if state == State::Started {
+                let _ = s.started.compare_exchange(
+                    0,
+                    now | COARSE,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                );
+            }
+        }
     }
 
     /// The operations held, oldest first.
@@ -231,10 +279,11 @@ impl Ring {
                 continue;
             }
             let m = s.meta.load(Ordering::Acquire);
+            let started = s.started.load(Ordering::Relaxed);
             let rank = m >> 40;
             let snap = Snapshot {
                 id: id - 1,
-                state: State::from_code(m as u8),
+                state: State::from_code((m & STATE) as u8),
                 op: (m >> 8) as u8,
                 dtype: (m >> 16) as u8,
                 reduce: (m >> 24) as u8,
@@ -246,9 +295,18 @@ impl Ring {
                 },
                 count: s.count.load(Ordering::Relaxed),
                 tag: s.tag.load(Ordering::Relaxed),
-                queued: s.queued.load(Ordering::Relaxed),
-                started: s.started.load(Ordering::Relaxed),
-                ended: s.ended.load(Ordering::Relaxed),
+                queued: if m & QUEUED != 0 {
+                    s.queued.load(Ordering::Relaxed)
+                } else {
+                    0
+                },
+                started: started & !COARSE,
+                start_coarse: started & COARSE != 0,
+                ended: if m & STATE == State::Failed as u64 {
+                    s.ended.load(Ordering::Relaxed)
+                } else {
+                    0
+                },
                 // SAFETY: only `&'static Location`s (or null) are ever stored.
                 location: unsafe { s.location.load(Ordering::Relaxed).as_ref() },
             };
@@ -259,6 +317,7 @@ impl Ring {
                         count: 0,
                         tag: 0,
                         started: 0,
+                        start_coarse: false,
                         ended: 0,
                         ..snap
                     },
@@ -278,7 +337,7 @@ mod tests {
 
     #[test]
     fn keeps_the_last_operations_in_order() {
-        let r = Ring::new(4);
+        let r = Ring::new(4, false);
         let call = Call {
             op: OpKind::AllReduce,
             dtype: Some(DType::F32),
@@ -336,6 +395,51 @@ mod tests {
         assert_eq!(
             (r.snapshot()[3].state, r.snapshot()[3].ended),
             (State::Started, 0)
+        );
+    }
+
+    #[test]
+    fn running_operations_without_a_start_get_a_coarse_one_and_stale_fields_are_not_read() {
+        let r = Ring::new(4, false);
+        let call = Call {
+            op: OpKind::AllReduce,
+            dtype: Some(DType::F32),
+            reduce: Some(ReduceOp::Sum),
+            count: 7,
+            root: None,
+            algo: Algorithm::Ring,
+        };
+        let op = Op::of(&call);
+        // 0: queued, then started untimed, failed with an end time.
+        r.claim(Claim {
+            id: 0,
+            location: None,
+            queued: 40,
+        });
+        r.start(0, &op, 0);
+        r.end(0, false, 90);
+        // 4 reuses 0's slot: blocking, untimed, running.
+        r.claim_started(4, Location::caller(), &op, 0);
+        // 1: timed, running; 2: untimed, completed.
+        r.claim_started(1, Location::caller(), &op, 55);
+        r.claim_started(2, Location::caller(), &op, 0);
+        r.end(2, true, 0);
+        r.stamp_running(500);
+        let s = r.snapshot();
+        let by_id = |id: u64| s.iter().find(|x| x.id == id).expect("held");
+        let four = by_id(4);
+        // The slot's queued and ended times were 0's: not 4's.
+        assert_eq!((four.queued, four.ended), (0, 0));
+        assert_eq!((four.started, four.start_coarse), (500, true));
+        assert_eq!((by_id(1).started, by_id(1).start_coarse), (55, false));
+        assert_eq!((by_id(2).started, by_id(2).start_coarse), (0, false));
+        // A failed operation keeps its end time and, set again, its exact start.
+        r.end(4, false, 700);
+        r.set_start(4, 450);
+        let four = r.snapshot().into_iter().find(|x| x.id == 4).expect("held");
+        assert_eq!(
+            (four.state, four.started, four.start_coarse, four.ended),
+            (State::Failed, 450, false, 700)
         );
     }
 }
