@@ -61,9 +61,10 @@ impl Communicator {
     }
 
     /// Which ranks arrive last at this communicator's collectives, and by how much: from the
-    /// arrival times in the ranks' flight records of the last `last` collectives that every rank
-    /// completed (clocks of several hosts aligned to rank 0's by three barrier rounds; on one host
-    /// they are one clock). Collective; every rank gets the same answer.
+    /// arrival times in the ranks' flight records of the timed ones (one in
+    /// [`flight::TIMED_EVERY`]) among the last `last` collectives that every rank completed
+    /// (clocks of several hosts aligned to rank 0's by three barrier rounds; on one host they are
+    /// one clock). Collective; every rank gets the same answer.
     ///
     /// ```
     /// let got = kolo::run_local(3, kolo::Config::default(), |comm| {
