@@ -74,7 +74,7 @@ pub(crate) fn append_records(
     pixels: &mut Vec<u8>,
     labels: &mut Vec<u32>,
 ) -> Result<(), DataError> {
-    if data.len() % RECORD_BYTES != 0 {
+    if !data.len().is_multiple_of(RECORD_BYTES) {
         return Err(DataError::format(
             path,
             format!(

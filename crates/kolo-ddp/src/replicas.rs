@@ -69,7 +69,7 @@ pub struct Placement {
 impl Placement {
     /// The placement of rank `rank` of `world` ranks with `replicas` per process.
     pub fn new(rank: usize, world: usize, replicas: usize) -> Result<Placement> {
-        if replicas == 0 || world % replicas != 0 {
+        if replicas == 0 || !world.is_multiple_of(replicas) {
             return Err(TrainError::InvalidArgument {
                 arg: "replicas",
                 reason: format!(

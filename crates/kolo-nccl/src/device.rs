@@ -77,7 +77,7 @@ impl Gpu {
                 return Ok(true);
             }
             spins += 1;
-            if spins % 64 == 0 {
+            if spins.is_multiple_of(64) {
                 async_error()?;
                 interrupted()?;
                 if Instant::now() >= deadline {

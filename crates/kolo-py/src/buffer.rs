@@ -381,7 +381,7 @@ pub(crate) fn hold(
     }
     // In bounds: `span_elements` checked `offset + count * size <= len`.
     let ptr = buf.ptr().wrapping_add(offset);
-    if (ptr as usize) % dtype.size() != 0 {
+    if !(ptr as usize).is_multiple_of(dtype.size()) {
         return Err(PyValueError::new_err(format!(
             "{arg}: the buffer's memory (at byte offset {offset}) is not aligned to its {}-byte \
              elements",

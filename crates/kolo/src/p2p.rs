@@ -151,7 +151,7 @@ impl Communicator {
                 });
             }
         }
-        if len % elem != 0 {
+        if !len.is_multiple_of(elem) {
             return Err(Error::Protocol {
                 rank: self.rank(),
                 peer: src,

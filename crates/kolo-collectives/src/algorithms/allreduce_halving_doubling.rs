@@ -21,7 +21,7 @@ pub fn all_reduce(ctx: &Ctx, buf: &mut [u8], elem: usize, red: &Reducer) -> Resu
     let p = pow2_floor(n);
     let extra = n - p;
     let vrank = if r < 2 * extra {
-        if r % 2 == 0 {
+        if r.is_multiple_of(2) {
             ctx.send_segmented(r + 1, buf, elem)?;
             None
         } else {

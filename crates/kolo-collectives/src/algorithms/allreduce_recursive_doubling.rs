@@ -22,7 +22,7 @@ pub fn all_reduce(ctx: &Ctx, buf: &mut [u8], red: &Reducer) -> Result<()> {
     let extra = n - p;
     // Fold the extra ranks in.
     let vrank = if r < 2 * extra {
-        if r % 2 == 0 {
+        if r.is_multiple_of(2) {
             ctx.send(r + 1, buf)?;
             None
         } else {

@@ -61,7 +61,7 @@ impl MpiEngine {
                 break;
             }
             spins += 1;
-            if spins % 64 == 0 {
+            if spins.is_multiple_of(64) {
                 interrupted()?;
                 if let Some(peer) = self.watch.closed_among(&self.members) {
                     let (peer, since) = *closed_grace.get_or_insert((peer, Instant::now()));

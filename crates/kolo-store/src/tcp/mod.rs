@@ -35,7 +35,7 @@ fn is_disconnect(e: &io::Error) -> bool {
 
 /// Milliseconds for the wire, rounded up so a short non-zero timeout is not 0.
 fn duration_to_ms(d: Duration) -> u64 {
-    let ms = d.as_millis() + u128::from(d.subsec_nanos() % 1_000_000 != 0);
+    let ms = d.as_millis() + u128::from(!d.subsec_nanos().is_multiple_of(1_000_000));
     u64::try_from(ms).unwrap_or(u64::MAX)
 }
 

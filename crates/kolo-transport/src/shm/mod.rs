@@ -293,7 +293,7 @@ impl ShmTransport {
                 return Ok(r);
             }
             i = i.wrapping_add(1);
-            if i % 16 == 0 && i >= 256 {
+            if i.is_multiple_of(16) && i >= 256 {
                 let now = Instant::now();
                 match spin_until {
                     None => spin_until = Some(now + self.opts.spin),

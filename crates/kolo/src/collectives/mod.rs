@@ -256,7 +256,7 @@ impl Inner {
             None => {
                 let len = send.len() / e;
                 c.len("recv", recv.len() / e, len)?;
-                if len % n != 0 {
+                if !len.is_multiple_of(n) {
                     return Err(Error::InvalidArgument {
                         op: op.name(),
                         rank: self.rank,

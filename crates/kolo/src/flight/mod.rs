@@ -178,7 +178,7 @@ impl FlightRecorder {
     pub(crate) fn start(&self, seq: u64, call: &Call, at: Instant) {
         if let Some((coll, _)) = self.rings() {
             let op = Op::of(call);
-            let at = if seq % TIMED_EVERY == 0 {
+            let at = if seq.is_multiple_of(TIMED_EVERY) {
                 self.clock.nanos(at)
             } else {
                 0

@@ -129,7 +129,7 @@ pub fn split_and_new_group(c: &Communicator) -> kolo::Result<()> {
     let sub = c
         .split(Some((r % 2) as u32), key)?
         .expect("every rank has a color");
-    let members: Vec<usize> = if r % 2 == 0 {
+    let members: Vec<usize> = if r.is_multiple_of(2) {
         vec![0, 2, 4]
     } else {
         vec![3, 1]

@@ -1,0 +1,207 @@
+//! The bf16 matrix product with f32 accumulation, `C (f32) = A (bf16) · B (bf16)`, on the fastest
+//! unit the CPU has, chosen at run time so that one binary serves every x86-64:
+//!
+//! - **AMX** (`amx_bf16`, `amx_tile`; Linux, which must grant the process the tile state:
+//!   `arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`): `tdpbf16ps` on 16 × 32 tiles
+//!   ([`amx`]);
+//! - **AVX512-BF16** (`avx512_bf16`): `vdpbf16ps`, 16 f32 lanes of bf16 pairs ([`avx512`]);
+//! - otherwise **f32**: both operands widened and multiplied by the f32 GEMM.
+//!
+//! By default AMX where the CPU has it, else f32: the AVX512-BF16 path is correct on every CPU it
+//! was tried on but was not faster than f32 on one (an Intel Xeon whose `vdpbf16ps` runs at half
+//! its f32 FMA rate); it is taken only when asked for until it is measured faster somewhere.
+//!
+//! Stable Rust has the AVX512-BF16 intrinsics but not AMX's, which are written as `asm!` (the
+//! assembler knows the instructions; the CPU and the kernel are asked first). `KOLO_BF16_GEMM` =
+//! `amx`, `avx512bf16` or `f32` forces a path (one the CPU lacks is refused at the first call with
+//! an error naming it).
+
+mod amx;
+mod avx512;
+mod pack;
+
+use std::sync::OnceLock;
+
+use candle_core::Result;
+use half::bf16;
+
+use super::gemm::{matmul_into, MatRef};
+
+/// Which unit [`matmul_bf16`] runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bf16Path {
+    /// Intel AMX tiles (`tdpbf16ps`).
+    Amx,
+    /// AVX-512 BF16 (`vdpbf16ps`).
+    Avx512Bf16,
+    /// Widened to f32 and multiplied by the f32 GEMM.
+    F32,
+}
+
+impl Bf16Path {
+    /// Its name, as `KOLO_BF16_GEMM` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Bf16Path::Amx => "amx",
+            Bf16Path::Avx512Bf16 => "avx512bf16",
+            Bf16Path::F32 => "f32",
+        }
+    }
+
+    /// Whether this CPU (and, for AMX, the kernel) can run it.
+    pub fn available(self) -> bool {
+        match self {
+            Bf16Path::Amx => amx::available(),
+            Bf16Path::Avx512Bf16 => avx512::available(),
+            Bf16Path::F32 => true,
+        }
+    }
+}
+
+/// The path [`matmul_bf16`] takes: `KOLO_BF16_GEMM` if set, else AMX where available, else f32.
+pub fn bf16_path() -> Result<Bf16Path> {
+    static PATH: OnceLock<std::result::Result<Bf16Path, String>> = OnceLock::new();
+    PATH.get_or_init(|| {
+        let forced = std::env::var("KOLO_BF16_GEMM")
+            .ok()
+            .filter(|v| !v.is_empty());
+        match forced.as_deref() {
+            None => Ok(if Bf16Path::Amx.available() {
+                Bf16Path::Amx
+            } else {
+                Bf16Path::F32
+            }),
+            Some(v) => {
+                let all = [Bf16Path::Amx, Bf16Path::Avx512Bf16, Bf16Path::F32];
+                match all.into_iter().find(|p| p.name() == v) {
+                    Some(p) if p.available() => Ok(p),
+                    Some(p) => Err(format!(
+                        "KOLO_BF16_GEMM={v}: this CPU (or its kernel) cannot run the {} path",
+                        p.name()
+                    )),
+                    None => Err(format!(
+                        "KOLO_BF16_GEMM={v}: not one of amx, avx512bf16, f32"
+                    )),
+                }
+            }
+        }
+    })
+    .clone()
+    .map_err(candle_core::Error::msg)
+}
+
+/// `c = a · b` (or `c += a · b` when `accumulate`): `a` is `m × k` and `b` is `k × n`, both bf16
+/// and row-major, `c` is `m × n` f32, row-major; products and sums in f32. On the path of
+/// [`bf16_path`]. Errors on slices shorter than their shapes.
+pub fn matmul_bf16(
+    a: &[bf16],
+    b: &[bf16],
+    c: &mut [f32],
+    (m, k, n): (usize, usize, usize),
+    accumulate: bool,
+) -> Result<()> {
+    matmul_bf16_on(bf16_path()?, a, b, c, (m, k, n), accumulate)
+}
+
+/// [`matmul_bf16`] on a given path (an error if this CPU cannot run it).
+pub fn matmul_bf16_on(
+    path: Bf16Path,
+    a: &[bf16],
+    b: &[bf16],
+    c: &mut [f32],
+    (m, k, n): (usize, usize, usize),
+    accumulate: bool,
+) -> Result<()> {
+    if a.len() < m * k || b.len() < k * n || c.len() < m * n {
+        candle_core::bail!(
+            "bf16 GEMM of [{m}, {k}] @ [{k}, {n}]: operands of {}, {} and {} values are too short",
+            a.len(),
+            b.len(),
+            c.len()
+        );
+    }
+    if !path.available() {
+        candle_core::bail!("bf16 GEMM: this CPU cannot run the {} path", path.name());
+    }
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    if !accumulate {
+        c[..m * n].fill(0.0);
+    }
+    if k == 0 {
+        return Ok(());
+    }
+    match path {
+        Bf16Path::Amx => amx::matmul(a, b, c, (m, k, n)),
+        Bf16Path::Avx512Bf16 => avx512::matmul(a, b, c, (m, k, n)),
+        Bf16Path::F32 => {
+            let a32: Vec<f32> = a[..m * k].iter().map(|x| x.to_f32()).collect();
+            let b32: Vec<f32> = b[..k * n].iter().map(|x| x.to_f32()).collect();
+            matmul_into(
+                "bf16 GEMM",
+                &mut c[..m * n],
+                (n, 1),
+                MatRef::row_major(&a32, m, k),
+                MatRef::row_major(&b32, k, n),
+                true,
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// A unit whose peak [`peak_gflops`] measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unit {
+    /// f32 fused multiply-adds on AVX-512 (16 lanes).
+    F32Avx512,
+    /// `vdpbf16ps` (AVX-512 BF16).
+    Avx512Bf16,
+    /// `tdpbf16ps` (AMX).
+    Amx,
+}
+
+/// The peak GFLOP/s of one core's `unit`, from a loop of independent operations on registers
+/// (no memory) that runs about `seconds`; `None` where the CPU lacks it.
+pub fn peak_gflops(unit: Unit, seconds: f64) -> Option<f64> {
+    let (spin, ok): (fn(u64) -> f64, bool) = match unit {
+        Unit::F32Avx512 => (avx512::spin_f32, {
+            #[cfg(target_arch = "x86_64")]
+            {
+                std::is_x86_feature_detected!("avx512f")
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            false
+        }),
+        Unit::Avx512Bf16 => (avx512::spin, avx512::available()),
+        Unit::Amx => (amx::spin, amx::available()),
+    };
+    if !ok {
+        return None;
+    }
+    // Calibrate, then the best of three timed runs.
+    let mut steps = 1_000u64;
+    loop {
+        let t = std::time::Instant::now();
+        spin(steps);
+        if t.elapsed().as_secs_f64() > 0.02 || steps > 1 << 40 {
+            break;
+        }
+        steps *= 4;
+    }
+    let t = std::time::Instant::now();
+    spin(steps);
+    let per = t.elapsed().as_secs_f64() / steps as f64;
+    let steps = ((seconds / 3.0) / per.max(1e-12)).max(1.0) as u64;
+    (0..3)
+        .map(|_| {
+            let t = std::time::Instant::now();
+            let flops = spin(steps);
+            flops / t.elapsed().as_secs_f64() / 1e9
+        })
+        .reduce(f64::max)
+}
+
+#[cfg(test)]
+mod tests;
