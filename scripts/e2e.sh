@@ -174,10 +174,11 @@ check_train() {
         if [[ ! -e $dir/$f ]]; then fail "$name" "$f was not written"; return; fi
     done
     if (($(wc -l <"$dir/metrics.csv") != 5)); then fail "$name" "metrics.csv should have 4 rows"; return; fi
-    # The straggler report: both ranks counted over the collectives they all completed.
+    # The straggler report: both ranks counted over the timed collectives (one in eight) they all
+    # completed.
     if ! python3 -c 'import json, sys
 s = json.load(open(sys.argv[1]))["stragglers"]
-assert s["collectives"] > 50 and sorted(r["rank"] for r in s["ranks"]) == [0, 1], s
+assert s["collectives"] >= 10 and sorted(r["rank"] for r in s["ranks"]) == [0, 1], s
 assert sum(r["last"] for r in s["ranks"]) == s["collectives"], s' "$dir/summary.json"; then
         fail "$name" "summary.json has no straggler report over both ranks"
         return

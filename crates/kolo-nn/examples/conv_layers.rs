@@ -7,8 +7,11 @@
 //!
 //! ```text
 //! RAYON_NUM_THREADS=1 cargo run --release -p kolo-nn --example conv_layers -- \
-//!     [--model resnet18|lenet] [--batch 32] [--repeats 7] [--channels C]
+//!     [--model resnet18|lenet] [--batch 32] [--repeats 7] [--channels C] [--dtype f32|bf16]
 //! ```
+//!
+//! `--dtype bf16` times kolo's convolution on bf16 tensors (on a CPU with AMX: im2col and the
+//! bf16 GEMM, `ops::matmul_bf16`; elsewhere computed in f32), against candle's in f32.
 //!
 //! Prints one line per layer (milliseconds for the forward pass and for forward + backward, and
 //! the GFLOP/s of the direct convolution's `2·B·C·K·k²·H'·W'` flops per pass, three passes per
@@ -23,7 +26,7 @@
 use std::process::ExitCode;
 use std::time::Instant;
 
-use candle_core::{Device, Result, Tensor, Var};
+use candle_core::{DType, Device, Result, Tensor, Var};
 
 /// One convolution of a network: channels in and out, input side, kernel, stride, padding, how
 /// many of it the network has, and whether its input needs a gradient.
@@ -94,13 +97,23 @@ struct Args {
     batch: usize,
     repeats: usize,
     only: Option<usize>,
+    dtype: DType,
 }
 
 fn parse() -> std::result::Result<Args, String> {
     let (mut batch, mut repeats, mut only, mut layers) = (None, 7, None, &RESNET18[..]);
+    let mut dtype = DType::F32;
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let v = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        if flag == "--dtype" {
+            dtype = match v.as_str() {
+                "f32" => DType::F32,
+                "bf16" => DType::BF16,
+                other => return Err(format!("--dtype {other}: expected f32 or bf16")),
+            };
+            continue;
+        }
         if flag == "--model" {
             layers = match v.as_str() {
                 "resnet18" => &RESNET18[..],
@@ -116,7 +129,8 @@ fn parse() -> std::result::Result<Args, String> {
             "--channels" => only = Some(n),
             other => {
                 return Err(format!(
-                    "unknown option {other} (--model M, --batch N, --repeats R, --channels C)"
+                    "unknown option {other} (--model M, --batch N, --repeats R, --channels C, \
+                     --dtype D)"
                 ))
             }
         }
@@ -130,23 +144,31 @@ fn parse() -> std::result::Result<Args, String> {
         batch,
         repeats,
         only,
+        dtype,
     })
 }
 
 /// Best-of-`repeats` seconds of the forward pass and of forward + backward, through kolo's
 /// convolution or (`candle`) through candle's `Tensor::conv2d` plus the bias, as `candle_nn::Conv2d`
 /// computes it.
-fn time_layer(batch: usize, l: &Layer, repeats: usize, candle: bool) -> Result<(f64, f64)> {
+fn time_layer(
+    batch: usize,
+    l: &Layer,
+    repeats: usize,
+    candle: bool,
+    dtype: DType,
+) -> Result<(f64, f64)> {
     let dev = Device::Cpu;
-    let x = Tensor::randn(0f32, 1., (batch, l.c_in, l.side, l.side), &dev)?;
+    let dtype = if candle { DType::F32 } else { dtype };
+    let x = Tensor::randn(0f32, 1., (batch, l.c_in, l.side, l.side), &dev)?.to_dtype(dtype)?;
     let x = if l.dx {
         Var::from_tensor(&x)?.as_tensor().clone()
     } else {
         x
     };
     let w = Tensor::randn(0f32, 1., (l.c_out, l.c_in, l.k, l.k), &dev)?;
-    let w = Var::from_tensor(&(w * 0.05)?)?;
-    let b = Var::from_tensor(&Tensor::zeros(l.c_out, candle_core::DType::F32, &dev)?)?;
+    let w = Var::from_tensor(&(w * 0.05)?.to_dtype(dtype)?)?;
+    let b = Var::from_tensor(&Tensor::zeros(l.c_out, dtype, &dev)?)?;
     let (mut fwd, mut step) = (f64::MAX, f64::MAX);
     for _ in 0..repeats + 1 {
         let t = Instant::now();
@@ -185,6 +207,7 @@ fn main() -> ExitCode {
         batch,
         repeats,
         only,
+        dtype,
     } = match parse() {
         Ok(a) => a,
         Err(e) => {
@@ -198,8 +221,8 @@ fn main() -> ExitCode {
         if only.is_some_and(|o| o != c) {
             continue;
         }
-        let timed = time_layer(batch, l, repeats, false)
-            .and_then(|k| Ok((k, time_layer(batch, l, repeats, true)?)));
+        let timed = time_layer(batch, l, repeats, false, dtype)
+            .and_then(|k| Ok((k, time_layer(batch, l, repeats, true, dtype)?)));
         let ((fwd, step), (candle_fwd, candle_step)) = match timed {
             Ok(t) => t,
             Err(e) => {

@@ -4,8 +4,11 @@
 //! with its share of the matching peak.
 //!
 //! ```text
-//! cargo run --release -p kolo-nn --example peak_flops [-- SIZE] [--json]
+//! cargo run --release -p kolo-nn --example peak_flops [-- SIZE | MxKxN] [--json]
 //! ```
+//!
+//! SIZE (default 1024) multiplies SIZE × SIZE matrices; `MxKxN` an `M × K` by a `K × N` one
+//! (`64x576x1024`: ResNet-18's first 3×3 layer on 32 × 32 images, one sample of im2col).
 //!
 //! `--json` prints one object (the CPU, each peak and each GEMM rate, GFLOP/s) for scripts
 //! (`scripts/bench_train.py` reads the peaks from it).
@@ -19,9 +22,18 @@ use kolo_nn::ops::{matmul_bf16_on, peak_gflops, Bf16Path, Unit};
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let json = args.iter().any(|a| a == "--json");
-    let size: usize = match args.iter().find(|a| !a.starts_with("--")) {
-        Some(s) => s.parse().map_err(|e| format!("SIZE {s}: {e}"))?,
-        None => 1024,
+    let shape = args
+        .iter()
+        .find(|a| !a.starts_with("--"))
+        .map_or("1024", |s| s);
+    let dims: Vec<usize> = shape
+        .split('x')
+        .map(|d| d.parse().map_err(|e| format!("SIZE or MxKxN {shape}: {e}")))
+        .collect::<Result<_, _>>()?;
+    let (m, k, n) = match dims[..] {
+        [s] => (s, s, s),
+        [m, k, n] => (m, k, n),
+        _ => return Err(format!("SIZE or MxKxN, not {shape}").into()),
     };
     // One core: the peaks are per core, and so is the GEMM here (candle's thread count is read
     // from RAYON_NUM_THREADS).
@@ -43,7 +55,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ("avx512_bf16", peak_gflops(Unit::Avx512Bf16, 0.6)),
         ("amx_bf16", peak_gflops(Unit::Amx, 0.6)),
     ];
-    let (m, k, n) = (size, size, size);
     let flops = 2.0 * (m * k * n) as f64;
     let a: Vec<bf16> = (0..m * k)
         .map(|i| bf16::from_f32((i % 13) as f32 / 16.0))
@@ -82,7 +93,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     });
     gemms.push(("f32_gemm".into(), rate, peaks[0].1));
     if json {
-        let mut fields = vec![format!("\"cpu\": {cpu:?}"), format!("\"size\": {size}")];
+        let mut fields = vec![format!("\"cpu\": {cpu:?}"), format!("\"shape\": {shape:?}")];
         for (name, p) in peaks {
             fields.push(format!(
                 "\"peak_{name}\": {}",
@@ -105,7 +116,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     println!(
         "\n{:<28}{:>12}{:>16}",
-        format!("GEMM {size}³"),
+        format!("GEMM {m}x{k}x{n}"),
         "GFLOP/s",
         "share of peak"
     );

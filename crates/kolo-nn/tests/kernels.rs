@@ -465,3 +465,95 @@ fn conv2d_relu_matches_conv2d_then_relu_forward_and_backward() -> Result<()> {
     assert!(y[0].is_nan() && y[1..] == [1.0, 2.0, 3.0], "{y:?}");
     Ok(())
 }
+
+#[test]
+fn bf16_conv2d_on_the_bf16_unit_matches_f64_forward_and_backward() -> Result<()> {
+    // On a CPU with a bf16 matrix unit (AMX), a bf16 convolution is im2col + the bf16 GEMM, in
+    // bf16 throughout (no f32 copies): forward and every gradient against candle's conv2d in f64
+    // on the same bf16 values. Shapes that take Winograd in f32, a stride-2 one (the input
+    // gradient through col2im), a 5×5 kernel, several chunks.
+    // KOLO_BF16_GEMM asks for it (a separate process: the setting is read once per process).
+    if std::env::var_os("KOLO_BF16_GEMM").is_none() {
+        let bin = std::env::current_exe().map_err(candle_core::Error::wrap)?;
+        let unit = ["amx", "avx512bf16"].into_iter().find(|u| match *u {
+            "amx" => ops::Bf16Path::Amx.available(),
+            _ => ops::Bf16Path::Avx512Bf16.available(),
+        });
+        let Some(unit) = unit else {
+            eprintln!("no bf16 matrix unit on this CPU: bf16 convolutions run in f32");
+            return Ok(());
+        };
+        let out = std::process::Command::new(bin)
+            .args([
+                "--exact",
+                "bf16_conv2d_on_the_bf16_unit_matches_f64_forward_and_backward",
+            ])
+            .env("KOLO_BF16_GEMM", unit)
+            .output()
+            .map_err(candle_core::Error::wrap)?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && text.contains("1 passed"),
+            "KOLO_BF16_GEMM={unit}: {text}"
+        );
+        return Ok(());
+    }
+    assert_ne!(
+        ops::bf16_path_asked(),
+        Some(ops::Bf16Path::F32),
+        "a bf16 unit was asked for"
+    );
+    // (batch, c_in, h, w, c_out, k, stride, padding)
+    let cases = [
+        (2, 8, 9, 9, 16, 3, 1, 1),
+        (2, 3, 9, 9, 5, 3, 2, 1),
+        (3, 6, 12, 12, 16, 5, 1, 2),
+        (4, 16, 16, 15, 32, 3, 1, 1),
+    ];
+    let bf = |t: Tensor| t.to_dtype(DType::BF16);
+    for &(b, c, h, w, c_out, k, stride, padding) in &cases {
+        let case = format!("{:?}", (b, c, h, w, c_out, k, stride, padding));
+        let x = bf(Tensor::randn(0f64, 1., (b, c, h, w), &Device::Cpu)?)?;
+        let wt = bf(Tensor::randn(0f64, 0.3, (c_out, c, k, k), &Device::Cpu)?)?;
+        let bias = bf(Tensor::randn(0f64, 1., c_out, &Device::Cpu)?)?;
+        let (oh, ow) = (
+            (h + 2 * padding - k) / stride + 1,
+            (w + 2 * padding - k) / stride + 1,
+        );
+        let r = bf(Tensor::randn(0f64, 1., (b, c_out, oh, ow), &Device::Cpu)?)?;
+        let run = |dt: DType, ours: bool| -> Result<Vec<Tensor>> {
+            let (xv, wv, bv) = (
+                candle_core::Var::from_tensor(&x.to_dtype(dt)?)?,
+                candle_core::Var::from_tensor(&wt.to_dtype(dt)?)?,
+                candle_core::Var::from_tensor(&bias.to_dtype(dt)?)?,
+            );
+            let y = if ours {
+                ops::conv2d(&xv, &wv, Some(&bv), stride, padding)?
+            } else {
+                xv.conv2d(&wv, padding, stride, 1, 1)?
+                    .broadcast_add(&bv.reshape((1, c_out, 1, 1))?)?
+            };
+            assert_eq!(y.dtype(), dt, "{case}");
+            let g = (&y * &r.to_dtype(dt)?)?.sum_all()?.backward()?;
+            let mut out = vec![y.to_dtype(DType::F64)?];
+            for v in [&xv, &wv, &bv] {
+                let Some(gv) = g.get(v) else {
+                    panic!("{case}: missing gradient");
+                };
+                out.push(gv.to_dtype(DType::F64)?);
+            }
+            Ok(out)
+        };
+        let (ours, reference) = (run(DType::BF16, true)?, run(DType::F64, false)?);
+        for (name, (a, e)) in ["output", "input", "kernel", "bias"]
+            .iter()
+            .zip(ours.iter().zip(&reference))
+        {
+            // bf16 keeps 8 bits: each result is rounded once (the bias gradient's sum too).
+            let d = rel_diff(a, e)?;
+            assert!(d < 1e-2, "{case}: {name} off by {d:e}");
+        }
+    }
+    Ok(())
+}

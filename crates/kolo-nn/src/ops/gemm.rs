@@ -37,8 +37,18 @@ impl<'a, T> MatRef<'a, T> {
         }
     }
 
+    /// Its shape, `(rows, cols)`.
+    pub(super) fn dims(&self) -> (usize, usize) {
+        (self.rows, self.cols)
+    }
+
+    /// Its values and strides, `(data, row stride, column stride)`.
+    pub(super) fn parts(&self) -> (&'a [T], usize, usize) {
+        (self.data, self.rs, self.cs)
+    }
+
     /// Whether every element lies inside `data`.
-    fn fits(&self) -> bool {
+    pub(super) fn fits(&self) -> bool {
         self.rows == 0
             || self.cols == 0
             || (self.rows - 1) * self.rs + (self.cols - 1) * self.cs < self.data.len()
@@ -48,8 +58,9 @@ impl<'a, T> MatRef<'a, T> {
 /// `dst = lhs @ rhs`, or `dst += lhs @ rhs` when `accumulate`; `dst` is the
 /// `lhs.rows × rhs.cols` matrix at the start of the slice with element `(i, j)` at
 /// `i·dst_rs + j·dst_cs`. Runs on candle's
-/// thread count. Errors (naming `op`) on mismatched shapes, views that leave their slices, or a
-/// dtype other than f32 / f64.
+/// thread count (f32, f64) or on the bf16 GEMM (bf16: products summed in f32, rounded to bf16
+/// once, with what `dst` held when accumulating). Errors (naming `op`) on mismatched shapes,
+/// views that leave their slices, or another dtype.
 pub(super) fn matmul_into<T: WithDType>(
     op: &str,
     dst: &mut [T],
@@ -58,7 +69,7 @@ pub(super) fn matmul_into<T: WithDType>(
     rhs: MatRef<T>,
     accumulate: bool,
 ) -> Result<()> {
-    if !matches!(T::DTYPE, DType::F32 | DType::F64) {
+    if !matches!(T::DTYPE, DType::F32 | DType::F64 | DType::BF16) {
         candle_core::bail!("{op}: no GEMM for {:?}", T::DTYPE);
     }
     let (m, k, n) = (lhs.rows, lhs.cols, rhs.cols);
@@ -83,6 +94,9 @@ pub(super) fn matmul_into<T: WithDType>(
             }
         }
         return Ok(());
+    }
+    if T::DTYPE == DType::BF16 {
+        return bf16_into(op, dst, (dst_rs, dst_cs), lhs, rhs, accumulate);
     }
     let threads = candle_core::utils::get_num_threads();
     let parallelism = if threads > 1 {
@@ -117,6 +131,81 @@ pub(super) fn matmul_into<T: WithDType>(
         );
     }
     Ok(())
+}
+
+/// [`matmul_into`] for bf16 (`T` is bf16): the product in f32, then each element of `dst`
+/// rounded once.
+fn bf16_into<T: WithDType>(
+    op: &str,
+    dst: &mut [T],
+    (dst_rs, dst_cs): (usize, usize),
+    lhs: MatRef<T>,
+    rhs: MatRef<T>,
+    accumulate: bool,
+) -> Result<()> {
+    let (m, n) = (lhs.rows, rhs.cols);
+    let acc = bf16_product(op, lhs, rhs)?;
+    for i in 0..m {
+        for j in 0..n {
+            let d = &mut dst[i * dst_rs + j * dst_cs];
+            let prior = if accumulate { d.to_f64() as f32 } else { 0.0 };
+            *d = T::from_f64(f64::from(acc[i * n + j] + prior));
+        }
+    }
+    Ok(())
+}
+
+/// `dst += lhs @ rhs` for bf16 operands (`T` is bf16) into an f32 destination with element
+/// `(i, j)` at `i·dst_rs + j·dst_cs`: a sum over several products rounded to bf16 once, at the
+/// end, by the caller (the kernel gradient over a batch's chunks).
+pub(super) fn matmul_into_f32<T: WithDType>(
+    op: &str,
+    dst: &mut [f32],
+    (dst_rs, dst_cs): (usize, usize),
+    lhs: MatRef<T>,
+    rhs: MatRef<T>,
+) -> Result<()> {
+    let (m, n) = (lhs.rows, rhs.cols);
+    let dst_fits = m == 0 || n == 0 || (m - 1) * dst_rs + (n - 1) * dst_cs < dst.len();
+    if T::DTYPE != DType::BF16 || !dst_fits || !distinct(m, n, dst_rs, dst_cs) {
+        candle_core::bail!(
+            "{op}: an f32 sum of {:?} products into {} values",
+            T::DTYPE,
+            dst.len()
+        );
+    }
+    let acc = bf16_product(op, lhs, rhs)?;
+    for i in 0..m {
+        for j in 0..n {
+            dst[i * dst_rs + j * dst_cs] += acc[i * n + j];
+        }
+    }
+    Ok(())
+}
+
+/// `lhs @ rhs` (bf16, `T` is bf16) in f32, row-major, on the bf16 GEMM's path.
+fn bf16_product<T: WithDType>(op: &str, lhs: MatRef<T>, rhs: MatRef<T>) -> Result<Vec<f32>> {
+    if T::DTYPE != DType::BF16 {
+        candle_core::bail!("{op}: not bf16 but {:?}", T::DTYPE);
+    }
+    let as_bf16 = |v: MatRef<'_, T>| -> MatRef<'_, half::bf16> {
+        // SAFETY: T::DTYPE is BF16 (checked above), so T is half::bf16: the same type, size and
+        // alignment.
+        let data: &[half::bf16] =
+            unsafe { std::slice::from_raw_parts(v.data.as_ptr().cast(), v.data.len()) };
+        MatRef {
+            data,
+            rows: v.rows,
+            cols: v.cols,
+            rs: v.rs,
+            cs: v.cs,
+        }
+    };
+    let mut acc = vec![0f32; lhs.rows * rhs.cols];
+    let path = super::bf16_gemm::bf16_path()?;
+    super::bf16_gemm::matmul_views(path, as_bf16(lhs), as_bf16(rhs), &mut acc, false)
+        .map_err(|e| candle_core::Error::msg(format!("{op}: {e}")))?;
+    Ok(acc)
 }
 
 /// Whether the `m × n` elements at `i·rs + j·cs` are distinct: a stride that moves along a

@@ -24,6 +24,10 @@ pub(crate) trait Kernel<const N: usize>: Send + Sync {
     /// candle's name of the op, which error messages begin with.
     fn name(&self) -> &'static str;
 
+    /// Whether the kernel takes bf16 operands (computing its products on the bf16 GEMM); the
+    /// others take f32 and f64 only.
+    const TAKES_BF16: bool = false;
+
     /// The result and its shape, `T` the first operand's dtype (f32 or f64).
     fn forward<T: WithDType>(&self, args: [Arg<'_>; N]) -> Output;
 
@@ -46,6 +50,7 @@ impl<K> CpuOp<K> {
         match args.first().map(|(s, _)| s.dtype()) {
             Some(DType::F32) => self.0.forward::<f32>(args),
             Some(DType::F64) => self.0.forward::<f64>(args),
+            Some(DType::BF16) if K::TAKES_BF16 => self.0.forward::<half::bf16>(args),
             Some(other) => candle_core::bail!("{}: unsupported dtype {other:?}", self.0.name()),
             None => candle_core::bail!("{}: no operands", self.0.name()),
         }

@@ -9,7 +9,8 @@ use std::sync::OnceLock;
 
 use half::bf16;
 
-use super::pack::{pack_a, pack_b};
+use super::super::gemm::MatRef;
+use super::pack::{pack_a, pack_b, pool};
 
 /// Rows of a tile, and bf16 values along `k` in one.
 const TILE: usize = 16;
@@ -109,82 +110,119 @@ pub(super) fn spin(steps: u64) -> f64 {
     (steps.max(1) * 4 * 16 * 16 * 32 * 2) as f64
 }
 
-/// `c += a · b` (see [`super::matmul_bf16`]); only called where [`available`].
-pub(super) fn matmul(a: &[bf16], b: &[bf16], c: &mut [f32], (m, k, n): (usize, usize, usize)) {
-    let (ap, mbs, kbs) = pack_a(a, (m, k), (TILE, KC, 2));
-    let (bp, nbs, _) = pack_b(b, (k, n), (TILE, KC, 2));
+/// Steps of 32 along `k` between the loads and stores of `C`'s tiles: two tiles of `A` over this
+/// many steps (16 KiB) stay in L1 while the panels of `B` stream past them.
+const KB: usize = 8;
+
+/// `c += a · b` (`c` row-major `m × n`, see [`super::matmul_bf16`]); only called where
+/// [`available`].
+pub(super) fn matmul(a: MatRef<'_, bf16>, b: MatRef<'_, bf16>, c: &mut [f32]) {
+    let ((m, _), n) = (a.dims(), b.dims().1);
+    let (ap, mbs, kbs) = pack_a(a, (TILE, KC, 2));
+    let (bp, nbs, _) = pack_b(b, (TILE, KC, 2));
     let cfg = TileConfig::full();
-    let tile = TILE * KC;
-    let mut out = [0f32; 4 * TILE * TILE];
+    let (tile, ctile) = (TILE * KC, TILE * TILE);
+    // A tile of `C` lies in `c` itself when whole (loaded and stored with `c`'s row stride);
+    // one that crosses `c`'s edge goes through `edge`, kept between the `k` blocks.
+    let whole = |bi: usize, bj: usize| (bi + 1) * TILE <= m && (bj + 1) * TILE <= n;
+    let all_whole = m % (2 * TILE) == 0 && n % (2 * TILE) == 0;
+    let mut edge = vec![0f32; if all_whole { 0 } else { mbs * nbs * ctile }];
+    let c_stride = n * 4;
     // SAFETY: the CPU and kernel allow AMX (the caller checked `available`); the configuration
-    // is valid for palette 1; every tile load reads 16 rows of 64 bytes inside `ap` or `bp`
-    // (whole blocks, padded by the packing to even block counts), every store writes 16 rows of
-    // 64 bytes inside `out`; the tiles are released before returning.
+    // is valid for palette 1; every tile load or store moves 16 rows of 64 bytes inside `ap`,
+    // `bp` (whole blocks; the packing pads both to even block counts), `edge` (whole tiles) or
+    // `c` (a tile used there only when its 16 rows of 16 values lie inside `c`'s `m × n`); the
+    // tiles are released before returning.
     unsafe {
         asm!("ldtilecfg [{}]", in(reg) &cfg, options(nostack, readonly));
-        for bi in (0..mbs).step_by(2) {
-            for bj in (0..nbs).step_by(2) {
-                asm!(
-                    "tilezero tmm0",
-                    "tilezero tmm1",
-                    "tilezero tmm2",
-                    "tilezero tmm3",
-                    options(nostack, nomem)
-                );
-                for kb in 0..kbs {
-                    let a0 = ap.as_ptr().add((bi * kbs + kb) * tile);
-                    let a1 = ap.as_ptr().add(((bi + 1) * kbs + kb) * tile);
-                    let b0 = bp.as_ptr().add((bj * kbs + kb) * tile);
-                    let b1 = bp.as_ptr().add(((bj + 1) * kbs + kb) * tile);
+        let cp = c.as_mut_ptr();
+        let ep = edge.as_mut_ptr();
+        // Tile (bi, bj) of `C`: its address and row stride.
+        let at = |bi: usize, bj: usize| -> (*mut f32, usize) {
+            if whole(bi, bj) {
+                (cp.add(bi * TILE * n + bj * TILE), c_stride)
+            } else {
+                (ep.add((bi * nbs + bj) * ctile), ROW_BYTES)
+            }
+        };
+        for kb0 in (0..kbs).step_by(KB) {
+            let kb1 = (kb0 + KB).min(kbs);
+            for bi in (0..mbs).step_by(2) {
+                for bj in (0..nbs).step_by(2) {
+                    let (c00, s00) = at(bi, bj);
+                    let (c01, s01) = at(bi, bj + 1);
+                    let (c10, s10) = at(bi + 1, bj);
+                    let (c11, s11) = at(bi + 1, bj + 1);
                     asm!(
-                        "tileloadd tmm4, [{a0} + {s}]",
-                        "tileloadd tmm5, [{a1} + {s}]",
-                        "tileloadd tmm6, [{b0} + {s}]",
-                        "tileloadd tmm7, [{b1} + {s}]",
-                        "tdpbf16ps tmm0, tmm4, tmm6",
-                        "tdpbf16ps tmm1, tmm4, tmm7",
-                        "tdpbf16ps tmm2, tmm5, tmm6",
-                        "tdpbf16ps tmm3, tmm5, tmm7",
-                        a0 = in(reg) a0,
-                        a1 = in(reg) a1,
-                        b0 = in(reg) b0,
-                        b1 = in(reg) b1,
-                        s = in(reg) ROW_BYTES,
+                        "tileloadd tmm0, [{c00} + {s00}]",
+                        "tileloadd tmm1, [{c01} + {s01}]",
+                        "tileloadd tmm2, [{c10} + {s10}]",
+                        "tileloadd tmm3, [{c11} + {s11}]",
+                        c00 = in(reg) c00,
+                        c01 = in(reg) c01,
+                        c10 = in(reg) c10,
+                        c11 = in(reg) c11,
+                        s00 = in(reg) s00,
+                        s01 = in(reg) s01,
+                        s10 = in(reg) s10,
+                        s11 = in(reg) s11,
                         options(nostack, readonly)
                     );
+                    for kb in kb0..kb1 {
+                        let a0 = ap.as_ptr().add((bi * kbs + kb) * tile);
+                        let a1 = ap.as_ptr().add(((bi + 1) * kbs + kb) * tile);
+                        let b0 = bp.as_ptr().add((bj * kbs + kb) * tile);
+                        let b1 = bp.as_ptr().add(((bj + 1) * kbs + kb) * tile);
+                        asm!(
+                            "tileloadd tmm4, [{a0} + {s}]",
+                            "tileloadd tmm6, [{b0} + {s}]",
+                            "tdpbf16ps tmm0, tmm4, tmm6",
+                            "tileloadd tmm7, [{b1} + {s}]",
+                            "tdpbf16ps tmm1, tmm4, tmm7",
+                            "tileloadd tmm5, [{a1} + {s}]",
+                            "tdpbf16ps tmm2, tmm5, tmm6",
+                            "tdpbf16ps tmm3, tmm5, tmm7",
+                            a0 = in(reg) a0,
+                            a1 = in(reg) a1,
+                            b0 = in(reg) b0,
+                            b1 = in(reg) b1,
+                            s = in(reg) ROW_BYTES,
+                            options(nostack, readonly)
+                        );
+                    }
+                    asm!(
+                        "tilestored [{c00} + {s00}], tmm0",
+                        "tilestored [{c01} + {s01}], tmm1",
+                        "tilestored [{c10} + {s10}], tmm2",
+                        "tilestored [{c11} + {s11}], tmm3",
+                        c00 = in(reg) c00,
+                        c01 = in(reg) c01,
+                        c10 = in(reg) c10,
+                        c11 = in(reg) c11,
+                        s00 = in(reg) s00,
+                        s01 = in(reg) s01,
+                        s10 = in(reg) s10,
+                        s11 = in(reg) s11,
+                        options(nostack)
+                    );
                 }
-                let o = out.as_mut_ptr();
-                asm!(
-                    "tilestored [{o0} + {s}], tmm0",
-                    "tilestored [{o1} + {s}], tmm1",
-                    "tilestored [{o2} + {s}], tmm2",
-                    "tilestored [{o3} + {s}], tmm3",
-                    o0 = in(reg) o,
-                    o1 = in(reg) o.add(TILE * TILE),
-                    o2 = in(reg) o.add(2 * TILE * TILE),
-                    o3 = in(reg) o.add(3 * TILE * TILE),
-                    s = in(reg) ROW_BYTES,
-                    options(nostack)
-                );
-                add_tiles(&out, c, (m, n), (bi * TILE, bj * TILE));
             }
         }
         asm!("tilerelease", options(nostack, nomem));
     }
-}
-
-/// Adds the four 16 × 16 tiles of `out` (the 32 × 32 block at `(i0, j0)`) into `c`, inside
-/// its `m × n`.
-fn add_tiles(out: &[f32], c: &mut [f32], (m, n): (usize, usize), (i0, j0): (usize, usize)) {
-    for (t, tile) in out.chunks_exact(TILE * TILE).enumerate() {
-        let (ti, tj) = (i0 + t / 2 * TILE, j0 + t % 2 * TILE);
-        if ti >= m || tj >= n {
+    pool::keep(0, ap);
+    pool::keep(1, bp);
+    // Add the edge tiles into `c`, inside its `m × n`.
+    // (Where every tile is whole, `edge` is empty and never used.)
+    for (t, tile) in edge.chunks_exact(ctile).enumerate() {
+        let (bi, bj) = (t / nbs, t % nbs);
+        let (ti, tj) = (bi * TILE, bj * TILE);
+        if whole(bi, bj) || ti >= m || tj >= n {
             continue;
         }
         let cols = (n - tj).min(TILE);
         for (r, row) in tile.chunks_exact(TILE).take(m - ti).enumerate() {
-            let dst = &mut c[(ti + r) * n + tj..][..cols];
-            for (d, s) in dst.iter_mut().zip(row) {
+            for (d, s) in c[(ti + r) * n + tj..][..cols].iter_mut().zip(row) {
                 *d += s;
             }
         }

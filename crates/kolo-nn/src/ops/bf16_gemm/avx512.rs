@@ -5,7 +5,8 @@
 
 use half::bf16;
 
-use super::pack::{pack_a, pack_b};
+use super::super::gemm::MatRef;
+use super::pack::{pack_a, pack_b, pool};
 
 /// Rows and columns of a block of `C`, and values along `k` per packed block.
 const MR: usize = 8;
@@ -24,14 +25,21 @@ pub(super) fn available() -> bool {
     false
 }
 
-/// `c += a · b` (see [`super::matmul_bf16`]); only called where [`available`].
-pub(super) fn matmul(a: &[bf16], b: &[bf16], c: &mut [f32], (m, k, n): (usize, usize, usize)) {
-    let (ap, mbs, kbs) = pack_a(a, (m, k), (MR, KC, 1));
-    let (bp, nbs, _) = pack_b(b, (k, n), (NR, KC, 1));
+/// `c += a · b` (`c` row-major `m × n`, see [`super::matmul_bf16`]); only called where
+/// [`available`].
+pub(super) fn matmul(a: MatRef<'_, bf16>, b: MatRef<'_, bf16>, c: &mut [f32]) {
+    let ((m, _), n) = (a.dims(), b.dims().1);
+    let (ap, mbs, kbs) = pack_a(a, (MR, KC, 1));
+    let (bp, nbs, _) = pack_b(b, (NR, KC, 1));
     #[cfg(target_arch = "x86_64")]
     // SAFETY: the CPU has AVX-512F and AVX-512 BF16 (the caller checked `available`).
     unsafe {
         kernel(&ap, &bp, c, (m, n), (mbs, nbs, kbs));
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        pool::keep(0, ap);
+        pool::keep(1, bp);
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (ap, bp, c, m, n, mbs, nbs, kbs);

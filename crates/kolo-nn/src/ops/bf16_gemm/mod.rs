@@ -58,6 +58,16 @@ impl Bf16Path {
     }
 }
 
+/// The path `KOLO_BF16_GEMM` asks for, if it is set (and valid): bf16 convolutions use the bf16
+/// GEMM only then (`ops::conv2d` on bf16 tensors; otherwise they are computed in f32). On the one
+/// CPU measured, im2col + the AMX GEMM took ResNet-18's convolutions 2.7× longer per step than
+/// f32 Winograd (the backward pass's packing of strided operands dominates): not yet a default.
+pub fn bf16_path_asked() -> Option<Bf16Path> {
+    std::env::var_os("KOLO_BF16_GEMM")
+        .filter(|v| !v.is_empty())
+        .and_then(|_| bf16_path().ok())
+}
+
 /// The path [`matmul_bf16`] takes: `KOLO_BF16_GEMM` if set, else AMX where available, else f32.
 pub fn bf16_path() -> Result<Bf16Path> {
     static PATH: OnceLock<std::result::Result<Bf16Path, String>> = OnceLock::new();
@@ -120,27 +130,49 @@ pub fn matmul_bf16_on(
             c.len()
         );
     }
+    let (a, b) = (MatRef::row_major(a, m, k), MatRef::row_major(b, k, n));
+    matmul_views(path, a, b, &mut c[..m * n], accumulate)
+}
+
+/// `c = a · b` (or `c += a · b`) for strided views `a` (`m × k`) and `b` (`k × n`) into the
+/// row-major `m × n` f32 `c`, on `path`.
+pub(super) fn matmul_views(
+    path: Bf16Path,
+    a: MatRef<'_, bf16>,
+    b: MatRef<'_, bf16>,
+    c: &mut [f32],
+    accumulate: bool,
+) -> Result<()> {
+    let ((m, k), (k2, n)) = (a.dims(), b.dims());
+    if k != k2 || !a.fits() || !b.fits() || c.len() != m * n {
+        candle_core::bail!(
+            "bf16 GEMM of [{m}, {k}] @ [{k2}, {n}] into {} values does not fit",
+            c.len()
+        );
+    }
     if !path.available() {
         candle_core::bail!("bf16 GEMM: this CPU cannot run the {} path", path.name());
     }
-    if m == 0 || n == 0 {
-        return Ok(());
-    }
     if !accumulate {
-        c[..m * n].fill(0.0);
+        c.fill(0.0);
     }
-    if k == 0 {
+    if m == 0 || n == 0 || k == 0 {
         return Ok(());
     }
     match path {
-        Bf16Path::Amx => amx::matmul(a, b, c, (m, k, n)),
-        Bf16Path::Avx512Bf16 => avx512::matmul(a, b, c, (m, k, n)),
+        Bf16Path::Amx => amx::matmul(a, b, c),
+        Bf16Path::Avx512Bf16 => avx512::matmul(a, b, c),
         Bf16Path::F32 => {
-            let a32: Vec<f32> = a[..m * k].iter().map(|x| x.to_f32()).collect();
-            let b32: Vec<f32> = b[..k * n].iter().map(|x| x.to_f32()).collect();
+            let widen = |v: MatRef<'_, bf16>| {
+                let ((r, cl), (d, rs, cs)) = (v.dims(), v.parts());
+                (0..r)
+                    .flat_map(|i| (0..cl).map(move |j| d[i * rs + j * cs].to_f32()))
+                    .collect::<Vec<f32>>()
+            };
+            let (a32, b32) = (widen(a), widen(b));
             matmul_into(
                 "bf16 GEMM",
-                &mut c[..m * n],
+                c,
                 (n, 1),
                 MatRef::row_major(&a32, m, k),
                 MatRef::row_major(&b32, k, n),

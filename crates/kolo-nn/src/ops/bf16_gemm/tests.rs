@@ -77,3 +77,28 @@ fn the_chosen_path_is_amx_where_available_and_short_operands_are_refused() {
     let e = matmul_bf16(&a, &b, &mut c, (2, 3, 2), false).expect_err("c is too short");
     assert!(e.to_string().contains("too short"), "{e}");
 }
+
+#[test]
+fn transposed_operands_are_read_through_their_strides() {
+    for path in [Bf16Path::Amx, Bf16Path::Avx512Bf16, Bf16Path::F32]
+        .into_iter()
+        .filter(|p| p.available())
+    {
+        for (m, k, n) in SHAPES {
+            // a stored as k × m and b as n × k: the views are their transposes.
+            let (at, bt) = (matrix(k, m, 3), matrix(n, k, 4));
+            let a: Vec<bf16> = (0..m * k).map(|i| at[(i % k) * m + i / k]).collect();
+            let b: Vec<bf16> = (0..k * n).map(|i| bt[(i % n) * k + i / n]).collect();
+            let want = reference(&a, &b, (m, k, n));
+            let mut c = vec![f32::NAN; m * n];
+            let (av, bv) = (
+                MatRef::row_major(&at[..], k, m).t(),
+                MatRef::row_major(&bt[..], n, k).t(),
+            );
+            matmul_views(path, av, bv, &mut c, false).expect("gemm");
+            for i in 0..m * n {
+                assert_eq!(f64::from(c[i]), want[i], "{path:?} {m}x{k}x{n} at {i}");
+            }
+        }
+    }
+}

@@ -2,9 +2,9 @@
 //! by chunk, with the bias and ReLU epilogue) and the backward pass (kernel, bias and input
 //! gradients), for [`ConvGemm`]'s custom ops (see the parent module's notes).
 
-use candle_core::{CpuStorage, Layout, Result, WithDType};
+use candle_core::{CpuStorage, DType, Layout, Result, WithDType};
 
-use super::super::gemm::{matmul_into, MatRef};
+use super::super::gemm::{matmul_into, matmul_into_f32, MatRef};
 use super::super::im2col::{col2im_into, im2col_into};
 use super::super::relu::pos;
 use super::super::winograd;
@@ -70,7 +70,11 @@ impl ConvGemm {
         if c_out * rows != w.len() || bias.is_some_and(|b| b.len() != c_out) {
             candle_core::bail!("kolo-conv2d: kernel of {} values for {rows} rows", w.len());
         }
-        if let Some(variant) = winograd::eligible(g, c_out) {
+        // Winograd's transforms are f32/f64 arithmetic; bf16 goes to the bf16 GEMM.
+        let winograd = (T::DTYPE != DType::BF16)
+            .then(|| winograd::eligible(g, c_out))
+            .flatten();
+        if let Some(variant) = winograd {
             let (mut y, u) = winograd::forward(x, g, w, bias, variant)?;
             if self.relu {
                 y.iter_mut().for_each(|v| *v = pos(*v, T::zero()));
@@ -138,7 +142,10 @@ impl ConvGemm {
         .map(|&(wanted, len)| if wanted { len } else { 0 })
         .sum();
         let mut out = Vec::with_capacity(total);
-        if let Some(variant) = winograd::eligible(g, c_out) {
+        let winograd = (T::DTYPE != DType::BF16)
+            .then(|| winograd::eligible(g, c_out))
+            .flatten();
+        if let Some(variant) = winograd {
             let u = u.map(T::cpu_storage_as_slice).transpose()?;
             let wanted = (want.x, want.weight);
             winograd::backward(x, (w, u), g, grad, wanted, variant, &mut out)?;
@@ -168,7 +175,10 @@ impl ConvGemm {
         let gemm_dw = want.weight;
         let dw_t = rows >= c_out;
         let (dw_rs, dw_cs) = if dw_t { (c_out, 1) } else { (1, rows) };
-        let mut dw = vec![T::zero(); if gemm_dw { rows * c_out } else { 0 }];
+        // bf16 sums the chunks' products in f32 and rounds once, at the end.
+        let bf16 = T::DTYPE == DType::BF16;
+        let mut dw = vec![T::zero(); if gemm_dw && !bf16 { rows * c_out } else { 0 }];
+        let mut dw32 = vec![0f32; if gemm_dw && bf16 { rows * c_out } else { 0 }];
         if gemm_dw || scatter {
             let chunk = g.chunk();
             let (mut cols, mut dcols) = (Vec::new(), Vec::new());
@@ -190,14 +200,30 @@ impl ConvGemm {
                     // dweightᵀ += cols @ gcᵀ: the long reduction runs along the rows of both
                     // operands as stored, which the GEMM packs faster than gc @ colsᵀ.
                     let cols_m = MatRef::row_major(&cols, rows, n);
-                    matmul_into(OP, &mut dw, (dw_rs, dw_cs), cols_m, gc_m.t(), true)?;
+                    if bf16 {
+                        matmul_into_f32(OP, &mut dw32, (dw_rs, dw_cs), cols_m, gc_m.t())?;
+                    } else {
+                        matmul_into(OP, &mut dw, (dw_rs, dw_cs), cols_m, gc_m.t(), true)?;
+                    }
                 }
                 if scatter {
-                    dcols.resize(rows * n, T::zero());
                     let wt = MatRef::row_major(w, c_out, rows).t();
-                    matmul_into(OP, &mut dcols, (n, 1), wt, gc_m, false)?;
                     let plane = g.c * g.h * g.w;
-                    col2im_into(&dcols, g, bc, &mut out[b0 * plane..(b0 + bc) * plane]);
+                    let dx = &mut out[b0 * plane..(b0 + bc) * plane];
+                    if bf16 {
+                        // The patches' overlaps summed in f32, each input gradient rounded once.
+                        let mut dcols32 = vec![0f32; rows * n];
+                        matmul_into_f32(OP, &mut dcols32, (n, 1), wt, gc_m)?;
+                        let mut dx32 = vec![0f32; dx.len()];
+                        col2im_into(&dcols32, g, bc, &mut dx32);
+                        for (d, v) in dx.iter_mut().zip(dx32) {
+                            *d = T::from_f64(f64::from(v));
+                        }
+                    } else {
+                        dcols.resize(rows * n, T::zero());
+                        matmul_into(OP, &mut dcols, (n, 1), wt, gc_m, false)?;
+                        col2im_into(&dcols, g, bc, dx);
+                    }
                 }
             }
         }
@@ -205,6 +231,9 @@ impl ConvGemm {
             let layout = Layout::contiguous((g.b, c_out, g.oh, g.ow));
             let wf = flip_transpose(w, c_out, g.c, g.k);
             out = ConvGemm::plain(gt).forward_slices((grad, &layout), &wf, None, out)?;
+        }
+        if bf16 {
+            dw = dw32.iter().map(|&v| T::from_f64(f64::from(v))).collect();
         }
         if dw_t {
             // [C·k·k, c_out] -> [c_out, C·k·k].

@@ -162,6 +162,8 @@ impl Kernel<3> for ConvBackward {
         "kolo-conv2d-backward"
     }
 
+    const TAKES_BF16: bool = true;
+
     fn forward<T: WithDType>(&self, [x, w, g]: [Arg<'_>; 3]) -> Output {
         let op = self.name();
         let all = ConvGemm::plain(self.0).backward_slices(
@@ -180,6 +182,8 @@ impl Kernel<2> for ConvGemm {
         "kolo-conv2d"
     }
 
+    const TAKES_BF16: bool = true;
+
     fn forward<T: WithDType>(&self, [x, w]: [Arg<'_>; 2]) -> Output {
         self.cpu_forward::<T>(x, w, None)
     }
@@ -194,6 +198,8 @@ impl Kernel<3> for ConvGemm {
     fn name(&self) -> &'static str {
         "kolo-conv2d-bias"
     }
+
+    const TAKES_BF16: bool = true;
 
     fn forward<T: WithDType>(&self, [x, w, b]: [Arg<'_>; 3]) -> Output {
         self.cpu_forward::<T>(x, w, Some(b))
@@ -241,10 +247,19 @@ fn conv2d_with(
     (stride, padding): (usize, usize),
     relu: bool,
 ) -> Result<Tensor> {
-    if let Some(y) = low_precision(x, &[Some(weight), bias], |t| {
-        conv2d_with(&t[0], &t[1], t.get(2), (stride, padding), relu)
-    }) {
-        return y;
+    // bf16 where KOLO_BF16_GEMM asks for a bf16 matrix unit: im2col + that unit's GEMM, in
+    // bf16 throughout; otherwise 16-bit inputs are computed in f32 (faster so far, see
+    // `bf16_path_asked`).
+    let bf16_unit = x.dtype() == DType::BF16
+        && x.device().is_cpu()
+        && super::bf16_gemm::bf16_path_asked()
+            .is_some_and(|p| p != super::bf16_gemm::Bf16Path::F32);
+    if !bf16_unit {
+        if let Some(y) = low_precision(x, &[Some(weight), bias], |t| {
+            conv2d_with(&t[0], &t[1], t.get(2), (stride, padding), relu)
+        }) {
+            return y;
+        }
     }
     let (b, c, h, w) = x.dims4()?;
     let (c_out, c_w, k, k2) = weight.dims4()?;
@@ -276,7 +291,7 @@ fn conv2d_with(
         && weight.device().is_cpu()
         && weight.dtype() == dtype
         && bias.is_none_or(|b| b.device().is_cpu() && b.dtype() == dtype)
-        && matches!(dtype, DType::F32 | DType::F64)
+        && (matches!(dtype, DType::F32 | DType::F64) || bf16_unit)
         && b > 0;
     if !fast {
         let y = x.conv2d(weight, padding, stride, 1, 1)?;
