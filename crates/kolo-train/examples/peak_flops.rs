@@ -12,8 +12,10 @@
 //! is the best of R runs of N iterations. Prints a table, then one JSON line:
 //! `{"avx2_gflops_per_core", "avx2_gflops_all", "avx512_gflops_per_core", "avx512_gflops_all",
 //! "peak_gflops_per_core", "threads", ...}` (`null` where the CPU lacks the instructions;
-//! `peak_gflops_per_core` is the better of the two one-thread figures). On other architectures it
-//! says so and exits successfully with nulls.
+//! `peak_gflops_per_core` is the better of the two one-thread figures), and the bf16 peaks of one
+//! core where the CPU has the units: `avx512_bf16_gflops_per_core` (`vdpbf16ps`) and
+//! `amx_bf16_gflops_per_core` (`tdpbf16ps`), from `kolo_nn::ops::peak_gflops` (`null` where
+//! absent). On other architectures it says so and exits successfully with nulls.
 //!
 //! The AVX-512 loop is written in inline assembly: the workspace's minimum Rust (1.85) predates
 //! the stable AVX-512 intrinsics and `target_feature(enable = "avx512f")` (1.89).
@@ -123,6 +125,21 @@ fn measure(a: &Args) {
         ));
     }
     let peak = peak.map_or("null".to_owned(), |p| format!("{p:.2}"));
+    // The bf16 units, one core.
+    for (name, key, unit) in [
+        ("AVX512-BF16", "avx512_bf16", kolo_nn::ops::Unit::Avx512Bf16),
+        ("AMX-BF16", "amx_bf16", kolo_nn::ops::Unit::Amx),
+    ] {
+        let one = kolo_nn::ops::peak_gflops(unit, 0.5);
+        match one {
+            Some(g) => println!("  {name:12} bf16, 1 thread: {g:.1} GFLOP/s"),
+            None => println!("  {name:12} not supported"),
+        }
+        json.push(format!(
+            "\"{key}_gflops_per_core\": {}",
+            one.map_or("null".to_owned(), |g| format!("{g:.2}"))
+        ));
+    }
     println!(
         "{{{}, \"peak_gflops_per_core\": {peak}, \"threads\": {threads}, \"cpu\": {:?}, \"iters\": {}, \"repeats\": {}}}",
         json.join(", "),

@@ -11,19 +11,23 @@
 //! ```
 //! use kolo_train::trainer::{run, TrainConfig};
 //!
-//! // `kolo train` as a library: an MLP on seeded Gaussian blobs, two ranks as threads, no files.
+//! // `kolo train` as a library: an MLP on seeded Gaussian blobs, two ranks as threads, the run
+//! // directory (metrics, plot, checkpoints) in a temporary folder.
+//! let out = std::env::temp_dir().join(format!("kolo-train-example-{}", std::process::id()));
 //! let cfg = TrainConfig {
 //!     model: kolo_models::ModelKind::Mlp,
 //!     dataset: kolo_data::DatasetKind::Synthetic,
 //!     epochs: 2,
 //!     progress: false,
-//!     out: None,
+//!     out: Some(out.clone()),
 //!     ..TrainConfig::default()
 //! };
 //! let summaries = kolo::run_local(2, kolo::Config::default(), |comm| run(&comm, &cfg));
 //! let s = summaries[0].as_ref().unwrap().as_ref().unwrap();
 //! assert_eq!(s.epochs.len(), 2);
 //! assert!(s.final_accuracy > 0.8, "{:?}", s.epochs);
+//! assert!(out.join("metrics.csv").exists());
+//! std::fs::remove_dir_all(&out).unwrap();
 //! ```
 #![warn(missing_docs)]
 

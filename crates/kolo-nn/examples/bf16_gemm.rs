@@ -1,17 +1,17 @@
-//! The CPU's peaks and what kolo's matrix products reach on one core: f32 FMA (AVX-512), AVX-512
-//! BF16 (`vdpbf16ps`) and AMX (`tdpbf16ps`) from loops on registers, then kolo's bf16 GEMM
+//! What kolo's matrix products reach on one core against the CPU's peaks: kolo's bf16 GEMM
 //! (`ops::matmul_bf16`) on every path this CPU has and the f32 GEMM behind kolo's kernels, each
-//! with its share of the matching peak.
+//! with its share of the matching peak (f32 FMA on AVX-512, AVX-512 BF16's `vdpbf16ps`, AMX's
+//! `tdpbf16ps`, from `ops::peak_gflops`; kolo-train's `examples/peak_flops` gives the f32 peaks
+//! on every thread too).
 //!
 //! ```text
-//! cargo run --release -p kolo-nn --example peak_flops [-- SIZE | MxKxN] [--json]
+//! cargo run --release -p kolo-nn --example bf16_gemm [-- SIZE | MxKxN] [--json]
 //! ```
 //!
 //! SIZE (default 1024) multiplies SIZE × SIZE matrices; `MxKxN` an `M × K` by a `K × N` one
-//! (`64x576x1024`: ResNet-18's first 3×3 layer on 32 × 32 images, one sample of im2col).
+//! (`64x576x1024`: a 64-channel 3×3 layer over 1,024 output pixels, as im2col multiplies it).
 //!
-//! `--json` prints one object (the CPU, each peak and each GEMM rate, GFLOP/s) for scripts
-//! (`scripts/bench_train.py` reads the peaks from it).
+//! `--json` prints one object (the CPU, each peak and each GEMM rate, GFLOP/s) for scripts.
 
 use std::time::Instant;
 
