@@ -53,12 +53,18 @@ With --device cuda (GPUs: `kolo train --device cuda` against PyTorch DDP on NCCL
 with W = --workers (at most one per GPU), the same model, batch, lr, momentum, epochs and data limits;
 reporting samples/s (medians of --rounds) and kolo / PyTorch. Needs a build with the cuda and nccl features.
 
+With --precision bf16 (mixed precision): kolo-N run `kolo train --precision bf16`, torch-N run PyTorch's
+torch.autocast("cpu", dtype=torch.bfloat16) on the same model, batch and threads (scripts/torch_ddp_resnet18.py
+with PRECISION=bf16, for LeNet too: MODEL=lenet); the plain candle loop (f32 only) is left out; each row's
+GFLOP/s is also shown against the core's bf16 peak (AMX where the CPU has it, else AVX512-BF16: the
+amx_bf16 / avx512_bf16 figures of BIN/examples/peak_flops).
+
 With --baseline OLD_KOLO, OLD_KOLO's `kolo train -n 1` and `-n 2` run in the same rounds too (base-1,
 base-2), for a before/after comparison under the same load.
 
 Usage: scripts/bench_train.py [--model lenet|resnet18] [--rounds 3] [--batch B] [--epochs 1] [--train-limit N]
                               [--test-limit N] [--lr 0.05] [--momentum 0.9] [--peak-flops GFLOPS] [--no-torch]
-                              [--baseline OLD_KOLO] [--bin target/release]
+                              [--baseline OLD_KOLO] [--bin target/release] [--precision f32|bf16]
        scripts/bench_train.py --parallel [--model resnet18] [--train-limit 2048] [--rounds 3]
        scripts/bench_train.py --timeline [--workers 2] [--train-limit 12800] [--bin target/debug]
        scripts/bench_train.py --torch-backends [--model lenet] [--workers 2] [--rounds 3]
@@ -102,7 +108,7 @@ def kolo(a, n, exe=None):
     try:
         run([exe or os.path.join(a.bin, "kolo"), "train", "-n", str(n), "--model", a.model, "--epochs", str(a.epochs),
              "--batch-size", str(a.batch), "--lr", str(a.lr), "--momentum", str(a.momentum), "--no-progress",
-             "--out", d] + limits)
+             "--out", d] + limits + (["--precision", "bf16"] if a.precision == "bf16" else []))
         with open(os.path.join(d, "summary.json")) as f:
             return json.load(f)["samples_per_second"]
     finally:
@@ -173,7 +179,7 @@ def parallel(a):
     print(f"\n{a.model}, global batch {2 * a.batch} per step, {a.epochs} epoch(s), medians of {a.rounds} rounds:")
     for k in med:
         print(f"  {k:10s} {med[k]:9.0f} samples/s  peak RSS {mmed[k]:7.0f} MiB   (runs: {', '.join(f'{x:.0f}' for x in res[k])})")
-    print(json.dumps({"model": a.model, "medians": med, "peak_rss_mib": mmed, "runs": res, "batch": a.batch}))
+    print(json.dumps({"model": a.model, "precision": a.precision, "medians": med, "peak_rss_mib": mmed, "runs": res, "batch": a.batch}))
 
 
 def kolo_timeline(a, trace):
@@ -219,9 +225,12 @@ def timeline(a):
 
 def torch(a, n):
     env = {"MOMENTUM": str(a.momentum)}
-    if a.model == "resnet18":
-        env.update(TRAIN_LIMIT=str(a.train_limit or 0), TEST_LIMIT=str(a.test_limit or 0))
-    out = run([sys.executable, PEER_RESNET if a.model == "resnet18" else PEER, str(n), str(a.epochs), str(a.batch),
+    # bf16 (autocast) is the ResNet-18 peer's, which trains kolo's LeNet too (MODEL=lenet).
+    own = a.model == "resnet18" or a.precision == "bf16"
+    if own:
+        env.update(TRAIN_LIMIT=str(a.train_limit or 0), TEST_LIMIT=str(a.test_limit or 0), MODEL=a.model,
+                   PRECISION=a.precision)
+    out = run([sys.executable, PEER_RESNET if own else PEER, str(n), str(a.epochs), str(a.batch),
                str(a.lr)], env=env)
     rates = [float(m) for m in re.findall(r"samples_s (\d+(?:\.\d+)?)", out)]
     if not rates:
@@ -332,14 +341,16 @@ def flops_per_sample(model):
 
 
 def peak_per_core(a):
-    """(per-core f32 FMA peak in GFLOP/s, where it comes from), or (None, why not)."""
+    """(per-core f32 FMA peak in GFLOP/s, where it comes from, the core's bf16 peak or None), or (None, why not,
+    None)."""
     if a.peak_flops:
-        return a.peak_flops, "--peak-flops"
+        return a.peak_flops, "--peak-flops", None
     probe = os.path.join(a.bin, "examples", "peak_flops")
     if not os.path.exists(os.path.join(ROOT, probe)):
-        return None, f"no {probe} (cargo build --release -p kolo-train --example peak_flops) and no --peak-flops"
-    line = run([probe, "--repeats", "3"]).strip().splitlines()[-1]
-    return json.loads(line)["peak_gflops_per_core"], probe
+        return (None, f"no {probe} (cargo build --release -p kolo-train --example peak_flops) and no --peak-flops",
+                None)
+    p = json.loads(run([probe, "--repeats", "3"]).strip().splitlines()[-1])
+    return p["peak_gflops_per_core"], probe, p.get("amx_bf16_gflops_per_core") or p.get("avx512_bf16_gflops_per_core")
 
 
 def write_plot(a, med, name):
@@ -389,6 +400,8 @@ def main():
     ap.add_argument("--bin", default="target/release", help="where the kolo binary and the examples are")
     ap.add_argument("--baseline", help="an older kolo binary: its kolo-1 and kolo-2 run in the same "
                                        "rounds, as base-1 and base-2 (a before/after comparison)")
+    ap.add_argument("--precision", default="f32", choices=["f32", "bf16"],
+                    help="bf16: kolo's --precision bf16 against PyTorch's bf16 autocast (see above)")
     a = ap.parse_args()
     compare = not (a.parallel or a.timeline)
     if a.batch is None:
@@ -417,10 +430,11 @@ def main():
     if a.model == "lenet" and a.train_limit and have_torch:
         print("bench_train: the LeNet peer ignores --train-limit (trains on all 60,000 samples)", file=sys.stderr)
     flops = flops_per_sample(a.model) if have_torch else None
-    peak, peak_src = peak_per_core(a) if flops else (None, "no FLOPs count")
+    peak, peak_src, bf16_peak = peak_per_core(a) if flops else (None, "no FLOPs count", None)
     if flops and peak is None:
         print(f"bench_train: no FMA peak: {peak_src}", file=sys.stderr)
-    cases = [("plain", lambda: plain(a)), ("kolo-1", lambda: kolo(a, 1)), ("kolo-2", lambda: kolo(a, 2))]
+    cases = [("plain", lambda: plain(a))] if a.precision == "f32" else []
+    cases += [("kolo-1", lambda: kolo(a, 1)), ("kolo-2", lambda: kolo(a, 2))]
     if a.baseline:
         cases += [("base-1", lambda: kolo(a, 1, a.baseline)), ("base-2", lambda: kolo(a, 2, a.baseline))]
     if have_torch:
@@ -437,17 +451,21 @@ def main():
     gflops = {k: v * flops / busy[k] / 1e9 for k, v in med.items()} if flops else {}
     name = {"lenet": "LeNet", "resnet18": "ResNet-18"}[a.model]
     limit = f"first {a.train_limit} samples" if a.train_limit else "all samples"
-    print(f"\n{name} / Fashion-MNIST, batch {a.batch} per worker, {a.epochs} epoch(s) of the {limit}, SGD lr {a.lr} "
+    print(f"\n{name} / Fashion-MNIST, {a.precision}, batch {a.batch} per worker, {a.epochs} epoch(s) of the {limit}, SGD lr {a.lr} "
           f"momentum {a.momentum}, medians of {a.rounds} rounds (samples/s):")
     if flops:
         print(f"  training FLOPs per sample {flops / 1e6:.2f} M; "
-              + (f"f32 FMA peak {peak:.1f} GFLOP/s per core ({peak_src})" if peak else "no FMA peak"))
+              + (f"f32 FMA peak {peak:.1f} GFLOP/s per core ({peak_src})" if peak else "no FMA peak")
+              + (f"; bf16 peak {bf16_peak:.1f} GFLOP/s per core" if bf16_peak and a.precision == "bf16" else ""))
     for k, v in med.items():
         g = ""
         if flops:
             g = f"  {gflops[k]:7.2f} GFLOP/s per core" + (f" ({100 * gflops[k] / peak:4.1f} % of peak)" if peak else "")
+            if bf16_peak and a.precision == "bf16":
+                g += f" ({100 * gflops[k] / bf16_peak:4.2f} % of the bf16 peak)"
         print(f"  {k:8s} {v:9.0f}{g}   (runs: {', '.join(f'{x:.0f}' for x in res[k])})")
-    print(f"  Ddp overhead, 1 worker vs plain candle loop: {100 * (med['plain'] / med['kolo-1'] - 1):+.1f} %")
+    if "plain" in med:
+        print(f"  Ddp overhead, 1 worker vs plain candle loop: {100 * (med['plain'] / med['kolo-1'] - 1):+.1f} %")
     print(f"  scaling efficiency, 2 workers: {100 * med['kolo-2'] / (2 * med['kolo-1']):.0f} %")
     if a.baseline:
         print(f"  this build / --baseline: 1 worker {med['kolo-1'] / med['base-1']:.3f}x, "
@@ -459,10 +477,10 @@ def main():
         print(f"  PyTorch scaling efficiency, 2 workers: {100 * med['torch-2'] / (2 * med['torch-1']):.0f} %")
     if a.csv:
         write_plot(a, med, name)
-    print(json.dumps({"model": a.model, "medians": med, "runs": res, "batch": a.batch, "epochs": a.epochs,
+    print(json.dumps({"model": a.model, "precision": a.precision, "medians": med, "runs": res, "batch": a.batch, "epochs": a.epochs,
                       "train_limit": a.train_limit, "test_limit": a.test_limit, "lr": a.lr, "momentum": a.momentum,
                       "kolo_over_torch": ratios, "train_flops_per_sample": flops, "gflops_per_core": gflops,
-                      "busy_cores": busy, "peak_gflops_per_core": peak,
+                      "busy_cores": busy, "peak_gflops_per_core": peak, "bf16_peak_gflops_per_core": bf16_peak,
                       "peak_source": peak_src if peak else None}))
 
 

@@ -3,7 +3,7 @@
 the ResNet-18 of kolo (crates/kolo-models/src/resnet.rs) on Fashion-MNIST.
 
 Usage: [MOMENTUM=m] [WEIGHT_DECAY=w] [TRAIN_LIMIT=N] [TEST_LIMIT=N] [MODEL=resnet18|lenet] [DEVICE=cpu|cuda]
-           python torch_ddp_resnet18.py N EPOCHS [BATCH] [LR]
+       [PRECISION=f32|bf16] python torch_ddp_resnet18.py N EPOCHS [BATCH] [LR]
        python torch_ddp_resnet18.py --check-against CHECKPOINT   (a kolo run directory, checkpoint directory or
                                                                model.safetensors: same tensors, shapes, counts?)
        python torch_ddp_resnet18.py --flops resnet18|lenet     (training FLOPs per sample, one JSON line)
@@ -31,6 +31,11 @@ What matches `kolo train` (so that samples/s compare):
 On GPUs (DEVICE=cuda, `kolo train --device cuda`'s peer): DDP on NCCL, worker r on GPU r % GPUs, each batch
 copied to the GPU as kolo's loader does, TF32 off (kolo's candle computes f32 convolutions and products in f32),
 the epoch timed after torch.cuda.synchronize(). MODEL=lenet trains kolo's LeNet instead of the ResNet-18.
+
+PRECISION=bf16 (`kolo train --precision bf16`'s peer): the forward pass and the loss under
+torch.autocast(device, dtype=torch.bfloat16), PyTorch's mixed precision (f32 weights and optimizer, bf16
+convolutions and products: on CPUs with AMX or AVX512-BF16 oneDNN runs them there); the backward pass outside it,
+as PyTorch's documentation says; evaluation in f32.
 
 FLOPs are those torch.utils.flop_counter.FlopCounterMode counts (convolutions and matrix products, forward and
 backward; not BatchNorm, ReLU, pooling, loss or optimizer). Needs only torch (no numpy).
@@ -201,6 +206,9 @@ def run(rank, n, epochs, bs, lr, port, flops):
         dev = torch.device("cpu")
         dist.init_process_group("gloo", rank=rank, world_size=n)
     sync = torch.cuda.synchronize if gpu else (lambda: None)
+    bf16 = os.environ.get("PRECISION", "f32") == "bf16"
+    if os.environ.get("PRECISION", "f32") not in ("f32", "bf16"):
+        sys.exit(f"torch_ddp_resnet18: PRECISION={os.environ['PRECISION']}: f32 or bf16")
     torch.manual_seed(0)
     xtr, ytr = load("train", int(os.environ.get("TRAIN_LIMIT", "0")))
     xte, yte = load("t10k", int(os.environ.get("TEST_LIMIT", "0")))
@@ -218,7 +226,9 @@ def run(rank, n, epochs, bs, lr, port, flops):
         steps = 0
         for i in range(0, len(idxs) - bs + 1, bs):
             b = idxs[i:i + bs]; opt.zero_grad()
-            F.cross_entropy(model(xtr[b].to(dev)), ytr[b].to(dev)).backward(); opt.step()
+            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):
+                loss = F.cross_entropy(model(xtr[b].to(dev)), ytr[b].to(dev))
+            loss.backward(); opt.step()
             steps += 1
         sync()
         dt = time.perf_counter() - t0
@@ -233,6 +243,7 @@ def run(rank, n, epochs, bs, lr, port, flops):
     if rank == 0:
         tot = time.perf_counter() - t_all
         print(json.dumps({"impl": "torch-ddp-nccl" if gpu else "torch-ddp-gloo", "model": name, "n": n, "epochs": epochs, "batch": bs,
+                          "precision": "bf16" if bf16 else "f32",
                           "lr": lr, "train_samples": seen, "final_acc": round(acc, 4),
                           "train_samples_per_s": round(seen / max(train_s, 1e-9), 1), "secs_to_88": first88,
                           "total_s": round(tot, 1), "train_flops_per_sample": flops}))

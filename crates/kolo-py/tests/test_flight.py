@@ -60,7 +60,7 @@ def check(report, program):
     call, stuck = line_of(text, "all_reduce(x)"), line_of(text, "time.sleep(60)")
     assert "2 of 2 ranks left a flight record" in report, report
     assert "collective #3: all_reduce f32 × 1,000 (sum" in report, report
-    assert f"rank 0 waited in it, up to 3.0 s at {program}:{call} in <module>" in report, report
+    assert f"rank 0 waited in it and failed, up to 3.0 s at {program}:{call} in <module>" in report, report
     assert "rank 1 never entered collective #3: its last completed collective was #2" in report
     assert f"its Python main thread is at {program}:{stuck} in load_batch" in report, report
 
