@@ -190,7 +190,11 @@ pub(crate) fn write_dump(world: &Arc<FlightRecorder>, reason: &str) -> std::io::
     // failed collective's rewrite and a SIGUSR1 request, say); the last rename wins, whole.
     static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = WRITES.fetch_add(1, Ordering::Relaxed);
-    let tmp = dir.join(format!(".rank-{}.json.{}.{n}", dump.rank, std::process::id()));
+    let tmp = dir.join(format!(
+        ".rank-{}.json.{}.{n}",
+        dump.rank,
+        std::process::id()
+    ));
     let text = serde_json::to_string_pretty(&dump).map_err(std::io::Error::other)?;
     std::fs::write(&tmp, text)?;
     std::fs::rename(&tmp, &path)?;
