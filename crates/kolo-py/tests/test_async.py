@@ -137,6 +137,9 @@ def test_ctrl_c_while_a_blocking_call_waits_for_queued_work():
         import os, signal, threading, time
         import numpy as np
         import kolo
+        # Python's own handler, whatever the parent left (a shell's background job ignores
+        # SIGINT, and its children inherit that).
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         c0, c1 = kolo.local_world(2, timeout=60)
         c0.all_reduce(np.ones(4, np.float32), async_op=True)
         threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
