@@ -73,9 +73,8 @@ pub(super) fn matmul_into<T: WithDType>(
         candle_core::bail!("{op}: no GEMM for {:?}", T::DTYPE);
     }
     let (m, k, n) = (lhs.rows, lhs.cols, rhs.cols);
-    let dst_fits = m == 0 || n == 0 || (m - 1) * dst_rs + (n - 1) * dst_cs < dst.len();
-    let distinct = distinct(m, n, dst_rs, dst_cs);
-    if rhs.rows != k || !lhs.fits() || !rhs.fits() || !dst_fits || !distinct {
+    let fits = dst_fits(m, n, (dst_rs, dst_cs), dst.len());
+    if rhs.rows != k || !lhs.fits() || !rhs.fits() || !fits {
         candle_core::bail!(
             "{op}: GEMM of [{m}, {k}] @ [{}, {n}] into {} values does not fit",
             rhs.rows,
@@ -104,8 +103,8 @@ pub(super) fn matmul_into<T: WithDType>(
     } else {
         gemm::Parallelism::None
     };
-    // SAFETY: the three views were checked to lie inside their slices (`fits`, `dst_fits`), the
-    // destination's elements are distinct (`distinct`), `dst` is borrowed mutably so it aliases
+    // SAFETY: the three views were checked to lie inside their slices and the destination's
+    // elements to be distinct (`fits`, `dst_fits`), `dst` is borrowed mutably so it aliases
     // neither operand, and `T` is f32 or f64, which `gemm` supports.
     unsafe {
         gemm::gemm(
@@ -143,15 +142,13 @@ fn bf16_into<T: WithDType>(
     rhs: MatRef<T>,
     accumulate: bool,
 ) -> Result<()> {
-    let (m, n) = (lhs.rows, rhs.cols);
+    let n = rhs.cols;
     let acc = bf16_product(op, lhs, rhs)?;
-    for i in 0..m {
-        for j in 0..n {
-            let d = &mut dst[i * dst_rs + j * dst_cs];
-            let prior = if accumulate { d.to_f64() as f32 } else { 0.0 };
-            *d = T::from_f64(f64::from(acc[i * n + j] + prior));
-        }
-    }
+    for_each_at(&acc, n, (dst_rs, dst_cs), |at, v| {
+        let d = &mut dst[at];
+        let prior = if accumulate { d.to_f64() as f32 } else { 0.0 };
+        *d = T::from_f64(f64::from(v + prior));
+    });
     Ok(())
 }
 
@@ -166,8 +163,7 @@ pub(super) fn matmul_into_f32<T: WithDType>(
     rhs: MatRef<T>,
 ) -> Result<()> {
     let (m, n) = (lhs.rows, rhs.cols);
-    let dst_fits = m == 0 || n == 0 || (m - 1) * dst_rs + (n - 1) * dst_cs < dst.len();
-    if T::DTYPE != DType::BF16 || !dst_fits || !distinct(m, n, dst_rs, dst_cs) {
+    if T::DTYPE != DType::BF16 || !dst_fits(m, n, (dst_rs, dst_cs), dst.len()) {
         candle_core::bail!(
             "{op}: an f32 sum of {:?} products into {} values",
             T::DTYPE,
@@ -175,12 +171,23 @@ pub(super) fn matmul_into_f32<T: WithDType>(
         );
     }
     let acc = bf16_product(op, lhs, rhs)?;
-    for i in 0..m {
-        for j in 0..n {
-            dst[i * dst_rs + j * dst_cs] += acc[i * n + j];
+    for_each_at(&acc, n, (dst_rs, dst_cs), |at, v| dst[at] += v);
+    Ok(())
+}
+
+/// Calls `f(i·rs + j·cs, acc[i·n + j])` for every element of the row-major `acc` (`n` columns).
+fn for_each_at(acc: &[f32], n: usize, (rs, cs): (usize, usize), mut f: impl FnMut(usize, f32)) {
+    for (i, row) in acc.chunks_exact(n.max(1)).enumerate() {
+        for (j, &v) in row.iter().enumerate() {
+            f(i * rs + j * cs, v);
         }
     }
-    Ok(())
+}
+
+/// Whether an `m × n` destination with strides `(rs, cs)` lies inside `len` values, each
+/// element its own.
+fn dst_fits(m: usize, n: usize, (rs, cs): (usize, usize), len: usize) -> bool {
+    (m == 0 || n == 0 || (m - 1) * rs + (n - 1) * cs < len) && distinct(m, n, rs, cs)
 }
 
 /// `lhs @ rhs` (bf16, `T` is bf16) in f32, row-major, on the bf16 GEMM's path.

@@ -335,17 +335,22 @@ mod tests {
     use super::*;
     use kolo_core::{Algorithm, DType, OpKind, ReduceOp};
 
-    #[test]
-    fn keeps_the_last_operations_in_order() {
-        let r = Ring::new(4, false);
-        let call = Call {
+    /// An all-reduce of 7 f32 values (sum, ring).
+    fn all_reduce() -> Call {
+        Call {
             op: OpKind::AllReduce,
             dtype: Some(DType::F32),
             reduce: Some(ReduceOp::Sum),
             count: 7,
             root: None,
             algo: Algorithm::Ring,
-        };
+        }
+    }
+
+    #[test]
+    fn keeps_the_last_operations_in_order() {
+        let r = Ring::new(4, false);
+        let call = all_reduce();
         for id in 0..6 {
             r.claim(Claim {
                 id,
@@ -401,14 +406,7 @@ mod tests {
     #[test]
     fn running_operations_without_a_start_get_a_coarse_one_and_stale_fields_are_not_read() {
         let r = Ring::new(4, false);
-        let call = Call {
-            op: OpKind::AllReduce,
-            dtype: Some(DType::F32),
-            reduce: Some(ReduceOp::Sum),
-            count: 7,
-            root: None,
-            algo: Algorithm::Ring,
-        };
+        let call = all_reduce();
         let op = Op::of(&call);
         // 0: queued, then started untimed, failed with an end time.
         r.claim(Claim {
