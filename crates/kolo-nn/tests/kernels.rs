@@ -500,7 +500,7 @@ fn bf16_conv2d_on_the_bf16_unit_matches_f64_forward_and_backward() -> Result<()>
         return Ok(());
     }
     assert_ne!(
-        ops::bf16_path_asked(),
+        ops::bf16_path_asked()?,
         Some(ops::Bf16Path::F32),
         "a bf16 unit was asked for"
     );

@@ -58,14 +58,15 @@ impl Bf16Path {
     }
 }
 
-/// The path `KOLO_BF16_GEMM` asks for, if it is set (and valid): bf16 convolutions use the bf16
-/// GEMM only then (`ops::conv2d` on bf16 tensors; otherwise they are computed in f32). On the one
+/// The path `KOLO_BF16_GEMM` asks for, if it is set (an error naming the value if it is not a
+/// path this CPU can run): bf16 convolutions use the bf16 GEMM only then (`ops::conv2d` on bf16 tensors; otherwise they are computed in f32). On the one
 /// CPU measured, im2col + the AMX GEMM took ResNet-18's convolutions 2.7× longer per step than
 /// f32 Winograd (the backward pass's packing of strided operands dominates): not yet a default.
-pub fn bf16_path_asked() -> Option<Bf16Path> {
-    std::env::var_os("KOLO_BF16_GEMM")
-        .filter(|v| !v.is_empty())
-        .and_then(|_| bf16_path().ok())
+pub fn bf16_path_asked() -> Result<Option<Bf16Path>> {
+    match std::env::var_os("KOLO_BF16_GEMM").filter(|v| !v.is_empty()) {
+        Some(_) => bf16_path().map(Some),
+        None => Ok(None),
+    }
 }
 
 /// The path [`matmul_bf16`] takes: `KOLO_BF16_GEMM` if set, else AMX where available, else f32.

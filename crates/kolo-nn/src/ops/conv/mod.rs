@@ -252,7 +252,7 @@ fn conv2d_with(
     // `bf16_path_asked`).
     let bf16_unit = x.dtype() == DType::BF16
         && x.device().is_cpu()
-        && super::bf16_gemm::bf16_path_asked()
+        && super::bf16_gemm::bf16_path_asked()?
             .is_some_and(|p| p != super::bf16_gemm::Bf16Path::F32);
     if !bf16_unit {
         if let Some(y) = low_precision(x, &[Some(weight), bias], |t| {
