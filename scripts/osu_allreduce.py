@@ -10,7 +10,9 @@ size, a warm-up, a barrier, then `iterations` MPI_SUM all-reduces of float32 num
 (``comm.Allreduce(IN_PLACE, buf)``), the time per call averaged over the ranks. ``--torch`` runs
 ``torch.distributed.all_reduce`` on a float32 tensor of the same size instead, in a process group
 of the backend "kolo" (``--backend`` picks another), so the torch backend's per-call cost is
-measured the same way. ``scripts/osu_mpi4py.py`` runs it beside the demos.
+measured the same way. ``--backend floor`` registers a backend that communicates nothing (its
+all-reduce returns at once, as kolo's synchronous one does when it has finished): what is left is
+torch's own cost of a ``dist.all_reduce`` call — the floor under any backend written in Python. ``scripts/osu_mpi4py.py`` runs it beside the demos.
 """
 import sys
 import time
@@ -49,10 +51,31 @@ def run_mpi(MPI, np):
             print(f"{size:<10d} {avg:>20.2f}", flush=True)
 
 
+def register_floor(dist):
+    """The backend "floor": a process group whose all-reduce does nothing and returns no work
+    (torch then waits on none), and whose barrier does nothing either."""
+
+    class Floor(dist.ProcessGroup):
+        def allreduce(self, tensors, opts=None):
+            return None
+
+        def barrier(self, opts=None):
+            return None
+
+        def getBackendName(self):
+            return "floor"
+
+    dist.Backend.register_backend(
+        "floor", lambda o, _=None: Floor(o.group_rank, o.group_size), extended_api=True,
+        devices=["cpu"])
+
+
 def run_torch(backend):
     import torch
     import torch.distributed as dist
 
+    if backend == "floor":
+        register_floor(dist)
     dist.init_process_group(backend=backend)
     rank, n = dist.get_rank(), dist.get_world_size()
     if rank == 0:
@@ -69,9 +92,11 @@ def run_torch(backend):
                 t0 = time.perf_counter()
             dist.all_reduce(view)
         mine = torch.tensor([(time.perf_counter() - t0) * 1e6 / loop], dtype=torch.float64)
-        dist.all_reduce(mine)
+        if backend != "floor":  # the floor sums nothing: rank 0's own time
+            dist.all_reduce(mine)
+            mine /= n
         if rank == 0:
-            print(f"{size:<10d} {mine.item() / n:>20.2f}", flush=True)
+            print(f"{size:<10d} {mine.item():>20.2f}", flush=True)
     dist.destroy_process_group()
 
 

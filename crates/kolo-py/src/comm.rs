@@ -231,6 +231,20 @@ impl PyCommunicator {
         ))
     }
 
+    /// Reduces, blocking, `count` elements of `dtype` at memory address `address` in place
+    /// (private: the torch backend's path for a dense CPU tensor, whose `data_ptr()` it passes;
+    /// the memory must stay valid and untouched by other threads until the call returns).
+    fn _all_reduce_address(
+        &self,
+        py: Python<'_>,
+        address: usize,
+        count: usize,
+        dtype: &str,
+        op: &str,
+    ) -> PyResult<()> {
+        self.all_reduce_address(py, address, count, dtype, op)
+    }
+
     /// Reduces `buf` in place to `root`; with `send`, `send`'s elements are copied into `buf`
     /// first, or, without `buf` (off the root), into memory of kolo's (`send` stays as it was).
     #[pyo3(signature = (buf, root, op="sum", dtype=None, done=None, send=None))]

@@ -6,6 +6,7 @@
 //! it: numpy and torch tensors, object collectives, mpi4py's names, the torch backend.
 #![warn(missing_docs)]
 
+mod address;
 mod args;
 mod buffer;
 mod comm;

@@ -255,3 +255,76 @@ def test_the_group_has_a_cpu_backend():
         dist.destroy_process_group()
     """)
     assert "[device(type='cpu')] kolo" in out and "[0.0, 1.0, 2.0, 3.0]" in out, out
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16", "int32", "int64",
+                                   "uint8"])
+def test_a_synchronous_all_reduce_of_one_tensor_goes_by_its_address(dtype):
+    # dist.all_reduce's path: one dense CPU tensor, asyncOp false: reduced through its address,
+    # no work returned (torch waits on none); the CPU backend, torch's C++ side, gets a work.
+    import torch.distributed as dist
+
+    dt = getattr(torch, dtype)
+
+    def body(c):
+        pg = group(c)
+        opts = dist.AllreduceOptions()
+        opts.asyncOp = False
+        x = torch.arange(7).to(dt) + c.rank
+        tail = torch.full((3,), 9).to(dt)
+        whole = torch.cat([x, tail])
+        view = whole[:7]  # contiguous, at the start of a larger storage: the tail untouched
+        assert pg.allreduce([view], opts) is None
+        opts.reduceOp = dist.ReduceOp.MAX
+        y = torch.arange(5).to(dt) * (c.rank + 1)
+        assert pg.allreduce([y], opts) is None
+        from kolo._torch_ops import CpuBackend
+        w = CpuBackend(pg).allreduce([torch.ones(2, dtype=dt)], opts)
+        assert w is not None and w.wait()
+        return whole.tolist(), y.tolist()
+
+    expect_x = [float(2 * i + 1) for i in range(7)] + [9.0] * 3
+    for whole, y in ok(run_ranks(2, body)):
+        assert [float(v) for v in whole] == expect_x, (dtype, whole)
+        assert [float(v) for v in y] == [float(2 * i) for i in range(5)], (dtype, y)
+
+
+def test_tensors_the_address_path_cannot_take_are_reduced_the_general_way():
+    # Requiring grad, several of two types: the general path, the same sums.
+    import torch.distributed as dist
+
+    def body(c):
+        pg = group(c)
+        opts = dist.AllreduceOptions()
+        opts.asyncOp = False
+        leaf = torch.ones(3, requires_grad=True)
+        pair = [torch.ones(2) * (c.rank + 1), torch.ones(1, dtype=torch.int64)]
+        for ts in ([leaf], pair):
+            w = pg.allreduce(ts, opts)
+            if w is not None:
+                w.wait()
+        return leaf.tolist(), [p.tolist() for p in pair]
+
+    for leaf, pair in ok(run_ranks(2, body)):
+        assert leaf == [2.0, 2.0, 2.0]
+        assert pair == [[3.0, 3.0], [2]]
+
+
+@pytest.mark.parametrize("view", ["strided", "negated"])
+def test_a_view_whose_memory_is_not_its_values_is_refused(view):
+    # A strided view is not one piece of memory; a lazily negated one holds -x where it shows x
+    # (its raw memory reduced with MAX would give the negated MIN): both refused, naming the cure.
+    import torch.distributed as dist
+
+    def body(c):
+        pg = group(c)
+        opts = dist.AllreduceOptions()
+        opts.asyncOp = False
+        opts.reduceOp = dist.ReduceOp.MAX
+        x = torch.arange(8.0) + c.rank
+        t = x[::2] if view == "strided" else torch._neg_view(x)
+        pg.allreduce([t], opts)
+
+    cure = "tensor.contiguous()" if view == "strided" else "tensor.resolve_neg()"
+    for r in run_ranks(2, body):
+        assert isinstance(r, ValueError) and cure in str(r), r

@@ -54,6 +54,11 @@ def check(t, arg):
         )
     if not t.is_contiguous():
         raise ValueError(f"kolo: {arg}: the tensor is not contiguous: pass tensor.contiguous()")
+    if t.is_neg() or t.is_conj():
+        raise ValueError(
+            f"kolo: {arg}: the tensor is a lazily negated or conjugated view (its memory holds "
+            "other values than it shows): pass tensor.resolve_neg() / tensor.resolve_conj()"
+        )
 
 
 def _kolo_type(t):
@@ -287,7 +292,10 @@ def _cpu_backend_class():
             group = self._group()
             if group is None:
                 raise RuntimeError("kolo: the process group of this backend is gone")
-            return getattr(group, name)(*args, **kwargs)
+            work = getattr(group, name)(*args, **kwargs)
+            # The group's synchronous fast path returns no work (torch's Python functions
+            # wait on none); torch's C++ side, calling here, needs one.
+            return work if work is not None else DoneWork.of(args[0] if args else None)
 
         call.__name__ = call.__qualname__ = name
         return call

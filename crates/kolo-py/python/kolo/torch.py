@@ -71,6 +71,15 @@ from ._torch_ops import (  # noqa: E402
 )
 
 
+# The element types kolo reduces, by torch's dtype (the all-reduce's fast path).
+_ADDRESSABLE = {
+    getattr(torch, n): n
+    for n in ("float32", "float64", "float16", "bfloat16", "int32", "int64", "uint8")
+    if isinstance(getattr(torch, n, None), torch.dtype)
+}
+_STRIDED = torch.strided
+_SUM = dist.ReduceOp.SUM
+
 # torch's reductions by their type, as kolo names them (the all-reduce's fast path).
 _OPS = {
     getattr(dist.ReduceOp.RedOpType, k): v
@@ -157,26 +166,37 @@ class ProcessGroupKolo(dist.ProcessGroup):
         return calls, _then(*(p[1] for p in plans))
 
     # -- collectives ----------------------------------------------------------------------------
-    @aborts
     def allreduce(self, tensors, opts=None):
         """One all-reduce per element type: the tensors of a type are flattened into one buffer
-        (a tensor alone is reduced in place), reduced by one call, and copied back."""
+        (a tensor alone is reduced in place), reduced by one call, and copied back.
+
+        torch's synchronous all-reduce of one dense CPU tensor (``dist.all_reduce``) goes
+        straight to kolo with the tensor's address and returns no work (torch waits on none: the
+        call has finished), so a small all-reduce costs little more than torch's own dispatch."""
+        if (opts is not None and opts.asyncOp is False and type(tensors) is list
+                and len(tensors) == 1):
+            t = tensors[0]
+            dt = _ADDRESSABLE.get(t.dtype) if type(t) is torch.Tensor else None
+            if (dt is not None and t.is_cpu and t.layout is _STRIDED and t.is_contiguous()
+                    and not t.is_neg()):
+                op = opts.reduceOp
+                # SUM compared first: reading the op's type and hashing it costs three times more.
+                name = "sum" if op == _SUM else _OPS.get(op.op)
+                if name is not None:
+                    try:
+                        self._c._all_reduce_address(t.data_ptr(), t.numel(), dt, name)
+                    except Exception as e:  # noqa: BLE001 - the work carries it, as in _start
+                        work = _Work(tensors, parts=1)
+                        work._fail(e)
+                        return work
+                    return None
+        return self._allreduce(tensors, opts)
+
+    @aborts
+    def _allreduce(self, tensors, opts):
         if not tensors:
             raise ValueError("kolo: allreduce requires a non-empty tensor list (as Gloo does)")
         reduce_op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
-        if len(tensors) == 1 and opts is not None and opts.asyncOp is False:
-            # torch's synchronous all_reduce of one tensor: straight to kolo (small all-reduces
-            # cost little more than torch's own dispatch).
-            b = _plain(tensors[0])
-            name = _OPS.get(reduce_op.op) if b is not None else None
-            if name is not None:
-                try:
-                    self._c.all_reduce(b, name)
-                except Exception as e:  # noqa: BLE001 - the work carries it, as in _start
-                    work = _Work(tensors, parts=1)
-                    work._fail(e)
-                    return work
-                return _DoneWork.of(tensors)
         _op(reduce_op)
         if any(isinstance(t, torch.Tensor) and t.is_sparse for t in tensors):
             return self._sparse_allreduce(tensors, reduce_op)
