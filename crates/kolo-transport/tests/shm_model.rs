@@ -210,9 +210,16 @@ fn ring_with_doorbells_delivers_in_order_without_races_or_lost_wakeups() {
             // The producer's side of `ShmTransport::send_to_peer`, a byte at a time.
             let spsc = r.spsc();
             let mut tail = spsc.producer_position();
+            // The consumer's position as last read: read anew only when it shows no space.
+            let mut known_head = 0;
             for byte in [1u8, 2, 3] {
                 // Wait for space (the consumer rings the producer's bell after moving `head`).
-                wait_until(&r.producer_bell.doorbell(), || spsc.free(tail) > 0);
+                wait_until(&r.producer_bell.doorbell(), || {
+                    spsc.free_before(tail, known_head) > 0 || {
+                        known_head = spsc.released();
+                        spsc.free_before(tail, known_head) > 0
+                    }
+                });
                 // SAFETY: the one producer, with space for the byte.
                 tail = unsafe { spsc.push(tail, &[byte]) };
                 r.consumer_bell.doorbell().ring();

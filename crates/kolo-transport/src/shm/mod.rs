@@ -85,7 +85,9 @@ pub struct ShmTransport {
     rank: usize,
     opts: ShmOptions,
     mailbox: Mailbox,
-    producers: Vec<Mutex<()>>,
+    /// Per peer: the producer's lock of the outgoing ring, holding the consumer's position as the
+    /// producer last read it.
+    producers: Vec<Mutex<u64>>,
     consumers: Vec<Mutex<Consumer>>,
     watches: Vec<Option<ProcessWatch>>,
     next_step: AtomicU64,
@@ -151,7 +153,7 @@ impl ShmTransport {
             rank,
             opts,
             mailbox: Mailbox::new(n),
-            producers: (0..n).map(|_| Mutex::new(())).collect(),
+            producers: (0..n).map(|_| Mutex::new(0)).collect(),
             consumers: (0..n).map(|_| Mutex::new(Consumer::default())).collect(),
             watches: (0..n).map(|_| None).collect(),
             next_step: AtomicU64::new(1),

@@ -39,7 +39,22 @@ impl<'a> Spsc<'a> {
     /// Bytes the producer at position `tail` may write now.
     #[inline]
     pub(super) fn free(&self, tail: u64) -> usize {
-        (self.capacity() as u64 - (tail - self.head.load(Ordering::Acquire))) as usize
+        self.free_before(tail, self.released())
+    }
+
+    /// The consumer's released position, as the producer reads it (the bytes before it are the
+    /// producer's again).
+    #[inline]
+    pub(super) fn released(&self) -> u64 {
+        self.head.load(Ordering::Acquire)
+    }
+
+    /// Bytes the producer at position `tail` may write once the consumer has released `head` (a
+    /// position [`Spsc::released`] returned: one read earlier only understates the free space, to
+    /// nothing where the producer has since written past it with a newer one).
+    #[inline]
+    pub(super) fn free_before(&self, tail: u64, head: u64) -> usize {
+        (self.capacity() as u64).saturating_sub(tail - head) as usize
     }
 
     /// Writes `bytes` at position `tail` (wrapping) and publishes them; returns the new position.
