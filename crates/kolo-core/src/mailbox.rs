@@ -2,8 +2,8 @@
 //! waiting, deadlines, failure, and receives from any of several sources in arrival order.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
 use crate::call::{Call, Header, Tag};
@@ -21,6 +21,8 @@ struct MailboxState {
     /// [`Mailbox::expect`]), and their tags, oldest first.
     expected: HashMap<Tag, Call>,
     expected_order: VecDeque<Tag>,
+    /// Messages queued, plus one for each peer closed (shared with [`Mailbox::stirred`]).
+    stirred: Arc<AtomicUsize>,
 }
 
 /// How many finished collectives a mailbox remembers, to catch mismatched messages that arrive late.
@@ -57,21 +59,33 @@ pub struct Mailbox {
     cond: Condvar,
     /// Set once a failure is recorded: lets [`Mailbox::failure`] answer the common case unlocked.
     failed: AtomicBool,
+    /// Messages queued plus peers closed, changed under the lock: zero (and no failure) lets
+    /// [`Mailbox::try_recv`] and [`Mailbox::queued`] answer "nothing" unlocked — what a receive
+    /// polling its transport asks on every turn.
+    stirred: Arc<AtomicUsize>,
 }
 
 impl Mailbox {
     /// An empty mailbox for a world of `size` ranks.
     pub fn new(size: usize) -> Self {
+        let stirred = Arc::new(AtomicUsize::new(0));
         Mailbox {
             state: Mutex::new(MailboxState {
                 closed: vec![false; size],
                 expected: HashMap::new(),
                 expected_order: VecDeque::new(),
+                stirred: stirred.clone(),
                 ..MailboxState::default()
             }),
             cond: Condvar::new(),
             failed: AtomicBool::new(false),
+            stirred,
         }
+    }
+
+    /// Nothing queued, no peer closed, no failure: every receive would find nothing now.
+    fn quiet(&self) -> bool {
+        self.stirred.load(Ordering::Acquire) == 0 && !self.failed.load(Ordering::Acquire)
     }
 
     fn lock(&self) -> MutexGuard<'_, MailboxState> {
@@ -92,6 +106,7 @@ impl Mailbox {
             .entry((src, msg.header.tag))
             .or_default()
             .push_back((n, msg));
+        s.stirred.fetch_add(1, Ordering::Release);
         drop(s);
         self.cond.notify_all();
     }
@@ -109,6 +124,9 @@ impl Mailbox {
 
     /// How many messages from `src` with `tag` are queued.
     pub fn queued(&self, src: usize, tag: &Tag) -> usize {
+        if self.stirred.load(Ordering::Acquire) == 0 {
+            return 0;
+        }
         self.lock().queues.get(&(src, *tag)).map_or(0, |q| q.len())
     }
 
@@ -148,8 +166,9 @@ impl Mailbox {
     /// fail with [`LinkFailure::PeerClosed`].
     pub fn close_peer(&self, peer: usize) {
         let mut s = self.lock();
-        if let Some(c) = s.closed.get_mut(peer) {
-            *c = true;
+        if s.closed.get(peer) == Some(&false) {
+            s.closed[peer] = true;
+            s.stirred.fetch_add(1, Ordering::Release);
         }
         drop(s);
         self.cond.notify_all();
@@ -237,6 +256,7 @@ impl Mailbox {
                 if q.is_empty() {
                     s.queues.remove(&key);
                 }
+                s.stirred.fetch_sub(1, Ordering::Release);
                 return Ok(Some(m));
             }
         }
@@ -319,6 +339,9 @@ impl Mailbox {
 
     /// Returns the next message from `src` with `tag` if there is one.
     pub fn try_recv(&self, src: usize, tag: &Tag) -> Result<Option<Message>, LinkFailure> {
+        if self.quiet() {
+            return Ok(None);
+        }
         Mailbox::take(&mut self.lock(), src, tag)
     }
 
@@ -350,6 +373,38 @@ mod tests {
             },
             call: Call::new(OpKind::Send, Algorithm::Direct),
         }
+    }
+
+    #[test]
+    fn an_empty_mailbox_answers_unlocked_but_never_hides_a_message_a_close_or_a_failure() {
+        let mb = Mailbox::new(3);
+        let h = header(5);
+        let msg = |b: u8| Message {
+            header: h,
+            payload: vec![b],
+        };
+        assert!(mb.try_recv(1, &h.tag).unwrap().is_none());
+        assert_eq!(mb.queued(1, &h.tag), 0);
+        mb.deliver(1, msg(7));
+        mb.deliver(1, msg(8));
+        assert_eq!(mb.queued(1, &h.tag), 2);
+        assert_eq!(mb.try_recv(1, &h.tag).unwrap().unwrap().payload, [7]);
+        assert_eq!(mb.try_recv(1, &h.tag).unwrap().unwrap().payload, [8]);
+        assert_eq!(mb.queued(1, &h.tag), 0);
+        assert!(mb.try_recv(1, &h.tag).unwrap().is_none());
+        // A close with nothing queued, twice: receives from that peer fail, others find nothing.
+        mb.close_peer(2);
+        mb.close_peer(2);
+        assert!(matches!(
+            mb.try_recv(2, &h.tag),
+            Err(LinkFailure::PeerClosed { peer: 2 })
+        ));
+        assert!(mb.try_recv(1, &h.tag).unwrap().is_none());
+        let failed = Mailbox::new(2);
+        failed.fail(LinkFailure::LocalClosed {
+            reason: "stop".into(),
+        });
+        assert!(failed.try_recv(1, &h.tag).is_err());
     }
 
     #[test]
