@@ -63,7 +63,7 @@ use kolo_store::Store;
 use health::{STATE_ABORTED, STATE_CLOSED, STATE_LOST};
 use layout::{Layout, LINE, MAGIC};
 pub use options::ShmOptions;
-use ring::Consumer;
+use ring::{Consumer, Producer};
 pub use segment::Segment;
 use sync::{Doorbell, ProcessWatch};
 
@@ -85,9 +85,8 @@ pub struct ShmTransport {
     rank: usize,
     opts: ShmOptions,
     mailbox: Mailbox,
-    /// Per peer: the producer's lock of the outgoing ring, holding the consumer's position as the
-    /// producer last read it.
-    producers: Vec<Mutex<u64>>,
+    /// Per peer: the outgoing ring's producer side, under its lock.
+    producers: Vec<Mutex<Producer>>,
     consumers: Vec<Mutex<Consumer>>,
     watches: Vec<Option<ProcessWatch>>,
     next_step: AtomicU64,
@@ -153,7 +152,7 @@ impl ShmTransport {
             rank,
             opts,
             mailbox: Mailbox::new(n),
-            producers: (0..n).map(|_| Mutex::new(0)).collect(),
+            producers: (0..n).map(|_| Mutex::default()).collect(),
             consumers: (0..n).map(|_| Mutex::new(Consumer::default())).collect(),
             watches: (0..n).map(|_| None).collect(),
             next_step: AtomicU64::new(1),

@@ -21,6 +21,14 @@ pub(super) struct Consumer {
     closed: bool,
 }
 
+/// The producer's side of an outgoing ring, under its lock: its own position (only it moves the
+/// ring's `tail`, so it need not read the shared word back) and the consumer's as last read.
+#[derive(Debug, Default)]
+pub(super) struct Producer {
+    tail: u64,
+    known_head: u64,
+}
+
 impl ShmTransport {
     /// The ring `src → dst`.
     pub(super) fn ring(&self, src: usize, dst: usize) -> Spsc<'_> {
@@ -143,22 +151,23 @@ impl ShmTransport {
         header: &Header,
         payload: &[u8],
     ) -> Result<(), LinkFailure> {
-        let mut known_head = lock(&self.producers[peer]);
+        let mut producer = lock(&self.producers[peer]);
         let ring = self.ring(self.rank, peer);
-        let mut tail = ring.producer_position();
+        let mut tail = producer.tail;
+        debug_assert_eq!(tail, ring.producer_position(), "only this producer moves the tail");
         let prefix = encode_prefix(header, payload.len());
         // A small message that fits goes in with one publication (and one doorbell). The space is
         // first judged by the consumer's position as last read: reading it anew costs a cache
         // line from the receiver's core, and most small sends do not need it.
         let small = PREFIX + payload.len();
         if small <= self.chunk()
-            && (ring.free_before(tail, *known_head) >= small || {
-                *known_head = ring.released();
-                ring.free_before(tail, *known_head) >= small
+            && (ring.free_before(tail, producer.known_head) >= small || {
+                producer.known_head = ring.released();
+                ring.free_before(tail, producer.known_head) >= small
             })
         {
             // SAFETY: this thread holds the ring's producer lock; the free space covers both.
-            unsafe { ring.push2(tail, &prefix, payload) };
+            producer.tail = unsafe { ring.push2(tail, &prefix, payload) };
             self.bell(peer).ring();
             return Ok(());
         }
@@ -201,6 +210,7 @@ impl ShmTransport {
                 let n = space.min(piece.len()).min(self.chunk());
                 // SAFETY: this thread holds the ring's producer lock; `space` covers the bytes.
                 tail = unsafe { ring.push(tail, &piece[..n]) };
+                producer.tail = tail;
                 self.bell(peer).ring();
                 *piece = &piece[n..];
             }
