@@ -139,6 +139,9 @@ impl ShmTransport {
                 head += take as u64;
                 done += take;
             }
+            if done == dst.len() {
+                head = super::ring::next_message(head);
+            }
             if take > 0 || done == dst.len() {
                 ring.release(head);
                 self.bell(peer).ring();

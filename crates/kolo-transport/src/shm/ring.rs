@@ -1,5 +1,11 @@
 //! The single-producer single-consumer byte ring of each ordered pair of ranks: sending into it,
 //! and draining the incoming rings into the mailbox.
+//!
+//! Every message starts at a multiple of [`MESSAGE_ALIGN`] bytes of the stream: the producer
+//! pads after each one (the padding of a small message is skipped in the same publication, a
+//! streamed message's is written as zeros after it) and the consumer releases up to the next
+//! multiple when it has read one. A small message and its prefix then share one cache line, which
+//! the receiver fetches from the sender's core once.
 
 use std::sync::atomic::Ordering;
 use std::sync::TryLockError;
@@ -12,6 +18,18 @@ use super::layout::{LINE, RING_CTRL};
 use super::prefix::{decode_prefix, encode_prefix, PREFIX};
 use super::spsc::Spsc;
 use super::{lock, ShmTransport};
+
+/// Where messages start in a ring's stream: at multiples of this (a cache line).
+pub(super) const MESSAGE_ALIGN: u64 = 64;
+
+/// The position where the message after one that ends at `end` starts.
+#[inline]
+pub(super) fn next_message(end: u64) -> u64 {
+    end.next_multiple_of(MESSAGE_ALIGN)
+}
+
+/// A streamed message's padding (at most `MESSAGE_ALIGN - 1` bytes of it).
+static PADDING: [u8; MESSAGE_ALIGN as usize] = [0; MESSAGE_ALIGN as usize];
 
 /// The receiving side of one incoming ring: a message being assembled.
 #[derive(Debug, Default)]
@@ -120,6 +138,11 @@ impl ShmTransport {
                 // SAFETY: as above.
                 unsafe { ring.read(head, &mut buf[old..]) };
                 head += take as u64;
+            }
+            if buf.len() == *len {
+                head = next_message(head);
+            }
+            if take > 0 || buf.len() == *len {
                 // Give the space back at once: the sender refills it while the next chunk is read.
                 ring.release(head);
                 self.bell(src).ring();
@@ -154,24 +177,31 @@ impl ShmTransport {
         let mut producer = lock(&self.producers[peer]);
         let ring = self.ring(self.rank, peer);
         let mut tail = producer.tail;
-        debug_assert_eq!(tail, ring.producer_position(), "only this producer moves the tail");
+        debug_assert_eq!(
+            tail,
+            ring.producer_position(),
+            "only this producer moves the tail"
+        );
         let prefix = encode_prefix(header, payload.len());
         // A small message that fits goes in with one publication (and one doorbell). The space is
         // first judged by the consumer's position as last read: reading it anew costs a cache
         // line from the receiver's core, and most small sends do not need it.
-        let small = PREFIX + payload.len();
+        let end = tail + (PREFIX + payload.len()) as u64;
+        let next = next_message(end);
+        let small = (next - tail) as usize;
         if small <= self.chunk()
             && (ring.free_before(tail, producer.known_head) >= small || {
                 producer.known_head = ring.released();
                 ring.free_before(tail, producer.known_head) >= small
             })
         {
-            // SAFETY: this thread holds the ring's producer lock; the free space covers both.
-            producer.tail = unsafe { ring.push2(tail, &prefix, payload) };
+            // SAFETY: this thread holds the ring's producer lock; the free space covers both and
+            // the padding.
+            producer.tail = unsafe { ring.push2(tail, &prefix, payload, next) };
             self.bell(peer).ring();
             return Ok(());
         }
-        let mut pieces: [&[u8]; 2] = [&prefix, payload];
+        let mut pieces: [&[u8]; 3] = [&prefix, payload, &PADDING[..(next - end) as usize]];
         for (i, piece) in pieces.iter_mut().enumerate() {
             while !piece.is_empty() {
                 let need = if i == 0 { PREFIX } else { 1 };

@@ -54,7 +54,8 @@ impl<'a> Spsc<'a> {
     /// nothing where the producer has since written past it with a newer one).
     #[inline]
     pub(super) fn free_before(&self, tail: u64, head: u64) -> usize {
-        (self.capacity() as u64).saturating_sub(tail - head) as usize
+        // The consumer may have released past `tail` (a message's padding, see `ring.rs`).
+        (self.capacity() as u64 + head).saturating_sub(tail) as usize
     }
 
     /// Writes `bytes` at position `tail` (wrapping) and publishes them; returns the new position.
@@ -79,14 +80,14 @@ impl<'a> Spsc<'a> {
         tail
     }
 
-    /// Writes `a` then `b` at position `tail` (wrapping) and publishes both at once; returns the new
-    /// position.
+    /// Writes `a` then `b` at position `tail` (wrapping) and publishes both at once, up to position
+    /// `end` (at or past their end: the bytes between are skipped, not written); returns `end`.
     ///
     /// # Safety
     ///
-    /// As [`Spsc::push`], with `a.len() + b.len() <= self.free(tail)`.
+    /// As [`Spsc::push`], with `end - tail <= self.free(tail)`.
     #[inline]
-    pub(super) unsafe fn push2(&self, tail: u64, a: &[u8], b: &[u8]) -> u64 {
+    pub(super) unsafe fn push2(&self, tail: u64, a: &[u8], b: &[u8], end: u64) -> u64 {
         let cap = self.capacity();
         let mut at = tail;
         for bytes in [a, b] {
@@ -99,8 +100,9 @@ impl<'a> Spsc<'a> {
             }
             at += bytes.len() as u64;
         }
-        self.tail.store(at, Ordering::Release);
-        at
+        debug_assert!(end >= at);
+        self.tail.store(end, Ordering::Release);
+        end
     }
 
     /// The consumer's position (only the consumer moves it).
@@ -112,7 +114,9 @@ impl<'a> Spsc<'a> {
     /// Bytes published beyond the consumer's position `head`.
     #[inline]
     pub(super) fn available(&self, head: u64) -> usize {
-        (self.tail.load(Ordering::Acquire) - head) as usize
+        // `head` may be past the producer's position: a message's padding released before the
+        // producer published it.
+        self.tail.load(Ordering::Acquire).saturating_sub(head) as usize
     }
 
     /// Copies the ring bytes at position `head` (wrapping) into `out`.

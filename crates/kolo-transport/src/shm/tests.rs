@@ -326,3 +326,63 @@ fn a_posting_ends_when_its_peer_aborts_or_closes() {
         assert!(named, "{ending}: {text}");
     }
 }
+
+#[test]
+fn messages_of_every_small_length_and_streamed_ones_start_on_cache_lines_and_arrive_whole() {
+    // Every length 0..=130 (prefix and payload inside one line, across two, three), then messages
+    // longer than the ring (their padding written after them, maybe after the receiver has read
+    // them), mixed; received alternately straight from the ring and through the mailbox, from
+    // another thread as they come. At rest, both positions are multiples of a cache line.
+    let (a, b) = pair(4 << 10);
+    let lens: Vec<usize> = (0..=130)
+        .chain([9000, 0, 5, 12_345, 64, 4096 - 41])
+        .collect();
+    let sent = lens.clone();
+    let sender = std::thread::spawn(move || {
+        for (i, &len) in sent.iter().enumerate() {
+            assert!(a.send(1, &header(3), &bytes(len, i as u64)).is_ok());
+        }
+        a
+    });
+    let deadline = Some(Instant::now() + Duration::from_secs(20));
+    for (i, &len) in lens.iter().enumerate() {
+        let want = bytes(len, i as u64);
+        if i % 2 == 0 {
+            let mut into = vec![0u8; len];
+            let r = b.recv_posted(
+                0,
+                &header(3).tag,
+                &mut into,
+                len.max(1),
+                None,
+                deadline,
+                &mut || Ok(()),
+                &mut |dst, got| {
+                    if let Received::Message(m) = got {
+                        dst.copy_from_slice(&m.payload);
+                    }
+                    Ok(())
+                },
+                &error,
+            );
+            assert!(r.is_ok(), "message {i} ({len} B): {r:?}");
+            assert!(into == want, "message {i} ({len} B) posted: wrong bytes");
+        } else {
+            let m = b.recv(0, &header(3).tag, deadline);
+            assert!(
+                matches!(&m, Ok(m) if m.payload == want),
+                "message {i} ({len} B) from the mailbox: {m:?}"
+            );
+        }
+    }
+    let a = sender.join().expect("the sender");
+    let ring = b.ring(0, 1);
+    let (tail, head) = (ring.producer_position(), ring.consumer_position());
+    assert_eq!(tail, head, "everything read");
+    assert_eq!(
+        tail % super::ring::MESSAGE_ALIGN,
+        0,
+        "the stream ends on a line"
+    );
+    drop(a);
+}
