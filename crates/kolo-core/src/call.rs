@@ -302,6 +302,7 @@ pub struct BadHeader(pub &'static str);
 
 impl Header {
     /// Encodes to the fixed little-endian wire layout.
+    #[inline]
     pub fn encode(&self) -> [u8; HEADER_LEN] {
         let mut b = [0u8; HEADER_LEN];
         b[0..8].copy_from_slice(&self.tag.group.to_le_bytes());
@@ -317,6 +318,7 @@ impl Header {
     }
 
     /// Decodes the wire layout, rejecting unknown codes.
+    #[inline]
     pub fn decode(b: &[u8; HEADER_LEN]) -> Result<Header, BadHeader> {
         let u64_at = |i: usize| {
             let mut a = [0u8; 8];

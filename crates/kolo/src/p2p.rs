@@ -175,7 +175,7 @@ impl Communicator {
 
     fn recv_message(&self, src: usize, tag: u64, deadline: Option<Instant>) -> Result<Message> {
         let from = self.peer(RECV, "src", src)?;
-        let started = Instant::now();
+        let started = self.inner.recorder.coarse_instant();
         self.inner
             .transport
             .recv(from, &self.p2p_tag(tag), deadline)
@@ -185,7 +185,7 @@ impl Communicator {
     /// The first message with `tag` to arrive from any rank of the group, and its sender's rank.
     fn recv_any_message(&self, tag: u64, deadline: Option<Instant>) -> Result<(usize, Message)> {
         self.inner.check()?;
-        let started = Instant::now();
+        let started = self.inner.recorder.coarse_instant();
         let members = &self.inner.members;
         let (from, msg) = self
             .inner
@@ -241,7 +241,7 @@ impl Communicator {
             .recorder
             .p2p(true, None, T::DTYPE, buf.len(), tag);
         let r = (|| -> Result<usize> {
-            let deadline = Instant::now() + self.inner.config.timeout;
+            let deadline = self.inner.recorder.coarse_instant() + self.inner.config.timeout;
             let (src, msg) = self.recv_any_message(tag, Some(deadline))?;
             let v: Vec<T> = self.check_message(src, msg, Some(buf.len()))?;
             as_bytes_mut(buf).copy_from_slice(as_bytes(&v));
@@ -257,7 +257,7 @@ impl Communicator {
     pub fn recv_vec_any<T: Element>(&self, tag: u64) -> Result<(usize, Vec<T>)> {
         let rec = self.inner.recorder.p2p(true, None, T::DTYPE, 0, tag);
         let r = (|| -> Result<(usize, Vec<T>)> {
-            let deadline = Instant::now() + self.inner.config.timeout;
+            let deadline = self.inner.recorder.coarse_instant() + self.inner.config.timeout;
             let (src, msg) = self.recv_any_message(tag, Some(deadline))?;
             Ok((src, self.check_message(src, msg, None)?))
         })();
@@ -292,7 +292,7 @@ impl Communicator {
     pub fn recv_vec<T: Element>(&self, src: usize, tag: u64) -> Result<Vec<T>> {
         let rec = self.inner.recorder.p2p(true, Some(src), T::DTYPE, 0, tag);
         let r = (|| -> Result<Vec<T>> {
-            let deadline = Instant::now() + self.inner.config.timeout;
+            let deadline = self.inner.recorder.coarse_instant() + self.inner.config.timeout;
             let msg = self.recv_message(src, tag, Some(deadline))?;
             self.check_message(src, msg, None)
         })();
@@ -338,7 +338,7 @@ impl Communicator {
         each: &mut dyn FnMut(&mut [u8], Received) -> Result<()>,
     ) -> Result<()> {
         let from = self.peer(RECV, "src", src)?;
-        let started = Instant::now();
+        let started = self.inner.recorder.coarse_instant();
         let len = bytes.len();
         self.inner.transport.recv_posted(
             from,
@@ -536,7 +536,7 @@ impl<R: Completion> Request<R> {
     /// Waits for completion (up to the communicator's timeout) and returns the result.
     pub fn wait(mut self) -> Result<R> {
         if let State::Pending { comm, .. } = &self.state {
-            let deadline = Instant::now() + comm.inner.config.timeout;
+            let deadline = comm.inner.recorder.coarse_instant() + comm.inner.config.timeout;
             self.poll(Some(Some(deadline)))?;
         }
         match std::mem::replace(&mut self.state, State::Taken) {

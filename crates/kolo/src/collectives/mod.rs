@@ -48,7 +48,7 @@ impl Inner {
 
     /// Collective `seq` as its backend sees it, started now (recorded as started).
     fn job(&self, seq: u64, call: Call) -> Job<'_> {
-        let at = std::time::Instant::now();
+        let at = self.recorder.start_instant(seq);
         self.recorder.start(seq, &call, at);
         Job {
             comm: self,

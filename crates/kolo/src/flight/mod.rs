@@ -172,6 +172,24 @@ impl FlightRecorder {
         }
     }
 
+    /// When collective `seq` starts: exactly for those whose start is recorded (one in
+    /// [`TIMED_EVERY`]), from the coarse clock for the others (their deadline counts from it).
+    #[inline]
+    pub(crate) fn start_instant(&self, seq: u64) -> Instant {
+        if seq.is_multiple_of(TIMED_EVERY) {
+            Instant::now()
+        } else {
+            self.clock.coarse_instant()
+        }
+    }
+
+    /// Now, from the coarse clock (see [`clock::Clock::coarse_instant`]): where a deadline counts
+    /// from.
+    #[inline]
+    pub(crate) fn coarse_instant(&self) -> Instant {
+        self.clock.coarse_instant()
+    }
+
     /// Collective `seq` starts now (`at`, the instant its deadline counts from) as `call`; its
     /// start time is recorded for one in [`TIMED_EVERY`].
     #[inline]
