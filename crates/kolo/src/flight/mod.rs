@@ -229,10 +229,13 @@ impl FlightRecorder {
         }
     }
 
-    /// Gives the running collectives without a start time a coarse one (the watcher's tick).
+    /// Gives the running collectives and point-to-point operations without a start time a
+    /// coarse one (the watcher's tick).
     pub(crate) fn stamp_running(&self) {
-        if let Some((coll, _)) = self.rings() {
-            coll.stamp_running(self.clock.coarse_now());
+        if let Some((coll, p2p)) = self.rings() {
+            let now = self.clock.coarse_now();
+            coll.stamp_running(now);
+            p2p.stamp_running(now);
         }
     }
 
@@ -263,7 +266,9 @@ impl FlightRecorder {
                 count: count as u64,
                 tag,
             };
-            p2p.claim_started(id, Location::caller(), &op, self.clock.coarse_now());
+            // No clock read here (it cost a tenth of a small message): the watcher gives an
+            // operation still running at its next tick a coarse start (`stamp_running`).
+            p2p.claim_started(id, Location::caller(), &op, 0);
         }
         P2p { rec: self, id }
     }
@@ -334,6 +339,31 @@ pub(crate) mod registry {
             .filter_map(Weak::upgrade)
             .filter(|r| world.is_none_or(|w| r.world == w))
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_receive_still_running_at_the_watchers_tick_gets_a_coarse_start() {
+        let rec = FlightRecorder::new(1, vec![0, 1], (0, 0), 0, 8);
+        let send = rec.p2p(false, Some(1), DType::F32, 4, 7);
+        send.end::<(), ()>(&Ok(()));
+        let _recv = rec.p2p(true, Some(1), DType::F32, 4, 7);
+        let p2p = rec.record().p2p;
+        assert!(p2p.iter().all(|o| o.started.is_none()), "{p2p:?}");
+        rec.stamp_running();
+        let p2p = rec.record().p2p;
+        assert_eq!(p2p.len(), 2);
+        assert_eq!((p2p[0].state.as_str(), p2p[0].started), ("completed", None));
+        assert_eq!(p2p[1].state, "started");
+        assert!(
+            p2p[1].started.is_some() && p2p[1].start_coarse,
+            "{:?}",
+            p2p[1]
+        );
     }
 }
 

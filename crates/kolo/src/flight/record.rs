@@ -89,7 +89,8 @@ pub struct OpRecord {
     pub queued: Option<f64>,
     /// Unix seconds: started (this rank entered it). Recorded for one collective in
     /// [`super::TIMED_EVERY`], every failed one, and (coarsely, see `start_coarse`) one found
-    /// running; every point-to-point operation (coarsely).
+    /// running, point-to-point operations too (a point-to-point operation that finishes before
+    /// the watcher's next tick has none).
     pub started: Option<f64>,
     /// `started` is a coarse reading, within about 0.1 s: how long the rank waited, not when it
     /// arrived (left out of the straggler report).
