@@ -85,6 +85,7 @@ const QUEUED: u64 = 0b100;
 
 /// The call and state of a slot in one word: state, op, dtype, reduce, algo (8 bits each) and
 /// rank (24 bits), so that starting and ending an operation are one store each.
+#[inline]
 fn meta(state: State, op: u8, dtype: u8, reduce: u8, algo: u8, rank: Option<u32>) -> u64 {
     let rank = rank.map_or(NO_RANK, |r| u64::from(r).min(NO_RANK - 1));
     state as u64
@@ -137,6 +138,7 @@ pub(crate) struct Op {
 }
 
 impl Op {
+    #[inline]
     pub(crate) fn of(call: &Call) -> Op {
         Op {
             op: call.op as u8,
