@@ -3,7 +3,8 @@
 # default ring) and off (KOLO_FLIGHT_RECORDS=0), medians over ROUNDS pairs:
 #   - `kolo bench allreduce -n 2 --sizes 4` (time per 4-byte all-reduce, shared memory);
 #   - `kolo train -n 2` LeNet on Fashion-MNIST, one epoch (samples/s), unless --no-train.
-# Usage: scripts/bench_flight_cost.sh [KOLO] [ROUNDS] [--no-train]
+# Usage: [ITERS=2000000] scripts/bench_flight_cost.sh [KOLO] [ROUNDS] [--no-train]  (ITERS: all-reduces per run,
+# about a second of them: runs of a tenth of a second moved by several per cent from one to the next)
 # (examples/flight_cost.rs measures the same on one world with recording paused and resumed.)
 set -euo pipefail
 KOLO=${1:-target/release/kolo} ROUNDS=${2:-7} TRAIN=${3:-}
@@ -11,7 +12,7 @@ cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')
 echo "CPU: $cpu, $(nproc) cores; $ROUNDS alternating rounds"
 median() { sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 bench() {
-    env "$@" "$KOLO" bench allreduce -n 2 --sizes 4 --iters 200000 --warmup 20000 --json |
+    env "$@" "$KOLO" bench allreduce -n 2 --sizes 4 --iters "${ITERS:-2000000}" --warmup 20000 --json |
         grep -o '"time_us":[0-9.]*' | cut -d: -f2
 }
 train() {
