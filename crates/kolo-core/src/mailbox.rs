@@ -383,15 +383,15 @@ mod tests {
             header: h,
             payload: vec![b],
         };
-        assert!(mb.try_recv(1, &h.tag).unwrap().is_none());
+        assert!(matches!(mb.try_recv(1, &h.tag), Ok(None)));
         assert_eq!(mb.queued(1, &h.tag), 0);
         mb.deliver(1, msg(7));
         mb.deliver(1, msg(8));
         assert_eq!(mb.queued(1, &h.tag), 2);
-        assert_eq!(mb.try_recv(1, &h.tag).unwrap().unwrap().payload, [7]);
-        assert_eq!(mb.try_recv(1, &h.tag).unwrap().unwrap().payload, [8]);
+        assert!(matches!(mb.try_recv(1, &h.tag), Ok(Some(m)) if m.payload == [7]));
+        assert!(matches!(mb.try_recv(1, &h.tag), Ok(Some(m)) if m.payload == [8]));
         assert_eq!(mb.queued(1, &h.tag), 0);
-        assert!(mb.try_recv(1, &h.tag).unwrap().is_none());
+        assert!(matches!(mb.try_recv(1, &h.tag), Ok(None)));
         // A close with nothing queued, twice: receives from that peer fail, others find nothing.
         mb.close_peer(2);
         mb.close_peer(2);
@@ -399,7 +399,7 @@ mod tests {
             mb.try_recv(2, &h.tag),
             Err(LinkFailure::PeerClosed { peer: 2 })
         ));
-        assert!(mb.try_recv(1, &h.tag).unwrap().is_none());
+        assert!(matches!(mb.try_recv(1, &h.tag), Ok(None)));
         let failed = Mailbox::new(2);
         failed.fail(LinkFailure::LocalClosed {
             reason: "stop".into(),
