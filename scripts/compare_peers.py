@@ -233,7 +233,7 @@ def rounds(args, impls):
 
 
 def split_iters(impl, sizes):
-    """`kolo bench p2p` as one shell command: sizes below 64 KiB with 10,000 round trips (a few
+    """`kolo bench p2p` as one shell command: sizes below 64 KiB with 100,000 round trips (a few
     milliseconds of sub-microsecond messages are too short to time well), the others with its
     default counts — what scripts/mpi_pingpong.c does for OpenMPI."""
     cmd, env = impl
@@ -242,7 +242,7 @@ def split_iters(impl, sizes):
     large = [s for s in sizes if int(s) >= 64 << 10]
     parts = []
     if small:
-        parts.append(cmd[:at] + ["--sizes", ",".join(small), "--iters", "10000"])
+        parts.append(cmd[:at] + ["--sizes", ",".join(small), "--iters", "100000"])
     if large:
         parts.append(cmd[:at] + ["--sizes", ",".join(large)])
     return (["sh", "-c", " && ".join(shlex.join(p) for p in parts)], env)

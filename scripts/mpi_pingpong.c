@@ -10,8 +10,8 @@
 static void bench(size_t bytes, int rank, int n) {
     unsigned char *a = malloc(bytes ? bytes : 1);
     for (size_t i = 0; i < bytes; i++) a[i] = (unsigned char)(i % 7 + rank);
-    /* kolo bench's counts (scripts/compare_peers.py --op p2p gives it --iters 10000 below 64 KiB) */
-    int iters = bytes < (64 << 10) ? 10000 : bytes < (1 << 20) ? 1000 : (bytes < (16 << 20) ? 50 : 10);
+    /* kolo bench's counts (scripts/compare_peers.py --op p2p gives it --iters 100000 below 64 KiB) */
+    int iters = bytes < (64 << 10) ? 100000 : bytes < (1 << 20) ? 1000 : (bytes < (16 << 20) ? 50 : 10);
     int peer = 1 - rank;
     for (int i = -5; i < iters; i++) {
         if (i == 0) MPI_Barrier(MPI_COMM_WORLD);

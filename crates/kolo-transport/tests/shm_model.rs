@@ -90,6 +90,9 @@ mod atomics {
             }
         }
 
+        /// A hint in the real one; nothing here.
+        pub(super) fn prefetch(&self, _at: usize) {}
+
         /// # Safety
         ///
         /// As `src/shm/atomics.rs` (loom checks it).

@@ -86,7 +86,9 @@ impl ShmTransport {
                 // New bytes: a message's prefix (a sender publishes a prefix whole) or more of the
                 // message being read into the mailbox.
                 let ring = self.ring(peer, self.rank);
-                if ring.available(ring.consumer_position()) > 0 {
+                let head = ring.consumer_position();
+                ring.prefetch(head);
+                if ring.available(head) > 0 {
                     return Some(());
                 }
                 if self.state_word(peer, 0).load(Ordering::Acquire) != STATE_ALIVE {
