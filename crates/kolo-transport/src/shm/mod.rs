@@ -376,6 +376,12 @@ impl Transport for ShmTransport {
             return Ok(m);
         }
         self.wait_for(deadline, || {
+            if peer != self.rank && peer < self.layout.n {
+                // The line of the peer's next message, asked for while the ring is polled (see
+                // `Spsc::prefetch`).
+                let ring = self.ring(peer, self.rank);
+                ring.prefetch(ring.consumer_position());
+            }
             self.progress();
             match self.mailbox.try_recv(peer, tag) {
                 Ok(Some(m)) => Some(Ok(m)),
