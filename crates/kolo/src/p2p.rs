@@ -241,7 +241,7 @@ impl Communicator {
             .recorder
             .p2p(true, None, T::DTYPE, buf.len(), tag);
         let r = (|| -> Result<usize> {
-            let deadline = self.inner.recorder.coarse_instant() + self.inner.config.timeout;
+            let deadline = self.inner.deadline();
             let (src, msg) = self.recv_any_message(tag, Some(deadline))?;
             let v: Vec<T> = self.check_message(src, msg, Some(buf.len()))?;
             as_bytes_mut(buf).copy_from_slice(as_bytes(&v));
@@ -257,7 +257,7 @@ impl Communicator {
     pub fn recv_vec_any<T: Element>(&self, tag: u64) -> Result<(usize, Vec<T>)> {
         let rec = self.inner.recorder.p2p(true, None, T::DTYPE, 0, tag);
         let r = (|| -> Result<(usize, Vec<T>)> {
-            let deadline = self.inner.recorder.coarse_instant() + self.inner.config.timeout;
+            let deadline = self.inner.deadline();
             let (src, msg) = self.recv_any_message(tag, Some(deadline))?;
             Ok((src, self.check_message(src, msg, None)?))
         })();
@@ -292,7 +292,7 @@ impl Communicator {
     pub fn recv_vec<T: Element>(&self, src: usize, tag: u64) -> Result<Vec<T>> {
         let rec = self.inner.recorder.p2p(true, Some(src), T::DTYPE, 0, tag);
         let r = (|| -> Result<Vec<T>> {
-            let deadline = self.inner.recorder.coarse_instant() + self.inner.config.timeout;
+            let deadline = self.inner.deadline();
             let msg = self.recv_message(src, tag, Some(deadline))?;
             self.check_message(src, msg, None)
         })();
@@ -536,7 +536,7 @@ impl<R: Completion> Request<R> {
     /// Waits for completion (up to the communicator's timeout) and returns the result.
     pub fn wait(mut self) -> Result<R> {
         if let State::Pending { comm, .. } = &self.state {
-            let deadline = comm.inner.recorder.coarse_instant() + comm.inner.config.timeout;
+            let deadline = comm.inner.deadline();
             self.poll(Some(Some(deadline)))?;
         }
         match std::mem::replace(&mut self.state, State::Taken) {

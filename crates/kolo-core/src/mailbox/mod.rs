@@ -146,10 +146,10 @@ impl Mailbox {
     /// (it never enters the queues): a different call under an expected tag fails the mailbox, as
     /// [`Mailbox::deliver`] would.
     pub fn screen(&self, src: usize, header: &Header) {
-        let failed = self.lock().screen(src, header);
-        if failed {
+        let mut s = self.lock();
+        if s.screen(src, header) {
             self.failed.store(true, Ordering::Release);
-            self.cond.notify_all();
+            self.changed(s);
         }
     }
 
@@ -185,11 +185,9 @@ impl Mailbox {
                 }
             }
         }
-        let failed = early.is_some_and(|(src, h)| s.screen(src, &h));
-        drop(s);
-        if failed {
+        if early.is_some_and(|(src, h)| s.screen(src, &h)) {
             self.failed.store(true, Ordering::Release);
-            self.cond.notify_all();
+            self.changed(s);
         }
     }
 
@@ -201,8 +199,7 @@ impl Mailbox {
             s.closed[peer] = true;
             s.stirred.fetch_add(1, Ordering::Release);
         }
-        drop(s);
-        self.cond.notify_all();
+        self.changed(s);
     }
 
     /// Fails the mailbox; the first failure sticks and wakes every waiter.
@@ -212,8 +209,7 @@ impl Mailbox {
             s.failure = Some(failure);
         }
         self.failed.store(true, Ordering::Release);
-        drop(s);
-        self.cond.notify_all();
+        self.changed(s);
     }
 
     /// The failure, if any.

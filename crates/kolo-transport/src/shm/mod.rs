@@ -12,8 +12,8 @@
 //! # Point-to-point
 //!
 //! Each ordered pair has a single-producer single-consumer byte ring. A message is a 41-byte prefix
-//! (payload length, [`Header`]) and the payload, starting on a 64-byte line of the stream; a payload longer than the ring streams through it in
-//! pieces, so large messages are pipelined. A receiver drains every incoming ring into its [`Mailbox`]
+//! (payload length, [`Header`]) and the payload, starting on a 64-byte line of the stream; a
+//! payload longer than the ring streams through it in pieces, so large messages are pipelined. A receiver drains every incoming ring into its [`Mailbox`]
 //! (which matches by source and tag); a sender whose ring is full drains its own incoming rings while
 //! it waits, so two ranks sending large messages to each other cannot deadlock — `send` stays
 //! buffered, as the [`Transport`] contract requires.

@@ -48,8 +48,7 @@ impl Inner {
 
     /// Collective `seq` as its backend sees it, started now (recorded as started).
     fn job(&self, seq: u64, call: Call) -> Job<'_> {
-        let at = self.recorder.start_instant(seq);
-        self.recorder.start(seq, &call, at);
+        let at = self.recorder.start(seq, &call);
         Job {
             comm: self,
             seq,

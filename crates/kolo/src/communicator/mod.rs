@@ -279,6 +279,13 @@ impl Inner {
         self.failed.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// When an operation issued now times out: the communicator's timeout from now on the
+    /// coarse clock (at most a tick early; see the recorder's clock).
+    #[inline]
+    pub(crate) fn deadline(&self) -> std::time::Instant {
+        self.recorder.coarse_instant() + self.config.timeout
+    }
+
     /// Returns the sticky failure, if any, as an error.
     #[inline]
     pub fn check(&self) -> Result<()> {

@@ -32,8 +32,7 @@ impl Inner {
 
     /// Runs collective `c` as number `seq` with fingerprint `call` on the backend, recorded.
     pub(crate) fn exec(&self, seq: u64, call: Call, c: Collective<'_>) -> Result<()> {
-        let at = self.recorder.start_instant(seq);
-        self.recorder.start(seq, &call, at);
+        let at = self.recorder.start(seq, &call);
         let r = self.backend.run(
             Job {
                 comm: self,
@@ -56,8 +55,7 @@ impl Inner {
         confirm: bool,
         f: impl FnOnce(&Ctx) -> Result<R>,
     ) -> Result<R> {
-        let at = self.recorder.start_instant(seq);
-        self.recorder.start(seq, &call, at);
+        let at = self.recorder.start(seq, &call);
         let r = self.run_timed(seq, call, timeout, at, confirm, f);
         self.recorder.end(seq, at, &r);
         r
