@@ -79,8 +79,10 @@ fn rank_watched_while_busy() {
             // Every test() drains MPI's messages on this thread while the collective's thread
             // drains them too.
             while !work.is_completed() {
+                // The note can come during the last round: the peer may finish it first.
+                let noted = last.test();
                 assert!(
-                    !last.test(),
+                    round == 49 || !noted,
                     "the peer's last note came before the last round"
                 );
             }
