@@ -50,6 +50,43 @@ pub trait Transport: Send + Sync + fmt::Debug {
     /// Sends `payload` to `peer` (which may be this rank). Buffered: returns without waiting for a
     /// matching receive.
     fn send(&self, peer: usize, header: &Header, payload: &[u8]) -> Result<(), LinkFailure>;
+    /// Sends `payload` to `peer` in place where this transport can: the peer copies it once,
+    /// straight out of this process's memory, when it receives it (shared memory between
+    /// processes that may read each other's memory, messages of at least its threshold); the
+    /// message's ticket then, for [`Transport::in_place_done`] and [`Transport::wait_in_place`].
+    /// Elsewhere this is [`Transport::send`] (buffered) and returns `None`. Messages sent either
+    /// way keep their order.
+    ///
+    /// # Safety
+    ///
+    /// With `Ok(Some(ticket))`, the memory of `payload` must stay alive and unchanged until the
+    /// ticket is reported done; after either of those two failed, for as long as the process runs
+    /// (the peer may still be copying it).
+    unsafe fn send_in_place(
+        &self,
+        peer: usize,
+        header: &Header,
+        payload: &[u8],
+    ) -> Result<Option<u64>, LinkFailure> {
+        self.send(peer, header, payload).map(|()| None)
+    }
+    /// The fewest bytes [`Transport::send_in_place`] may send in place (`None`: it never does).
+    fn in_place_min(&self) -> Option<usize> {
+        None
+    }
+    /// Whether `peer` has copied the message sent in place with `ticket`.
+    fn in_place_done(&self, _peer: usize, _ticket: u64) -> Result<bool, LinkFailure> {
+        Ok(true)
+    }
+    /// Waits until `peer` has copied the message sent in place with `ticket`, until `deadline`.
+    fn wait_in_place(
+        &self,
+        _peer: usize,
+        _ticket: u64,
+        _deadline: Option<Instant>,
+    ) -> Result<(), RecvError> {
+        Ok(())
+    }
     /// Waits for the next message from `peer` with `tag`, until `deadline` (`None`: forever).
     fn recv(&self, peer: usize, tag: &Tag, deadline: Option<Instant>)
         -> Result<Message, RecvError>;

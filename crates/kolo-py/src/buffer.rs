@@ -167,6 +167,11 @@ impl<T: Element> Source<T> {
         Source::new(held, &nothing)
     }
 
+    /// The held buffer, given back.
+    pub(crate) fn into_held(self) -> Held {
+        self.held
+    }
+
     fn memory(&self) -> &[T] {
         // SAFETY: `held` keeps the memory alive while `self` is borrowed; the type was checked in
         // `new`; kolo writes into no buffer that shares it without this `Source` reading a copy.

@@ -420,6 +420,24 @@ impl PyCommunicator {
         }))
     }
 
+    /// The fewest bytes `send_in_place` may send in place (`None`: never, on this transport).
+    #[getter]
+    fn in_place_min(&self) -> Option<usize> {
+        self.comm.in_place_min()
+    }
+
+    /// kolo.MPI's send of the bytes of `buf`: in place where the transport can (the
+    /// `InPlaceSend` to wait on, which holds `buf`), else buffered (`None`: done).
+    fn send_in_place(
+        &self,
+        py: Python<'_>,
+        buf: &Bound<'_, PyAny>,
+        dest: usize,
+        tag: u64,
+    ) -> PyResult<Option<crate::in_place::PyInPlaceSend>> {
+        self.send_bytes_in_place(py, buf, dest, tag)
+    }
+
     #[pyo3(signature = (buf, src, tag=0, dtype=None, done=None))]
     fn recv(
         &self,

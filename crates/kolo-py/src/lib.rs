@@ -12,6 +12,7 @@ mod buffer;
 mod comm;
 mod errors;
 mod export;
+mod in_place;
 mod names;
 mod objects;
 mod p2p;
@@ -107,6 +108,7 @@ fn shutdown(py: Python<'_>, grace: f64) -> PyResult<()> {
 #[pymodule]
 fn _kolo(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyCommunicator>()?;
+    m.add_class::<in_place::PyInPlaceSend>()?;
     m.add_function(wrap_pyfunction!(init, m)?)?;
     m.add_function(wrap_pyfunction!(init_with_store, m)?)?;
     m.add_function(wrap_pyfunction!(local_communicators, m)?)?;

@@ -41,6 +41,7 @@ mod init;
 mod matching;
 mod object;
 mod p2p;
+mod send_in_place;
 mod stop_report;
 mod topology;
 mod wait;
@@ -70,6 +71,7 @@ pub use kolo_store as store;
 pub use kolo_transport as transport;
 pub use matching::{Source, Status, TagMatch};
 pub use p2p::{Completion, Request};
+pub use send_in_place::InPlaceSend;
 pub use work::{Work, WorkTimes};
 
 /// Half-precision element types.

@@ -3,8 +3,9 @@
 //!
 //! Messages from one rank to another with one tag arrive in the order they were sent. Sends are
 //! buffered: `send` returns once the message is handed to the transport, whether or not the receiver
-//! has posted its receive (MPI's eager protocol, for every size), so `isend` completes at once. A
-//! receive checks the element type and length of what arrives.
+//! has posted its receive (MPI's eager protocol, for every size), so `isend` completes at once
+//! ([`Communicator::send_in_place`] is the rendezvous form, for large messages). A receive checks
+//! the element type and length of what arrives.
 
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -44,7 +45,7 @@ impl Communicator {
         }
     }
 
-    fn link_error(&self, op: &'static str, f: LinkFailure) -> Error {
+    pub(crate) fn link_error(&self, op: &'static str, f: LinkFailure) -> Error {
         f.into_error(op, self.rank())
     }
 
@@ -57,28 +58,7 @@ impl Communicator {
             .recorder
             .p2p(false, Some(dest), T::DTYPE, data.len(), tag);
         let r = (|| -> Result<()> {
-            let to = self.peer(SEND, "dest", dest)?;
-            if tag == Tag::ANY_VALUE {
-                return Err(Error::InvalidArgument {
-                    op: SEND,
-                    rank: self.rank(),
-                    arg: "tag",
-                    reason:
-                        "u64::MAX is the tag of receives that match any tag (TagMatch::Any); a \
-                             message's tag is below it"
-                            .into(),
-                });
-            }
-            let header = Header {
-                ack: false,
-                tag: self.p2p_tag(tag),
-                call: Call {
-                    dtype: Some(T::DTYPE),
-                    count: data.len() as u64,
-                    root: Some(self.rank() as u32),
-                    ..Call::new(OpKind::Send, Algorithm::Direct)
-                },
-            };
+            let (to, header) = self.send_header::<T>(data.len(), dest, tag)?;
             self.inner
                 .transport
                 .send(to, &header, as_bytes(data))
@@ -86,6 +66,37 @@ impl Communicator {
         })();
         rec.end(&r);
         r
+    }
+
+    /// The transport rank of `dest` and the header of a send of `count` `T`s to it with `tag`.
+    pub(crate) fn send_header<T: Element>(
+        &self,
+        count: usize,
+        dest: usize,
+        tag: u64,
+    ) -> Result<(usize, Header)> {
+        let to = self.peer(SEND, "dest", dest)?;
+        if tag == Tag::ANY_VALUE {
+            return Err(Error::InvalidArgument {
+                op: SEND,
+                rank: self.rank(),
+                arg: "tag",
+                reason: "u64::MAX is the tag of receives that match any tag (TagMatch::Any); a \
+                         message's tag is below it"
+                    .into(),
+            });
+        }
+        let header = Header {
+            ack: false,
+            tag: self.p2p_tag(tag),
+            call: Call {
+                dtype: Some(T::DTYPE),
+                count: count as u64,
+                root: Some(self.rank() as u32),
+                ..Call::new(OpKind::Send, Algorithm::Direct)
+            },
+        };
+        Ok((to, header))
     }
 
     /// Non-blocking send. Sends are buffered, so the request is complete when it is returned.

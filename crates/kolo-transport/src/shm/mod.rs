@@ -4,8 +4,8 @@
 //!
 //! ```text
 //! header    magic, world size, ring and buffer sizes, attach count           (128 B)
-//! control   per rank: doorbell + sleepers | state, pid, abort reason | step + 2 slots (fingerprint, inline data)
-//! rings     per ordered pair (src → dst, src ≠ dst): tail | head | `ring_bytes` of data
+//! control   per rank: doorbell + sleepers, mapping address | state, pid, abort reason | step + 2 slots (fingerprint, inline data)
+//! rings     per ordered pair (src → dst, src ≠ dst): tail | head, copied, readable | `ring_bytes` of data
 //! buffers   per rank: two arena buffers of `buffer_bytes` (see `kolo_core::Arena`)
 //! ```
 //!
@@ -17,6 +17,10 @@
 //! (which matches by source and tag); a sender whose ring is full drains its own incoming rings while
 //! it waits, so two ranks sending large messages to each other cannot deadlock — `send` stays
 //! buffered, as the [`Transport`] contract requires.
+//!
+//! A send in place ([`Transport::send_in_place`], kolo.MPI's large sends) puts only the payload's
+//! address into the ring; the receiver copies the payload straight out of the sender's memory (see
+//! `single_copy`).
 //!
 //! # Waiting
 //!
@@ -42,6 +46,9 @@ mod posted;
 pub(crate) mod prefix;
 mod ring;
 pub mod segment;
+mod single_copy;
+#[cfg(test)]
+mod single_copy_tests;
 mod spsc;
 mod steps;
 pub mod sync;
@@ -115,13 +122,18 @@ pub fn shm_world(size: usize, opts: &ShmOptions) -> Result<Vec<ShmTransport>, Er
     let seg = Arc::new(seg);
     init_header(&seg, &layout);
     let pid = std::process::id();
-    Ok((0..size)
+    let world: Vec<ShmTransport> = (0..size)
         .map(|rank| {
             let t = ShmTransport::new(seg.clone(), layout, rank, opts.clone());
             t.state_word(rank, 1).store(pid, Ordering::Release);
+            t.publish_base();
             t
         })
-        .collect())
+        .collect();
+    for t in &world {
+        t.try_reading_peers();
+    }
+    Ok(world)
 }
 
 fn nonce() -> u64 {
@@ -204,6 +216,7 @@ impl ShmTransport {
         let mut t = ShmTransport::new(Arc::new(seg), layout, rank, opts.clone());
         t.state_word(rank, 1)
             .store(std::process::id(), Ordering::Release);
+        t.publish_base();
         let attached = t.attached().fetch_add(1, Ordering::AcqRel) + 1;
         if attached as usize == size {
             let _ = t.seg.unlink();
@@ -231,6 +244,7 @@ impl ShmTransport {
                 t.watches[peer] = Some(ProcessWatch::new(pid as i32));
             }
         }
+        t.try_reading_peers();
         if opts.heartbeat_timeout.is_some() {
             t.start_heartbeat()?;
         }
@@ -366,6 +380,39 @@ impl Transport for ShmTransport {
         self.send_to_peer(peer, header, payload)
     }
 
+    unsafe fn send_in_place(
+        &self,
+        peer: usize,
+        header: &Header,
+        payload: &[u8],
+    ) -> Result<Option<u64>, LinkFailure> {
+        if peer == self.rank || peer >= self.layout.n || !self.goes_in_place(peer, payload.len()) {
+            return self.send(peer, header, payload).map(|()| None);
+        }
+        if let Some(f) = self.mailbox.failure() {
+            return Err(f);
+        }
+        // SAFETY: the caller keeps `payload` as it is until the ticket is done (the contract).
+        unsafe { self.push_in_place(peer, header, payload) }.map(Some)
+    }
+
+    fn in_place_min(&self) -> Option<usize> {
+        (self.opts.single_copy_bytes > 0).then_some(self.opts.single_copy_bytes)
+    }
+
+    fn in_place_done(&self, peer: usize, ticket: u64) -> Result<bool, LinkFailure> {
+        self.in_place_copied(peer, ticket)
+    }
+
+    fn wait_in_place(
+        &self,
+        peer: usize,
+        ticket: u64,
+        deadline: Option<Instant>,
+    ) -> Result<(), RecvError> {
+        self.wait_copied(peer, ticket, deadline)
+    }
+
     fn recv(
         &self,
         peer: usize,
@@ -499,7 +546,10 @@ impl Drop for ShmTransport {
                 self.set_state(STATE_ABORTED, &reason)
             }
             None if std::thread::panicking() => self.set_state(STATE_LOST, "its thread panicked"),
-            None => self.set_state(STATE_CLOSED, ""),
+            None => match self.finish_in_place() {
+                Some(reason) => self.set_state(STATE_ABORTED, &reason),
+                None => self.set_state(STATE_CLOSED, ""),
+            },
         }
     }
 }

@@ -14,6 +14,10 @@ pub struct ShmOptions {
     pub buffer_bytes: usize,
     /// How long a waiting thread spins before it sleeps.
     pub spin: Duration,
+    /// Sends in place ([`ShmTransport::send_in_place`](super::ShmTransport)) of at least this many
+    /// bytes are copied once, by the receiver straight from the sender's memory, where the receiver
+    /// can read it (`process_vm_readv`); shorter ones go through the ring. 0: never.
+    pub single_copy_bytes: usize,
     /// How often a sleeping thread checks that its peers are alive.
     pub poll: Duration,
     /// Largest payload accepted from a peer.
@@ -31,6 +35,7 @@ impl Default for ShmOptions {
             ring_bytes: 256 << 10,
             buffer_bytes: 1 << 20,
             spin: Duration::from_micros(1000),
+            single_copy_bytes: 64 << 10,
             poll: Duration::from_millis(20),
             max_message: 1 << 40,
             connect_timeout: Duration::from_secs(300),
@@ -40,7 +45,8 @@ impl Default for ShmOptions {
 }
 
 impl ShmOptions {
-    /// Defaults, overridden by `KOLO_SHM_RING_BYTES`, `KOLO_SHM_BUFFER_BYTES` and `KOLO_SHM_SPIN_US`.
+    /// Defaults, overridden by `KOLO_SHM_RING_BYTES`, `KOLO_SHM_BUFFER_BYTES`, `KOLO_SHM_SPIN_US` and
+    /// `KOLO_SHM_SINGLE_COPY_BYTES`.
     pub fn from_env() -> Result<ShmOptions, Error> {
         ShmOptions::from_lookup(ProcessEnv)
     }
@@ -70,6 +76,9 @@ impl ShmOptions {
         }
         if let Some(v) = num("KOLO_SHM_SPIN_US")? {
             o.spin = Duration::from_micros(v);
+        }
+        if let Some(v) = num("KOLO_SHM_SINGLE_COPY_BYTES")? {
+            o.single_copy_bytes = usize::try_from(v).unwrap_or(usize::MAX);
         }
         Ok(o)
     }

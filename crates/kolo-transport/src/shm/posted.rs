@@ -18,8 +18,8 @@ use std::time::Instant;
 use kolo_core::{segment_ranges, Header, LinkFailure, Received, RecvError, Tag, TagSpace};
 
 use super::health::STATE_ALIVE;
-use super::prefix::{decode_prefix, PREFIX};
-use super::ring::Consumer;
+use super::prefix::{decode_prefix, Prefix, IN_PLACE_BYTES, PREFIX};
+use super::ring::{next_message, Consumer};
 use super::{lock, ShmTransport};
 
 /// A posted receive's callbacks, as [`Transport::recv_posted`](kolo_core::Transport::recv_posted)
@@ -65,9 +65,14 @@ impl ShmTransport {
             {
                 let mut c = lock(&self.consumers[peer]);
                 if c.partial.is_none() {
-                    if let Some(Ok((header, len))) = self.peek(peer) {
-                        if header.tag == *tag && len == dst.len() {
-                            return self.read_direct(peer, &mut c, header, dst, deadline);
+                    if let Some(Ok(p)) = self.peek(peer) {
+                        if p.header.tag == *tag && p.len == dst.len() {
+                            if !p.in_place {
+                                return self.read_direct(peer, &mut c, p.header, dst, deadline);
+                            }
+                            if let Some(got) = self.read_in_place(peer, p.header, dst) {
+                                return got;
+                            }
                         }
                     }
                 }
@@ -106,7 +111,7 @@ impl ShmTransport {
 
     /// The prefix of the next message in `peer`'s ring, if it has arrived whole. The caller holds the
     /// ring's consumer lock.
-    fn peek(&self, peer: usize) -> Option<Result<(Header, usize), String>> {
+    fn peek(&self, peer: usize) -> Option<Result<Prefix, String>> {
         let ring = self.ring(peer, self.rank);
         let head = ring.consumer_position();
         if ring.available(head) < PREFIX {
@@ -116,6 +121,36 @@ impl ShmTransport {
         // SAFETY: the caller holds the ring's consumer lock; `available` covers the bytes.
         unsafe { ring.read(head, &mut p) };
         Some(decode_prefix(&p, self.opts.max_message))
+    }
+
+    /// Copies the payload of the ring's next message, one sent in place (whose prefix
+    /// [`Self::peek`] decoded), straight from the sender's memory into `dst`; `None` if its address
+    /// has not arrived (the sender publishes both at once: never). The caller holds the ring's
+    /// consumer lock.
+    fn read_in_place(
+        &self,
+        peer: usize,
+        header: Header,
+        dst: &mut [u8],
+    ) -> Option<Result<Received, RecvError>> {
+        let ring = self.ring(peer, self.rank);
+        let head = ring.consumer_position();
+        let addr = self.in_place_address(peer, head)?;
+        ring.release(next_message(head + (PREFIX + IN_PLACE_BYTES) as u64));
+        self.bell(peer).ring();
+        Some(match self.copy_in_place(peer, addr, dst) {
+            Ok(()) => Ok(self.direct(peer, header)),
+            Err(f) => Err(RecvError::Link(f)),
+        })
+    }
+
+    /// A message read straight into the posted buffer, screened as the mailbox screens those it
+    /// delivers (only collectives' tags: point-to-point ones are never expected).
+    fn direct(&self, peer: usize, header: Header) -> Received {
+        if header.tag.space != TagSpace::P2p {
+            self.mailbox.screen(peer, &header);
+        }
+        Received::Direct(header)
     }
 
     /// Reads the payload of the ring's next message (whose prefix [`Self::peek`] decoded) into `dst`
@@ -149,11 +184,7 @@ impl ShmTransport {
                 self.bell(peer).ring();
             }
             if done == dst.len() {
-                // Only collectives' tags are screened (point-to-point ones are never expected).
-                if header.tag.space != TagSpace::P2p {
-                    self.mailbox.screen(peer, &header);
-                }
-                return Ok(Received::Direct(header));
+                return Ok(self.direct(peer, header));
             }
             // A stream that keeps coming never makes the wait below long enough to see the
             // deadline: look at it here too.

@@ -15,7 +15,7 @@ use kolo_core::{Header, LinkFailure, Message, RecvError};
 use super::atomics::SharedBytes;
 use super::health::{STATE_ALIVE, STATE_CLOSED};
 use super::layout::{LINE, RING_CTRL};
-use super::prefix::{decode_prefix, encode_prefix, PREFIX};
+use super::prefix::{decode_prefix, encode_prefix, Prefix, IN_PLACE_BYTES, PREFIX};
 use super::spsc::Spsc;
 use super::{lock, ShmTransport};
 
@@ -43,8 +43,10 @@ pub(super) struct Consumer {
 /// ring's `tail`, so it need not read the shared word back) and the consumer's as last read.
 #[derive(Debug, Default)]
 pub(super) struct Producer {
-    tail: u64,
-    known_head: u64,
+    pub(super) tail: u64,
+    pub(super) known_head: u64,
+    /// Messages sent in place to this peer so far (see `single_copy`).
+    pub(super) in_place: u64,
 }
 
 impl ShmTransport {
@@ -115,14 +117,38 @@ impl ShmTransport {
                 let mut p = [0u8; PREFIX];
                 // SAFETY: this thread holds the ring's consumer lock; `avail` covers the bytes.
                 unsafe { ring.read(head, &mut p) };
-                head += PREFIX as u64;
-                let (header, len) = match decode_prefix(&p, self.opts.max_message) {
+                let Prefix {
+                    header,
+                    len,
+                    in_place,
+                } = match decode_prefix(&p, self.opts.max_message) {
                     Ok(decoded) => decoded,
                     Err(reason) => {
                         self.fail_protocol(src, reason);
                         break;
                     }
                 };
+                if in_place {
+                    // Published whole with its prefix; copied from the sender into the mailbox.
+                    let Some(addr) = self.in_place_address(src, head) else {
+                        break;
+                    };
+                    head = next_message(head + (PREFIX + IN_PLACE_BYTES) as u64);
+                    ring.release(head);
+                    self.bell(src).ring();
+                    match self.copy_in_place_vec(src, addr, len) {
+                        Ok(payload) => {
+                            self.mailbox.deliver(src, Message { header, payload });
+                            delivered = true;
+                        }
+                        Err(_) => break, // the mailbox holds the failure
+                    }
+                    if one {
+                        break;
+                    }
+                    continue;
+                }
+                head += PREFIX as u64;
                 // Never trust the length for the allocation: grow as bytes arrive.
                 let buf = Vec::with_capacity(len.min(self.layout.ring));
                 c.partial = Some((header, len, buf));
@@ -168,6 +194,58 @@ impl ShmTransport {
         delivered
     }
 
+    /// Waits until the ring to `peer` has `need` bytes free for the producer at `tail`, keeping
+    /// this rank's incoming rings moving meanwhile (so the peer can finish its own sends); the
+    /// free bytes. The caller holds the ring's producer lock.
+    pub(super) fn wait_for_space(
+        &self,
+        peer: usize,
+        tail: u64,
+        need: usize,
+    ) -> Result<usize, LinkFailure> {
+        let ring = self.ring(self.rank, peer);
+        let space = self
+            .wait_for(None, || {
+                if self.state_word(peer, 0).load(Ordering::Acquire) != STATE_ALIVE {
+                    return Some(0);
+                }
+                let s = ring.free(tail);
+                if s >= need {
+                    return Some(s);
+                }
+                self.progress();
+                None
+            })
+            .map_err(|e| match e {
+                RecvError::Link(f) => f,
+                RecvError::Timeout => LinkFailure::PeerLost {
+                    peer,
+                    reason: "timed out waiting for ring space".into(),
+                },
+            })?;
+        if space == 0 {
+            self.check_peer(peer);
+            return Err(self
+                .mailbox
+                .failure()
+                .unwrap_or(LinkFailure::PeerClosed { peer }));
+        }
+        Ok(space)
+    }
+
+    /// The address after the prefix at `head` of a message in place from `src`, once it has
+    /// arrived (the sender publishes both at once). The caller holds the ring's consumer lock.
+    pub(super) fn in_place_address(&self, src: usize, head: u64) -> Option<u64> {
+        let ring = self.ring(src, self.rank);
+        if ring.available(head) < PREFIX + IN_PLACE_BYTES {
+            return None;
+        }
+        let mut a = [0u8; IN_PLACE_BYTES];
+        // SAFETY: the caller holds the consumer lock; `available` covers the bytes.
+        unsafe { ring.read(head + PREFIX as u64, &mut a) };
+        Some(u64::from_le_bytes(a))
+    }
+
     pub(super) fn send_to_peer(
         &self,
         peer: usize,
@@ -207,33 +285,7 @@ impl ShmTransport {
                 let need = if i == 0 { PREFIX } else { 1 };
                 let mut space = ring.free(tail);
                 if space < need {
-                    space = self
-                        .wait_for(None, || {
-                            if self.state_word(peer, 0).load(Ordering::Acquire) != STATE_ALIVE {
-                                return Some(0);
-                            }
-                            let s = ring.free(tail);
-                            if s >= need {
-                                return Some(s);
-                            }
-                            // Keep our own incoming rings moving so the peer can finish its sends.
-                            self.progress();
-                            None
-                        })
-                        .map_err(|e| match e {
-                            RecvError::Link(f) => f,
-                            RecvError::Timeout => LinkFailure::PeerLost {
-                                peer,
-                                reason: "timed out waiting for ring space".into(),
-                            },
-                        })?;
-                    if space == 0 {
-                        self.check_peer(peer);
-                        return Err(self
-                            .mailbox
-                            .failure()
-                            .unwrap_or(LinkFailure::PeerClosed { peer }));
-                    }
+                    space = self.wait_for_space(peer, tail, need)?;
                 }
                 // Publish in chunks of a quarter ring, so the receiver copies one out while the
                 // next is copied in.

@@ -10,7 +10,7 @@ use kolo_core::{
 
 use super::{shm_world, ShmOptions, ShmTransport};
 
-fn pair(ring_bytes: usize) -> (ShmTransport, ShmTransport) {
+pub(super) fn pair(ring_bytes: usize) -> (ShmTransport, ShmTransport) {
     let opts = ShmOptions {
         ring_bytes,
         ..ShmOptions::default()
@@ -21,7 +21,7 @@ fn pair(ring_bytes: usize) -> (ShmTransport, ShmTransport) {
     (a, b)
 }
 
-fn header(value: u64) -> Header {
+pub(super) fn header(value: u64) -> Header {
     Header {
         ack: false,
         tag: Tag {
@@ -33,14 +33,14 @@ fn header(value: u64) -> Header {
     }
 }
 
-fn error(e: RecvError) -> Error {
+pub(super) fn error(e: RecvError) -> Error {
     Error::Io {
         context: format!("receive failed: {e:?}"),
         source: std::io::Error::other("recv").into(),
     }
 }
 
-fn bytes(len: usize, salt: u64) -> Vec<u8> {
+pub(super) fn bytes(len: usize, salt: u64) -> Vec<u8> {
     (0..len as u64)
         .map(|j| (j * 7 + salt * 13 + j / 251) as u8)
         .collect()

@@ -21,6 +21,8 @@ class Intracomm(P2P, Collectives):
         self._c = comm._c  # the native communicator: buffers
         self._rank, self._size = comm.rank, comm.size
         self._posted = rq.posted()
+        # Sends of at least this many bytes may go in place (see `p2p`); None: none do.
+        self._in_place_min = comm._c.in_place_min
         self._scratch = bytearray()
         self._name = name
 

@@ -3,12 +3,21 @@
 Messages are bytes: ``Send([buf, 3, MPI.DOUBLE], ...)`` sends 24 bytes of `buf`, and a receive
 takes a message of at most its buffer's length, filling its start and leaving the rest as it was
 (``Status.Get_count`` says how much came), as in MPI; a longer message raises (MPI's
-``ERR_TRUNCATE``). Sends are buffered (see `request`).
+``ERR_TRUNCATE``).
+
+Sends are buffered — done once kolo has the bytes, whether or not a receive is posted — except
+large ones to a rank of the same host (``KOLO_SHM_SINGLE_COPY_BYTES``, 64 KiB, and more): those go
+in place, MPI's rendezvous: the receiver copies the bytes once, straight out of the sender's
+buffer, so ``Isend``'s request is pending and its buffer must stay as it is until ``Wait`` (as MPI
+asks), and ``Send`` returns once the receiver has them. A rank waiting in kolo for anything copies
+the messages in place sent to it meanwhile, so two ranks sending to each other first cannot
+deadlock. ``Bsend`` and ``Ibsend`` stay buffered.
 """
 
 import pickle
 
 from . import request as rq
+from .request import Receive
 from .datatypes import ANY_SOURCE, ANY_TAG, BAD_INPUT, PROC_NULL, raw, to_int
 from .datatypes import Datatype as DT
 
@@ -40,6 +49,18 @@ def recv_from(source, tag):
     return source, tag
 
 
+def nbytes(span):
+    """The bytes of a message in the native form (buffer, byte offset, bytes or None: the rest)."""
+    n = span[2]
+    if n is None:
+        buf = span[0]
+        n = getattr(buf, "nbytes", None)
+        if type(n) is not int:
+            with memoryview(buf) as m:
+                n = m.nbytes
+    return n
+
+
 def wild(source, tag):
     """A wildcard receive's (source, tag) as kolo takes them: None for any."""
     return (None if source < 0 else source), (None if tag < 0 else tag)
@@ -57,15 +78,31 @@ class P2P:
                     return
             # raw(buf), its common form inline (a call costs as much as the rest of Send).
             if type(buf) is list and len(buf) == 3 and type(buf[1]) is int and type(buf[2]) is DT:
-                self._c.send((buf[0], 0, buf[1] * buf[2].size), dest, tag, _U8)
+                span = (buf[0], 0, buf[1] * buf[2].size)
             else:
-                self._c.send(raw(buf), dest, tag, _U8)
+                span = raw(buf)
+            big = self._in_place_min
+            if big is not None and nbytes(span) >= big:
+                sent = self._c.send_in_place(span, dest, tag)
+                if sent is not None:
+                    sent.wait()
+                return
+            self._c.send(span, dest, tag, _U8)
         except BAD_INPUT as e:
             self._fail("Send", e)
             raise
 
-    # kolo's sends are buffered and need no receive posted: a buffered send, a ready send.
-    Bsend = Rsend = Send
+    Rsend = Send
+
+    def Bsend(self, buf, dest, tag=0):
+        """A send that is done once kolo has the bytes (kolo needs no attached buffer)."""
+        try:
+            dest, tag = send_to(dest, tag)
+            if dest is not None:
+                self._c.send(raw(buf), dest, tag, _U8)
+        except BAD_INPUT as e:
+            self._fail("Bsend", e)
+            raise
 
     def Recv(self, buf, source=ANY_SOURCE, tag=ANY_TAG, status=None):
         try:
@@ -91,10 +128,29 @@ class P2P:
             status._set(source, tag, n)
 
     def Isend(self, buf, dest, tag=0):
+        big = self._in_place_min
+        if big is not None:
+            try:
+                dest, tag = send_to(dest, tag)
+                if dest is None:
+                    return rq.Request()
+                span = raw(buf)
+                if nbytes(span) >= big:
+                    sent = self._c.send_in_place(span, dest, tag)
+                    return rq.Request() if sent is None else rq.SendInPlace(sent)
+                self._c.send(span, dest, tag, _U8)
+            except BAD_INPUT as e:
+                self._fail("Isend", e)
+                raise
+            return rq.Request()
         self.Send(buf, dest, tag)
         return rq.Request()  # complete: the message is the transport's
 
-    Ibsend = Irsend = Isend
+    Irsend = Isend
+
+    def Ibsend(self, buf, dest, tag=0):
+        self.Bsend(buf, dest, tag)
+        return rq.Request()
 
     def Irecv(self, buf, source=ANY_SOURCE, tag=ANY_TAG):
         try:
@@ -103,8 +159,8 @@ class P2P:
                 if source is None:
                     return rq.proc_null_request()
             if type(buf) is list and len(buf) == 3 and type(buf[1]) is int and type(buf[2]) is DT:
-                return rq.Receive(self, (buf[0], 0, buf[1] * buf[2].size), source, tag)  # see Send
-            return rq.Receive(self, raw(buf), source, tag)
+                return Receive(self, (buf[0], 0, buf[1] * buf[2].size), source, tag)  # see Send
+            return Receive(self, raw(buf), source, tag)
         except BAD_INPUT as e:
             self._fail("Irecv", e)
             raise

@@ -1,7 +1,8 @@
 """kolo.MPI's `Status` and `Request`.
 
 kolo's sends are buffered (a send returns once the transport has the message), so ``Isend``
-returns a request that is already complete. ``Irecv`` posts nothing: its request receives when
+returns a request that is already complete — but for a large one to a rank of the same host, which
+goes in place (see `p2p`): its request is pending until the receiver has copied the buffer. ``Irecv`` posts nothing: its request receives when
 it is waited on or tested — after the receives posted before it that could take its message (the
 same source and tag, or a wildcard, ``ANY_SOURCE`` or ``ANY_TAG``, that covers them), which MPI's
 matching order gives the messages first (each request knows the last of each such kind posted
@@ -169,6 +170,10 @@ class Request:
     # -- many requests ---------------------------------------------------------------------------
     @staticmethod
     def Waitall(requests, statuses=None):
+        if statuses is None:
+            for r in requests:
+                r.Wait()
+            return True
         for i, r in enumerate(requests):
             r.Wait(None if statuses is None else _status_at(statuses, i))
         return True
@@ -289,6 +294,30 @@ add_missing(Status, "MPI.Status", "f2py py2f tomemory")
 REQUEST_NULL = Request()
 
 
+class SendInPlace(Request):
+    """A send in place (see `p2p`): pending until the receiver has copied the buffer, which the
+    native send holds until then (and, if the send fails, for good: the receiver may still be
+    reading it)."""
+
+    __slots__ = ("_pending", "_send")
+
+    def __init__(self, send):
+        self._send, self._pending = send, True
+
+    def _progress(self, block):
+        send = self._send
+        try:
+            if block:
+                send.wait()
+            elif not send.done():
+                return False
+        except BaseException:
+            self._pending, self._send = False, None  # failed: complete, its error raised here
+            raise
+        self._pending, self._send = False, None
+        return True
+
+
 class Receive(Request):
     """A posted receive (see the module's documentation): into `span` (native form) or, when
     `span` is None, of a pickled object (its `_result`). `source` and `tag` may be
@@ -306,7 +335,13 @@ class Receive(Request):
             posted = comm._posted
             self._key = key = (source, tag)
             self._seq = next(_POSTINGS)
-            self._before = _competing(posted, source, tag)
+            if source >= 0 and tag >= 0 and (not posted or (len(posted) == 1 and key in posted)):
+                # No other receive pending, or only ones from this source with this tag (a
+                # window of Irecvs): the last of them, if any, comes first.
+                last = posted.get(key)
+                self._before = None if last is None else [last]
+            else:
+                self._before = _competing(posted, source, tag)
             posted[key] = self
 
     def _report(self, status):
@@ -315,7 +350,8 @@ class Receive(Request):
     def Wait(self, status=None):
         # Request.Wait with its common case inline (a call costs as much as the rest).
         if self._pending:
-            if self._before is None:
+            before = self._before
+            if before is None or (len(before) == 1 and not before[0]._pending):
                 self._receive(True)
             else:
                 self._progress(True)

@@ -1,0 +1,41 @@
+"""kolo.MPI's large sends between processes of one host go in place: the receiver copies the
+bytes once, straight out of the sender's buffer (``KOLO_SHM_SINGLE_COPY_BYTES``). The request of
+an `Isend` is pending until then; the bytes, their order among other messages and the rest of the
+receive buffer are right; two ranks sending to each other first do not deadlock; a request
+dropped without a wait keeps its buffer until it is copied. With the threshold at 0 the same
+program runs with buffered sends."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+KOLO = os.environ.get("KOLO_BIN") or shutil.which("kolo")
+WORKER = os.path.join(os.path.dirname(__file__), "in_place_worker.py")
+
+
+def run(tmp_path, mode, **env):
+    flag = str(tmp_path / "go")
+    p = subprocess.run([KOLO, "run", "-n", "2", "--", sys.executable, WORKER, flag, mode],
+                       capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, KOLO_TRANSPORT="shm", **env))
+    assert p.returncode == 0, p.stdout + p.stderr
+    found = {}
+    for line in p.stdout.splitlines():
+        if "{" in line:
+            got = json.loads(line[line.index("{"):])
+            found[got["rank"]] = got
+    return found[0], found[1]
+
+
+@pytest.mark.skipif(not KOLO, reason="set KOLO_BIN to the kolo binary (the suite does)")
+@pytest.mark.parametrize("single_copy", [True, False])
+def test_large_sends_go_in_place_and_arrive_whole(tmp_path, single_copy):
+    env = {} if single_copy else {"KOLO_SHM_SINGLE_COPY_BYTES": "0"}
+    r0, r1 = run(tmp_path, "in-place" if single_copy else "buffered", **env)
+    assert r0 == {"rank": 0, "pending": single_copy, "done": True, "exchange": True}
+    assert r1 == {"rank": 1, "bytes": True, "rest": True, "exchange": True, "dropped": True,
+                  "order": True, "longer": True}
