@@ -52,6 +52,7 @@ pub(crate) fn check_rank(
 }
 
 pub mod local;
+mod pool;
 pub mod shm;
 pub mod tcp;
 

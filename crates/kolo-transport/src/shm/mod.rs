@@ -60,6 +60,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use crate::pool::Pool;
 use crate::{check_rank, io_err};
 use kolo_core::{
     recv_each, Arena, Error, Header, LinkFailure, Mailbox, Message, Received, RecvError, Reducer,
@@ -92,6 +93,8 @@ pub struct ShmTransport {
     rank: usize,
     opts: ShmOptions,
     mailbox: Mailbox,
+    /// Payload buffers of messages drained into the mailbox, given back by `recycle`.
+    pool: Pool,
     /// Per peer: the outgoing ring's producer side, under its lock.
     producers: Vec<Mutex<Producer>>,
     consumers: Vec<Mutex<Consumer>>,
@@ -164,6 +167,7 @@ impl ShmTransport {
             rank,
             opts,
             mailbox: Mailbox::new(n),
+            pool: Pool::default(),
             producers: (0..n).map(|_| Mutex::default()).collect(),
             consumers: (0..n).map(|_| Mutex::new(Consumer::default())).collect(),
             watches: (0..n).map(|_| None).collect(),
@@ -528,6 +532,10 @@ impl Transport for ShmTransport {
     fn failure(&self) -> Option<LinkFailure> {
         // A peer that died is seen here, not only by the next wait's health check.
         self.health()
+    }
+
+    fn recycle(&self, payload: Vec<u8>) {
+        self.pool.put(payload);
     }
 
     fn arena(&self) -> Option<&dyn Arena> {

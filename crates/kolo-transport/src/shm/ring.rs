@@ -149,8 +149,11 @@ impl ShmTransport {
                     continue;
                 }
                 head += PREFIX as u64;
-                // Never trust the length for the allocation: grow as bytes arrive.
-                let buf = Vec::with_capacity(len.min(self.layout.ring));
+                // Never trust the length for the allocation: grow as bytes arrive (into a pooled
+                // buffer, for a large one).
+                let mut buf = self.pool.take(len);
+                buf.clear();
+                buf.reserve(len.min(self.layout.ring));
                 c.partial = Some((header, len, buf));
                 continue;
             }

@@ -192,7 +192,8 @@ impl ShmTransport {
         addr: u64,
         len: usize,
     ) -> Result<Vec<u8>, LinkFailure> {
-        let mut buf: Vec<u8> = Vec::with_capacity(len.min(READ_CHUNK));
+        let mut buf = self.pool.take(len);
+        buf.clear();
         let mut read = Ok(());
         while buf.len() < len && read.is_ok() {
             let n = (len - buf.len()).min(READ_CHUNK);

@@ -165,3 +165,23 @@ fn a_copy_from_a_sender_that_aborted_is_a_failure_not_a_message() {
         other => panic!("expected rank 0's abort, got {:?}", other.map(|p| p.len())),
     }
 }
+
+#[test]
+fn payloads_drained_into_the_mailbox_reuse_recycled_buffers() {
+    let (a, b) = pair_with(ShmOptions::default());
+    let big = bytes(100_000, 10);
+    for in_place in [false, true] {
+        // A buffer no payload of this length would get from the allocator.
+        b.recycle(Vec::with_capacity(3 << 20));
+        if in_place {
+            send_in_place(&a, &big);
+        } else {
+            a.send(1, &header(5), &big).expect("send");
+        }
+        let got = recv(&b).expect("received");
+        assert!(
+            got == big && got.capacity() == 3 << 20,
+            "read into the recycled buffer"
+        );
+    }
+}

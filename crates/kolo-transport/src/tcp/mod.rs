@@ -40,10 +40,11 @@ use kolo_core::{
 };
 use kolo_store::{JobSecret, Store};
 
+use crate::pool::Pool;
 use connect::{accept_higher, connect_lower};
 use frame::Kind;
 use live::{send_control, start_heartbeats, Liveness, Touch};
-use posted::{Pool, Posts};
+use posted::Posts;
 use reader::Reader;
 
 /// Options of the TCP transport.

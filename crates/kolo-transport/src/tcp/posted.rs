@@ -1,5 +1,5 @@
-//! Receiving straight into the destination: posted receives, and the pool of payload buffers for
-//! the messages that arrive before their receive is posted.
+//! Receiving straight into the destination: posted receives (and, in `crate::pool`, the buffers of
+//! the messages that arrive before their receive is posted).
 //!
 //! A rank in [`Transport::recv_posted`](kolo_core::Transport::recv_posted) first takes the messages
 //! already queued (or being read) for its source and tag; then it posts the rest of its buffer here.
@@ -20,48 +20,6 @@ use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use kolo_core::{Header, Mailbox, Message, RecvError, Reducer, Tag};
-
-/// Payloads shorter than this are read into fresh buffers; longer ones reuse pooled ones.
-const POOLED_MIN: usize = 64 * 1024;
-/// Most bytes of idle payload buffers a transport keeps for reuse.
-const POOL_BYTES: usize = 64 << 20;
-
-/// Idle payload buffers, reused by the reader threads so that steady traffic allocates nothing (a
-/// fresh buffer per message costs page faults, and returning it to the system costs more).
-#[derive(Debug, Default)]
-pub(super) struct Pool {
-    bufs: Mutex<(Vec<Vec<u8>>, usize)>,
-}
-
-impl Pool {
-    /// A buffer for a payload of `len` bytes (its contents are overwritten by the read).
-    pub(super) fn take(&self, len: usize) -> Vec<u8> {
-        if len < POOLED_MIN {
-            return Vec::new();
-        }
-        let mut g = self.bufs.lock().unwrap_or_else(|p| p.into_inner());
-        match g.0.pop() {
-            Some(b) => {
-                g.1 -= b.capacity();
-                b
-            }
-            None => Vec::new(),
-        }
-    }
-
-    /// Keeps `buf` for reuse, up to the pool's limit.
-    pub(super) fn put(&self, buf: Vec<u8>) {
-        let cap = buf.capacity();
-        if cap < POOLED_MIN {
-            return;
-        }
-        let mut g = self.bufs.lock().unwrap_or_else(|p| p.into_inner());
-        if g.1 + cap <= POOL_BYTES {
-            g.1 += cap;
-            g.0.push(buf);
-        }
-    }
-}
 
 /// The unfilled rest of a posted buffer.
 #[derive(Debug)]

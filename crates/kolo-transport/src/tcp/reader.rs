@@ -12,7 +12,8 @@ use kolo_core::{LinkFailure, Mailbox, Message, Reducer};
 
 use super::frame::{self, Kind, Prefix, ReadError};
 use super::live::{Liveness, Touch};
-use super::posted::{Pool, Posts};
+use super::posted::Posts;
+use crate::pool::Pool;
 
 /// What one connection's reader works with.
 pub(super) struct Reader {
