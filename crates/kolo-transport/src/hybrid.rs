@@ -158,6 +158,53 @@ impl Transport for HybridTransport {
         self.remote.recycle(payload);
     }
 
+    unsafe fn send_in_place(
+        &self,
+        peer: usize,
+        header: &Header,
+        payload: &[u8],
+    ) -> Result<Option<u64>, LinkFailure> {
+        match self.local_of.get(peer).copied().flatten() {
+            // SAFETY: the caller's contract, passed on to the shared-memory world.
+            Some(l) => {
+                unsafe { self.shm.send_in_place(l, header, payload) }.map_err(|f| self.global(f))
+            }
+            None => self.remote.send(peer, header, payload).map(|()| None),
+        }
+    }
+
+    fn in_place_min(&self) -> Option<usize> {
+        self.shm.in_place_min()
+    }
+
+    fn in_place_done(&self, peer: usize, ticket: u64) -> Result<bool, LinkFailure> {
+        match self.local_of.get(peer).copied().flatten() {
+            Some(l) => self
+                .shm
+                .in_place_done(l, ticket)
+                .map_err(|f| self.global(f)),
+            None => Ok(true),
+        }
+    }
+
+    fn wait_in_place(
+        &self,
+        peer: usize,
+        ticket: u64,
+        deadline: Option<Instant>,
+    ) -> Result<(), RecvError> {
+        match self.local_of.get(peer).copied().flatten() {
+            Some(l) => self
+                .shm
+                .wait_in_place(l, ticket, deadline)
+                .map_err(|e| match e {
+                    RecvError::Link(f) => RecvError::Link(self.global(f)),
+                    e => e,
+                }),
+            None => Ok(()),
+        }
+    }
+
     fn try_recv(&self, peer: usize, tag: &Tag) -> Result<Option<Message>, LinkFailure> {
         match self.local_of.get(peer).copied().flatten() {
             Some(l) => self.shm.try_recv(l, tag).map_err(|f| self.global(f)),
