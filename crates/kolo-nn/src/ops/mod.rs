@@ -26,7 +26,8 @@ pub use batch_norm::{
     batch_norm_stats, batch_norm_train, batch_norm_train_with_stats, BatchNormStats, BatchStats,
 };
 pub use bf16_gemm::{
-    bf16_path, bf16_path_asked, matmul_bf16, matmul_bf16_on, peak_gflops, Bf16Path, Unit,
+    bf16_compute_note, bf16_path, bf16_path_asked, matmul_bf16, matmul_bf16_on, peak_gflops,
+    Bf16Path, Unit,
 };
 pub use channel_stats::channel_sums;
 pub use conv::{conv2d, conv2d_relu, conv_out};

@@ -87,6 +87,7 @@ pub fn run_elastic(
             cfg.optimizer,
             cfg.lr
         );
+        super::precision_note(cfg);
     }
     loop {
         let generation = (|| -> Result<bool> {

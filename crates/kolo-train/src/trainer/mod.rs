@@ -231,4 +231,15 @@ fn banner(
             String::new()
         }
     );
+    precision_note(cfg);
+}
+
+/// Under `--precision bf16`, rank 0's line on what bf16 computes on this CPU.
+fn precision_note(cfg: &TrainConfig) {
+    if cfg.precision == kolo_ddp::precision::Precision::Bf16 {
+        match kolo_nn::ops::bf16_compute_note() {
+            Ok(note) => println!("{note}"),
+            Err(e) => println!("bf16: {e}"),
+        }
+    }
 }

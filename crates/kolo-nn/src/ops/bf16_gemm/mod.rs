@@ -58,6 +58,45 @@ impl Bf16Path {
     }
 }
 
+/// One line for the user on what bf16 training computes on this CPU (`kolo train --precision bf16`
+/// prints it once): the unit `KOLO_BF16_GEMM` put the convolutions on, or that the layers compute in
+/// f32 around bf16 conversions — and whether this CPU has a bf16 unit at all.
+pub fn bf16_compute_note() -> Result<String> {
+    let units: Vec<Bf16Path> = [Bf16Path::Amx, Bf16Path::Avx512Bf16]
+        .into_iter()
+        .filter(|p| p.available())
+        .collect();
+    Ok(bf16_note(bf16_path_asked()?, &units))
+}
+
+/// [`bf16_compute_note`] for the path asked for and the bf16 units the CPU has.
+fn bf16_note(asked: Option<Bf16Path>, units: &[Bf16Path]) -> String {
+    let label = |p: Bf16Path| match p {
+        Bf16Path::Amx => "AMX",
+        Bf16Path::Avx512Bf16 => "AVX512-BF16",
+        Bf16Path::F32 => "f32",
+    };
+    match (asked, units.first()) {
+        (Some(p), _) if p != Bf16Path::F32 => format!(
+            "bf16: convolutions on this CPU's {} unit (KOLO_BF16_GEMM={}), the other layers in f32 \
+             around bf16 conversions",
+            label(p),
+            p.name()
+        ),
+        (_, None) => {
+            "bf16: this CPU has no bf16 instructions (no AVX512-BF16, no AMX): the layers \
+                      compute in f32 around bf16 conversions — correct, but not faster than f32"
+                .into()
+        }
+        (_, Some(&unit)) => format!(
+            "bf16: the layers compute in f32 around bf16 conversions; KOLO_BF16_GEMM={} puts the \
+             convolutions on this CPU's {} unit (not yet faster than f32's)",
+            unit.name(),
+            label(unit)
+        ),
+    }
+}
+
 /// The path `KOLO_BF16_GEMM` asks for, if it is set (an error naming the value if it is not a
 /// path this CPU can run): bf16 convolutions use the bf16 GEMM only then (`ops::conv2d` on bf16 tensors; otherwise they are computed in f32). On the one
 /// CPU measured, im2col + the AMX GEMM took ResNet-18's convolutions 2.7× longer per step than

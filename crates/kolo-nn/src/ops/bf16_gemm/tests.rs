@@ -102,3 +102,28 @@ fn transposed_operands_are_read_through_their_strides() {
         }
     }
 }
+
+#[test]
+fn the_bf16_note_says_what_computes_on_which_unit() {
+    use super::{bf16_note, Bf16Path};
+    let none = bf16_note(None, &[]);
+    assert!(
+        none.contains("no bf16 instructions") && none.contains("in f32"),
+        "{none}"
+    );
+    let avx = bf16_note(None, &[Bf16Path::Avx512Bf16]);
+    assert!(
+        avx.contains("KOLO_BF16_GEMM=avx512bf16") && avx.contains("AVX512-BF16"),
+        "{avx}"
+    );
+    assert!(avx.contains("in f32 around bf16 conversions"), "{avx}");
+    let amx = bf16_note(None, &[Bf16Path::Amx, Bf16Path::Avx512Bf16]);
+    assert!(amx.contains("KOLO_BF16_GEMM=amx"), "{amx}");
+    let asked = bf16_note(Some(Bf16Path::Avx512Bf16), &[Bf16Path::Avx512Bf16]);
+    assert!(
+        asked.starts_with("bf16: convolutions on this CPU's AVX512-BF16 unit"),
+        "{asked}"
+    );
+    let f32_asked = bf16_note(Some(Bf16Path::F32), &[]);
+    assert_eq!(f32_asked, none);
+}
