@@ -52,6 +52,14 @@ impl HybridTransport {
     }
 
     /// A failure seen by the shared-memory side, with its ranks translated to world ranks.
+    /// [`Self::global`] of a failed wait's link failure.
+    fn global_recv(&self, e: RecvError) -> RecvError {
+        match e {
+            RecvError::Link(f) => RecvError::Link(self.global(f)),
+            e => e,
+        }
+    }
+
     fn global(&self, f: LinkFailure) -> LinkFailure {
         let g = |l: usize| self.local_ranks.get(l).copied().unwrap_or(l);
         match f {
@@ -111,10 +119,10 @@ impl Transport for HybridTransport {
         deadline: Option<Instant>,
     ) -> Result<Message, RecvError> {
         match self.local_of.get(peer).copied().flatten() {
-            Some(l) => self.shm.recv(l, tag, deadline).map_err(|e| match e {
-                RecvError::Link(f) => RecvError::Link(self.global(f)),
-                e => e,
-            }),
+            Some(l) => self
+                .shm
+                .recv(l, tag, deadline)
+                .map_err(|e| self.global_recv(e)),
             None => self.remote.recv(peer, tag, deadline),
         }
     }
@@ -141,12 +149,7 @@ impl Transport for HybridTransport {
                 deadline,
                 meanwhile,
                 each,
-                &|e| {
-                    recv_error(match e {
-                        RecvError::Link(f) => RecvError::Link(self.global(f)),
-                        e => e,
-                    })
-                },
+                &|e| recv_error(self.global_recv(e)),
             ),
             None => self.remote.recv_posted(
                 peer, tag, buf, segment, reduce, deadline, meanwhile, each, recv_error,
@@ -197,10 +200,7 @@ impl Transport for HybridTransport {
             Some(l) => self
                 .shm
                 .wait_in_place(l, ticket, deadline)
-                .map_err(|e| match e {
-                    RecvError::Link(f) => RecvError::Link(self.global(f)),
-                    e => e,
-                }),
+                .map_err(|e| self.global_recv(e)),
             None => Ok(()),
         }
     }

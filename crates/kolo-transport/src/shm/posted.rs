@@ -18,8 +18,8 @@ use std::time::Instant;
 use kolo_core::{segment_ranges, Header, LinkFailure, Received, RecvError, Tag, TagSpace};
 
 use super::health::STATE_ALIVE;
-use super::prefix::{decode_prefix, Prefix, IN_PLACE_BYTES, PREFIX};
-use super::ring::{next_message, Consumer};
+use super::prefix::{decode_prefix, Prefix, PREFIX};
+use super::ring::Consumer;
 use super::{lock, ShmTransport};
 
 /// A posted receive's callbacks, as [`Transport::recv_posted`](kolo_core::Transport::recv_posted)
@@ -133,11 +133,8 @@ impl ShmTransport {
         header: Header,
         dst: &mut [u8],
     ) -> Option<Result<Received, RecvError>> {
-        let ring = self.ring(peer, self.rank);
-        let head = ring.consumer_position();
-        let addr = self.in_place_address(peer, head)?;
-        ring.release(next_message(head + (PREFIX + IN_PLACE_BYTES) as u64));
-        self.bell(peer).ring();
+        let head = self.ring(peer, self.rank).consumer_position();
+        let (addr, _) = self.take_in_place(peer, head)?;
         Some(match self.copy_in_place(peer, addr, dst) {
             Ok(()) => Ok(self.direct(peer, header)),
             Err(f) => Err(RecvError::Link(f)),

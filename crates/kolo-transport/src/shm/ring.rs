@@ -130,12 +130,10 @@ impl ShmTransport {
                 };
                 if in_place {
                     // Published whole with its prefix; copied from the sender into the mailbox.
-                    let Some(addr) = self.in_place_address(src, head) else {
+                    let Some((addr, next)) = self.take_in_place(src, head) else {
                         break;
                     };
-                    head = next_message(head + (PREFIX + IN_PLACE_BYTES) as u64);
-                    ring.release(head);
-                    self.bell(src).ring();
+                    head = next;
                     match self.copy_in_place_vec(src, addr, len) {
                         Ok(payload) => {
                             self.mailbox.deliver(src, Message { header, payload });
@@ -236,9 +234,11 @@ impl ShmTransport {
         Ok(space)
     }
 
-    /// The address after the prefix at `head` of a message in place from `src`, once it has
-    /// arrived (the sender publishes both at once). The caller holds the ring's consumer lock.
-    pub(super) fn in_place_address(&self, src: usize, head: u64) -> Option<u64> {
+    /// Takes the message in place from `src` whose prefix is at `head`, once its address (after
+    /// the prefix; the sender publishes both at once) has arrived: gives its ring space back and
+    /// returns the address and where the next message starts. The caller holds the ring's
+    /// consumer lock.
+    pub(super) fn take_in_place(&self, src: usize, head: u64) -> Option<(u64, u64)> {
         let ring = self.ring(src, self.rank);
         if ring.available(head) < PREFIX + IN_PLACE_BYTES {
             return None;
@@ -246,7 +246,10 @@ impl ShmTransport {
         let mut a = [0u8; IN_PLACE_BYTES];
         // SAFETY: the caller holds the consumer lock; `available` covers the bytes.
         unsafe { ring.read(head + PREFIX as u64, &mut a) };
-        Some(u64::from_le_bytes(a))
+        let next = next_message(head + (PREFIX + IN_PLACE_BYTES) as u64);
+        ring.release(next);
+        self.bell(src).ring();
+        Some((u64::from_le_bytes(a), next))
     }
 
     pub(super) fn send_to_peer(
