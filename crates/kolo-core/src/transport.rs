@@ -87,6 +87,49 @@ pub trait Transport: Send + Sync + fmt::Debug {
     ) -> Result<(), RecvError> {
         Ok(())
     }
+    /// Posts a receive of the next message from `peer` with `tag` into `len` bytes at `buf`, where
+    /// this transport can fill it as the message arrives (MPI's posted `Irecv`): whichever call of
+    /// this endpoint next moves incoming messages writes the payload straight into `buf` — the
+    /// shared-memory transport, between processes; its posting then, for
+    /// [`Transport::posted_recv`] and [`Transport::unpost_recv`]. Elsewhere `None`: nothing was
+    /// posted (receive with [`Transport::recv_posted`] or [`Transport::recv`] instead). Postings
+    /// from one peer with one tag take that peer's messages in the order they were posted, before
+    /// any later receive; a message that arrived before the posting, still queued, is its first.
+    ///
+    /// # Safety
+    ///
+    /// With `Ok(Some(posting))`, `buf` must stay valid for writes of `len` bytes, and be neither
+    /// read nor written by anyone else, until [`Transport::posted_recv`] reports the posting
+    /// complete or failed, or [`Transport::unpost_recv`] returns.
+    unsafe fn post_recv(
+        &self,
+        _peer: usize,
+        _tag: &Tag,
+        _buf: *mut u8,
+        _len: usize,
+    ) -> Result<Option<u64>, LinkFailure> {
+        Ok(None)
+    }
+    /// The outcome of a posting of [`Transport::post_recv`] once its message has been received:
+    /// the message's header and length (a message longer than the posting was consumed with
+    /// nothing written: the caller reports the truncation). With `block`, waits until `deadline`
+    /// ([`RecvError::Timeout`]); without, `None` at once while the message has not arrived. A
+    /// posting reported complete or failed is gone.
+    fn posted_recv(
+        &self,
+        _posting: u64,
+        _block: bool,
+        _deadline: Option<Instant>,
+    ) -> Result<Option<(Header, usize)>, RecvError> {
+        Err(RecvError::Link(LinkFailure::PeerLost {
+            peer: self.rank(),
+            reason: "this transport posts no receives".into(),
+        }))
+    }
+    /// Withdraws a posting of [`Transport::post_recv`] that is no longer wanted: nothing is written
+    /// into its buffer after this returns. A message it had begun to take goes on to the next
+    /// receive instead, whole; one it had taken is dropped with it.
+    fn unpost_recv(&self, _posting: u64) {}
     /// Waits for the next message from `peer` with `tag`, until `deadline` (`None`: forever).
     fn recv(&self, peer: usize, tag: &Tag, deadline: Option<Instant>)
         -> Result<Message, RecvError>;

@@ -438,6 +438,18 @@ impl PyCommunicator {
         self.send_bytes_in_place(py, buf, dest, tag)
     }
 
+    /// kolo.MPI's `Irecv` into the bytes of `buf`: posted where the transport can (the
+    /// `PostedRecv` to wait on, which holds `buf`), else `None` (nothing posted).
+    fn post_recv(
+        &self,
+        py: Python<'_>,
+        buf: &Bound<'_, PyAny>,
+        src: usize,
+        tag: u64,
+    ) -> PyResult<Option<crate::posted::PyPostedRecv>> {
+        self.post_bytes(py, buf, src, tag)
+    }
+
     #[pyo3(signature = (buf, src, tag=0, dtype=None, done=None))]
     fn recv(
         &self,

@@ -16,6 +16,7 @@ mod in_place;
 mod names;
 mod objects;
 mod p2p;
+mod posted;
 mod run;
 mod store;
 
@@ -109,6 +110,7 @@ fn shutdown(py: Python<'_>, grace: f64) -> PyResult<()> {
 fn _kolo(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyCommunicator>()?;
     m.add_class::<in_place::PyInPlaceSend>()?;
+    m.add_class::<posted::PyPostedRecv>()?;
     m.add_function(wrap_pyfunction!(init, m)?)?;
     m.add_function(wrap_pyfunction!(init_with_store, m)?)?;
     m.add_function(wrap_pyfunction!(local_communicators, m)?)?;

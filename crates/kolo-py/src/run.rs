@@ -320,6 +320,18 @@ impl PyCommunicator {
         py.detach(|| f(comm)).map_err(to_py)
     }
 
+    /// A brief call of `direction` (one that never waits for a peer: posting a receive) after
+    /// the asynchronous operations it runs after, keeping the GIL.
+    pub(crate) fn brief<R>(
+        &self,
+        py: Python<'_>,
+        direction: Direction,
+        f: impl FnOnce(&Communicator) -> kolo::Result<R>,
+    ) -> PyResult<R> {
+        self.lane.before_blocking(py, Some(direction))?;
+        f(&self.comm).map_err(to_py)
+    }
+
     /// One collective on `buffers`: with `done`, `queued` issues kolo's asynchronous form (kolo
     /// owns the buffers until it completes; then `done` is called); without, `blocking` runs
     /// kolo's blocking form ([`PyCommunicator::blocking`]) and the buffers are released here.

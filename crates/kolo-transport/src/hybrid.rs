@@ -205,6 +205,35 @@ impl Transport for HybridTransport {
         }
     }
 
+    unsafe fn post_recv(
+        &self,
+        peer: usize,
+        tag: &Tag,
+        buf: *mut u8,
+        len: usize,
+    ) -> Result<Option<u64>, LinkFailure> {
+        match self.local_of.get(peer).copied().flatten() {
+            // SAFETY: the caller's contract, passed on to the shared-memory world.
+            Some(l) => unsafe { self.shm.post_recv(l, tag, buf, len) }.map_err(|f| self.global(f)),
+            None => Ok(None),
+        }
+    }
+
+    fn posted_recv(
+        &self,
+        posting: u64,
+        block: bool,
+        deadline: Option<Instant>,
+    ) -> Result<Option<(Header, usize)>, RecvError> {
+        self.shm
+            .posted_recv(posting, block, deadline)
+            .map_err(|e| self.global_recv(e))
+    }
+
+    fn unpost_recv(&self, posting: u64) {
+        self.shm.unpost_recv(posting)
+    }
+
     fn try_recv(&self, peer: usize, tag: &Tag) -> Result<Option<Message>, LinkFailure> {
         match self.local_of.get(peer).copied().flatten() {
             Some(l) => self.shm.try_recv(l, tag).map_err(|f| self.global(f)),

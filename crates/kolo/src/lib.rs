@@ -41,6 +41,7 @@ mod init;
 mod matching;
 mod object;
 mod p2p;
+mod posted_recv;
 mod send_in_place;
 mod stop_report;
 mod topology;
@@ -71,6 +72,7 @@ pub use kolo_store as store;
 pub use kolo_transport as transport;
 pub use matching::{Source, Status, TagMatch};
 pub use p2p::{Completion, Request};
+pub use posted_recv::PostedRecv;
 pub use send_in_place::InPlaceSend;
 pub use work::{Work, WorkTimes};
 

@@ -22,7 +22,7 @@ const SEND: &str = "send";
 const RECV: &str = "recv";
 
 impl Communicator {
-    fn peer(&self, op: &'static str, arg: &'static str, peer: usize) -> Result<usize> {
+    pub(crate) fn peer(&self, op: &'static str, arg: &'static str, peer: usize) -> Result<usize> {
         self.inner.check()?;
         self.inner
             .members
@@ -37,7 +37,7 @@ impl Communicator {
             })
     }
 
-    fn p2p_tag(&self, tag: u64) -> Tag {
+    pub(crate) fn p2p_tag(&self, tag: u64) -> Tag {
         Tag {
             group: self.inner.group,
             space: TagSpace::P2p,
@@ -105,7 +105,7 @@ impl Communicator {
     }
 
     /// Checks that a message from `src` with `header` is a send of `T`s (`expect`: of that many).
-    fn check_sent<T: Element>(
+    pub(crate) fn check_sent<T: Element>(
         &self,
         src: usize,
         header: &Header,
@@ -172,7 +172,7 @@ impl Communicator {
         Ok(())
     }
 
-    fn recv_error(&self, src: usize, started: Instant, e: RecvError) -> Error {
+    pub(crate) fn recv_error(&self, src: usize, started: Instant, e: RecvError) -> Error {
         match e {
             RecvError::Timeout => Error::Timeout {
                 op: RECV,
@@ -392,29 +392,12 @@ impl Communicator {
     ) -> Result<usize> {
         self.check_sent::<T>(src, &msg.header, None)?;
         let (have, got) = (buf.len(), msg.payload.len());
-        let elem = std::mem::size_of::<T>();
-        if got > have || got % elem != 0 {
-            let reason = if got > have {
-                format!(
-                    "the message from rank {src} with tag {tag} has {got} bytes, more than the \
-                     buffer holds ({have} bytes; MPI's ERR_TRUNCATE)"
-                )
-            } else {
-                format!(
-                    "{got} bytes from rank {src} are not a whole number of {}",
-                    T::DTYPE
-                )
-            };
-            return Err(Error::InvalidArgument {
-                op: RECV,
-                rank: self.rank(),
-                arg: "buf",
-                reason,
-            });
+        if let Some(e) = self.length_error::<T>(src, tag, got, have) {
+            return Err(e);
         }
         buf[..got].copy_from_slice(&msg.payload);
         self.inner.transport.recycle(msg.payload);
-        Ok(got / elem)
+        Ok(got / std::mem::size_of::<T>())
     }
 
     /// Non-blocking receive of a message from `src` with `tag`; with `Some(count)` the message must

@@ -202,6 +202,12 @@ impl Mailbox {
         self.changed(s);
     }
 
+    /// Whether `peer` has closed cleanly (its messages still queued can be received).
+    pub fn is_closed(&self, peer: usize) -> bool {
+        self.stirred.load(Ordering::Acquire) > 0
+            && self.lock().closed.get(peer).copied().unwrap_or(false)
+    }
+
     /// Fails the mailbox; the first failure sticks and wakes every waiter.
     pub fn fail(&self, failure: LinkFailure) {
         let mut s = self.lock();

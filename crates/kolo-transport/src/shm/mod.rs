@@ -43,6 +43,9 @@ mod health;
 mod layout;
 mod options;
 mod posted;
+mod postings;
+#[cfg(test)]
+mod postings_tests;
 pub(crate) mod prefix;
 mod ring;
 pub mod segment;
@@ -71,6 +74,7 @@ use kolo_store::Store;
 use health::{STATE_ABORTED, STATE_CLOSED, STATE_LOST};
 use layout::{Layout, LINE, MAGIC};
 pub use options::ShmOptions;
+use postings::Postings;
 use ring::{Consumer, Producer};
 pub use segment::Segment;
 use sync::{Doorbell, ProcessWatch};
@@ -95,6 +99,8 @@ pub struct ShmTransport {
     mailbox: Mailbox,
     /// Payload buffers of messages drained into the mailbox, given back by `recycle`.
     pool: Pool,
+    /// Receives posted ahead of their messages (see `postings`).
+    postings: Postings,
     /// Per peer: the outgoing ring's producer side, under its lock.
     producers: Vec<Mutex<Producer>>,
     consumers: Vec<Mutex<Consumer>>,
@@ -168,6 +174,7 @@ impl ShmTransport {
             opts,
             mailbox: Mailbox::new(n),
             pool: Pool::default(),
+            postings: Postings::default(),
             producers: (0..n).map(|_| Mutex::default()).collect(),
             consumers: (0..n).map(|_| Mutex::new(Consumer::default())).collect(),
             watches: (0..n).map(|_| None).collect(),
@@ -532,6 +539,29 @@ impl Transport for ShmTransport {
     fn failure(&self) -> Option<LinkFailure> {
         // A peer that died is seen here, not only by the next wait's health check.
         self.health()
+    }
+
+    unsafe fn post_recv(
+        &self,
+        peer: usize,
+        tag: &Tag,
+        buf: *mut u8,
+        len: usize,
+    ) -> Result<Option<u64>, LinkFailure> {
+        self.add_posting(peer, tag, buf as usize, len)
+    }
+
+    fn posted_recv(
+        &self,
+        posting: u64,
+        block: bool,
+        deadline: Option<Instant>,
+    ) -> Result<Option<(Header, usize)>, RecvError> {
+        self.wait_posting(posting, block, deadline)
+    }
+
+    fn unpost_recv(&self, posting: u64) {
+        self.remove_posting(posting)
     }
 
     fn recycle(&self, payload: Vec<u8>) {

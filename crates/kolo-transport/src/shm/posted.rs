@@ -19,7 +19,7 @@ use kolo_core::{segment_ranges, Header, LinkFailure, Received, RecvError, Tag, T
 
 use super::health::STATE_ALIVE;
 use super::prefix::{decode_prefix, Prefix, PREFIX};
-use super::ring::Consumer;
+use super::ring::{Consumer, Partial};
 use super::{lock, ShmTransport};
 
 /// A posted receive's callbacks, as [`Transport::recv_posted`](kolo_core::Transport::recv_posted)
@@ -66,7 +66,11 @@ impl ShmTransport {
                 let mut c = lock(&self.consumers[peer]);
                 if c.partial.is_none() {
                     if let Some(Ok(p)) = self.peek(peer) {
-                        if p.header.tag == *tag && p.len == dst.len() {
+                        // (A posting waiting for the same messages takes them first.)
+                        if p.header.tag == *tag
+                            && p.len == dst.len()
+                            && !self.postings.waiting_for(peer, tag)
+                        {
                             if !p.in_place {
                                 return self.read_direct(peer, &mut c, p.header, dst, deadline);
                             }
@@ -208,7 +212,13 @@ impl ShmTransport {
             };
             if let Err(e) = waited.and_then(|r| r) {
                 ring.release(head);
-                c.partial = Some((header, dst.len(), dst[..done].to_vec()));
+                c.partial = Some(Partial {
+                    header,
+                    len: dst.len(),
+                    got: done,
+                    posting: None,
+                    buf: dst[..done].to_vec(),
+                });
                 return Err(e);
             }
         }

@@ -15,6 +15,7 @@ use kolo_core::{Header, LinkFailure, Message, RecvError};
 use super::atomics::SharedBytes;
 use super::health::{STATE_ALIVE, STATE_CLOSED};
 use super::layout::{LINE, RING_CTRL};
+use super::postings::Claim;
 use super::prefix::{decode_prefix, encode_prefix, Prefix, IN_PLACE_BYTES, PREFIX};
 use super::spsc::Spsc;
 use super::{lock, ShmTransport};
@@ -31,12 +32,30 @@ pub(super) fn next_message(end: u64) -> u64 {
 /// A streamed message's padding (at most `MESSAGE_ALIGN - 1` bytes of it).
 static PADDING: [u8; MESSAGE_ALIGN as usize] = [0; MESSAGE_ALIGN as usize];
 
-/// The receiving side of one incoming ring: a message being assembled.
+/// The receiving side of one incoming ring: a message being read.
 #[derive(Debug, Default)]
 pub(super) struct Consumer {
-    pub(super) partial: Option<(Header, usize, Vec<u8>)>,
+    pub(super) partial: Option<Partial>,
     /// The peer's clean close has been passed to the mailbox.
     closed: bool,
+}
+
+/// A message being read from a ring: `got` of its `len` payload bytes so far, into the buffer of
+/// the posting it was matched to (see `postings`) when it fits there, else into `buf`.
+#[derive(Debug)]
+pub(super) struct Partial {
+    pub(super) header: Header,
+    pub(super) len: usize,
+    pub(super) got: usize,
+    pub(super) posting: Option<Claim>,
+    pub(super) buf: Vec<u8>,
+}
+
+impl Partial {
+    /// The posting its payload is written into.
+    fn posting_fits(&self) -> Option<Claim> {
+        self.posting.filter(|c| self.len <= c.cap)
+    }
 }
 
 /// The producer's side of an outgoing ring, under its lock: its own position (only it moves the
@@ -129,17 +148,22 @@ impl ShmTransport {
                     }
                 };
                 if in_place {
-                    // Published whole with its prefix; copied from the sender into the mailbox.
+                    // Published whole with its prefix; copied from the sender into the posting
+                    // waiting for it, else into a buffer for the mailbox.
                     let Some((addr, next)) = self.take_in_place(src, head) else {
                         break;
                     };
                     head = next;
-                    match self.copy_in_place_vec(src, addr, len) {
-                        Ok(payload) => {
-                            self.mailbox.deliver(src, Message { header, payload });
-                            delivered = true;
-                        }
-                        Err(_) => break, // the mailbox holds the failure
+                    match self.in_place_to_posting(src, header, addr, len) {
+                        Some(true) => delivered = true,
+                        Some(false) => break, // the mailbox holds the failure
+                        None => match self.copy_in_place_vec(src, addr, len) {
+                            Ok(payload) => {
+                                self.mailbox.deliver(src, Message { header, payload });
+                                delivered = true;
+                            }
+                            Err(_) => break,
+                        },
                     }
                     if one {
                         break;
@@ -147,36 +171,40 @@ impl ShmTransport {
                     continue;
                 }
                 head += PREFIX as u64;
-                // Never trust the length for the allocation: grow as bytes arrive (into a pooled
-                // buffer, for a large one).
-                let mut buf = self.pool.take(len);
-                buf.clear();
-                buf.reserve(len.min(self.layout.ring));
-                c.partial = Some((header, len, buf));
+                c.partial = Some(self.start_partial(src, header, len));
                 continue;
             }
-            let Some((_, len, buf)) = c.partial.as_mut() else {
+            let Some(p) = c.partial.as_mut() else {
                 break;
             };
-            let take = avail.min(*len - buf.len()).min(self.chunk());
+            let take = avail.min(p.len - p.got).min(self.chunk());
             if take > 0 {
-                let old = buf.len();
-                buf.resize(old + take, 0);
-                // SAFETY: as above.
-                unsafe { ring.read(head, &mut buf[old..]) };
+                match p.posting_fits() {
+                    // SAFETY: this thread holds the ring's consumer lock, under which the claim
+                    // holds; `take` fits the posting and `avail` covers the bytes.
+                    Some(claim) => unsafe { ring.read(head, claim.bytes(p.got, take)) },
+                    None => {
+                        let old = p.buf.len();
+                        p.buf.resize(old + take, 0);
+                        // SAFETY: as above.
+                        unsafe { ring.read(head, &mut p.buf[old..]) };
+                    }
+                }
+                p.got += take;
                 head += take as u64;
             }
-            if buf.len() == *len {
+            let whole = p.got == p.len;
+            if whole {
                 head = next_message(head);
             }
-            if take > 0 || buf.len() == *len {
+            if take > 0 || whole {
                 // Give the space back at once: the sender refills it while the next chunk is read.
                 ring.release(head);
                 self.bell(src).ring();
             }
-            if buf.len() == *len {
-                if let Some((header, _, payload)) = c.partial.take() {
-                    self.mailbox.deliver(src, Message { header, payload });
+            if whole {
+                if let Some(p) = c.partial.take() {
+                    self.complete(src, p);
                     delivered = true;
                 }
                 if one {

@@ -21,6 +21,9 @@ class Intracomm(P2P, Collectives):
         self._c = comm._c  # the native communicator: buffers
         self._rank, self._size = comm.rank, comm.size
         self._posted = rq.posted()
+        # Receives pending that the transport did not post (see `request.Receive`), and the
+        # sources it posts none from.
+        self._plain, self._unposted = 0, set()
         # Sends of at least this many bytes may go in place (see `p2p`); None: none do.
         self._in_place_min = comm._c.in_place_min
         self._scratch = bytearray()

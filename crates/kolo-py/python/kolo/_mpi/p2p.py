@@ -17,7 +17,7 @@ deadlock. ``Bsend`` and ``Ibsend`` stay buffered.
 import pickle
 
 from . import request as rq
-from .request import Receive
+from .request import Receive, nbytes
 from .datatypes import ANY_SOURCE, ANY_TAG, BAD_INPUT, PROC_NULL, raw, to_int
 from .datatypes import Datatype as DT
 
@@ -47,18 +47,6 @@ def recv_from(source, tag):
     if tag < 0 and tag != ANY_TAG:
         raise ValueError(f"tag: expected a tag >= 0 or MPI.ANY_TAG, got {tag}")
     return source, tag
-
-
-def nbytes(span):
-    """The bytes of a message in the native form (buffer, byte offset, bytes or None: the rest)."""
-    n = span[2]
-    if n is None:
-        buf = span[0]
-        n = getattr(buf, "nbytes", None)
-        if type(n) is not int:
-            with memoryview(buf) as m:
-                n = m.nbytes
-    return n
 
 
 def wild(source, tag):

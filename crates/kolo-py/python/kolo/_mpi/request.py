@@ -2,12 +2,18 @@
 
 kolo's sends are buffered (a send returns once the transport has the message), so ``Isend``
 returns a request that is already complete — but for a large one to a rank of the same host, which
-goes in place (see `p2p`): its request is pending until the receiver has copied the buffer. ``Irecv`` posts nothing: its request receives when
-it is waited on or tested — after the receives posted before it that could take its message (the
-same source and tag, or a wildcard, ``ANY_SOURCE`` or ``ANY_TAG``, that covers them), which MPI's
-matching order gives the messages first (each request knows the last of each such kind posted
-before it). Since no send waits for a receive, receiving late cannot deadlock a program that is
-correct under MPI.
+goes in place (see `p2p`): its request is pending until the receiver has copied the buffer.
+
+``Irecv`` into a buffer from one source with one tag is posted with the transport where it can
+(shared memory between processes): whichever kolo call of this rank next moves incoming messages
+writes the message straight into the buffer, as MPI's progress does, and ``Wait`` finds it there.
+Other receives (wildcards, objects, a transport that posts none) receive when they are waited on or
+tested — after the receives posted before them that could take their message (the same source
+and tag, or a wildcard, ``ANY_SOURCE`` or ``ANY_TAG``, that covers them), which MPI's matching order
+gives the messages first (each request knows the last of each such kind posted before it); while
+one of them is pending, later receives are not posted with the transport either, so the order
+holds. Since no send waits for a receive, receiving late cannot deadlock a program that is correct
+under MPI.
 """
 
 import collections
@@ -324,17 +330,29 @@ class Receive(Request):
     `ANY_SOURCE` and `ANY_TAG`; once complete, they are the message's."""
 
     __slots__ = ("_pending", "_result", "_comm", "_span", "_source", "_tag", "_key", "_before",
-                 "_count", "_seq")
+                 "_count", "_seq", "_native")
 
     def __init__(self, comm, span, source, tag, pending=True):
         self._comm, self._span, self._source, self._tag = comm, span, source, tag
         self._pending, self._result, self._count, self._before = pending, None, 0, None
+        self._native = None
         if pending:
             # The receives posted before this one that could take its message take theirs first
             # (MPI matches receives in the order they were posted).
             posted = comm._posted
             self._key = key = (source, tag)
             self._seq = next(_POSTINGS)
+            if (span is not None and source >= 0 and tag >= 0 and not comm._plain
+                    and source not in comm._unposted
+                    and (span[2] if span[2] is not None else nbytes(span)) >= _POST_MIN):
+                # Posted with the transport, which writes the message into `span` (and keeps
+                # the order among postings): possible while every receive pending is posted so.
+                self._native = comm._c.post_recv(span, source, tag)
+                if self._native is not None:
+                    posted[key] = self
+                    return
+                comm._unposted.add(source)  # a peer the transport posts no receives from
+            comm._plain += 1
             if source >= 0 and tag >= 0 and (not posted or (len(posted) == 1 and key in posted)):
                 # No other receive pending, or only ones from this source with this tag (a
                 # window of Irecvs): the last of them, if any, comes first.
@@ -368,6 +386,18 @@ class Receive(Request):
         return self._receive(block)
 
     def _receive(self, block):
+        native = self._native
+        if native is not None:
+            try:
+                n = native.wait() if block else native.done()
+            except BaseException:
+                self._complete()  # failed: complete, with its error raised here
+                raise
+            if n is None:
+                return False
+            self._count = n
+            self._complete()
+            return True
         c = self._comm._c
         source, tag = self._source, self._tag
         try:
@@ -401,7 +431,9 @@ class Receive(Request):
         # _complete(), inline.
         self._pending = False
         self._before = None
-        posted = self._comm._posted
+        comm = self._comm
+        comm._plain -= 1
+        posted = comm._posted
         if posted.get(self._key) is self:
             del posted[self._key]
         return True
@@ -409,13 +441,34 @@ class Receive(Request):
     def _complete(self):
         self._pending = False
         self._before = None
-        posted = self._comm._posted
+        comm = self._comm
+        if self._native is None:
+            comm._plain -= 1
+        else:
+            self._native = None
+        posted = comm._posted
         if posted.get(self._key) is self:
             del posted[self._key]  # a communicator without posted receives skips the lookups
         return True
 
 
 _POSTINGS = itertools.count()
+
+# The smallest receive posted with the transport: below it, posting costs more (~0.25 µs a
+# receive) than the copy it saves.
+_POST_MIN = 4096
+
+
+def nbytes(span):
+    """The bytes of a message in the native form (buffer, byte offset, bytes or None: the rest)."""
+    n = span[2]
+    if n is None:
+        buf = span[0]
+        n = getattr(buf, "nbytes", None)
+        if type(n) is not int:
+            with memoryview(buf) as m:
+                n = m.nbytes
+    return n
 
 
 def _competing(posted, source, tag):
