@@ -5,29 +5,13 @@ receive buffer are right; two ranks sending to each other first do not deadlock;
 dropped without a wait keeps its buffer until it is copied. With the threshold at 0 the same
 program runs with buffered sends."""
 
-import json
-import os
-import shutil
-import subprocess
-import sys
-
 import pytest
 
-KOLO = os.environ.get("KOLO_BIN") or shutil.which("kolo")
-WORKER = os.path.join(os.path.dirname(__file__), "in_place_worker.py")
+from two_ranks import KOLO, run_two
 
 
 def run(tmp_path, mode, **env):
-    flag = str(tmp_path / "go")
-    p = subprocess.run([KOLO, "run", "-n", "2", "--", sys.executable, WORKER, flag, mode],
-                       capture_output=True, text=True, timeout=120,
-                       env=dict(os.environ, KOLO_TRANSPORT="shm", **env))
-    assert p.returncode == 0, p.stdout + p.stderr
-    found = {}
-    for line in p.stdout.splitlines():
-        if "{" in line:
-            got = json.loads(line[line.index("{"):])
-            found[got["rank"]] = got
+    found = run_two("in_place_worker.py", str(tmp_path / "go"), mode, **env)
     return found[0], found[1]
 
 
