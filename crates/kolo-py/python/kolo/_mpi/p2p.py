@@ -17,7 +17,7 @@ deadlock. ``Bsend`` and ``Ibsend`` stay buffered.
 import pickle
 
 from . import request as rq
-from .request import Receive, nbytes
+from .request import irecv, nbytes
 from .datatypes import ANY_SOURCE, ANY_TAG, BAD_INPUT, PROC_NULL, raw, to_int
 from .datatypes import Datatype as DT
 
@@ -148,8 +148,8 @@ class P2P:
                 if source is None:
                     return rq.proc_null_request()
             if type(buf) is list and len(buf) == 3 and type(buf[1]) is int and type(buf[2]) is DT:
-                return Receive(self, (buf[0], 0, buf[1] * buf[2].size), source, tag)  # see Send
-            return Receive(self, raw(buf), source, tag)
+                return irecv(self, (buf[0], 0, buf[1] * buf[2].size), source, tag)  # see Send
+            return irecv(self, raw(buf), source, tag)
         except BAD_INPUT as e:
             self._fail("Irecv", e)
             raise

@@ -342,16 +342,6 @@ class Receive(Request):
             posted = comm._posted
             self._key = key = (source, tag)
             self._seq = next(_POSTINGS)
-            if (span is not None and source >= 0 and tag >= 0 and not comm._plain
-                    and source not in comm._unposted
-                    and (span[2] if span[2] is not None else nbytes(span)) >= _POST_MIN):
-                # Posted with the transport, which writes the message into `span` (and keeps
-                # the order among postings): possible while every receive pending is posted so.
-                self._native = comm._c.post_recv(span, source, tag)
-                if self._native is not None:
-                    posted[key] = self
-                    return
-                comm._unposted.add(source)  # a peer the transport posts no receives from
             comm._plain += 1
             if source >= 0 and tag >= 0 and (not posted or (len(posted) == 1 and key in posted)):
                 # No other receive pending, or only ones from this source with this tag (a
@@ -450,6 +440,40 @@ class Receive(Request):
         if posted.get(self._key) is self:
             del posted[self._key]  # a communicator without posted receives skips the lookups
         return True
+
+
+class Posted(Receive):
+    """A receive posted with the transport (see the module's documentation), into its buffer
+    from one source with one tag."""
+
+    __slots__ = ()
+
+    def __init__(self, comm, native, source, tag):
+        self._comm, self._native, self._source, self._tag = comm, native, source, tag
+        self._pending, self._result, self._count, self._before, self._span = True, None, 0, None, None
+        self._key = key = (source, tag)
+        self._seq = next(_POSTINGS)
+        comm._posted[key] = self
+
+    def Wait(self, status=None):
+        if self._pending:
+            self._receive(True)
+        if status is not None:
+            status._set(self._source, self._tag, self._count)
+        return True
+
+
+def irecv(comm, span, source, tag):
+    """The request of an ``Irecv`` into `span` (the native form): posted with the transport,
+    which writes the message into it and keeps the order among postings, where it can — while
+    every receive pending is posted so — else a `Receive`."""
+    if (source >= 0 and tag >= 0 and not comm._plain and source not in comm._unposted
+            and (span[2] if span[2] is not None else nbytes(span)) >= _POST_MIN):
+        native = comm._c.post_recv(span, source, tag)
+        if native is not None:
+            return Posted(comm, native, source, tag)
+        comm._unposted.add(source)  # a peer the transport posts no receives from
+    return Receive(comm, span, source, tag)
 
 
 _POSTINGS = itertools.count()
