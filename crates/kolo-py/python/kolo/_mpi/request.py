@@ -330,12 +330,11 @@ class Receive(Request):
     `ANY_SOURCE` and `ANY_TAG`; once complete, they are the message's."""
 
     __slots__ = ("_pending", "_result", "_comm", "_span", "_source", "_tag", "_key", "_before",
-                 "_count", "_seq", "_native")
+                 "_count", "_seq")
 
     def __init__(self, comm, span, source, tag, pending=True):
         self._comm, self._span, self._source, self._tag = comm, span, source, tag
         self._pending, self._result, self._count, self._before = pending, None, 0, None
-        self._native = None
         if pending:
             # The receives posted before this one that could take its message take theirs first
             # (MPI matches receives in the order they were posted).
@@ -376,18 +375,6 @@ class Receive(Request):
         return self._receive(block)
 
     def _receive(self, block):
-        native = self._native
-        if native is not None:
-            try:
-                n = native.wait() if block else native.done()
-            except BaseException:
-                self._complete()  # failed: complete, with its error raised here
-                raise
-            if n is None:
-                return False
-            self._count = n
-            self._complete()
-            return True
         c = self._comm._c
         source, tag = self._source, self._tag
         try:
@@ -432,34 +419,44 @@ class Receive(Request):
         self._pending = False
         self._before = None
         comm = self._comm
-        if self._native is None:
-            comm._plain -= 1
-        else:
-            self._native = None
+        comm._plain -= 1
         posted = comm._posted
         if posted.get(self._key) is self:
             del posted[self._key]  # a communicator without posted receives skips the lookups
         return True
 
 
-class Posted(Receive):
+class Posted(Request):
     """A receive posted with the transport (see the module's documentation), into its buffer
-    from one source with one tag."""
+    from one source with one tag. The transport gives it its message before any receive posted
+    later, so it needs no place in the communicator's order of pending receives."""
 
-    __slots__ = ()
+    __slots__ = ("_pending", "_native", "_source", "_tag", "_count")
 
-    def __init__(self, comm, native, source, tag):
-        self._comm, self._native, self._source, self._tag = comm, native, source, tag
-        self._pending, self._result, self._count, self._before, self._span = True, None, 0, None, None
-        self._key = key = (source, tag)
-        self._seq = next(_POSTINGS)
-        comm._posted[key] = self
+    def __init__(self, native, source, tag):
+        self._native, self._source, self._tag, self._pending, self._count = (
+            native, source, tag, True, 0)
+
+    def _report(self, status):
+        status._set(self._source, self._tag, self._count)
 
     def Wait(self, status=None):
         if self._pending:
-            self._receive(True)
+            self._progress(True)
         if status is not None:
             status._set(self._source, self._tag, self._count)
+        return True
+
+    def _progress(self, block):
+        native = self._native
+        try:
+            n = native.wait() if block else native.done()
+        except BaseException:
+            self._pending, self._native = False, None  # failed: complete, its error raised here
+            raise
+        if n is None:
+            return False
+        self._count, self._pending, self._native = n, False, None
         return True
 
 
@@ -471,7 +468,7 @@ def irecv(comm, span, source, tag):
             and (span[2] if span[2] is not None else nbytes(span)) >= _POST_MIN):
         native = comm._c.post_recv(span, source, tag)
         if native is not None:
-            return Posted(comm, native, source, tag)
+            return Posted(native, source, tag)
         comm._unposted.add(source)  # a peer the transport posts no receives from
     return Receive(comm, span, source, tag)
 
