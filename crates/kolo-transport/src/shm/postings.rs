@@ -23,6 +23,7 @@ use kolo_core::{Header, LinkFailure, Message, RecvError, Tag, TagSpace};
 
 use super::health::STATE_ALIVE;
 use super::ring::Partial;
+use super::single_copy::{Batch, READ_CHUNK};
 use super::{lock, ShmTransport};
 
 /// What a posting's wait reports: the message's header and length, or the failure that ended it.
@@ -325,16 +326,29 @@ impl ShmTransport {
     }
 
     /// Copies the message in place from `src` at `addr` into the posting waiting for it, if one
-    /// does and it fits: `None` if none does (the caller reads it for the mailbox), else whether
-    /// the copy succeeded (a failure is the mailbox's, and the posting's).
+    /// does: `None` if none does (the caller reads it for the mailbox, after `batch`), else
+    /// whether the copy succeeded (a failure is the mailbox's, and the posting's). A message that
+    /// fits its posting joins `batch` (copied when it is full, or by the caller's
+    /// [`flush_in_place`](Self::flush_in_place)); others are copied at once, after it.
     pub(super) fn in_place_to_posting(
         &self,
         src: usize,
+        batch: &mut Batch,
         header: Header,
-        addr: u64,
-        len: usize,
+        (addr, len): (u64, usize),
     ) -> Option<bool> {
         let claim = self.postings.claim(src, &header.tag)?;
+        if len <= claim.cap && len <= READ_CHUNK {
+            return Some(self.batch_in_place(src, batch, (claim, header), (addr, len)));
+        }
+        if !self.flush_in_place(src, batch) {
+            let failure = self.mailbox.failure();
+            self.postings.finish(
+                claim.id,
+                Err(failure.unwrap_or(LinkFailure::PeerClosed { peer: src })),
+            );
+            return Some(false);
+        }
         let copied = if len <= claim.cap {
             // SAFETY: claimed under the consumer lock, which the caller holds; it fits.
             self.copy_in_place(src, addr, unsafe { claim.bytes(0, len) })

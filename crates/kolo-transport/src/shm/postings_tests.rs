@@ -174,3 +174,36 @@ fn a_posting_ends_when_its_peer_closes_or_aborts() {
     let e = wait(&b, p).expect_err("aborted");
     assert!(format!("{e:?}").contains("stopped on purpose"), "{e:?}");
 }
+
+#[test]
+fn messages_in_place_for_postings_are_read_together_in_order_with_one_for_the_mailbox() {
+    let (a, b) = pair(64 << 10);
+    let msgs: Vec<Vec<u8>> = (0..5)
+        .map(|i| bytes(70_000 + 1000 * i, 20 + i as u64))
+        .collect();
+    let mut bufs = vec![vec![0u8; 80_000]; 4];
+    let ps: Vec<u64> = bufs.iter_mut().map(|buf| post(&b, buf)).collect();
+    let mut tickets = Vec::new();
+    for (i, m) in msgs.iter().enumerate() {
+        // The third has a tag no posting waits for: it goes to the mailbox, between the others.
+        let tag = if i == 2 { 6 } else { 5 };
+        // SAFETY: `msgs` outlives the waits below.
+        let t = unsafe { a.send_in_place(1, &header(tag), m) }.expect("send");
+        tickets.push(t.expect("in place"));
+    }
+    // One drain reads all five: the postings' in batches around the mailbox's.
+    let other = b
+        .recv(0, &header(6).tag, soon())
+        .expect("the one for the mailbox");
+    assert!(other.payload == msgs[2]);
+    for t in &tickets {
+        assert!(
+            a.in_place_done(1, *t).expect("no failure"),
+            "ticket {t} counted copied"
+        );
+    }
+    for (i, (p, m)) in ps.iter().zip([0, 1, 3, 4]).enumerate() {
+        assert_eq!(wait(&b, *p).expect("filled"), msgs[m].len());
+        assert!(bufs[i][..msgs[m].len()] == msgs[m][..], "posting {i}");
+    }
+}

@@ -17,6 +17,7 @@ use super::health::{STATE_ALIVE, STATE_CLOSED};
 use super::layout::{LINE, RING_CTRL};
 use super::postings::Claim;
 use super::prefix::{decode_prefix, encode_prefix, Prefix, IN_PLACE_BYTES, PREFIX};
+use super::single_copy::Batch;
 use super::spsc::Spsc;
 use super::{lock, ShmTransport};
 
@@ -115,6 +116,8 @@ impl ShmTransport {
     /// the first message delivered; returns whether a message was delivered.
     pub(super) fn drain(&self, src: usize, c: &mut Consumer, one: bool) -> bool {
         let mut delivered = false;
+        // Messages in place for postings, copied together (see `single_copy::Batch`).
+        let mut batch = Batch::default();
         let ring = self.ring(src, self.rank);
         let mut head = ring.consumer_position();
         loop {
@@ -154,9 +157,10 @@ impl ShmTransport {
                         break;
                     };
                     head = next;
-                    match self.in_place_to_posting(src, header, addr, len) {
+                    match self.in_place_to_posting(src, &mut batch, header, (addr, len)) {
                         Some(true) => delivered = true,
                         Some(false) => break, // the mailbox holds the failure
+                        None if !self.flush_in_place(src, &mut batch) => break,
                         None => match self.copy_in_place_vec(src, addr, len) {
                             Ok(payload) => {
                                 self.mailbox.deliver(src, Message { header, payload });
@@ -215,6 +219,10 @@ impl ShmTransport {
             if take == 0 {
                 break;
             }
+        }
+        if !batch.is_empty() {
+            self.flush_in_place(src, &mut batch);
+            delivered = true;
         }
         if head != ring.consumer_position() {
             ring.release(head);
