@@ -35,7 +35,7 @@ impl Default for ShmOptions {
             ring_bytes: 256 << 10,
             buffer_bytes: 1 << 20,
             spin: Duration::from_micros(1000),
-            single_copy_bytes: 64 << 10,
+            single_copy_bytes: 8 << 10,
             poll: Duration::from_millis(20),
             max_message: 1 << 40,
             connect_timeout: Duration::from_secs(300),

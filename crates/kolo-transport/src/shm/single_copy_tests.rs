@@ -99,7 +99,7 @@ fn messages_in_place_arrive_whole_through_a_posting_and_the_mailbox_in_order_wit
 #[test]
 fn a_message_in_place_that_a_posting_does_not_fit_goes_through_the_mailbox() {
     let (a, b) = pair_with(ShmOptions::default());
-    let big = bytes(100_000, 5); // above the 64 KiB threshold
+    let big = bytes(100_000, 5); // above the threshold
     let t = send_in_place(&a, &big);
     let (got, direct) = posted(&b, 200_000);
     assert!(!direct && got[..big.len()] == big[..] && got[big.len()..].iter().all(|&x| x == 0));

@@ -6,7 +6,7 @@ takes a message of at most its buffer's length, filling its start and leaving th
 ``ERR_TRUNCATE``).
 
 Sends are buffered — done once kolo has the bytes, whether or not a receive is posted — except
-large ones to a rank of the same host (``KOLO_SHM_SINGLE_COPY_BYTES``, 64 KiB, and more): those go
+large ones to a rank of the same host (``KOLO_SHM_SINGLE_COPY_BYTES``, 8 KiB, and more): those go
 in place, MPI's rendezvous: the receiver copies the bytes once, straight out of the sender's
 buffer, so ``Isend``'s request is pending and its buffer must stay as it is until ``Wait`` (as MPI
 asks), and ``Send`` returns once the receiver has them. A rank waiting in kolo for anything copies
