@@ -350,7 +350,13 @@ pub(crate) fn hold(
     write: bool,
 ) -> PyResult<Held> {
     let (obj, span) = split_span(obj, arg)?;
-    let buf = Export::get(&obj).map_err(|e| {
+    // A part of a buffer read as a given type (kolo.MPI's form) needs no format: the cheaper
+    // export of contiguous bytes first.
+    let quick = match (dtype, span) {
+        (Some(_), Some(_)) => Export::get_contiguous(&obj, write),
+        _ => None,
+    };
+    let buf = quick.map_or_else(|| Export::get(&obj), Ok).map_err(|e| {
         PyTypeError::new_err(format!(
             "{arg}: expected an object with the buffer protocol (a numpy array, bytearray, \
              memoryview, array.array; torch tensors through kolo.torch), got {}: {e}",

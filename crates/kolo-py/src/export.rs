@@ -30,11 +30,24 @@ impl std::fmt::Debug for Export {
 impl Export {
     /// Exports `obj`'s buffer (strides, format, read-only allowed; the caller checks the rest).
     pub(crate) fn get(obj: &Bound<'_, PyAny>) -> PyResult<Self> {
+        Export::get_with(obj, ffi::PyBUF_FULL_RO)
+    }
+
+    /// Exports `obj`'s buffer as C-contiguous bytes (writable when `write`), or `None` where the
+    /// exporter cannot (then [`Export::get`] and the caller's checks say why): no format, shape
+    /// or strides to fill in, which is cheaper for some exporters (numpy).
+    pub(crate) fn get_contiguous(obj: &Bound<'_, PyAny>, write: bool) -> Option<Self> {
+        let flags = ffi::PyBUF_ND | if write { ffi::PyBUF_WRITABLE } else { 0 };
+        // The exporter's error is dropped (taken from the interpreter): the full export that
+        // follows reports what is wrong.
+        Export::get_with(obj, flags).ok()
+    }
+
+    fn get_with(obj: &Bound<'_, PyAny>, flags: std::os::raw::c_int) -> PyResult<Self> {
         let mut view = Box::<ffi::Py_buffer>::new_uninit();
         // SAFETY: `obj` is a live object (the GIL is held through `obj`'s `Python` token) and
         // `view` points to memory for one `Py_buffer`, which the call fills when it succeeds.
-        let rc =
-            unsafe { ffi::PyObject_GetBuffer(obj.as_ptr(), view.as_mut_ptr(), ffi::PyBUF_FULL_RO) };
+        let rc = unsafe { ffi::PyObject_GetBuffer(obj.as_ptr(), view.as_mut_ptr(), flags) };
         if rc != 0 {
             return Err(PyErr::fetch(obj.py()));
         }
