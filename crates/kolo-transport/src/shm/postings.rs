@@ -215,22 +215,22 @@ impl ShmTransport {
         };
         let poll = || -> Option<Result<Outcome, LinkFailure>> {
             self.progress();
-            match self.postings.take_done(id) {
-                Ok(Some(o)) => return Some(Ok(o)),
-                Err(f) => return Some(Err(f)),
-                Ok(None) => {}
-            }
             if self.state_word(peer, 0).load(Ordering::Acquire) != STATE_ALIVE {
                 self.check_peer(peer);
             }
-            if let Some(f) = self.mailbox.failure() {
-                return Some(Err(f));
-            }
-            if self.mailbox.is_closed(peer) {
+            // The link's end as seen before the last look at the posting: a message delivered
+            // before the end is found by that look.
+            let ended = self.mailbox.failure().or_else(|| {
                 // Closed cleanly and its ring read to the end: the message will never come.
-                return Some(Err(LinkFailure::PeerClosed { peer }));
+                self.mailbox
+                    .is_closed(peer)
+                    .then_some(LinkFailure::PeerClosed { peer })
+            });
+            match self.postings.take_done(id) {
+                Ok(Some(o)) => Some(Ok(o)),
+                Err(f) => Some(Err(f)),
+                Ok(None) => ended.map(Err),
             }
-            None
         };
         let got = if block {
             self.wait_for(deadline, poll)?
@@ -240,6 +240,10 @@ impl ShmTransport {
                 None => return Ok(None),
             }
         };
+        if got.is_err() {
+            // A failed posting is gone, as a completed one is.
+            self.remove_posting(id);
+        }
         done(got.map_err(RecvError::Link)?)
     }
 

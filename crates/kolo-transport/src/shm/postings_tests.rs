@@ -173,6 +173,13 @@ fn a_posting_ends_when_its_peer_closes_or_aborts() {
     a.abort("stopped on purpose");
     let e = wait(&b, p).expect_err("aborted");
     assert!(format!("{e:?}").contains("stopped on purpose"), "{e:?}");
+    let gone = b
+        .posted_recv(p, false, None)
+        .expect_err("a failed posting is gone");
+    assert!(
+        format!("{gone:?}").contains("no receive posted"),
+        "{gone:?}"
+    );
 }
 
 #[test]
