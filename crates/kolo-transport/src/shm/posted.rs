@@ -145,13 +145,19 @@ impl ShmTransport {
         })
     }
 
-    /// A message read straight into the posted buffer, screened as the mailbox screens those it
-    /// delivers (only collectives' tags: point-to-point ones are never expected).
+    /// A message read straight into the posted buffer, screened (see [`Self::screen_direct`]).
     fn direct(&self, peer: usize, header: Header) -> Received {
-        if header.tag.space != TagSpace::P2p {
-            self.mailbox.screen(peer, &header);
-        }
+        self.screen_direct(peer, &header);
         Received::Direct(header)
+    }
+
+    /// Screens a message from `peer` written straight into a receive's buffer (it never enters
+    /// the mailbox) as the mailbox screens those it delivers: only collectives' tags, since
+    /// point-to-point ones are never expected.
+    pub(super) fn screen_direct(&self, peer: usize, header: &Header) {
+        if header.tag.space != TagSpace::P2p {
+            self.mailbox.screen(peer, header);
+        }
     }
 
     /// Reads the payload of the ring's next message (whose prefix [`Self::peek`] decoded) into `dst`

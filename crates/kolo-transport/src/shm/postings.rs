@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use kolo_core::{Header, LinkFailure, Message, RecvError, Tag, TagSpace};
+use kolo_core::{Header, LinkFailure, Message, RecvError, Tag};
 
 use super::health::STATE_ALIVE;
 use super::ring::Partial;
@@ -76,6 +76,18 @@ impl Claim {
         debug_assert!(at + len <= self.cap);
         // SAFETY: per this function's contract and `post_recv`'s.
         unsafe { std::slice::from_raw_parts_mut((self.addr + at) as *mut u8, len) }
+    }
+
+    /// Writes a whole message's `payload` into the posting if it fits (one too long is left
+    /// out: the caller reports its length).
+    ///
+    /// # Safety
+    /// As [`Claim::bytes`]: the posting must hold.
+    pub(super) unsafe fn fill(&self, payload: &[u8]) {
+        if payload.len() <= self.cap {
+            // SAFETY: per this function's contract; it fits.
+            unsafe { self.bytes(0, payload.len()) }.copy_from_slice(payload);
+        }
     }
 }
 
@@ -173,10 +185,8 @@ impl ShmTransport {
         let claim = Claim { id: 0, addr, cap };
         if let Ok(Some(m)) = self.mailbox.try_recv(peer, tag) {
             let len = m.payload.len();
-            if len <= cap {
-                // SAFETY: the caller's contract (`post_recv`); `len` fits.
-                unsafe { claim.bytes(0, len) }.copy_from_slice(&m.payload);
-            }
+            // SAFETY: the caller's contract (`post_recv`).
+            unsafe { claim.fill(&m.payload) };
             self.pool.put(m.payload);
             return Ok(Some(self.postings.add(
                 peer,
@@ -293,10 +303,8 @@ impl ShmTransport {
         match self.postings.claim(src, &msg.header.tag) {
             Some(claim) => {
                 let len = msg.payload.len();
-                if len <= claim.cap {
-                    // SAFETY: claimed under the consumer lock, which the caller holds; it fits.
-                    unsafe { claim.bytes(0, len) }.copy_from_slice(&msg.payload);
-                }
+                // SAFETY: claimed under the consumer lock, which the caller holds.
+                unsafe { claim.fill(&msg.payload) };
                 self.pool.put(msg.payload);
                 self.postings.finish(claim.id, Ok((msg.header, len)));
             }
@@ -322,9 +330,7 @@ impl ShmTransport {
                 },
             );
         };
-        if header.tag.space != TagSpace::P2p {
-            self.mailbox.screen(src, &header);
-        }
+        self.screen_direct(src, &header);
         self.pool.put(buf);
         self.postings.finish(claim.id, Ok((header, len)));
     }
@@ -362,8 +368,8 @@ impl ShmTransport {
                 .map(|b| self.pool.put(b))
         };
         let ok = copied.is_ok();
-        if header.tag.space != TagSpace::P2p && ok {
-            self.mailbox.screen(src, &header);
+        if ok {
+            self.screen_direct(src, &header);
         }
         self.postings
             .finish(claim.id, copied.map(|()| (header, len)));

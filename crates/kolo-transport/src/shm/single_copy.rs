@@ -22,7 +22,7 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use kolo_core::{Header, LinkFailure, RecvError, TagSpace};
+use kolo_core::{Header, LinkFailure, RecvError};
 
 use super::health::STATE_ALIVE;
 use super::layout::{LINE, MAGIC};
@@ -291,8 +291,8 @@ impl ShmTransport {
         let read = self.read_remote_batch(src, &batch.items);
         let counted = self.count_copied_n(src, read, batch.items.len() as u64);
         for (claim, header, _, len) in batch.items.drain(..) {
-            if counted.is_ok() && header.tag.space != TagSpace::P2p {
-                self.mailbox.screen(src, &header);
+            if counted.is_ok() {
+                self.screen_direct(src, &header);
             }
             self.postings
                 .finish(claim.id, counted.clone().map(|()| (header, len)));

@@ -429,7 +429,9 @@ class Receive(Request):
 class Posted(Request):
     """A receive posted with the transport (see the module's documentation), into its buffer
     from one source with one tag. The transport gives it its message before any receive posted
-    later, so it needs no place in the communicator's order of pending receives."""
+    later, so it needs no place in the communicator's order of pending receives. Dropped without
+    a wait, it is withdrawn (its buffer is released, so nothing may be written into it): its
+    message goes to the next receive."""
 
     __slots__ = ("_pending", "_native", "_source", "_tag", "_count")
 
