@@ -21,8 +21,9 @@ for line in sys.stdin:
 }
 cargo build --release -p kolo-cli --features kolo-cli/cuda,kolo-cli/nccl
 cargo build --release -p kolo --features nccl --example matrix
-strip -o "$out/kolo" target/release/kolo
-strip -o "$out/matrix" target/release/examples/matrix
+target=${CARGO_TARGET_DIR:-target}
+strip -o "$out/kolo" "$target/release/kolo"
+strip -o "$out/matrix" "$target/release/examples/matrix"
 strip -o "$out/kolo-nccl-tests" "$(test_exe -p kolo-nccl --lib)"
 strip -o "$out/conformance" "$(test_exe -p kolo --features nccl --test conformance)"
 strip -o "$out/kolo-ddp-gpu" "$(test_exe -p kolo-ddp --features cuda,nccl --test gpu)"

@@ -7,11 +7,14 @@
 //!
 //! ```text
 //! RAYON_NUM_THREADS=1 cargo run --release -p kolo-nn --example conv_layers -- \
-//!     [--model resnet18|lenet] [--batch 32] [--repeats 7] [--channels C] [--dtype f32|bf16]
+//!     [--model resnet18|lenet] [--batch 32] [--repeats 7] [--channels C] \
+//!     [--dtype f32|bf16|f32-bf16gemm] [--candle on|off]
 //! ```
 //!
 //! `--dtype bf16` times kolo's convolution on bf16 tensors (on a CPU with AMX: im2col and the
 //! bf16 GEMM, `ops::matmul_bf16`; elsewhere computed in f32), against candle's in f32.
+//! `--dtype f32-bf16gemm` times it on f32 tensors with `set_matmul_precision(Bf16)`: the GEMMs'
+//! operands rounded to bf16 on the CPU's bf16 unit. `--candle off` leaves candle's timing out.
 //!
 //! Prints one line per layer (milliseconds for the forward pass and for forward + backward, and
 //! the GFLOP/s of the direct convolution's `2·B·C·K·k²·H'·W'` flops per pass, three passes per
@@ -98,11 +101,12 @@ struct Args {
     repeats: usize,
     only: Option<usize>,
     dtype: DType,
+    candle: bool,
 }
 
 fn parse() -> std::result::Result<Args, String> {
     let (mut batch, mut repeats, mut only, mut layers) = (None, 7, None, &RESNET18[..]);
-    let mut dtype = DType::F32;
+    let (mut dtype, mut candle) = (DType::F32, true);
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let v = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
@@ -110,8 +114,23 @@ fn parse() -> std::result::Result<Args, String> {
             dtype = match v.as_str() {
                 "f32" => DType::F32,
                 "bf16" => DType::BF16,
-                other => return Err(format!("--dtype {other}: expected f32 or bf16")),
+                "f32-bf16gemm" => {
+                    let unit =
+                        kolo_nn::ops::set_matmul_precision(kolo_nn::ops::MatmulPrecision::Bf16)
+                            .map_err(|e| e.to_string())?;
+                    eprintln!("f32 GEMMs on: {unit:?}");
+                    DType::F32
+                }
+                other => {
+                    return Err(format!(
+                        "--dtype {other}: expected f32, bf16 or f32-bf16gemm"
+                    ))
+                }
             };
+            continue;
+        }
+        if flag == "--candle" {
+            candle = v != "off";
             continue;
         }
         if flag == "--model" {
@@ -145,6 +164,7 @@ fn parse() -> std::result::Result<Args, String> {
         repeats,
         only,
         dtype,
+        candle,
     })
 }
 
@@ -208,6 +228,7 @@ fn main() -> ExitCode {
         repeats,
         only,
         dtype,
+        candle,
     } = match parse() {
         Ok(a) => a,
         Err(e) => {
@@ -221,8 +242,14 @@ fn main() -> ExitCode {
         if only.is_some_and(|o| o != c) {
             continue;
         }
-        let timed = time_layer(batch, l, repeats, false, dtype)
-            .and_then(|k| Ok((k, time_layer(batch, l, repeats, true, dtype)?)));
+        let timed = time_layer(batch, l, repeats, false, dtype).and_then(|k| {
+            let theirs = if candle {
+                time_layer(batch, l, repeats, true, dtype)?
+            } else {
+                (f64::NAN, f64::NAN)
+            };
+            Ok((k, theirs))
+        });
         let ((fwd, step), (candle_fwd, candle_step)) = match timed {
             Ok(t) => t,
             Err(e) => {

@@ -47,6 +47,22 @@ impl<'a, T> MatRef<'a, T> {
         (self.data, self.rs, self.cs)
     }
 
+    /// The same view of the same memory as elements of `U`.
+    ///
+    /// # Safety
+    /// `T` and `U` must be the same type (a generic `T` whose `DTYPE` says so).
+    pub(super) unsafe fn retyped<U>(self) -> MatRef<'a, U> {
+        debug_assert_eq!(std::mem::size_of::<T>(), std::mem::size_of::<U>());
+        MatRef {
+            // SAFETY: the caller's: the same type, size and alignment.
+            data: unsafe { std::slice::from_raw_parts(self.data.as_ptr().cast(), self.data.len()) },
+            rows: self.rows,
+            cols: self.cols,
+            rs: self.rs,
+            cs: self.cs,
+        }
+    }
+
     /// Whether every element lies inside `data`.
     pub(super) fn fits(&self) -> bool {
         self.rows == 0
@@ -97,6 +113,16 @@ pub(super) fn matmul_into<T: WithDType>(
     if T::DTYPE == DType::BF16 {
         return bf16_into(op, dst, (dst_rs, dst_cs), lhs, rhs, accumulate);
     }
+    if T::DTYPE == DType::F32 && m * n * k >= MIN_BF16_WORK {
+        if let Some(unit) = super::matmul_precision::bf16_unit() {
+            // SAFETY: T::DTYPE is F32, so T is f32.
+            let dst: &mut [f32] =
+                unsafe { std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast(), dst.len()) };
+            // SAFETY: as above, for both operands.
+            let (lhs, rhs) = unsafe { (lhs.retyped::<f32>(), rhs.retyped::<f32>()) };
+            return f32_on_bf16(op, unit, dst, (dst_rs, dst_cs), lhs, rhs, accumulate);
+        }
+    }
     let threads = candle_core::utils::get_num_threads();
     let parallelism = if threads > 1 {
         gemm::Parallelism::Rayon(threads)
@@ -129,6 +155,38 @@ pub(super) fn matmul_into<T: WithDType>(
             parallelism,
         );
     }
+    Ok(())
+}
+
+/// Products smaller than this many multiply-adds stay f32 under [`MatmulPrecision::Bf16`]: packing
+/// costs more than the bf16 unit saves.
+///
+/// [`MatmulPrecision::Bf16`]: super::matmul_precision::MatmulPrecision::Bf16
+const MIN_BF16_WORK: usize = 1 << 15;
+
+/// [`matmul_into`] of f32 operands on a bf16 unit ([`super::matmul_precision`]): each operand
+/// rounded to bf16 as it is packed, products summed in f32; straight into `dst` where it is
+/// row-major.
+fn f32_on_bf16(
+    op: &str,
+    unit: super::bf16_gemm::Bf16Path,
+    dst: &mut [f32],
+    (dst_rs, dst_cs): (usize, usize),
+    lhs: MatRef<f32>,
+    rhs: MatRef<f32>,
+    accumulate: bool,
+) -> Result<()> {
+    let (m, n) = (lhs.rows, rhs.cols);
+    let named = |e: candle_core::Error| candle_core::Error::msg(format!("{op}: {e}"));
+    if dst_cs == 1 && dst_rs == n {
+        return super::bf16_gemm::matmul_views(unit, lhs, rhs, &mut dst[..m * n], accumulate)
+            .map_err(named);
+    }
+    let mut acc = vec![0f32; m * n];
+    super::bf16_gemm::matmul_views(unit, lhs, rhs, &mut acc, false).map_err(named)?;
+    for_each_at(&acc, n, (dst_rs, dst_cs), |at, v| {
+        dst[at] = if accumulate { dst[at] + v } else { v };
+    });
     Ok(())
 }
 
@@ -195,22 +253,11 @@ fn bf16_product<T: WithDType>(op: &str, lhs: MatRef<T>, rhs: MatRef<T>) -> Resul
     if T::DTYPE != DType::BF16 {
         candle_core::bail!("{op}: not bf16 but {:?}", T::DTYPE);
     }
-    let as_bf16 = |v: MatRef<'_, T>| -> MatRef<'_, half::bf16> {
-        // SAFETY: T::DTYPE is BF16 (checked above), so T is half::bf16: the same type, size and
-        // alignment.
-        let data: &[half::bf16] =
-            unsafe { std::slice::from_raw_parts(v.data.as_ptr().cast(), v.data.len()) };
-        MatRef {
-            data,
-            rows: v.rows,
-            cols: v.cols,
-            rs: v.rs,
-            cs: v.cs,
-        }
-    };
+    // SAFETY: T::DTYPE is BF16 (checked above), so T is half::bf16.
+    let (lhs, rhs) = unsafe { (lhs.retyped::<half::bf16>(), rhs.retyped::<half::bf16>()) };
     let mut acc = vec![0f32; lhs.rows * rhs.cols];
     let path = super::bf16_gemm::bf16_path()?;
-    super::bf16_gemm::matmul_views(path, as_bf16(lhs), as_bf16(rhs), &mut acc, false)
+    super::bf16_gemm::matmul_views(path, lhs, rhs, &mut acc, false)
         .map_err(|e| candle_core::Error::msg(format!("{op}: {e}")))?;
     Ok(acc)
 }

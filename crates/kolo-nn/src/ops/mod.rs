@@ -14,6 +14,7 @@ mod conv;
 mod gemm;
 mod im2col;
 mod low_precision;
+mod matmul_precision;
 mod pool;
 mod relu;
 mod scratch;
@@ -32,5 +33,8 @@ pub use bf16_gemm::{
 pub use channel_stats::channel_sums;
 pub use conv::{conv2d, conv2d_relu, conv_out};
 pub use low_precision::low_precision;
+pub use matmul_precision::{
+    bf16_matmul_unit, matmul_precision, set_matmul_precision, MatmulPrecision,
+};
 pub use pool::{avg_pool2x2, max_pool2x2};
 pub use relu::relu;

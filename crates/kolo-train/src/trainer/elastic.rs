@@ -68,6 +68,7 @@ pub fn run_elastic(
     let (train, test) = setup::load_data(cfg)?;
     // The CPU: a rank's GPU would change with each generation.
     let device = cfg.device.device((0, 0))?;
+    cfg.precision.apply(&device)?;
     let varmap = setup::new_varmap(cfg, &device, train.shape, train.num_classes)?;
     let world = &mut join()?;
     let started = Instant::now();

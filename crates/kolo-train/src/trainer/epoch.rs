@@ -132,15 +132,16 @@ pub(super) fn train_epoch(
     })
 }
 
-/// The parameters to build the model from in the run's compute precision (`--precision bf16`:
-/// a bf16 view of the f32 master weights), with the input `x` converted to it.
+/// The parameters to build the model from in the run's compute precision (`--precision bf16`
+/// where the model computes on bf16 tensors: a bf16 view of the f32 master weights, see
+/// [`kolo_ddp::precision`]), with the input `x` converted to it.
 pub(super) fn compute_in<'a>(
     cfg: &TrainConfig,
     dopt: &'a DistributedOptimizer<Box<dyn DynOptimizer>>,
     x: &mut Tensor,
     device: &Device,
 ) -> Result<VarBuilder<'a>> {
-    Ok(match cfg.precision.compute_dtype() {
+    Ok(match cfg.precision.tensor_dtype(device) {
         Some(compute) => {
             *x = x.to_dtype(compute)?;
             dopt.ddp().var_builder_in(compute, device)

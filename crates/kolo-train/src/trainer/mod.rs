@@ -65,6 +65,7 @@ fn train_on(comm: &Communicator, cfg: &TrainConfig, device: &Device) -> Result<S
     };
 
     let (train, test) = setup::load_data(cfg)?;
+    cfg.precision.apply(device)?;
     let (varmap, dopt) = setup::build_optimizer(comm, cfg, device, train.shape, train.num_classes)?;
     let (dir, dir_path) = setup::run_dir(comm, cfg)?;
     let mut dopt = dopt;
@@ -236,7 +237,9 @@ fn banner(
 
 /// Under `--precision bf16`, rank 0's line on what bf16 computes on this CPU.
 fn precision_note(cfg: &TrainConfig) {
-    if cfg.precision == kolo_ddp::precision::Precision::Bf16 {
+    if cfg.precision == kolo_ddp::precision::Precision::Bf16
+        && matches!(cfg.device, kolo_ddp::device::DeviceKind::Cpu)
+    {
         match kolo_nn::ops::bf16_compute_note() {
             Ok(note) => println!("{note}"),
             Err(e) => println!("bf16: {e}"),

@@ -7,10 +7,8 @@
 use std::arch::asm;
 use std::sync::OnceLock;
 
-use half::bf16;
-
 use super::super::gemm::MatRef;
-use super::pack::{pack_a, pack_b, pool};
+use super::pack::{pack_a, pack_b, pool, Source};
 
 /// Rows of a tile, and bf16 values along `k` in one.
 const TILE: usize = 16;
@@ -116,7 +114,7 @@ const KB: usize = 8;
 
 /// `c += a · b` (`c` row-major `m × n`, see [`super::matmul_bf16`]); only called where
 /// [`available`].
-pub(super) fn matmul(a: MatRef<'_, bf16>, b: MatRef<'_, bf16>, c: &mut [f32]) {
+pub(super) fn matmul<S: Source>(a: MatRef<'_, S>, b: MatRef<'_, S>, c: &mut [f32]) {
     let ((m, _), n) = (a.dims(), b.dims().1);
     let (ap, mbs, kbs) = pack_a(a, (TILE, KC, 2));
     let (bp, nbs, _) = pack_b(b, (TILE, KC, 2));

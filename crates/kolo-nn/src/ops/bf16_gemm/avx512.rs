@@ -3,10 +3,8 @@
 //! of `C` lives in 16 registers; each pair of `k` loads two registers of `B` and broadcasts eight
 //! pairs of `A`.
 
-use half::bf16;
-
 use super::super::gemm::MatRef;
-use super::pack::{pack_a, pack_b, pool};
+use super::pack::{pack_a, pack_b, pool, Source};
 
 /// Rows and columns of a block of `C`, and values along `k` per packed block.
 const MR: usize = 8;
@@ -25,16 +23,23 @@ pub(super) fn available() -> bool {
     false
 }
 
-/// `c += a · b` (`c` row-major `m × n`, see [`super::matmul_bf16`]); only called where
-/// [`available`].
-pub(super) fn matmul(a: MatRef<'_, bf16>, b: MatRef<'_, bf16>, c: &mut [f32]) {
-    let ((m, _), n) = (a.dims(), b.dims().1);
-    let (ap, mbs, kbs) = pack_a(a, (MR, KC, 1));
-    let (bp, nbs, _) = pack_b(b, (NR, KC, 1));
+/// `c += a · b`, or `c = a · b` unless `accumulate` (`c` row-major `m × n`, see
+/// [`super::matmul_bf16`]); only called where [`available`].
+pub(super) fn matmul<S: Source>(
+    a: MatRef<'_, S>,
+    b: MatRef<'_, S>,
+    c: &mut [f32],
+    accumulate: bool,
+) {
+    let ((m, k), n) = (a.dims(), b.dims().1);
+    // A short `k` is packed in blocks of its own length (rounded up to pairs), not `KC`.
+    let kc = KC.min(k.next_multiple_of(2));
+    let (ap, mbs, kbs) = pack_a(a, (MR, kc, 1));
+    let (bp, nbs, _) = pack_b(b, (NR, kc, 1));
     #[cfg(target_arch = "x86_64")]
     // SAFETY: the CPU has AVX-512F and AVX-512 BF16 (the caller checked `available`).
     unsafe {
-        kernel(&ap, &bp, c, (m, n), (mbs, nbs, kbs));
+        kernel(&ap, &bp, (c, accumulate), (m, k, n), (mbs, nbs, kbs, kc));
     }
     #[cfg(target_arch = "x86_64")]
     {
@@ -42,7 +47,7 @@ pub(super) fn matmul(a: MatRef<'_, bf16>, b: MatRef<'_, bf16>, c: &mut [f32]) {
         pool::keep(1, bp);
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (ap, bp, c, m, n, mbs, nbs, kbs);
+    let _ = (ap, bp, c, accumulate, m, k, n, mbs, nbs, kbs, kc);
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -50,12 +55,12 @@ pub(super) fn matmul(a: MatRef<'_, bf16>, b: MatRef<'_, bf16>, c: &mut [f32]) {
 fn kernel(
     ap: &[u16],
     bp: &[u16],
-    c: &mut [f32],
-    (m, n): (usize, usize),
-    (mbs, nbs, kbs): (usize, usize, usize),
+    (c, accumulate): (&mut [f32], bool),
+    (m, k, n): (usize, usize, usize),
+    (mbs, nbs, kbs, kc): (usize, usize, usize, usize),
 ) {
     use std::arch::x86_64::*;
-    let (ablock, bblock) = (MR * KC, KC * NR);
+    let (ablock, bblock) = (MR * kc, kc * NR);
     let mut out = [0f32; MR * NR];
     for bj in 0..nbs {
         for bi in 0..mbs {
@@ -63,34 +68,49 @@ fn kernel(
             for kb in 0..kbs {
                 let a = &ap[(bi * kbs + kb) * ablock..][..ablock];
                 let b = &bp[(bj * kbs + kb) * bblock..][..bblock];
-                for p in 0..KC / 2 {
-                    let row = &b[p * 2 * NR..][..2 * NR];
-                    // SAFETY: `row` holds 64 values: two loads of 32.
-                    let (b0, b1) = unsafe {
-                        (
-                            _mm512_loadu_si512(row.as_ptr().cast()),
-                            _mm512_loadu_si512(row.as_ptr().add(NR).cast()),
-                        )
-                    };
-                    let (b0, b1): (__m512bh, __m512bh) =
-                        // SAFETY: same size; a register of 32 bf16 values.
-                        unsafe {
-                            (
-                                std::mem::transmute::<__m512i, __m512bh>(b0),
-                                std::mem::transmute::<__m512i, __m512bh>(b1),
-                            )
-                        };
-                    for (r, acc) in acc.iter_mut().enumerate() {
-                        let pair =
-                            u32::from(a[r * KC + 2 * p]) | u32::from(a[r * KC + 2 * p + 1]) << 16;
-                        // SAFETY: same size; 32 bf16 values (the pair, 16 times).
-                        let x: __m512bh = unsafe {
-                            std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(pair as i32))
-                        };
-                        acc[0] = _mm512_dpbf16_ps(acc[0], x, b0);
-                        acc[1] = _mm512_dpbf16_ps(acc[1], x, b1);
+                // The last block's pairs past `k` are zeros: not multiplied.
+                let pairs = (k - kb * kc).min(kc).div_ceil(2);
+                assert!(2 * pairs <= kc, "bf16 GEMM: a block of {kc} along k");
+                let (a, b) = (a.as_ptr(), b.as_ptr());
+                for p in 0..pairs {
+                    // SAFETY: `b` holds `kc / 2` rows of 2·NR values and
+                    // `p < kc / 2`: two loads of 32 inside it; `a` holds MR rows of `kc`
+                    // values, and the pair `2p, 2p + 1 < kc` lies inside each; unaligned loads.
+                    // `__m512i` and `__m512bh` are the same 64 bytes.
+                    unsafe {
+                        let row = b.add(p * 2 * NR);
+                        let b0: __m512bh = std::mem::transmute(_mm512_loadu_si512(row.cast()));
+                        let b1: __m512bh =
+                            std::mem::transmute(_mm512_loadu_si512(row.add(NR).cast()));
+                        for (r, acc) in acc.iter_mut().enumerate() {
+                            let pair = a.add(r * kc + 2 * p).cast::<i32>().read_unaligned();
+                            let x: __m512bh = std::mem::transmute(_mm512_set1_epi32(pair));
+                            acc[0] = _mm512_dpbf16_ps(acc[0], x, b0);
+                            acc[1] = _mm512_dpbf16_ps(acc[1], x, b1);
+                        }
                     }
                 }
+            }
+            let (i0, j0) = (bi * MR, bj * NR);
+            if i0 + MR <= m && j0 + NR <= n {
+                // A whole block: straight from the registers into `c`.
+                let at = i0 * n + j0;
+                let rows = &mut c[at..at + (MR - 1) * n + NR];
+                for (r, acc) in acc.iter().enumerate() {
+                    // SAFETY: row r's 32 values at r·n lie inside `rows` (checked by its
+                    // slicing); unaligned loads and stores.
+                    unsafe {
+                        let d = rows.as_mut_ptr().add(r * n);
+                        let (mut lo, mut hi) = (acc[0], acc[1]);
+                        if accumulate {
+                            lo = _mm512_add_ps(lo, _mm512_loadu_ps(d));
+                            hi = _mm512_add_ps(hi, _mm512_loadu_ps(d.add(16)));
+                        }
+                        _mm512_storeu_ps(d, lo);
+                        _mm512_storeu_ps(d.add(16), hi);
+                    }
+                }
+                continue;
             }
             for (r, acc) in acc.iter().enumerate() {
                 // SAFETY: each store writes 16 values inside `out`'s row of 32.
@@ -99,11 +119,15 @@ fn kernel(
                     _mm512_storeu_ps(out.as_mut_ptr().add(r * NR + 16), acc[1]);
                 }
             }
-            let (i0, j0) = (bi * MR, bj * NR);
             let cols = (n - j0).min(NR);
             for (r, row) in out.chunks_exact(NR).take(m.saturating_sub(i0)).enumerate() {
-                for (d, s) in c[(i0 + r) * n + j0..][..cols].iter_mut().zip(row) {
-                    *d += s;
+                let dst = &mut c[(i0 + r) * n + j0..][..cols];
+                if accumulate {
+                    for (d, s) in dst.iter_mut().zip(row) {
+                        *d += s;
+                    }
+                } else {
+                    dst.copy_from_slice(&row[..cols]);
                 }
             }
         }

@@ -20,6 +20,7 @@ mod amx;
 mod avx512;
 mod pack;
 
+pub(super) use pack::Source;
 use std::sync::OnceLock;
 
 use candle_core::Result;
@@ -59,41 +60,40 @@ impl Bf16Path {
 }
 
 /// One line for the user on what bf16 training computes on this CPU (`kolo train --precision bf16`
-/// prints it once): the unit `KOLO_BF16_GEMM` put the convolutions on, or that the layers compute in
-/// f32 around bf16 conversions — and whether this CPU has a bf16 unit at all.
+/// prints it once, after setting it up): the unit the convolutions' matrix products run on
+/// ([`super::set_matmul_precision`]), or that the layers compute in f32 around bf16 conversions
+/// — and whether this CPU has a bf16 unit at all.
 pub fn bf16_compute_note() -> Result<String> {
     let units: Vec<Bf16Path> = [Bf16Path::Amx, Bf16Path::Avx512Bf16]
         .into_iter()
         .filter(|p| p.available())
         .collect();
-    Ok(bf16_note(bf16_path_asked()?, &units))
+    Ok(bf16_note(super::matmul_precision::bf16_unit(), &units))
 }
 
-/// [`bf16_compute_note`] for the path asked for and the bf16 units the CPU has.
-fn bf16_note(asked: Option<Bf16Path>, units: &[Bf16Path]) -> String {
+/// [`bf16_compute_note`] for the unit f32 products run on (if any) and the bf16 units the CPU
+/// has.
+fn bf16_note(products: Option<Bf16Path>, units: &[Bf16Path]) -> String {
     let label = |p: Bf16Path| match p {
         Bf16Path::Amx => "AMX",
         Bf16Path::Avx512Bf16 => "AVX512-BF16",
         Bf16Path::F32 => "f32",
     };
-    match (asked, units.first()) {
+    match (products, units.first()) {
         (Some(p), _) if p != Bf16Path::F32 => format!(
-            "bf16: convolutions on this CPU's {} unit (KOLO_BF16_GEMM={}), the other layers in f32 \
-             around bf16 conversions",
-            label(p),
-            p.name()
+            "bf16: the convolutions' matrix products on this CPU's {} unit (operands rounded to \
+             bf16, sums in f32; Winograd F(4x4, 3x3) layers keep f32 products), activations and \
+             the other layers in f32",
+            label(p)
         ),
         (_, None) => {
             "bf16: this CPU has no bf16 instructions (no AVX512-BF16, no AMX): the layers \
                       compute in f32 around bf16 conversions — correct, but not faster than f32"
                 .into()
         }
-        (_, Some(&unit)) => format!(
-            "bf16: the layers compute in f32 around bf16 conversions; KOLO_BF16_GEMM={} puts the \
-             convolutions on this CPU's {} unit (not yet faster than f32's)",
-            unit.name(),
-            label(unit)
-        ),
+        (_, Some(_)) => "bf16: the layers compute in f32 around bf16 conversions \
+                         (KOLO_BF16_GEMM=f32 keeps this CPU's bf16 unit out)"
+            .into(),
     }
 }
 
@@ -175,11 +175,12 @@ pub fn matmul_bf16_on(
 }
 
 /// `c = a · b` (or `c += a · b`) for strided views `a` (`m × k`) and `b` (`k × n`) into the
-/// row-major `m × n` f32 `c`, on `path`.
-pub(super) fn matmul_views(
+/// row-major `m × n` f32 `c`, on `path`; the operands are bf16, or f32 rounded to bf16 as they are
+/// packed ([`Source`]).
+pub(super) fn matmul_views<S: Source>(
     path: Bf16Path,
-    a: MatRef<'_, bf16>,
-    b: MatRef<'_, bf16>,
+    a: MatRef<'_, S>,
+    b: MatRef<'_, S>,
     c: &mut [f32],
     accumulate: bool,
 ) -> Result<()> {
@@ -193,20 +194,28 @@ pub(super) fn matmul_views(
     if !path.available() {
         candle_core::bail!("bf16 GEMM: this CPU cannot run the {} path", path.name());
     }
-    if !accumulate {
-        c.fill(0.0);
-    }
     if m == 0 || n == 0 || k == 0 {
+        if !accumulate {
+            c.fill(0.0);
+        }
         return Ok(());
     }
     match path {
-        Bf16Path::Amx => amx::matmul(a, b, c),
-        Bf16Path::Avx512Bf16 => avx512::matmul(a, b, c),
+        Bf16Path::Amx => {
+            if !accumulate {
+                c.fill(0.0);
+            }
+            amx::matmul(a, b, c)
+        }
+        Bf16Path::Avx512Bf16 => avx512::matmul(a, b, c, accumulate),
         Bf16Path::F32 => {
-            let widen = |v: MatRef<'_, bf16>| {
+            if !accumulate {
+                c.fill(0.0);
+            }
+            let widen = |v: MatRef<'_, S>| {
                 let ((r, cl), (d, rs, cs)) = (v.dims(), v.parts());
                 (0..r)
-                    .flat_map(|i| (0..cl).map(move |j| d[i * rs + j * cs].to_f32()))
+                    .flat_map(|i| (0..cl).map(move |j| d[i * rs + j * cs].rounded()))
                     .collect::<Vec<f32>>()
             };
             let (a32, b32) = (widen(a), widen(b));

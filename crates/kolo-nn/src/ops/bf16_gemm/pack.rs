@@ -1,16 +1,116 @@
 //! Operand layouts of the bf16 kernels: blocks padded with zeros to whole tiles, and `B` in the
 //! pair-interleaved ("VNNI") order both `vdpbf16ps` and `tdpbf16ps` read: row `p` of a packed
 //! panel holds, for each column `j`, the pair `(b[2p][j], b[2p + 1][j])`. Either operand may be a
-//! strided view (a transposed matrix, say); the common strides have loops of their own.
+//! strided view (a transposed matrix, say); the common strides have loops of their own. Either
+//! may hold bf16 values or f32 ones, rounded to bf16 as they are packed ([`Source`]).
 
 use half::bf16;
 use half::slice::HalfFloatSliceExt;
 
 use super::super::gemm::MatRef;
 
+/// A value the packing reads: bf16 as it is, f32 rounded to the nearest bf16 (ties to even; a
+/// NaN stays a NaN), as the bf16 unit's own conversion (`vcvtneps2bf16`) rounds.
+pub(in super::super) trait Source: Copy + Send + Sync + 'static {
+    /// Its bf16 bits.
+    fn bits(self) -> u16;
+
+    /// The bf16 bits of a contiguous run: the run itself for bf16, converted into `tmp` for f32.
+    fn run_bits<'a>(src: &'a [Self], tmp: &'a mut Vec<u16>) -> &'a [u16];
+
+    /// Writes the bf16 bits of a contiguous run into `dst` (as long as `src`).
+    fn write_bits(src: &[Self], dst: &mut [u16]);
+
+    /// Its value after rounding to bf16, widened back to f32.
+    fn rounded(self) -> f32 {
+        bf16::from_bits(self.bits()).to_f32()
+    }
+}
+
+impl Source for bf16 {
+    fn bits(self) -> u16 {
+        self.to_bits()
+    }
+
+    fn run_bits<'a>(src: &'a [Self], _tmp: &'a mut Vec<u16>) -> &'a [u16] {
+        src.reinterpret_cast()
+    }
+
+    fn write_bits(src: &[Self], dst: &mut [u16]) {
+        dst.copy_from_slice(src.reinterpret_cast());
+    }
+}
+
+impl Source for f32 {
+    fn bits(self) -> u16 {
+        round_bits(self)
+    }
+
+    fn run_bits<'a>(src: &'a [Self], tmp: &'a mut Vec<u16>) -> &'a [u16] {
+        tmp.clear();
+        tmp.resize(src.len(), 0);
+        round_run(src, tmp);
+        tmp
+    }
+
+    fn write_bits(src: &[Self], dst: &mut [u16]) {
+        round_run(src, dst);
+    }
+}
+
+/// `dst[i] = round_bits(src[i])`, sixteen at a time on the bf16 unit's own conversion where the
+/// CPU has AVX512-BF16.
+fn round_run(src: &[f32], dst: &mut [u16]) {
+    #[cfg(target_arch = "x86_64")]
+    if super::avx512::available() {
+        // SAFETY: the CPU has AVX-512F and AVX512-BF16.
+        unsafe { round_run_avx512(src, dst) };
+        return;
+    }
+    for (d, &x) in dst.iter_mut().zip(src) {
+        *d = round_bits(x);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bf16,avx512vl")]
+fn round_run_avx512(src: &[f32], dst: &mut [u16]) {
+    use std::arch::x86_64::*;
+    let n = src.len().min(dst.len());
+    let whole = n / 16 * 16;
+    for i in (0..whole).step_by(16) {
+        // SAFETY: 16 values at i < whole ≤ both lengths; unaligned load and store.
+        unsafe {
+            let v = _mm512_loadu_ps(src.as_ptr().add(i));
+            let h: __m256bh = _mm512_cvtneps_pbh(v);
+            _mm256_storeu_si256(
+                dst.as_mut_ptr().add(i).cast(),
+                std::mem::transmute::<__m256bh, __m256i>(h),
+            );
+        }
+    }
+    for i in whole..n {
+        dst[i] = round_bits(src[i]);
+    }
+}
+
+/// `x` rounded to the nearest bf16, ties to even; a NaN stays a (quiet) NaN.
+#[inline(always)]
+fn round_bits(x: f32) -> u16 {
+    let b = x.to_bits();
+    let rounded = (b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16) as u16;
+    if x.is_nan() {
+        (b >> 16) as u16 | 0x40
+    } else {
+        rounded
+    }
+}
+
 /// The packed operands' buffers, kept per thread from one product to the next: a fresh buffer of
 /// a convolution's size is mapped and faulted in anew on every call (which cost more than the
-/// packing itself); a kept one is only zeroed.
+/// packing itself). A kept one is not zeroed: the packing writes every value a product reads
+/// that counts — the padding along `k` is written as zeros ([`zero_tail`]); rows of `A` past `m`
+/// and columns of `B` past `n` may hold old values, which only reach outputs that are dropped.
 pub(super) mod pool {
     use std::cell::RefCell;
 
@@ -18,11 +118,13 @@ pub(super) mod pool {
         static KEPT: RefCell<[Vec<u16>; 2]> = const { RefCell::new([Vec::new(), Vec::new()]) };
     }
 
-    /// Buffer `slot` (0: `A`, 1: `B`) of `len` zeros.
-    pub(in super::super) fn zeroed(slot: usize, len: usize) -> Vec<u16> {
+    /// Buffer `slot` (0: `A`, 1: `B`) of at least `len` values, which may be those of an earlier
+    /// product (it only grows: zeroing what a shorter product left would cost a pass).
+    pub(in super::super) fn taken(slot: usize, len: usize) -> Vec<u16> {
         let mut v = KEPT.with(|k| std::mem::take(&mut k.borrow_mut()[slot]));
-        v.clear();
-        v.resize(len, 0);
+        if v.len() < len {
+            v.resize(len, 0);
+        }
         v
     }
 
@@ -32,17 +134,45 @@ pub(super) mod pool {
     }
 }
 
+/// Zeros the last `k` block of every block of `block` values in `out` (blocks of `kbs` in a row)
+/// where `k` does not fill it: the padding along `k`, which the kernels multiply.
+fn zero_tail(out: &mut [u16], (k, kc, kbs): (usize, usize, usize), block: usize) {
+    if k % kc == 0 || kbs == 0 {
+        return;
+    }
+    for group in out.chunks_exact_mut(kbs * block) {
+        group[(kbs - 1) * block..].fill(0);
+    }
+}
+
 /// `a` (`m × k`) as blocks of `rows` rows by `kc` columns (zero-padded), block `(i, kb)` at
 /// `(i · kbs + kb) · rows · kc`, each row-major; the number of row blocks rounded up to a
 /// multiple of `mult`. Returns the packed values, row blocks and `k` blocks.
-pub(super) fn pack_a(
-    a: MatRef<'_, bf16>,
+pub(super) fn pack_a<S: Source>(
+    a: MatRef<'_, S>,
     (rows, kc, mult): (usize, usize, usize),
 ) -> (Vec<u16>, usize, usize) {
     let ((m, k), (data, rs, cs)) = (a.dims(), a.parts());
     let mbs = m.div_ceil(rows).div_ceil(mult) * mult;
     let kbs = k.div_ceil(kc);
-    let mut out = pool::zeroed(0, mbs * kbs * rows * kc);
+    let mut out = pool::taken(0, mbs * kbs * rows * kc);
+    zero_tail(&mut out[..mbs * kbs * rows * kc], (k, kc, kbs), rows * kc);
+    if rs == 1 && cs != 1 {
+        // A transposed matrix: the rows of a block are neighbours in each of its columns, each
+        // column converted whole first.
+        let mut tmp = Vec::new();
+        for kk in 0..k {
+            let (kb, j) = (kk / kc, kk % kc);
+            let col = S::run_bits(&data[kk * cs..][..m], &mut tmp);
+            for (bi, part) in col.chunks(rows).enumerate() {
+                let block = &mut out[(bi * kbs + kb) * rows * kc..][..rows * kc];
+                for (r, &x) in part.iter().enumerate() {
+                    block[r * kc + j] = x;
+                }
+            }
+        }
+        return (out, mbs, kbs);
+    }
     for i in 0..m {
         let (bi, r) = (i / rows, i % rows);
         for kb in 0..kbs {
@@ -50,10 +180,10 @@ pub(super) fn pack_a(
             let at = ((bi * kbs + kb) * rows + r) * kc;
             let dst = &mut out[at..at + len];
             if cs == 1 {
-                dst.copy_from_slice(data[i * rs + k0..][..len].reinterpret_cast());
+                S::write_bits(&data[i * rs + k0..][..len], dst);
             } else {
                 for (j, o) in dst.iter_mut().enumerate() {
-                    *o = data[i * rs + (k0 + j) * cs].to_bits();
+                    *o = data[i * rs + (k0 + j) * cs].bits();
                 }
             }
         }
@@ -65,32 +195,42 @@ pub(super) fn pack_a(
 /// panel `(j, kb)` at `(j · kbs + kb) · kc · cols`, holding `kc / 2` rows of `2 · cols` values;
 /// the number of panels rounded up to a multiple of `mult`. Returns the packed values, panels and
 /// `k` blocks.
-pub(super) fn pack_b(
-    b: MatRef<'_, bf16>,
+pub(super) fn pack_b<S: Source>(
+    b: MatRef<'_, S>,
     (cols, kc, mult): (usize, usize, usize),
 ) -> (Vec<u16>, usize, usize) {
     let ((k, n), (data, rs, cs)) = (b.dims(), b.parts());
     let nbs = n.div_ceil(cols).div_ceil(mult) * mult;
     let kbs = k.div_ceil(kc);
-    let mut out = pool::zeroed(1, nbs * kbs * kc * cols);
+    let mut out = pool::taken(1, nbs * kbs * kc * cols);
+    zero_tail(&mut out[..nbs * kbs * kc * cols], (k, kc, kbs), kc * cols);
     let at = |kk: usize, j: usize| {
         let (kb, p, q) = (kk / kc, kk % kc / 2, kk % 2);
         ((j / cols) * kbs + kb) * kc * cols + p * 2 * cols + 2 * (j % cols) + q
     };
+    let (mut tmp0, mut tmp1) = (Vec::new(), Vec::new());
     if rs == 1 {
         // Columns are contiguous: each pair is two neighbouring values.
         for j in 0..n {
-            let col = &data[j * cs..][..k];
-            for (kk, x) in col.iter().enumerate() {
-                out[at(kk, j)] = x.to_bits();
+            let col = S::run_bits(&data[j * cs..][..k], &mut tmp0);
+            let (bj, jj) = (j / cols, j % cols);
+            for (kb, seg) in col.chunks(kc).enumerate() {
+                let base = (bj * kbs + kb) * kc * cols + 2 * jj;
+                for (p, pair) in seg.chunks(2).enumerate() {
+                    let at = base + p * 2 * cols;
+                    out[at] = pair[0];
+                    if let Some(&v) = pair.get(1) {
+                        out[at + 1] = v;
+                    }
+                }
             }
         }
     } else if cs == 1 {
         // Two rows at a time, interleaved 16 columns per instruction where AVX-512 BW is.
         let wide = cols % 16 == 0 && interleave::available();
         for kk in (0..k).step_by(2) {
-            let r0 = data[kk * rs..][..n].reinterpret_cast();
-            let r1 = (kk + 1 < k).then(|| data[(kk + 1) * rs..][..n].reinterpret_cast());
+            let r0 = S::run_bits(&data[kk * rs..][..n], &mut tmp0);
+            let r1 = (kk + 1 < k).then(|| S::run_bits(&data[(kk + 1) * rs..][..n], &mut tmp1));
             let (kb, p) = (kk / kc, kk % kc / 2);
             let row_at = |bj: usize| (bj * kbs + kb) * kc * cols + p * 2 * cols;
             let done = if wide {
@@ -109,7 +249,7 @@ pub(super) fn pack_b(
     } else {
         for kk in 0..k {
             for j in 0..n {
-                out[at(kk, j)] = data[kk * rs + j * cs].to_bits();
+                out[at(kk, j)] = data[kk * rs + j * cs].bits();
             }
         }
     }

@@ -111,19 +111,91 @@ fn the_bf16_note_says_what_computes_on_which_unit() {
         none.contains("no bf16 instructions") && none.contains("in f32"),
         "{none}"
     );
-    let avx = bf16_note(None, &[Bf16Path::Avx512Bf16]);
+    let avx = bf16_note(Some(Bf16Path::Avx512Bf16), &[Bf16Path::Avx512Bf16]);
     assert!(
-        avx.contains("KOLO_BF16_GEMM=avx512bf16") && avx.contains("AVX512-BF16"),
+        avx.starts_with("bf16: the convolutions' matrix products on this CPU's AVX512-BF16 unit"),
         "{avx}"
     );
-    assert!(avx.contains("in f32 around bf16 conversions"), "{avx}");
-    let amx = bf16_note(None, &[Bf16Path::Amx, Bf16Path::Avx512Bf16]);
-    assert!(amx.contains("KOLO_BF16_GEMM=amx"), "{amx}");
-    let asked = bf16_note(Some(Bf16Path::Avx512Bf16), &[Bf16Path::Avx512Bf16]);
+    let amx = bf16_note(Some(Bf16Path::Amx), &[Bf16Path::Amx, Bf16Path::Avx512Bf16]);
+    assert!(amx.contains("this CPU's AMX unit"), "{amx}");
+    let kept_out = bf16_note(None, &[Bf16Path::Avx512Bf16]);
     assert!(
-        asked.starts_with("bf16: convolutions on this CPU's AVX512-BF16 unit"),
-        "{asked}"
+        kept_out.contains("around bf16 conversions") && kept_out.contains("KOLO_BF16_GEMM=f32"),
+        "{kept_out}"
     );
-    let f32_asked = bf16_note(Some(Bf16Path::F32), &[]);
-    assert_eq!(f32_asked, none);
+    assert_eq!(bf16_note(Some(Bf16Path::F32), &[]), none);
+}
+
+/// An f32 matrix whose values are not bf16 values (rounding matters), varied in sign and size.
+fn matrix_f32(rows: usize, cols: usize, seed: usize) -> Vec<f32> {
+    (0..rows * cols)
+        .map(|i| {
+            let v = ((i * 7 + seed * 13) % 23) as f32 - 11.0;
+            v / 8.0 + (i % 5) as f32 * 1.3e-3
+        })
+        .collect()
+}
+
+#[test]
+fn f32_operands_multiply_as_their_bf16_roundings_do() {
+    let shapes = SHAPES
+        .iter()
+        .copied()
+        .chain([(8, 64, 32), (16, 257, 33), (3, 7, 64)]);
+    for path in [Bf16Path::Amx, Bf16Path::Avx512Bf16, Bf16Path::F32]
+        .into_iter()
+        .filter(|p| p.available())
+    {
+        for (m, k, n) in shapes.clone() {
+            // A larger product first leaves other values in the kept packing buffers: the padding
+            // along k must be written, not assumed.
+            let (big_a, big_b) = (vec![f32::MAX; 40 * 600], vec![f32::MAX; 600 * 70]);
+            let mut big_c = vec![0f32; 40 * 70];
+            let (ba, bb) = (
+                MatRef::row_major(&big_a[..], 40, 600),
+                MatRef::row_major(&big_b[..], 600, 70),
+            );
+            matmul_views(path, ba, bb, &mut big_c, false).expect("gemm");
+            let (a, b) = (matrix_f32(m, k, 5), matrix_f32(k, n, 6));
+            let round = |v: &[f32]| v.iter().map(|&x| bf16::from_f32(x)).collect::<Vec<_>>();
+            let (ar, br) = (round(&a), round(&b));
+            let mut want = vec![0f32; m * n];
+            matmul_views(
+                path,
+                MatRef::row_major(&ar[..], m, k),
+                MatRef::row_major(&br[..], k, n),
+                &mut want,
+                false,
+            )
+            .expect("gemm");
+            // Row-major, then both operands read through their transposes.
+            let mut got = vec![f32::NAN; m * n];
+            let (av, bv) = (
+                MatRef::row_major(&a[..], m, k),
+                MatRef::row_major(&b[..], k, n),
+            );
+            matmul_views(path, av, bv, &mut got, false).expect("gemm");
+            assert_eq!(got, want, "{path:?} {m}x{k}x{n}");
+            let at: Vec<f32> = (0..m * k).map(|i| a[(i % m) * k + i / m]).collect();
+            let bt: Vec<f32> = (0..k * n).map(|i| b[(i % k) * n + i / k]).collect();
+            let mut got_t = vec![1f32; m * n];
+            matmul_views(
+                path,
+                MatRef::row_major(&at[..], k, m).t(),
+                MatRef::row_major(&bt[..], n, k).t(),
+                &mut got_t,
+                true,
+            )
+            .expect("gemm");
+            // Summed into what `c` held: AMX adds into the loaded tile of `C` product by product,
+            // so the last bits may differ from `want + 1`.
+            for (i, (g, w)) in got_t.iter().zip(&want).enumerate() {
+                let close = (g - (w + 1.0)).abs() <= 1e-5 * (w + 1.0).abs().max(1.0);
+                assert!(
+                    close,
+                    "{path:?} {m}x{k}x{n} transposed, accumulated, at {i}: {g} vs {w} + 1"
+                );
+            }
+        }
+    }
 }

@@ -21,6 +21,7 @@ use candle_core::{Layout, Result, WithDType};
 
 use super::gemm::{matmul_into, MatRef};
 use super::im2col::Geom;
+use super::matmul_precision::f32_products;
 use super::scratch::Scratch;
 use super::slices::copy_row;
 
@@ -208,7 +209,7 @@ pub(super) fn forward<T: WithDType>(
     variant: Variant,
 ) -> Result<(Vec<T>, Vec<T>)> {
     match variant {
-        Variant::F4 => forward_with::<T, F4, 4, 6>(x, g, w, bias),
+        Variant::F4 => f32_products(|| forward_with::<T, F4, 4, 6>(x, g, w, bias)),
         Variant::F2 => forward_with::<T, F2, 2, 4>(x, g, w, bias),
     }
 }
@@ -297,7 +298,7 @@ pub(super) fn backward<T: WithDType>(
     out: &mut Vec<T>,
 ) -> Result<()> {
     match variant {
-        Variant::F4 => backward_with::<T, F4, 4, 6>(x, (w, u), g, grad, want, out),
+        Variant::F4 => f32_products(|| backward_with::<T, F4, 4, 6>(x, (w, u), g, grad, want, out)),
         Variant::F2 => backward_with::<T, F2, 2, 4>(x, (w, u), g, grad, want, out),
     }
 }
