@@ -37,9 +37,33 @@ pub(super) fn matmul<S: Source>(
     let (ap, mbs, kbs) = pack_a(a, (MR, kc, 1));
     let (bp, nbs, _) = pack_b(b, (NR, kc, 1));
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: the CPU has AVX-512F and AVX-512 BF16 (the caller checked `available`).
-    unsafe {
-        kernel(&ap, &bp, (c, accumulate), (m, k, n), (mbs, nbs, kbs, kc));
+    {
+        // Row blocks split over candle's threads: each task owns its rows of `c` and its blocks
+        // of the packed `A`, and reads all of the packed `B`.
+        let threads = candle_core::utils::get_num_threads().min(mbs).max(1);
+        let per = mbs.div_ceil(threads);
+        let task = |(t, c): (usize, &mut [f32])| {
+            let (b0, b1) = (t * per, ((t + 1) * per).min(mbs));
+            let rows = (m - b0 * MR).min((b1 - b0) * MR);
+            let a = &ap[b0 * kbs * MR * kc..b1 * kbs * MR * kc];
+            // SAFETY: the CPU has AVX-512F and AVX-512 BF16 (the caller checked `available`).
+            unsafe {
+                kernel(
+                    a,
+                    &bp,
+                    (c, accumulate),
+                    (rows, k, n),
+                    (b1 - b0, nbs, kbs, kc),
+                )
+            };
+        };
+        let parts = c[..m * n].chunks_mut(per * MR * n).enumerate();
+        if threads > 1 {
+            use rayon::prelude::*;
+            parts.collect::<Vec<_>>().into_par_iter().for_each(task);
+        } else {
+            parts.for_each(task);
+        }
     }
     #[cfg(target_arch = "x86_64")]
     {
