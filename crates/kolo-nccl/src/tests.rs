@@ -7,11 +7,18 @@ use std::time::Duration;
 use crate::ffi::Nccl;
 use crate::{NcclEngine, NcclId};
 
-/// A `libnccl.so.2` on this machine: `$KOLO_TEST_NCCL`, or the one PyTorch's wheels installed in
-/// kolo's torch venv (scripts/install-torch.sh).
+/// A `libnccl.so.2` on this machine: `$KOLO_TEST_NCCL`, the path `$KOLO_NCCL_LIBRARY` names (as
+/// `scripts/gpu-check.sh` sets it), or the one PyTorch's wheels installed in kolo's torch venv
+/// (scripts/install-torch.sh).
 fn installed_nccl() -> Option<PathBuf> {
     if let Ok(p) = std::env::var("KOLO_TEST_NCCL") {
         return Some(PathBuf::from(p));
+    }
+    if let Some(p) = std::env::var_os("KOLO_NCCL_LIBRARY")
+        .map(PathBuf::from)
+        .filter(|p| p.is_file())
+    {
+        return Some(p);
     }
     let home = std::env::var("HOME").ok()?;
     let cache = PathBuf::from(home).join(".cache/kolo");
