@@ -184,8 +184,7 @@ fn f32_on_bf16(
         return super::bf16_gemm::matmul_views(unit, lhs, rhs, &mut dst[..m * n], accumulate)
             .map_err(named);
     }
-    let mut acc = vec![0f32; m * n];
-    super::bf16_gemm::matmul_views(unit, lhs, rhs, &mut acc, false).map_err(named)?;
+    let acc = product_on(op, unit, lhs, rhs)?;
     for_each_at(&acc, n, (dst_rs, dst_cs), |at, v| {
         dst[at] = if accumulate { dst[at] + v } else { v };
     });
@@ -257,8 +256,18 @@ fn bf16_product<T: WithDType>(op: &str, lhs: MatRef<T>, rhs: MatRef<T>) -> Resul
     }
     // SAFETY: T::DTYPE is BF16 (checked above), so T is half::bf16.
     let (lhs, rhs) = unsafe { (lhs.retyped::<half::bf16>(), rhs.retyped::<half::bf16>()) };
+    product_on(op, super::bf16_gemm::bf16_path()?, lhs, rhs)
+}
+
+/// `lhs @ rhs` in f32, row-major, on the bf16 unit `path`: bf16 operands, or f32 ones rounded to
+/// bf16 as they are packed.
+fn product_on<S: super::bf16_gemm::Source>(
+    op: &str,
+    path: super::bf16_gemm::Bf16Path,
+    lhs: MatRef<S>,
+    rhs: MatRef<S>,
+) -> Result<Vec<f32>> {
     let mut acc = vec![0f32; lhs.rows * rhs.cols];
-    let path = super::bf16_gemm::bf16_path()?;
     super::bf16_gemm::matmul_views(path, lhs, rhs, &mut acc, false)
         .map_err(|e| candle_core::Error::msg(format!("{op}: {e}")))?;
     Ok(acc)
