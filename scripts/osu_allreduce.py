@@ -12,7 +12,10 @@ size, a warm-up, a barrier, then `iterations` MPI_SUM all-reduces of float32 num
 of the backend "kolo" (``--backend`` picks another), so the torch backend's per-call cost is
 measured the same way. ``--backend floor`` registers a backend that communicates nothing (its
 all-reduce returns at once, as kolo's synchronous one does when it has finished): what is left is
-torch's own cost of a ``dist.all_reduce`` call — the floor under any backend written in Python. ``scripts/osu_mpi4py.py`` runs it beside the demos.
+torch's own cost of a ``dist.all_reduce`` call — the floor under any backend written in Python.
+``--backend fake`` is torch's own C++ process group that communicates nothing
+(``torch.testing._internal.distributed.fake_pg``): the floor under a backend written in C++.
+``scripts/osu_mpi4py.py`` runs them beside the demos.
 """
 import sys
 import time
@@ -76,7 +79,14 @@ def run_torch(backend):
 
     if backend == "floor":
         register_floor(dist)
-    dist.init_process_group(backend=backend)
+    if backend == "fake":
+        import os
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+
+        dist.init_process_group(backend="fake", store=FakeStore(),
+                                rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
+    else:
+        dist.init_process_group(backend=backend)
     rank, n = dist.get_rank(), dist.get_world_size()
     if rank == 0:
         print(f"# torch.distributed all_reduce latency, backend {backend!r} (float32, sum)")
@@ -92,7 +102,7 @@ def run_torch(backend):
                 t0 = time.perf_counter()
             dist.all_reduce(view)
         mine = torch.tensor([(time.perf_counter() - t0) * 1e6 / loop], dtype=torch.float64)
-        if backend != "floor":  # the floor sums nothing: rank 0's own time
+        if backend not in ("floor", "fake"):  # these sum nothing: rank 0's own time
             dist.all_reduce(mine)
             mine /= n
         if rank == 0:

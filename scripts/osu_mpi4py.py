@@ -22,8 +22,11 @@ its workers none) and runs it as ``__main__``. cpi-dpm spawns its workers, so it
 ``scripts/osu_allreduce.py`` (this repository's: mpi4py's demos have no all-reduce) runs the same
 way, and a third time as a torch.distributed program on the kolo backend ("torch on kolo", with
 --torch-python's torch and the same wheel), so the torch backend's all-reduce latency sits beside
-mpi4py's Allreduce; and a fourth time on a backend that communicates nothing ("torch, no
-backend": torch's own cost of the call, the floor under any backend written in Python).
+mpi4py's Allreduce; a fourth time on a backend that communicates nothing ("torch, no
+backend": torch's own cost of the call, the floor under any backend written in Python); a fifth
+on torch's own C++ process group that communicates nothing ("torch, no C++ backend": the floor
+under a backend written in C++, whose calls go through torch's dispatcher); and a sixth on Gloo,
+torch's CPU backend.
 
 The table says, per demo, whether each ran (exit status 0) and else the last line of its error;
 for the OSU programs it gives rank 0's numbers per message size, the median of --runs runs, for
@@ -238,6 +241,8 @@ def main():
         if d in LOCAL and torch_py:
             results[d]["torch-kolo"] = []
             results[d]["torch-floor"] = []
+            results[d]["torch-fake"] = []
+            results[d]["torch-gloo"] = []
     for rnd in range(args.runs):
         for d in demos:
             n = str(NPROCS.get(d, 2))
@@ -247,9 +252,10 @@ def main():
             if "torch-kolo" in results[d]:
                 order.append(("torch-kolo",
                               [args.kolo, "run", "-n", n, "--", torch_py, runner, src, "--torch"]))
-                order.append(("torch-floor",
-                              [args.kolo, "run", "-n", n, "--", torch_py, runner, src, "--torch",
-                               "--backend", "floor"]))
+                for b in ("floor", "fake", "gloo"):
+                    order.append((f"torch-{b}",
+                                  [args.kolo, "run", "-n", n, "--", torch_py, runner, src,
+                                   "--torch", "--backend", b]))
             if rnd % 2:
                 order.reverse()
             for impl, cmd in order:
@@ -285,13 +291,15 @@ def main():
         per = {impl: [sizes(lines) for ok, lines, _ in r[impl] if ok] for impl in r}
         if not per["mpi4py"] or not per["kolo"]:
             continue
-        others = [i for i in ("kolo", "torch-kolo", "torch-floor") if per.get(i)]
+        others = [i for i in ("kolo", "torch-kolo", "torch-floor", "torch-fake", "torch-gloo")
+                  if per.get(i)]
         unit = "MB/s" if d in ("osu_bw.py", "osu_bibw.py") else "µs"
         print()
         print(f"{d} ({unit}; medians of " + ", ".join(str(len(per[i])) for i in ["mpi4py"] + others)
               + " runs)")
         names = {"kolo": "kolo.MPI", "torch-kolo": "torch on kolo",
-                 "torch-floor": "torch, no backend"}
+                 "torch-floor": "torch, no backend", "torch-fake": "torch, no C++ backend",
+                 "torch-gloo": "torch on Gloo"}
         print(f"| size (B) | mpi4py ({unit}) | "
               + " | ".join(f"{names[i]} ({unit}) | {names[i]} / mpi4py" for i in others) + " |")
         print("|---|---|" + "---|---|" * len(others))
