@@ -3,11 +3,15 @@
 //! Gather: every non-root rank sends its block to the root, which receives them in rank order. Scatter:
 //! the root sends each rank its block. Cost at the root: (n−1) α + (n−1)/n m β, which is what the root's
 //! link must carry anyway; gloo uses the same schedule. Blocks may differ in size (the -v forms).
+//!
+//! Blocks go in place where the transport can (see [`Ctx::send_segmented_in_place`]): the receiver
+//! posts its block and copies the message straight out of the sender's memory, one copy in all.
 
 use std::ops::Range;
 
 use kolo_core::Result;
 
+use crate::ctx::{InPlace, IN_PLACE_BLOCK_BYTES};
 use crate::Ctx;
 
 /// Gathers `send` of every rank into `recv[blocks[r]]` on `root` (`recv` is unused elsewhere).
@@ -20,12 +24,15 @@ pub fn gather(
     root: usize,
 ) -> Result<()> {
     if ctx.rank != root {
-        return ctx.send_segmented(root, send, elem);
+        let mut sent = InPlace::default();
+        // SAFETY: `send` is borrowed, unchanged, until the root has copied it (`wait_sent`).
+        unsafe { ctx.send_segmented_in_place(root, send, elem, IN_PLACE_BLOCK_BYTES, &mut sent) }?;
+        return ctx.wait_sent(&mut sent);
     }
     recv[blocks[root].clone()].copy_from_slice(send);
     for (peer, b) in blocks.iter().enumerate() {
         if peer != root {
-            ctx.recv_segmented(peer, &mut recv[b.clone()], elem, None)?;
+            ctx.recv_segmented_posted(peer, &mut recv[b.clone()], elem, None, &mut || Ok(()))?;
         }
     }
     Ok(())
@@ -41,13 +48,23 @@ pub fn scatter(
     root: usize,
 ) -> Result<()> {
     if ctx.rank != root {
-        return ctx.recv_segmented(root, recv, elem, None);
+        return ctx.recv_segmented_posted(root, recv, elem, None, &mut || Ok(()));
     }
+    let mut sent = InPlace::default();
     for (peer, b) in blocks.iter().enumerate() {
         if peer != root {
-            ctx.send_segmented(peer, &send[b.clone()], elem)?;
+            // SAFETY: `send` is borrowed, unchanged, until every rank has copied its block.
+            unsafe {
+                ctx.send_segmented_in_place(
+                    peer,
+                    &send[b.clone()],
+                    elem,
+                    IN_PLACE_BLOCK_BYTES,
+                    &mut sent,
+                )
+            }?;
         }
     }
     recv.copy_from_slice(&send[blocks[root].clone()]);
-    Ok(())
+    ctx.wait_sent(&mut sent)
 }

@@ -20,7 +20,7 @@ use std::ops::Range;
 
 use kolo_core::{Reducer, Result};
 
-use crate::ctx::{even_blocks, split_pair};
+use crate::ctx::{even_blocks, split_pair, InPlace, IN_PLACE_RING_BYTES};
 use crate::Ctx;
 
 /// Reduce-scatter phase, in place: on return `buf[blocks[rank]]` holds that block reduced over all ranks
@@ -57,15 +57,18 @@ pub fn all_gather_in_place(
     let n = ctx.size();
     let r = ctx.rank;
     let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+    let mut sent = InPlace::default();
     for s in 0..n.saturating_sub(1) {
         let send_b = (r + n - s) % n;
         let recv_b = (r + 2 * n - s - 1) % n;
         // The block to receive is posted before this step's send, so that a transport can write
-        // what arrives straight into it.
+        // what arrives straight into it — out of the sender's memory where the block goes in place.
         let (out, into) = split_pair(buf, blocks[send_b].clone(), blocks[recv_b].clone());
         ctx.recv_segmented_posted(prev, into, elem, None, &mut || {
-            ctx.send_segmented(next, out, elem)
+            // SAFETY: `out` stays borrowed, unchanged, until `next` has copied it (`wait_sent`).
+            unsafe { ctx.send_segmented_in_place(next, out, elem, IN_PLACE_RING_BYTES, &mut sent) }
         })?;
+        ctx.wait_sent(&mut sent)?;
     }
     Ok(())
 }
