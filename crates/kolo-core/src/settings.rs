@@ -141,7 +141,7 @@ pub const SETTINGS: &[Setting] = &[
     s("KOLO_SHM_RING_BYTES", "256 KiB", "bytes of each pair's shared-memory ring"),
     s("KOLO_SHM_BUFFER_BYTES", "1 MiB", "bytes of each of a rank's two shared buffers (the all-reduce chunk)"),
     s("KOLO_SHM_SPIN_US", "1000", "how long a waiting rank polls (yielding its core after the first microseconds) before it sleeps on its futex"),
-    s("KOLO_SHM_SINGLE_COPY_BYTES", "8192", "kolo.MPI's sends of at least this many bytes to a rank of the same host are copied once, by the receiver straight from the sender's memory (process_vm_readv), and complete when it has; 0: every send goes through the ring"),
+    s("KOLO_SHM_SINGLE_COPY_BYTES", "8192", "kolo.MPI's sends of at least this many bytes to a rank of the same host are copied once, by the receiver straight from the sender's memory (process_vm_readv), and complete when it has (collectives' blocks too, from their own larger thresholds); 0: every send goes through the ring"),
     s("KOLO_HEARTBEAT_TIMEOUT", "`6`", "seconds a shared-memory peer's heartbeat may stand still before the peer counts as lost (`0`: no heartbeats)"),
     s("KOLO_INIT_METHOD", "from the launcher's variables", "explicit rendezvous: `tcp://HOST:PORT`, `c10d://HOST:PORT` or `file:///PATH`, with `RANK` and `WORLD_SIZE`"),
     s("KOLO_AGENT_STORE", "unset", "`1`: the launcher hosts the rendezvous store (rank 0 must not start one); set by `kolo run`"),
