@@ -270,17 +270,32 @@ impl PyCommunicator {
         ))
     }
 
-    /// Every rank's `send` into `recv`; with `counts`, one count per rank.
+    /// Every rank's `send` into `recv`; with `counts`, one count per rank. With `send` `None`,
+    /// in place: `recv` holds this rank's block already (MPI's `IN_PLACE`).
     #[pyo3(signature = (send, recv, counts=None, dtype=None, done=None))]
     fn all_gather(
         &self,
         py: Python<'_>,
-        send: &Bound<'_, PyAny>,
+        send: Option<&Bound<'_, PyAny>>,
         recv: &Bound<'_, PyAny>,
         counts: Option<Vec<usize>>,
         dtype: Option<&str>,
         done: Option<Py<PyAny>>,
     ) -> PyResult<()> {
+        let Some(send) = send else {
+            let h = hold(recv, parse_opt_dtype(dtype)?, "recv", true)?;
+            let (dt, queued) = (h.region.dtype, counts.clone());
+            return typed!(dt, T => self.collective(
+                py,
+                done,
+                Target::<T>::new(h)?,
+                |c, b| match &counts {
+                    None => c.all_gather_in_place(b.elements_mut()),
+                    Some(n) => c.all_gather_v_in_place(b.elements_mut(), n),
+                },
+                |c, b| c.all_gather_in_place_async(b, queued),
+            ));
+        };
         let (hs, hr) = pair(send, recv, dtype)?;
         let dt = hs.region.dtype;
         typed!(dt, T => {

@@ -3,13 +3,14 @@
 //! peers): all-gather (ring, blocks of 512 KiB and more), all-to-all (pairwise), gather and
 //! scatter (linear, 64 KiB and more), on every transport. Every block lands whole and in its
 //! place, and each call returns only once its blocks are copied: the senders change their
-//! buffers at once and call again, and the next call's results must be the new bytes.
+//! buffers at once and call again, and the next call's results must be the new bytes. And the
+//! all-gather in place (`Communicator::all_gather_in_place`, MPI's `IN_PLACE`).
 
 mod common;
 
 use std::time::Duration;
 
-use common::{spawn, Kind};
+use common::{checks, spawn, Kind};
 use kolo::prelude::*;
 use kolo::Result;
 
@@ -94,6 +95,20 @@ fn rounds(c: &Communicator) -> Result<()> {
         send.fill(0xEE);
     }
     Ok(())
+}
+
+#[test]
+fn all_gather_in_place_on_every_transport() {
+    for kind in ALL {
+        for (rank, r) in spawn(kind, RANKS, cfg(), |c| {
+            checks::all_gather_in_place(&c, true)
+        })
+        .into_iter()
+        .enumerate()
+        {
+            r.unwrap_or_else(|e| panic!("{kind:?}: rank {rank}: {e}"));
+        }
+    }
 }
 
 #[test]

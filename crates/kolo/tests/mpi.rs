@@ -44,6 +44,7 @@ fn rank_api() {
     checks::p2p_in_order(&c).expect("p2p");
     checks::async_in_order(&c).expect("async collectives");
     checks::split_and_new_group(&c).expect("sub-groups");
+    checks::all_gather_in_place(&c, false).expect("all-gather in place");
     if let Some(three) = c.new_group(&[0, 1, 2]).expect("new_group") {
         assert_eq!(three.backend(), "mpi");
         checks::object_collectives(&three).expect("object collectives");

@@ -99,6 +99,22 @@ impl Backend for EngineBackend {
                 dtype,
                 counts,
             } => e.all_gather(send, recv, dtype, counts),
+            Collective::AllGatherInPlace { buf, dtype, counts } => {
+                // Engines gather from a send buffer of their own: this rank's block, copied.
+                let (rank, n, size) = (job.comm.rank(), job.comm.size(), dtype.size());
+                let at = match counts {
+                    None => {
+                        let len = buf.len() / n.max(1);
+                        rank * len..(rank + 1) * len
+                    }
+                    Some(c) => {
+                        let start = c[..rank].iter().sum::<usize>() * size;
+                        start..start + c[rank] * size
+                    }
+                };
+                let own = buf[at].to_vec();
+                e.all_gather(&own, buf, dtype, counts)
+            }
             Collective::Rooted {
                 send,
                 recv,

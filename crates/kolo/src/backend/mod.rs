@@ -69,6 +69,13 @@ pub(crate) enum Collective<'a> {
         dtype: DType,
         counts: Option<&'a [usize]>,
     },
+    /// [`Collective::AllGather`] in place (MPI's `MPI_IN_PLACE`): `buf` holds every rank's block
+    /// in rank order, this rank's filled in; `counts` in elements for the variable form.
+    AllGatherInPlace {
+        buf: &'a mut [u8],
+        dtype: DType,
+        counts: Option<&'a [usize]>,
+    },
     /// Every rank's `send` in rank order into `recv` of `root` (`scatter`: block r of `send` on
     /// `root` into `recv` of rank r); `counts` in elements for the variable form.
     Rooted {

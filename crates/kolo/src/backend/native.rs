@@ -127,6 +127,11 @@ impl Backend for Native {
                 let blocks = blocks(send.len() / e, n, counts, e);
                 job.run(|ctx| ring::all_gather(ctx, send, recv, &blocks, e))
             }
+            Collective::AllGatherInPlace { buf, dtype, counts } => {
+                let e = dtype.size();
+                let blocks = blocks(buf.len() / e / n.max(1), n, counts, e);
+                job.run(|ctx| ring::all_gather_in_place(ctx, buf, &blocks, e))
+            }
             Collective::Rooted {
                 send,
                 recv,

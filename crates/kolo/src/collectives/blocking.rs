@@ -79,6 +79,25 @@ impl Communicator {
             .all_gather(seq, as_bytes(send), as_bytes_mut(recv), T::DTYPE, None)
     }
 
+    /// All-gather in place (MPI's `MPI_IN_PLACE`): `buf` holds `size()` blocks of equal length,
+    /// block `rank()` this rank's contribution; on return block r holds rank r's. No copy of
+    /// this rank's block is made. Ranks may mix this call with [`Communicator::all_gather`].
+    #[track_caller]
+    pub fn all_gather_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
+        let seq = self.inner.issue_blocking()?;
+        self.inner
+            .all_gather_in_place(seq, as_bytes_mut(buf), T::DTYPE, None)
+    }
+
+    /// [`Communicator::all_gather_v`] in place: `buf` holds the blocks of `counts` elements in
+    /// rank order, this rank's filled in.
+    #[track_caller]
+    pub fn all_gather_v_in_place<T: Element>(&self, buf: &mut [T], counts: &[usize]) -> Result<()> {
+        let seq = self.inner.issue_blocking()?;
+        self.inner
+            .all_gather_in_place(seq, as_bytes_mut(buf), T::DTYPE, Some(counts))
+    }
+
     /// All-gather with a count per rank: rank r sends `counts[r]` elements; `recv` holds their sum.
     /// Every rank passes the same `counts`.
     #[track_caller]

@@ -184,6 +184,41 @@ impl Inner {
         self.exec(seq, call, c)
     }
 
+    /// All-gather in place: `buf` holds every rank's block, this rank's filled in; `counts` is
+    /// `None` for the equal-count form. Agrees with ranks that call [`Inner::all_gather`].
+    pub(crate) fn all_gather_in_place(
+        &self,
+        seq: u64,
+        buf: &mut [u8],
+        dtype: DType,
+        counts: Option<&[usize]>,
+    ) -> Result<()> {
+        let (e, n) = (dtype.size(), self.size());
+        let op = if counts.is_some() {
+            OpKind::AllGatherV
+        } else {
+            OpKind::AllGather
+        };
+        let call = self.check_args(op, |c| {
+            let total = buf.len() / e;
+            match counts {
+                None => {
+                    // As many elements as every rank's block holds, a whole block per rank.
+                    let mine = total / n.max(1);
+                    c.len("buf", total, mine * n)?;
+                    Ok(c.call(dtype, mine, None, None))
+                }
+                Some(counts) => {
+                    let sum = c.counts("counts", counts)?;
+                    c.len("buf", total, sum)?;
+                    Ok(c.call_v(dtype, counts, None))
+                }
+            }
+        })?;
+        let c = Collective::AllGatherInPlace { buf, dtype, counts };
+        self.exec(seq, call, c)
+    }
+
     /// Gather to `root` or scatter from it (`way`); `counts` is `None` for the equal-count form.
     pub(crate) fn rooted(
         &self,

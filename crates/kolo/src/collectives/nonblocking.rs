@@ -152,6 +152,20 @@ impl Communicator {
         })
     }
 
+    /// Asynchronous [`Communicator::all_gather_in_place`] (`counts`:
+    /// [`Communicator::all_gather_v_in_place`]); `wait` gives `buf` back.
+    #[track_caller]
+    pub fn all_gather_in_place_async<B: CollectiveBuffer>(
+        &self,
+        buf: B,
+        counts: Option<Vec<usize>>,
+    ) -> Work<B> {
+        let op = with_counts(OpKind::AllGather, OpKind::AllGatherV, counts.is_some());
+        self.spawn_in_place(op, buf, move |inner, seq, b| {
+            inner.all_gather_in_place(seq, b, B::Elem::DTYPE, counts.as_deref())
+        })
+    }
+
     /// Asynchronous [`Communicator::gather`]; the result is the gathered data on `root`, empty
     /// elsewhere.
     #[track_caller]

@@ -194,3 +194,66 @@ pub fn object_collectives(c: &Communicator) -> kolo::Result<()> {
     }
     Ok(())
 }
+
+/// All-gather in place (MPI's `IN_PLACE`), equal and variable counts, blocking and asynchronous,
+/// small and in blocks large enough to go in place on shared memory — with the last rank
+/// calling the ordinary all-gather instead (MPI lets ranks mix the two). With `bad_input`, last
+/// (it fails the communicator): a buffer that does not split into one block per rank.
+pub fn all_gather_in_place(c: &Communicator, bad_input: bool) -> kolo::Result<()> {
+    let (r, n) = (c.rank(), c.size());
+    let value = |from: usize, i: usize| ((from * 131 + i * 7) % 251) as u8;
+    for len in [5, 700_000] {
+        let want: Vec<u8> = (0..n)
+            .flat_map(|s| (0..len).map(move |i| value(s, i)))
+            .collect();
+        let mine: Vec<u8> = (0..len).map(|i| value(r, i)).collect();
+        let mut buf = vec![0xAAu8; n * len];
+        buf[r * len..(r + 1) * len].copy_from_slice(&mine);
+        if r == n - 1 {
+            c.all_gather(&mine, &mut buf)?;
+        } else {
+            c.all_gather_in_place(&mut buf)?;
+        }
+        assert!(
+            buf == want,
+            "rank {r}: all_gather_in_place of {len} bytes a rank"
+        );
+        let mut again = vec![0u8; n * len];
+        again[r * len..(r + 1) * len].copy_from_slice(&mine);
+        assert!(c.all_gather_in_place_async(again, None).wait()? == want);
+    }
+    // Variable counts: rank s has s + 1 elements.
+    let counts: Vec<usize> = (1..=n).collect();
+    let start: usize = counts[..r].iter().sum();
+    let concat: Vec<i32> = (0..n).flat_map(|s| vec![s as i32; s + 1]).collect();
+    let mut buf = vec![-1i32; concat.len()];
+    buf[start..start + r + 1].fill(r as i32);
+    c.all_gather_v_in_place(&mut buf, &counts)?;
+    assert_eq!(buf, concat, "rank {r}: all_gather_v_in_place");
+    let mut buf = vec![-1i32; concat.len()];
+    buf[start..start + r + 1].fill(r as i32);
+    assert_eq!(
+        c.all_gather_in_place_async(buf, Some(counts.clone()))
+            .wait()?,
+        concat
+    );
+    if !bad_input {
+        return Ok(());
+    }
+    // Bad input, refused before anything is sent: each rank names its own buffer, unless the
+    // abort of a faster rank, naming that rank's, comes first — in this call or in the barrier
+    // before it (the communicator fails either way).
+    let expected = format!(
+        "buffer `buf` has {} elements, expected {}",
+        n * 3 + 1,
+        n * 3
+    );
+    let mut odd = vec![0u8; n * 3 + 1];
+    match c.barrier().and_then(|()| c.all_gather_in_place(&mut odd)) {
+        Err(e) if e.to_string().contains(&expected) => Ok(()),
+        other => panic!(
+            "rank {r}: a buffer of {} bytes for {n} ranks: {other:?}",
+            odd.len()
+        ),
+    }
+}

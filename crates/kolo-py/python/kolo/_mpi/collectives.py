@@ -127,7 +127,8 @@ class Collectives:
     def Allgather(self, sendbuf, recvbuf):
         try:
             r, n = part(recvbuf), self._size
-            s = r.block(self._rank, n) if sendbuf is IN_PLACE else raw(sendbuf)
+            # In place, the rank's own block is where it lies already: nothing is copied.
+            s = None if sendbuf is IN_PLACE else raw(sendbuf)
             self._c.all_gather(s, r.raw(n), None, _U8)
         except BAD_INPUT as e:
             self._fail("Allgather", e)
@@ -183,8 +184,11 @@ class Collectives:
     def Allgatherv(self, sendbuf, recvbuf):
         try:
             v = Vector(recvbuf, self._size)
-            s = v.block(self._rank) if sendbuf is IN_PLACE else raw(sendbuf)
             counts = v.byte_counts()
+            if sendbuf is IN_PLACE and v.packed():
+                self._c.all_gather(None, v.span(), counts, _U8)
+                return
+            s = v.block(self._rank) if sendbuf is IN_PLACE else raw(sendbuf)
             _into(v, lambda r: self._c.all_gather(s, r, counts, _U8))
         except BAD_INPUT as e:
             self._fail("Allgatherv", e)
