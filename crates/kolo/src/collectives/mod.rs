@@ -154,27 +154,9 @@ impl Inner {
         dtype: DType,
         counts: Option<&[usize]>,
     ) -> Result<()> {
-        let (e, n) = (dtype.size(), self.size());
-        let op = if counts.is_some() {
-            OpKind::AllGatherV
-        } else {
-            OpKind::AllGather
-        };
-        let call = self.check_args(op, |c| {
-            let mine = send.len() / e;
-            match counts {
-                None => {
-                    c.len("recv", recv.len() / e, mine * n)?;
-                    Ok(c.call(dtype, mine, None, None))
-                }
-                Some(counts) => {
-                    let total = c.counts("counts", counts)?;
-                    c.len("send", mine, counts[self.rank])?;
-                    c.len("recv", recv.len() / e, total)?;
-                    Ok(c.call_v(dtype, counts, None))
-                }
-            }
-        })?;
+        let e = dtype.size();
+        let (mine, total) = (send.len() / e, recv.len() / e);
+        let call = self.all_gather_call(dtype, counts, Some(mine), ("recv", total))?;
         let c = Collective::AllGather {
             send,
             recv,
@@ -193,30 +175,42 @@ impl Inner {
         dtype: DType,
         counts: Option<&[usize]>,
     ) -> Result<()> {
-        let (e, n) = (dtype.size(), self.size());
+        let call = self.all_gather_call(dtype, counts, None, ("buf", buf.len() / dtype.size()))?;
+        let c = Collective::AllGatherInPlace { buf, dtype, counts };
+        self.exec(seq, call, c)
+    }
+
+    /// The checked call of an all-gather of `mine` elements a rank (`None`: in place, as many as
+    /// a rank's block of the `total` elements holds) into `total` elements of `recv_arg`.
+    fn all_gather_call(
+        &self,
+        dtype: DType,
+        counts: Option<&[usize]>,
+        mine: Option<usize>,
+        (recv_arg, total): (&'static str, usize),
+    ) -> Result<Call> {
+        let n = self.size();
         let op = if counts.is_some() {
             OpKind::AllGatherV
         } else {
             OpKind::AllGather
         };
-        let call = self.check_args(op, |c| {
-            let total = buf.len() / e;
-            match counts {
-                None => {
-                    // As many elements as every rank's block holds, a whole block per rank.
-                    let mine = total / n.max(1);
-                    c.len("buf", total, mine * n)?;
-                    Ok(c.call(dtype, mine, None, None))
-                }
-                Some(counts) => {
-                    let sum = c.counts("counts", counts)?;
-                    c.len("buf", total, sum)?;
-                    Ok(c.call_v(dtype, counts, None))
-                }
+        self.check_args(op, |c| match counts {
+            None => {
+                // In place, a whole block per rank.
+                let mine = mine.unwrap_or(total / n.max(1));
+                c.len(recv_arg, total, mine * n)?;
+                Ok(c.call(dtype, mine, None, None))
             }
-        })?;
-        let c = Collective::AllGatherInPlace { buf, dtype, counts };
-        self.exec(seq, call, c)
+            Some(counts) => {
+                let sum = c.counts("counts", counts)?;
+                if let Some(mine) = mine {
+                    c.len("send", mine, counts[self.rank])?;
+                }
+                c.len(recv_arg, total, sum)?;
+                Ok(c.call_v(dtype, counts, None))
+            }
+        })
     }
 
     /// Gather to `root` or scatter from it (`way`); `counts` is `None` for the equal-count form.
