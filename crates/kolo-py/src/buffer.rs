@@ -56,6 +56,14 @@ impl Region {
         self.count * self.dtype.size()
     }
 
+    /// Whether this region is exactly the `count` elements of `whole` from element `at` on.
+    pub(crate) fn is_part_of(&self, whole: &Region, at: usize) -> bool {
+        let size = self.dtype.size();
+        self.dtype == whole.dtype
+            && at + self.count <= whole.count
+            && self.ptr as usize == whole.ptr as usize + at * size
+    }
+
     /// Whether the two regions share memory.
     fn overlaps(&self, other: &Region) -> bool {
         let (a, b) = (self.ptr as usize, other.ptr as usize);

@@ -271,7 +271,8 @@ impl PyCommunicator {
     }
 
     /// Every rank's `send` into `recv`; with `counts`, one count per rank. With `send` `None`,
-    /// in place: `recv` holds this rank's block already (MPI's `IN_PLACE`).
+    /// or `send` this rank's own block of `recv`, in place (MPI's `IN_PLACE`; see
+    /// [`crate::gather`]).
     #[pyo3(signature = (send, recv, counts=None, dtype=None, done=None))]
     fn all_gather(
         &self,
@@ -282,36 +283,11 @@ impl PyCommunicator {
         dtype: Option<&str>,
         done: Option<Py<PyAny>>,
     ) -> PyResult<()> {
-        let Some(send) = send else {
-            let h = hold(recv, parse_opt_dtype(dtype)?, "recv", true)?;
-            let (dt, queued) = (h.region.dtype, counts.clone());
-            return typed!(dt, T => self.collective(
-                py,
-                done,
-                Target::<T>::new(h)?,
-                |c, b| match &counts {
-                    None => c.all_gather_in_place(b.elements_mut()),
-                    Some(n) => c.all_gather_v_in_place(b.elements_mut(), n),
-                },
-                |c, b| c.all_gather_in_place_async(b, queued),
-            ));
+        let (hs, hr) = match send {
+            Some(send) => pair(send, recv, dtype).map(|(hs, hr)| (Some(hs), hr))?,
+            None => (None, hold(recv, parse_opt_dtype(dtype)?, "recv", true)?),
         };
-        let (hs, hr) = pair(send, recv, dtype)?;
-        let dt = hs.region.dtype;
-        typed!(dt, T => {
-            let bufs = (Source::<T>::new(hs, &hr.region)?, Target::<T>::new(hr)?);
-            let queued_counts = counts.clone();
-            self.collective(
-                py,
-                done,
-                bufs,
-                |c, (s, r)| match &counts {
-                    None => c.all_gather(s.elements(), r.elements_mut()),
-                    Some(n) => c.all_gather_v(s.elements(), r.elements_mut(), n),
-                },
-                |c, (s, r)| c.all_gather_into_async(s, r, queued_counts),
-            )
-        })
+        self.all_gather_held(py, hs, hr, counts, done)
     }
 
     #[pyo3(signature = (send, recv, op="sum", dtype=None, done=None))]

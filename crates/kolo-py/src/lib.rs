@@ -12,6 +12,7 @@ mod buffer;
 mod comm;
 mod errors;
 mod export;
+mod gather;
 mod in_place;
 mod names;
 mod objects;
