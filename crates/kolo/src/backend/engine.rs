@@ -9,6 +9,7 @@ use std::time::Instant;
 use kolo_collectives::select::Group;
 use kolo_core::{Algorithm, DeviceBuffer, DeviceTicket, Engine, ReduceOp, Result};
 
+use super::native::blocks;
 use super::{no_device_collectives, Backend, Collective, Job, Members, Native, Runner};
 
 /// Any [`Engine`] as a communicator's backend.
@@ -101,17 +102,9 @@ impl Backend for EngineBackend {
             } => e.all_gather(send, recv, dtype, counts),
             Collective::AllGatherInPlace { buf, dtype, counts } => {
                 // Engines gather from a send buffer of their own: this rank's block, copied.
-                let (rank, n, size) = (job.comm.rank(), job.comm.size(), dtype.size());
-                let at = match counts {
-                    None => {
-                        let len = buf.len() / n.max(1);
-                        rank * len..(rank + 1) * len
-                    }
-                    Some(c) => {
-                        let start = c[..rank].iter().sum::<usize>() * size;
-                        start..start + c[rank] * size
-                    }
-                };
+                let (n, size) = (job.comm.size(), dtype.size());
+                let at =
+                    blocks(buf.len() / size / n.max(1), n, counts, size)[job.comm.rank()].clone();
                 let own = buf[at].to_vec();
                 e.all_gather(&own, buf, dtype, counts)
             }

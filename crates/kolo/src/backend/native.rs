@@ -169,7 +169,7 @@ impl Backend for Native {
 }
 
 /// The blocks of a whole buffer of `n` ranks' pieces: `piece` elements each, or `counts`.
-fn blocks(
+pub(super) fn blocks(
     piece: usize,
     n: usize,
     counts: Option<&[usize]>,
