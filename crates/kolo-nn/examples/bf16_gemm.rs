@@ -63,13 +63,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .map(|i| bf16::from_f32((i % 11) as f32 / 16.0))
         .collect();
     let mut c = vec![0f32; m * n];
+    // The best of 3 timings of enough calls for 20 ms: a small product takes microseconds, less
+    // than one timing's noise.
     let best = |f: &mut dyn FnMut()| -> f64 {
+        let t = Instant::now();
         f();
+        let reps = (0.02 / t.elapsed().as_secs_f64().max(1e-9)).clamp(1.0, 1e5) as usize;
         (0..3)
             .map(|_| {
                 let t = Instant::now();
-                f();
-                flops / t.elapsed().as_secs_f64() / 1e9
+                for _ in 0..reps {
+                    f();
+                }
+                flops * reps as f64 / t.elapsed().as_secs_f64() / 1e9
             })
             .fold(0.0, f64::max)
     };
