@@ -358,17 +358,40 @@ pub(crate) fn hold(
     write: bool,
 ) -> PyResult<Held> {
     let (obj, span) = split_span(obj, arg)?;
+    hold_span(&obj, span, dtype, arg, write)
+}
+
+/// [`hold`] of `count` bytes (`None`: all) from the start of `obj`'s buffer, read as bytes: the
+/// `(obj, 0, count)` form without the tuple.
+pub(crate) fn hold_bytes(
+    obj: &Bound<'_, PyAny>,
+    count: Option<usize>,
+    arg: &str,
+    write: bool,
+) -> PyResult<Held> {
+    let span = Some(Span { offset: 0, count });
+    hold_span(obj, span, Some(DType::U8), arg, write)
+}
+
+/// [`hold`] of `obj`'s buffer, or of its part `span`.
+fn hold_span(
+    obj: &Bound<'_, PyAny>,
+    span: Option<Span>,
+    dtype: Option<DType>,
+    arg: &str,
+    write: bool,
+) -> PyResult<Held> {
     // A part of a buffer read as a given type (kolo.MPI's form) needs no format: the cheaper
     // export of contiguous bytes first.
     let quick = match (dtype, span) {
-        (Some(_), Some(_)) => Export::get_contiguous(&obj, write),
+        (Some(_), Some(_)) => Export::get_contiguous(obj, write),
         _ => None,
     };
-    let buf = quick.map_or_else(|| Export::get(&obj), Ok).map_err(|e| {
+    let buf = quick.map_or_else(|| Export::get(obj), Ok).map_err(|e| {
         PyTypeError::new_err(format!(
             "{arg}: expected an object with the buffer protocol (a numpy array, bytearray, \
              memoryview, array.array; torch tensors through kolo.torch), got {}: {e}",
-            type_name(&obj)
+            type_name(obj)
         ))
     })?;
     let dtype = match (dtype, span) {

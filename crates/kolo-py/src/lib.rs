@@ -14,6 +14,7 @@ mod errors;
 mod export;
 mod gather;
 mod in_place;
+mod mpi_p2p;
 mod names;
 mod objects;
 mod p2p;
@@ -116,6 +117,7 @@ fn _kolo(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(init_with_store, m)?)?;
     m.add_function(wrap_pyfunction!(local_communicators, m)?)?;
     m.add_function(wrap_pyfunction!(shutdown, m)?)?;
+    m.add_function(wrap_pyfunction!(mpi_p2p::register_mpi_datatype, m)?)?;
     errors::register(m)?;
     names::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -10,7 +10,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyCFunction, PyDict, PyTuple};
 
 use crate::args::typed;
-use crate::buffer::{hold, Target};
+use crate::buffer::{hold, Held, Target};
 use crate::comm::PyCommunicator;
 use crate::names::parse_opt_dtype;
 use crate::run::Direction;
@@ -38,6 +38,18 @@ impl PyCommunicator {
         wait: bool,
     ) -> PyResult<Option<Status>> {
         let h = hold(buf, parse_opt_dtype(dtype)?, "buf", true)?;
+        self.recv_held(py, h, src, tag, wait)
+    }
+
+    /// [`Self::recv_into`] of a buffer already held.
+    pub(crate) fn recv_held(
+        &self,
+        py: Python<'_>,
+        h: Held,
+        src: Option<usize>,
+        tag: Option<u64>,
+        wait: bool,
+    ) -> PyResult<Option<Status>> {
         let dt = h.region.dtype;
         typed!(dt, T => {
             let mut target = Target::<T>::new(h)?;

@@ -79,6 +79,47 @@ def test_a_count_past_the_buffer_raises():
     assert world(1, body) == [True]
 
 
+def test_send_and_recv_read_every_form_the_same_way_natively_or_not():
+    """Send and Recv read [buf, count, datatype] and a buffer alone natively, the rest in Python:
+    both give the same bytes, statuses and errors, and nothing else is taken for a datatype."""
+
+    def body(comm):
+        if comm.rank == 0:
+            comm.Send((np.arange(6, dtype=np.int16), 4, MPI.SHORT), 1, 1)  # a tuple: 8 bytes
+            comm.Send([np.arange(4, dtype=np.uint8), 0, MPI.BYTE], 1, 2)  # nothing
+            comm.Send(np.arange(3, dtype=np.float32), 1.0, 3)  # a buffer alone, a whole float
+            comm.Send([np.arange(2, dtype=np.int64), 2, MPI.INT64_T], MPI.PROC_NULL, 4)
+            return None
+        shorts, st = np.full(6, -1, np.int16), MPI.Status()
+        comm.Recv([shorts, 6, MPI.SHORT], 0, 1, st)
+        none, st0 = np.full(4, 7, np.uint8), MPI.Status()
+        comm.Recv((none, 4, MPI.BYTE), 0, 2, st0)
+        floats, st3 = np.zeros(4, np.float32), MPI.Status()
+        comm.Recv([floats, 4, MPI.FLOAT], 0.0, 3.0, st3)
+        return (shorts.tolist(), (st.Get_source(), st.Get_tag(), st.Get_count(MPI.SHORT)),
+                none.tolist(), st0.Get_count(), floats.tolist(), (st3.Get_source(), st3.Get_tag()))
+
+    shorts, status, none, count0, floats, source_tag = world(2, body)[1]
+    assert shorts == [0, 1, 2, 3, -1, -1] and status == (0, 1, 4)
+    assert none == [7, 7, 7, 7] and count0 == 0
+    assert floats == [0.0, 1.0, 2.0, 0.0]
+    assert source_tag == (0, 3) and all(type(v) is int for v in source_tag)
+
+    # Bad input (it ends the communicator), one world each: an object with a size is not a
+    # datatype (the Python path names it); a read-only buffer cannot receive.
+    def not_a_datatype(comm):
+        with pytest.raises(TypeError, match="datatype"):
+            comm.Send([bytearray(8), 2, np.zeros(3)], 0, 5)
+        return True
+
+    def read_only(comm):
+        with pytest.raises(ValueError, match="read-only"):
+            comm.Recv([bytes(4), 4, MPI.BYTE], 0, 3)
+        return True
+
+    assert world(1, not_a_datatype) == [True] and world(1, read_only) == [True]
+
+
 def test_bcast_moves_count_elements_and_a_zero_dimensional_array():
     def body(comm):
         buf = np.arange(8, dtype=np.uint8) if comm.rank == 0 else np.full(8, 99, np.uint8)

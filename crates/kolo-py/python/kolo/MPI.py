@@ -23,8 +23,7 @@ runs once that collective has completed (kolo orders them so), which MPI does no
 the collective before a send its peers need in order to enter it.
 
 What kolo does not do raises `NotImplementedError` naming it (an `AttributeError` too, so
-``hasattr`` says no): receives from ``ANY_SOURCE`` or with ``ANY_TAG`` (kolo matches one source
-and one tag), derived datatypes, one-sided communication (``Win``), dynamic processes
+``hasattr`` says no): derived datatypes, one-sided communication (``Win``), dynamic processes
 (``Spawn``, ports), files, topologies, and reductions of buffers other than SUM/PROD/MIN/MAX.
 """
 
@@ -60,6 +59,8 @@ from ._mpi.datatypes import (
 )
 
 globals().update(_DATATYPES)  # MPI.BYTE, MPI.INT, MPI.DOUBLE, ...
+# Send/Recv of [buf, count, datatype] read the message natively (kolo._kolo's mpi_send/mpi_recv).
+_kolo.register_mpi_datatype(Datatype)
 globals().update(_OPS)  # MPI.SUM, MPI.MAX, ...
 
 COMM_NULL = None

@@ -60,6 +60,10 @@ class P2P:
     # -- buffers ----------------------------------------------------------------------------------
     def Send(self, buf, dest, tag=0):
         try:
+            # The common case ([buf, count, datatype] or a buffer alone, a rank, a tag, a message
+            # sent buffered) in one native call; the rest below.
+            if self._c.mpi_send(buf, dest, tag):
+                return
             if type(dest) is not int or type(tag) is not int or dest < 0 or tag < 0:
                 dest, tag = send_to(dest, tag)
                 if dest is None:
@@ -95,6 +99,13 @@ class P2P:
 
     def Recv(self, buf, source=ANY_SOURCE, tag=ANY_TAG, status=None):
         try:
+            if not self._posted:
+                # The common case (one rank, one tag; see Send) in one native call.
+                n = self._c.mpi_recv(buf, source, tag)
+                if n is not None:
+                    if status is not None:
+                        status._set(int(source), int(tag), n)  # a whole float taken as its int
+                    return
             if type(source) is not int or type(tag) is not int or source < 0 or tag < 0:
                 source, tag = recv_from(source, tag)
                 if source is None:

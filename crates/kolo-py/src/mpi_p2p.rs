@@ -1,0 +1,138 @@
+//! kolo.MPI's `Send` and `Recv` of the common case in one native call: a message
+//! `[buf, count, datatype]` (a list or a tuple) or a buffer alone, one rank and one tag (no
+//! wildcard, no `PROC_NULL`), a message below the size that goes in place. The checks kolo.MPI's
+//! Python methods make on that form are made here, on the same rules (the same buffer checks and
+//! errors: [`hold_bytes`] is what their native calls do), without the Python code's cost per call
+//! — about half of a small message's time. Any other form is left to those methods (`mpi_send`
+//! answers `False`, `mpi_recv` `None`), which read it and name what is wrong with it.
+
+use kolo::{CollectiveBuffer, Status};
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyFloat, PyInt, PyList, PyTuple, PyType};
+
+use crate::buffer::{hold_bytes, Source};
+use crate::comm::PyCommunicator;
+use crate::run::Direction;
+
+/// kolo.MPI's `Datatype` class, registered when kolo.MPI is imported.
+static DATATYPE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+
+/// Registers kolo.MPI's `Datatype` class: the datatype of the messages `mpi_send` and `mpi_recv`
+/// read (a later class, from a reloaded module, is not registered: its messages take the
+/// Python path).
+#[pyfunction]
+pub(crate) fn register_mpi_datatype(cls: &Bound<'_, PyType>) {
+    let _ = DATATYPE.set(cls.py(), cls.clone().unbind());
+}
+
+/// `v` as a rank or a tag of the common case: an `int` (not a `bool`) or a whole `float` (as
+/// kolo.MPI takes them: mpi4py's `osu_multi_lat.py` computes its partner as `rank + size / 2`),
+/// 0 or more.
+fn plain(v: &Bound<'_, PyAny>) -> Option<u64> {
+    if v.is_exact_instance_of::<PyInt>() {
+        return v.extract::<u64>().ok();
+    }
+    if !v.is_exact_instance_of::<PyFloat>() {
+        return None;
+    }
+    let f = v.extract::<f64>().ok()?;
+    // Below 2^53 every whole float is exact; a larger one takes the Python path.
+    (f >= 0.0 && f.fract() == 0.0 && f < 9_007_199_254_740_992.0).then_some(f as u64)
+}
+
+/// The buffer of the message `msg` and its length in bytes (`None`: the whole buffer) where it is
+/// `[buf, count, datatype]` with an `int` count of 0 or more and a registered `Datatype`, or a
+/// buffer alone (neither a list, a tuple nor `None`); `None` for any other form.
+fn simple<'py>(msg: &Bound<'py, PyAny>) -> PyResult<Option<(Bound<'py, PyAny>, Option<usize>)>> {
+    let items = if let Ok(l) = msg.cast_exact::<PyList>() {
+        if l.len() != 3 {
+            return Ok(None);
+        }
+        [l.get_item(0)?, l.get_item(1)?, l.get_item(2)?]
+    } else if let Ok(t) = msg.cast_exact::<PyTuple>() {
+        if t.len() != 3 {
+            return Ok(None);
+        }
+        [t.get_item(0)?, t.get_item(1)?, t.get_item(2)?]
+    } else if msg.is_none() || msg.is_instance_of::<PyList>() || msg.is_instance_of::<PyTuple>() {
+        return Ok(None);
+    } else {
+        return Ok(Some((msg.clone(), None)));
+    };
+    let [buf, count, datatype] = items;
+    let Some(class) = DATATYPE.get(msg.py()) else {
+        return Ok(None);
+    };
+    if buf.is_none() || !datatype.get_type().is(class.bind(msg.py())) {
+        return Ok(None);
+    }
+    let (Some(count), Ok(size)) = (plain(&count), datatype.getattr("size")?.extract::<u64>())
+    else {
+        return Ok(None);
+    };
+    let bytes = count
+        .checked_mul(size)
+        .and_then(|b| usize::try_from(b).ok());
+    Ok(bytes.map(|b| (buf, Some(b))))
+}
+
+#[pymethods]
+impl PyCommunicator {
+    /// kolo.MPI's `Send(buf, dest, tag)` where it is the common case (see the module): sent
+    /// (buffered: done), `True`; `False` for any other case, which kolo.MPI's method sends.
+    fn mpi_send(
+        &self,
+        py: Python<'_>,
+        buf: &Bound<'_, PyAny>,
+        dest: &Bound<'_, PyAny>,
+        tag: &Bound<'_, PyAny>,
+    ) -> PyResult<bool> {
+        let (Some(dest), Some(tag)) = (
+            plain(dest).and_then(|d| usize::try_from(d).ok()),
+            plain(tag),
+        ) else {
+            return Ok(false);
+        };
+        let Some((obj, count)) = simple(buf)? else {
+            return Ok(false);
+        };
+        let h = hold_bytes(&obj, count, "buf", false)?;
+        if self
+            .comm
+            .in_place_min()
+            .is_some_and(|min| h.region.count >= min)
+        {
+            return Ok(false); // a rendezvous: kolo.MPI's method sends it in place
+        }
+        let source = Source::<u8>::alone(h)?;
+        self.p2p(py, None, source, Direction::Send, move |c, s| {
+            c.send(s.elements(), dest, tag)
+        })?;
+        Ok(true)
+    }
+
+    /// kolo.MPI's `Recv(buf, source, tag)` where it is the common case (see the module): the
+    /// bytes received into the start of `buf` (MPI's receive: a longer message raises); `None`
+    /// for any other case, which kolo.MPI's method receives.
+    fn mpi_recv(
+        &self,
+        py: Python<'_>,
+        buf: &Bound<'_, PyAny>,
+        source: &Bound<'_, PyAny>,
+        tag: &Bound<'_, PyAny>,
+    ) -> PyResult<Option<usize>> {
+        let (Some(src), Some(tag)) = (
+            plain(source).and_then(|s| usize::try_from(s).ok()),
+            plain(tag),
+        ) else {
+            return Ok(None);
+        };
+        let Some((obj, count)) = simple(buf)? else {
+            return Ok(None);
+        };
+        let h = hold_bytes(&obj, count, "buf", true)?;
+        let got: Option<Status> = self.recv_held(py, h, Some(src), Some(tag), true)?;
+        Ok(got.map(|s| s.count))
+    }
+}
