@@ -1,6 +1,7 @@
-//! The receives of `kolo._kolo.Communicator` (its point-to-point methods call these): into a
-//! buffer or as bytes, from one rank or any, with one tag or any (MPI's `ANY_SOURCE` and
-//! `ANY_TAG`), waiting or not.
+//! The point-to-point methods of `kolo._kolo.Communicator`: sends (buffered, or in place for
+//! kolo.MPI's large ones: [`crate::in_place`]) and receives into a buffer or as bytes, from one
+//! rank or any, with one tag or any (MPI's `ANY_SOURCE` and `ANY_TAG`), waiting or not, posted
+//! or not ([`crate::posted`]); kolo.MPI's common `Send`/`Recv` in one call: [`crate::mpi_p2p`].
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -10,7 +11,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyCFunction, PyDict, PyTuple};
 
 use crate::args::typed;
-use crate::buffer::{hold, Held, Target};
+use crate::buffer::{self, hold, Held, Target};
 use crate::comm::PyCommunicator;
 use crate::names::parse_opt_dtype;
 use crate::run::Direction;
@@ -153,4 +154,151 @@ fn with_sender(py: Python<'_>, done: Py<PyAny>, sender: Arc<AtomicUsize>) -> PyR
         },
     )?;
     Ok(f.into_any().unbind())
+}
+
+/// The point-to-point methods of `kolo._kolo.Communicator`.
+#[pymethods]
+impl PyCommunicator {
+    #[pyo3(signature = (buf, dest, tag=0, dtype=None, done=None))]
+    fn send(
+        &self,
+        py: Python<'_>,
+        buf: &Bound<'_, PyAny>,
+        dest: usize,
+        tag: u64,
+        dtype: Option<&str>,
+        done: Option<Py<PyAny>>,
+    ) -> PyResult<()> {
+        let h = hold(buf, parse_opt_dtype(dtype)?, "buf", false)?;
+        let dt = h.region.dtype;
+        typed!(dt, T => self.p2p(py, done, buffer::Source::<T>::alone(h)?, Direction::Send, move |c, s| {
+            c.send(s.elements(), dest, tag)
+        }))
+    }
+
+    /// The fewest bytes `send_in_place` may send in place (`None`: never, on this transport).
+    #[getter]
+    fn in_place_min(&self) -> Option<usize> {
+        self.comm.in_place_min()
+    }
+
+    /// kolo.MPI's send of the bytes of `buf`: in place where the transport can (the
+    /// `InPlaceSend` to wait on, which holds `buf`), else buffered (`None`: done).
+    fn send_in_place(
+        &self,
+        py: Python<'_>,
+        buf: &Bound<'_, PyAny>,
+        dest: usize,
+        tag: u64,
+    ) -> PyResult<Option<crate::in_place::PyInPlaceSend>> {
+        self.send_bytes_in_place(py, buf, dest, tag)
+    }
+
+    /// kolo.MPI's `Irecv` into the bytes of `buf`: posted where the transport can (the
+    /// `PostedRecv` to wait on, which holds `buf`), else `None` (nothing posted).
+    fn post_recv(
+        &self,
+        py: Python<'_>,
+        buf: &Bound<'_, PyAny>,
+        src: usize,
+        tag: u64,
+    ) -> PyResult<Option<crate::posted::PyPostedRecv>> {
+        self.post_bytes(py, buf, src, tag)
+    }
+
+    #[pyo3(signature = (buf, src, tag=0, dtype=None, done=None))]
+    fn recv(
+        &self,
+        py: Python<'_>,
+        buf: &Bound<'_, PyAny>,
+        src: usize,
+        tag: u64,
+        dtype: Option<&str>,
+        done: Option<Py<PyAny>>,
+    ) -> PyResult<()> {
+        let h = hold(buf, parse_opt_dtype(dtype)?, "buf", true)?;
+        let dt = h.region.dtype;
+        typed!(dt, T => self.p2p(py, done, Target::<T>::new(h)?, Direction::Recv, move |c, b| {
+            c.recv(b.elements_mut(), src, tag)
+        }))
+    }
+
+    /// Receives the next message from `src` with `tag` into `buf` as MPI does: a message shorter
+    /// than the buffer fills its start and leaves the rest as it was, a longer one raises
+    /// (`ArgumentError`, MPI's `ERR_TRUNCATE`; the message is consumed). Returns the number of
+    /// elements received. With `wait=False` it returns `None` at once when no message has arrived.
+    #[pyo3(signature = (buf, src, tag=0, dtype=None, wait=true))]
+    fn recv_upto(
+        &self,
+        py: Python<'_>,
+        buf: &Bound<'_, PyAny>,
+        src: usize,
+        tag: u64,
+        dtype: Option<&str>,
+        wait: bool,
+    ) -> PyResult<Option<usize>> {
+        let got = self.recv_into(py, buf, Some(src), Some(tag), dtype, wait)?;
+        Ok(got.map(|s| s.count))
+    }
+
+    /// Receives the first message from `src` (`None`: any rank) with `tag` (`None`: any tag)
+    /// into `buf`, as `recv_upto` does: `(source, tag, elements)`, or `None` at once with
+    /// `wait=False` when no such message has arrived (MPI's `ANY_SOURCE` and `ANY_TAG`).
+    #[pyo3(signature = (buf, src=None, tag=None, dtype=None, wait=true))]
+    fn recv_match(
+        &self,
+        py: Python<'_>,
+        buf: &Bound<'_, PyAny>,
+        src: Option<usize>,
+        tag: Option<u64>,
+        dtype: Option<&str>,
+        wait: bool,
+    ) -> PyResult<Option<(usize, u64, usize)>> {
+        let got = self.recv_into(py, buf, src, tag, dtype, wait)?;
+        Ok(got.map(|s| (s.source, s.tag, s.count)))
+    }
+
+    /// The first message with `tag` to arrive from any rank (this one included) into `buf`: the
+    /// sender's rank. With `done`, returns `None` at once and calls `done(None, sender)` or
+    /// `done(exception, None)` when the receive completes (it is ordered with the other receives).
+    #[pyo3(signature = (buf, tag=0, dtype=None, done=None))]
+    fn recv_any(
+        &self,
+        py: Python<'_>,
+        buf: &Bound<'_, PyAny>,
+        tag: u64,
+        dtype: Option<&str>,
+        done: Option<Py<PyAny>>,
+    ) -> PyResult<Option<usize>> {
+        self.recv_any_into(py, buf, tag, dtype, done)
+    }
+
+    /// The next message of bytes from `src` with `tag`, whatever its length; with `wait=False`,
+    /// `None` at once when none has arrived.
+    #[pyo3(signature = (src, tag=0, wait=true))]
+    fn recv_bytes<'py>(
+        &self,
+        py: Python<'py>,
+        src: usize,
+        tag: u64,
+        wait: bool,
+    ) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        let got = self.recv_message(py, Some(src), Some(tag), wait)?;
+        Ok(got.map(|(_, data)| data))
+    }
+
+    /// The first message of bytes from `src` (`None`: any rank) with `tag` (`None`: any tag),
+    /// whatever its length: `(source, tag, bytes)`; with `wait=False`, `None` at once when none
+    /// has arrived.
+    #[pyo3(signature = (src=None, tag=None, wait=true))]
+    fn recv_bytes_match<'py>(
+        &self,
+        py: Python<'py>,
+        src: Option<usize>,
+        tag: Option<u64>,
+        wait: bool,
+    ) -> PyResult<Option<(usize, u64, Bound<'py, PyBytes>)>> {
+        let got = self.recv_message(py, src, tag, wait)?;
+        Ok(got.map(|(s, data)| (s.source, s.tag, data)))
+    }
 }
