@@ -11,7 +11,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyFloat, PyInt, PyList, PyTuple, PyType};
 
-use crate::buffer::{hold_bytes, Source};
+use crate::buffer::{hold_bytes, Held, Source};
 use crate::comm::PyCommunicator;
 use crate::run::Direction;
 
@@ -77,6 +77,26 @@ fn simple<'py>(msg: &Bound<'py, PyAny>) -> PyResult<Option<(Bound<'py, PyAny>, O
     Ok(bytes.map(|b| (buf, Some(b))))
 }
 
+/// The message `msg` held (writable for a receive: `write`), the rank and the tag, where the call
+/// is the common case; `None` where it is not.
+fn common(
+    msg: &Bound<'_, PyAny>,
+    rank: &Bound<'_, PyAny>,
+    tag: &Bound<'_, PyAny>,
+    write: bool,
+) -> PyResult<Option<(Held, usize, u64)>> {
+    let (Some(rank), Some(tag)) = (
+        plain(rank).and_then(|r| usize::try_from(r).ok()),
+        plain(tag),
+    ) else {
+        return Ok(None);
+    };
+    let Some((obj, count)) = simple(msg)? else {
+        return Ok(None);
+    };
+    Ok(Some((hold_bytes(&obj, count, "buf", write)?, rank, tag)))
+}
+
 #[pymethods]
 impl PyCommunicator {
     /// kolo.MPI's `Send(buf, dest, tag)` where it is the common case (see the module): sent
@@ -88,16 +108,9 @@ impl PyCommunicator {
         dest: &Bound<'_, PyAny>,
         tag: &Bound<'_, PyAny>,
     ) -> PyResult<bool> {
-        let (Some(dest), Some(tag)) = (
-            plain(dest).and_then(|d| usize::try_from(d).ok()),
-            plain(tag),
-        ) else {
+        let Some((h, dest, tag)) = common(buf, dest, tag, false)? else {
             return Ok(false);
         };
-        let Some((obj, count)) = simple(buf)? else {
-            return Ok(false);
-        };
-        let h = hold_bytes(&obj, count, "buf", false)?;
         if self
             .comm
             .in_place_min()
@@ -122,16 +135,9 @@ impl PyCommunicator {
         source: &Bound<'_, PyAny>,
         tag: &Bound<'_, PyAny>,
     ) -> PyResult<Option<usize>> {
-        let (Some(src), Some(tag)) = (
-            plain(source).and_then(|s| usize::try_from(s).ok()),
-            plain(tag),
-        ) else {
+        let Some((h, src, tag)) = common(buf, source, tag, true)? else {
             return Ok(None);
         };
-        let Some((obj, count)) = simple(buf)? else {
-            return Ok(None);
-        };
-        let h = hold_bytes(&obj, count, "buf", true)?;
         let got: Option<Status> = self.recv_held(py, h, Some(src), Some(tag), true)?;
         Ok(got.map(|s| s.count))
     }
