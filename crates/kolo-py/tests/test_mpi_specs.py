@@ -190,6 +190,32 @@ def test_gather_scatter_allgather_alltoall_move_count_per_rank():
         assert t == [10 * q + r for q in range(n) for _ in range(2)] + [99, 99]
 
 
+def test_vector_counts_and_displacements_are_checked():
+    """A vector message's counts and displacements: any sequence of ints (numpy's too); a
+    negative one or one that is not an int is named."""
+
+    def good(comm):
+        send = np.arange(6, dtype=np.int32)
+        got = np.full(8, -1, np.int32)
+        comm.Alltoallv([send, (np.array([3]), [2]), MPI.INT], [got, ([3], np.array([5])), MPI.INT])
+        return got.tolist()
+
+    assert world(1, good) == [[-1, -1, -1, -1, -1, 2, 3, 4]]
+
+    def bad(counts, displs, error, match):
+        def body(comm):
+            with pytest.raises(error, match=match):
+                comm.Alltoallv([bytearray(8), (counts, displs), MPI.BYTE], [bytearray(8), 4, MPI.BYTE])
+            return True
+
+        assert world(1, body) == [True]
+
+    bad([-1], [0], ValueError, "negative count -1")
+    bad([2.5], [0], TypeError, "count must be an int, got float")
+    bad([2], [-3], ValueError, "negative displacement -3")
+    bad([2], ["0"], TypeError, "displacement must be an int, got str")
+
+
 def test_in_place_forms_of_gather_scatter_allgather():
     def body(comm):
         n, r = comm.size, comm.rank
