@@ -131,6 +131,8 @@ class P2P:
         big = self._in_place_min
         if big is not None:
             try:
+                if self._c.mpi_send(buf, dest, tag):  # the common case, sent buffered (see Send)
+                    return rq.Request()
                 dest, tag = send_to(dest, tag)
                 if dest is None:
                     return rq.Request()
