@@ -12,8 +12,8 @@
 //! [`Doorbell`] (in `doorbell.rs`, which `tests/shm_model.rs` model-checks with `loom`).
 
 use std::os::fd::OwnedFd;
-use std::sync::atomic::AtomicU32;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use rustix::io::Errno;
@@ -45,18 +45,50 @@ pub fn futex_wake(word: &AtomicU32) {
 pub struct ProcessWatch {
     pid: Option<Pid>,
     fd: Option<OwnedFd>,
+    /// When the system was last asked, in nanoseconds since `since` (`u64::MAX`: it said exited).
+    asked: AtomicU64,
+    since: Instant,
 }
+
+/// How long an answer of [`ProcessWatch::exited`] stands: asking is a system call (0.5 µs here),
+/// and polling receives (`Test`, a non-blocking receive) ask on every call; a process that is
+/// gone is still seen within a millisecond.
+const EXIT_CHECK_EVERY: Duration = Duration::from_millis(1);
 
 impl ProcessWatch {
     /// Starts watching `pid`.
     pub fn new(pid: i32) -> ProcessWatch {
         let pid = Pid::from_raw(pid);
         let fd = pid.and_then(|p| pidfd_open(p, PidfdFlags::empty()).ok());
-        ProcessWatch { pid, fd }
+        let since = Instant::now();
+        ProcessWatch {
+            pid,
+            fd,
+            // Asked "long ago": the first call asks.
+            asked: AtomicU64::new(0),
+            since: since.checked_sub(EXIT_CHECK_EVERY).unwrap_or(since),
+        }
     }
 
-    /// Whether the process has exited (without waiting).
+    /// Whether the process has exited (without waiting), as the system said at most
+    /// [`EXIT_CHECK_EVERY`] ago.
     pub fn exited(&self) -> bool {
+        let asked = self.asked.load(Ordering::Relaxed);
+        if asked == u64::MAX {
+            return true;
+        }
+        let now = u64::try_from(self.since.elapsed().as_nanos()).unwrap_or(u64::MAX - 1);
+        if now.saturating_sub(asked) < EXIT_CHECK_EVERY.as_nanos() as u64 {
+            return false;
+        }
+        let exited = self.ask();
+        self.asked
+            .store(if exited { u64::MAX } else { now }, Ordering::Relaxed);
+        exited
+    }
+
+    /// Asks the system whether the process has exited.
+    fn ask(&self) -> bool {
         match (&self.fd, self.pid) {
             (Some(fd), _) => {
                 let mut p = [PollFd::new(fd, PollFlags::IN)];
@@ -71,5 +103,34 @@ impl ProcessWatch {
             // Not a valid process id (zero or negative): nothing to watch.
             (None, None) => false,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The watch of a child process: not exited while it runs (asked at most once a
+    /// millisecond), exited soon after it ends, and exited from then on.
+    #[test]
+    fn a_watch_sees_its_process_exit_within_a_few_milliseconds() -> std::io::Result<()> {
+        let mut child = std::process::Command::new("sleep").arg("0.2").spawn()?;
+        let pid = i32::try_from(child.id()).map_err(std::io::Error::other)?;
+        let watch = ProcessWatch::new(pid);
+        assert!(!watch.exited(), "a running process is not exited");
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_millis(100) {
+            assert!(!watch.exited(), "exited while it runs");
+        }
+        child.wait()?; // reaped: the pidfd stays readable
+        let ended = Instant::now();
+        while !watch.exited() {
+            assert!(
+                ended.elapsed() < Duration::from_millis(50),
+                "the exit is not seen 50 ms after it"
+            );
+        }
+        assert!(watch.exited() && watch.exited(), "exited stays exited");
+        Ok(())
     }
 }
