@@ -71,7 +71,7 @@ impl ProcessWatch {
     }
 
     /// Whether the process has exited (without waiting), as the system said at most
-    /// [`EXIT_CHECK_EVERY`] ago.
+    /// a millisecond ago.
     pub fn exited(&self) -> bool {
         let asked = self.asked.load(Ordering::Relaxed);
         if asked == u64::MAX {
