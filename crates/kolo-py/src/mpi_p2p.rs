@@ -1,10 +1,11 @@
 //! kolo.MPI's `Send` and `Recv` of the common case in one native call: a message
-//! `[buf, count, datatype]` (a list or a tuple) or a buffer alone, one rank and one tag (no
-//! wildcard, no `PROC_NULL`), a message below the size that goes in place. The checks kolo.MPI's
-//! Python methods make on that form are made here, on the same rules (the same buffer checks and
-//! errors: [`hold_bytes`] is what their native calls do), without the Python code's cost per call
-//! — about half of a small message's time. Any other form is left to those methods (`mpi_send`
-//! answers `False`, `mpi_recv` `None`), which read it and name what is wrong with it.
+//! `[buf, count, datatype]` or `[buf, datatype]` (a list or a tuple) or a buffer alone, one rank
+//! and one tag (no wildcard, no `PROC_NULL`), a message below the size that goes in place. The
+//! checks kolo.MPI's Python methods make on that form are made here, on the same rules (the same
+//! buffer checks and errors: [`hold_bytes`] is what their native calls do), without the Python
+//! code's cost per call — about half of a small message's time. Any other form is left to those
+//! methods (`mpi_send` answers `False`, `mpi_recv` `None`), which read it and name what is wrong
+//! with it.
 
 use kolo::{CollectiveBuffer, Status};
 use pyo3::prelude::*;
@@ -42,33 +43,42 @@ fn plain(v: &Bound<'_, PyAny>) -> Option<u64> {
 }
 
 /// The buffer of the message `msg` and its length in bytes (`None`: the whole buffer) where it is
-/// `[buf, count, datatype]` with an `int` count of 0 or more and a registered `Datatype`, or a
-/// buffer alone (neither a list, a tuple nor `None`); `None` for any other form.
+/// `[buf, count, datatype]` with an `int` count of 0 or more and a registered `Datatype`,
+/// `[buf, datatype]` (the whole buffer), or a buffer alone (neither a list, a tuple nor `None`);
+/// `None` for any other form.
 fn simple<'py>(msg: &Bound<'py, PyAny>) -> PyResult<Option<(Bound<'py, PyAny>, Option<usize>)>> {
-    let items = if let Ok(l) = msg.cast_exact::<PyList>() {
-        if l.len() != 3 {
-            return Ok(None);
+    let (buf, count, datatype) = if let Ok(l) = msg.cast_exact::<PyList>() {
+        match l.len() {
+            2 => (l.get_item(0)?, None, l.get_item(1)?),
+            3 => (l.get_item(0)?, Some(l.get_item(1)?), l.get_item(2)?),
+            _ => return Ok(None),
         }
-        [l.get_item(0)?, l.get_item(1)?, l.get_item(2)?]
     } else if let Ok(t) = msg.cast_exact::<PyTuple>() {
-        if t.len() != 3 {
-            return Ok(None);
+        match t.len() {
+            2 => (t.get_item(0)?, None, t.get_item(1)?),
+            3 => (t.get_item(0)?, Some(t.get_item(1)?), t.get_item(2)?),
+            _ => return Ok(None),
         }
-        [t.get_item(0)?, t.get_item(1)?, t.get_item(2)?]
     } else if msg.is_none() || msg.is_instance_of::<PyList>() || msg.is_instance_of::<PyTuple>() {
         return Ok(None);
     } else {
         return Ok(Some((msg.clone(), None)));
     };
-    let [buf, count, datatype] = items;
     let Some(class) = DATATYPE.get(msg.py()) else {
         return Ok(None);
     };
     if buf.is_none() || !datatype.get_type().is(class.bind(msg.py())) {
         return Ok(None);
     }
-    let (Some(count), Ok(size)) = (plain(&count), datatype.getattr("size")?.extract::<u64>())
-    else {
+    let Some(count) = count else {
+        return Ok(Some((buf, None)));
+    };
+    // The count is an int, as kolo.MPI reads it (not a float, unlike a rank or a tag).
+    let count = match count.is_exact_instance_of::<PyInt>() {
+        true => count.extract::<u64>().ok(),
+        false => None,
+    };
+    let (Some(count), Ok(size)) = (count, datatype.getattr("size")?.extract::<u64>()) else {
         return Ok(None);
     };
     let bytes = count

@@ -89,6 +89,7 @@ def test_send_and_recv_read_every_form_the_same_way_natively_or_not():
             comm.Send([np.arange(4, dtype=np.uint8), 0, MPI.BYTE], 1, 2)  # nothing
             comm.Send(np.arange(3, dtype=np.float32), 1.0, 3)  # a buffer alone, a whole float
             comm.Send([np.arange(2, dtype=np.int64), 2, MPI.INT64_T], MPI.PROC_NULL, 4)
+            comm.Send((np.arange(2, dtype=np.float64), MPI.DOUBLE), 1, 6)  # the whole buffer
             return None
         shorts, st = np.full(6, -1, np.int16), MPI.Status()
         comm.Recv([shorts, 6, MPI.SHORT], 0, 1, st)
@@ -96,10 +97,14 @@ def test_send_and_recv_read_every_form_the_same_way_natively_or_not():
         comm.Recv((none, 4, MPI.BYTE), 0, 2, st0)
         floats, st3 = np.zeros(4, np.float32), MPI.Status()
         comm.Recv([floats, 4, MPI.FLOAT], 0.0, 3.0, st3)
+        doubles, st6 = np.full(3, -1.0), MPI.Status()
+        comm.Recv([doubles, MPI.DOUBLE], 0, 6, st6)
         return (shorts.tolist(), (st.Get_source(), st.Get_tag(), st.Get_count(MPI.SHORT)),
-                none.tolist(), st0.Get_count(), floats.tolist(), (st3.Get_source(), st3.Get_tag()))
+                none.tolist(), st0.Get_count(), floats.tolist(), (st3.Get_source(), st3.Get_tag()),
+                doubles.tolist(), st6.Get_count(MPI.DOUBLE))
 
-    shorts, status, none, count0, floats, source_tag = world(2, body)[1]
+    shorts, status, none, count0, floats, source_tag, doubles, count6 = world(2, body)[1]
+    assert doubles == [0.0, 1.0, -1.0] and count6 == 2
     assert shorts == [0, 1, 2, 3, -1, -1] and status == (0, 1, 4)
     assert none == [7, 7, 7, 7] and count0 == 0
     assert floats == [0.0, 1.0, 2.0, 0.0]
@@ -117,7 +122,13 @@ def test_send_and_recv_read_every_form_the_same_way_natively_or_not():
             comm.Recv([bytes(4), 4, MPI.BYTE], 0, 3)
         return True
 
+    def float_count(comm):  # a whole float is a rank or a tag, never a count
+        with pytest.raises(TypeError, match="count must be an int, got float"):
+            comm.Send([bytearray(8), 2.0, MPI.BYTE], 0, 5)
+        return True
+
     assert world(1, not_a_datatype) == [True] and world(1, read_only) == [True]
+    assert world(1, float_count) == [True]
 
 
 def test_bcast_moves_count_elements_and_a_zero_dimensional_array():
