@@ -111,23 +111,32 @@ mod tests {
     use super::*;
 
     /// The watch of a child process: not exited while it runs (asked at most once a
-    /// millisecond), exited soon after it ends, and exited from then on.
+    /// millisecond), exited soon after it ends, and exited from then on. The margins are wide:
+    /// other tests may hold the cores.
     #[test]
-    fn a_watch_sees_its_process_exit_within_a_few_milliseconds() -> std::io::Result<()> {
-        let mut child = std::process::Command::new("sleep").arg("0.2").spawn()?;
-        let pid = i32::try_from(child.id()).map_err(std::io::Error::other)?;
+    fn a_watch_sees_its_process_run_and_exit() -> std::io::Result<()> {
+        /// The child, ended however the test ends.
+        struct Child(std::process::Child);
+        impl Drop for Child {
+            fn drop(&mut self) {
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+            }
+        }
+        let mut child = Child(std::process::Command::new("sleep").arg("30").spawn()?);
+        let pid = i32::try_from(child.0.id()).map_err(std::io::Error::other)?;
         let watch = ProcessWatch::new(pid);
-        assert!(!watch.exited(), "a running process is not exited");
         let started = Instant::now();
-        while started.elapsed() < Duration::from_millis(100) {
+        while started.elapsed() < Duration::from_millis(50) {
             assert!(!watch.exited(), "exited while it runs");
         }
-        child.wait()?; // reaped: the pidfd stays readable
+        child.0.kill()?;
+        child.0.wait()?; // reaped: the pidfd stays readable
         let ended = Instant::now();
         while !watch.exited() {
             assert!(
-                ended.elapsed() < Duration::from_millis(50),
-                "the exit is not seen 50 ms after it"
+                ended.elapsed() < Duration::from_secs(2),
+                "the exit is not seen 2 s after it"
             );
         }
         assert!(watch.exited() && watch.exited(), "exited stays exited");
