@@ -88,12 +88,14 @@ fn simple<'py>(msg: &Bound<'py, PyAny>) -> PyResult<Option<(Bound<'py, PyAny>, O
 }
 
 /// The message `msg` held (writable for a receive: `write`), the rank and the tag, where the call
-/// is the common case; `None` where it is not.
+/// is the common case and the message is shorter than `limit` bytes (where given); `None` where
+/// it is not (a message whose length the form gives is not held for nothing).
 fn common(
     msg: &Bound<'_, PyAny>,
     rank: &Bound<'_, PyAny>,
     tag: &Bound<'_, PyAny>,
     write: bool,
+    limit: Option<usize>,
 ) -> PyResult<Option<(Held, usize, u64)>> {
     let (Some(rank), Some(tag)) = (
         plain(rank).and_then(|r| usize::try_from(r).ok()),
@@ -104,7 +106,12 @@ fn common(
     let Some((obj, count)) = simple(msg)? else {
         return Ok(None);
     };
-    Ok(Some((hold_bytes(&obj, count, "buf", write)?, rank, tag)))
+    let fits = |bytes: usize| limit.is_none_or(|l| bytes < l);
+    if !count.is_none_or(fits) {
+        return Ok(None);
+    }
+    let h = hold_bytes(&obj, count, "buf", write)?;
+    Ok(fits(h.region.count).then_some((h, rank, tag)))
 }
 
 #[pymethods]
@@ -118,16 +125,10 @@ impl PyCommunicator {
         dest: &Bound<'_, PyAny>,
         tag: &Bound<'_, PyAny>,
     ) -> PyResult<bool> {
-        let Some((h, dest, tag)) = common(buf, dest, tag, false)? else {
+        // A message of the in-place size is a rendezvous: kolo.MPI's method sends it in place.
+        let Some((h, dest, tag)) = common(buf, dest, tag, false, self.comm.in_place_min())? else {
             return Ok(false);
         };
-        if self
-            .comm
-            .in_place_min()
-            .is_some_and(|min| h.region.count >= min)
-        {
-            return Ok(false); // a rendezvous: kolo.MPI's method sends it in place
-        }
         let source = Source::<u8>::alone(h)?;
         self.p2p(py, None, source, Direction::Send, move |c, s| {
             c.send(s.elements(), dest, tag)
@@ -145,7 +146,7 @@ impl PyCommunicator {
         source: &Bound<'_, PyAny>,
         tag: &Bound<'_, PyAny>,
     ) -> PyResult<Option<usize>> {
-        let Some((h, src, tag)) = common(buf, source, tag, true)? else {
+        let Some((h, src, tag)) = common(buf, source, tag, true, None)? else {
             return Ok(None);
         };
         let got: Option<Status> = self.recv_held(py, h, Some(src), Some(tag), true)?;
