@@ -6,9 +6,9 @@ Runs, alternating, ROUNDS times each (default 3) and reports medians:
   kolo-1   `kolo train -n 1`   (Ddp, loss check, sampler: the cost of kolo's layer with one worker)
   kolo-2   `kolo train -n 2`
   torch-1  PyTorch DDP (Gloo, one thread per worker), 1 worker: --model lenet runs
-           ../shared/peers/torch_ddp_lenet.py (needs numpy too), resnet18 scripts/torch_ddp_resnet18.py
+           ../shared/peers/torch_ddp_lenet.py (needs numpy too), resnet18 and mlp scripts/torch_ddp_resnet18.py
   torch-2  the same with 2 workers
-All use --model (lenet, the default, or resnet18) on Fashion-MNIST, SGD with the same --lr and --momentum
+All use --model (lenet, the default, resnet18 or mlp) on Fashion-MNIST, SGD with the same --lr and --momentum
 (default 0.05 and 0.9; the plain loop always uses these), one compute thread per worker, the same per-worker
 batch (--batch, default 64 for lenet, 32 for resnet18), one epoch of the first --train-limit samples (default:
 all 60,000 for lenet, 2048 for resnet18; the LeNet peer always trains on all of them), evaluation on the first
@@ -62,14 +62,14 @@ amx_bf16 / avx512_bf16 figures of BIN/examples/peak_flops).
 With --baseline OLD_KOLO, OLD_KOLO's `kolo train -n 1` and `-n 2` run in the same rounds too (base-1,
 base-2), for a before/after comparison under the same load.
 
-Usage: scripts/bench_train.py [--model lenet|resnet18] [--rounds 3] [--batch B] [--epochs 1] [--train-limit N]
+Usage: scripts/bench_train.py [--model lenet|resnet18|mlp] [--rounds 3] [--batch B] [--epochs 1] [--train-limit N]
                               [--test-limit N] [--lr 0.05] [--momentum 0.9] [--peak-flops GFLOPS] [--no-torch]
                               [--baseline OLD_KOLO] [--bin target/release] [--precision f32|bf16]
        scripts/bench_train.py --parallel [--model resnet18] [--train-limit 2048] [--rounds 3]
        scripts/bench_train.py --timeline [--workers 2] [--train-limit 12800] [--bin target/debug]
        scripts/bench_train.py --torch-backends [--model lenet] [--workers 2] [--rounds 3]
-Needs release builds (cargo build --release -p kolo-cli -p kolo-train --example plain_loop --example peak_flops)
-and the data (scripts/fetch-data.sh); PyTorch (pip install torch; numpy too for the LeNet peer) for the torch
+Needs release builds (cargo build --release -p kolo-cli -p kolo-train --bins --example plain_loop --example
+peak_flops) and the data (scripts/fetch-data.sh); PyTorch (pip install torch; numpy too for the LeNet peer) for the torch
 rows: run the script with that Python (e.g. ~/.cache/kolo/torch-2.15.0/bin/python scripts/bench_train.py).
 """
 import argparse, json, os, re, shutil, statistics, subprocess, sys, tempfile, time
@@ -226,7 +226,7 @@ def timeline(a):
 def torch(a, n):
     env = {"MOMENTUM": str(a.momentum)}
     # bf16 (autocast) is the ResNet-18 peer's, which trains kolo's LeNet too (MODEL=lenet).
-    own = a.model == "resnet18" or a.precision == "bf16"
+    own = a.model != "lenet" or a.precision == "bf16"
     if own:
         env.update(TRAIN_LIMIT=str(a.train_limit or 0), TEST_LIMIT=str(a.test_limit or 0), MODEL=a.model,
                    PRECISION=a.precision)
@@ -380,7 +380,8 @@ def main():
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--parallel", action="store_true", help="threads vs processes (see above)")
-    ap.add_argument("--model", default="lenet", help="lenet or resnet18 (--parallel, --timeline: any kolo model)")
+    ap.add_argument("--model", default="lenet", help="lenet, resnet18 or mlp (--parallel, --timeline: any kolo "
+                                                   "model)")
     ap.add_argument("--train-limit", type=int, help="train on the first N samples (default: all; 2048 for "
                                                     "resnet18 without --parallel or --timeline)")
     ap.add_argument("--test-limit", type=int, help="evaluate on the first N test samples (default: all; 256 "
@@ -418,10 +419,10 @@ def main():
         return torch_backends(a)
     if a.device == "cuda":
         return gpu(a)
-    if a.model not in ("lenet", "resnet18"):
-        ap.error(f"--model {a.model}: the comparison with PyTorch has lenet and resnet18")
+    if a.model not in ("lenet", "resnet18", "mlp"):
+        ap.error(f"--model {a.model}: the comparison with PyTorch has lenet, resnet18 and mlp")
     # The LeNet peer reads the data with numpy; the ResNet-18 peer needs torch only.
-    need = "torch" if a.model == "resnet18" else "torch, numpy"
+    need = "torch, numpy" if a.model == "lenet" else "torch"
     have_torch = not a.no_torch and subprocess.run([sys.executable, "-c", f"import {need}"],
                                                    capture_output=True).returncode == 0
     if not a.no_torch and not have_torch:
@@ -449,7 +450,7 @@ def main():
     # Busy cores of a row: its workers, one compute thread each.
     busy = {k: 2 if k.endswith("-2") else 1 for k in med}
     gflops = {k: v * flops / busy[k] / 1e9 for k, v in med.items()} if flops else {}
-    name = {"lenet": "LeNet", "resnet18": "ResNet-18"}[a.model]
+    name = {"lenet": "LeNet", "resnet18": "ResNet-18", "mlp": "MLP"}[a.model]
     limit = f"first {a.train_limit} samples" if a.train_limit else "all samples"
     print(f"\n{name} / Fashion-MNIST, {a.precision}, batch {a.batch} per worker, {a.epochs} epoch(s) of the {limit}, SGD lr {a.lr} "
           f"momentum {a.momentum}, medians of {a.rounds} rounds (samples/s):")

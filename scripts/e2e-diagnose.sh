@@ -9,7 +9,7 @@
 #      same without stopping it.
 #
 # Usage: scripts/e2e-diagnose.sh [BIN_DIR]    (default target/release)
-# Expects BIN_DIR/kolo and BIN_DIR/examples/stuck_rank (cargo build -p kolo-cli -p kolo --examples).
+# Expects BIN_DIR/kolo and BIN_DIR/examples/stuck_rank (cargo build -p kolo-cli -p kolo --bins --examples).
 set -euo pipefail
 
 BIN=$(cd "${1:-target/release}" && pwd)
@@ -17,7 +17,7 @@ KOLO=$BIN/kolo
 EX=$BIN/examples
 for f in "$KOLO" "$EX/stuck_rank"; do
     if [[ ! -x $f ]]; then
-        echo "e2e-diagnose: $f is missing; build with: cargo build -p kolo-cli -p kolo --examples" >&2
+        echo "e2e-diagnose: $f is missing; build with: cargo build -p kolo-cli -p kolo --bins --examples" >&2
         exit 2
     fi
 done

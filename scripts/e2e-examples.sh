@@ -5,7 +5,7 @@
 #
 # Usage: scripts/e2e-examples.sh [BIN_DIR]    (default target/release)
 # Expects BIN_DIR/kolo and BIN_DIR/examples/<example>, built with
-#   cargo build --release -p kolo-cli -p kolo-ddp --examples
+#   cargo build --release -p kolo-cli -p kolo-ddp --bins --examples
 # Prints `ok - NAME` or `FAIL - NAME: why` per check, then `e2e-examples: N passed, M failed`;
 # exits 1 if any check failed. Every job runs under `timeout 300`.
 set -euo pipefail
@@ -16,7 +16,7 @@ EX=$BIN/examples
 EXAMPLES=(ddp_minimal ddp_hooks ddp_join zero transformer_lm)
 for f in "$KOLO" "${EXAMPLES[@]/#/$EX/}"; do
     if [[ ! -x $f ]]; then
-        echo "e2e-examples: $f is missing; build with: cargo build --release -p kolo-cli -p kolo-ddp --examples" >&2
+        echo "e2e-examples: $f is missing; build with: cargo build --release -p kolo-cli -p kolo-ddp --bins --examples" >&2
         exit 2
     fi
 done

@@ -15,7 +15,7 @@
 #
 # Usage: scripts/e2e-fault-tolerance.sh [BIN_DIR]    (default target/release)
 # Expects BIN_DIR/kolo and BIN_DIR/examples/ddp_fault_tolerant
-# (cargo build -p kolo-cli -p kolo-ddp --examples).
+# (cargo build -p kolo-cli -p kolo-ddp --bins --examples).
 set -euo pipefail
 
 BIN=$(cd "${1:-target/release}" && pwd)
@@ -23,7 +23,7 @@ KOLO=$BIN/kolo
 EXAMPLE=$BIN/examples/ddp_fault_tolerant
 for f in "$KOLO" "$EXAMPLE"; do
     if [[ ! -x $f ]]; then
-        echo "e2e-fault-tolerance: $f is missing; build with: cargo build -p kolo-cli -p kolo-ddp --examples" >&2
+        echo "e2e-fault-tolerance: $f is missing; build with: cargo build -p kolo-cli -p kolo-ddp --bins --examples" >&2
         exit 2
     fi
 done

@@ -17,7 +17,7 @@ EX=$BIN/examples
 here=$(cd "$(dirname "$0")" && pwd)
 for f in "$KOLO" "$EX/matrix" "$EX/ring_allreduce"; do
     if [[ ! -x $f ]]; then
-        echo "e2e-launchers: $f is missing; build with: cargo build -p kolo-cli -p kolo --examples" >&2
+        echo "e2e-launchers: $f is missing; build with: cargo build -p kolo-cli -p kolo --bins --examples" >&2
         exit 2
     fi
 done

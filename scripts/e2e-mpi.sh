@@ -3,7 +3,7 @@
 #
 # Usage: scripts/e2e-mpi.sh [BIN_DIR]    (default target/release)
 # Expects BIN_DIR/kolo and BIN_DIR/examples/matrix built with the MPI backend:
-#   cargo build --release -p kolo-cli -p kolo --examples --features kolo-cli/mpi,kolo/mpi
+#   cargo build --release -p kolo-cli -p kolo --bins --examples --features kolo-cli/mpi,kolo/mpi
 # Prints `ok - NAME` or `FAIL - NAME: why` per check, then `e2e-mpi: N passed, M failed`; exits 1 if
 # any check failed. Every job runs under a timeout.
 set -euo pipefail
@@ -13,7 +13,7 @@ KOLO=$BIN/kolo
 EX=$BIN/examples
 for f in "$KOLO" "$EX/matrix" "$EX/stuck_rank"; do
     if [[ ! -x $f ]]; then
-        echo "e2e-mpi: $f is missing; build with: cargo build --release -p kolo-cli -p kolo --examples --features kolo-cli/mpi,kolo/mpi" >&2
+        echo "e2e-mpi: $f is missing; build with: cargo build --release -p kolo-cli -p kolo --bins --examples --features kolo-cli/mpi,kolo/mpi" >&2
         exit 2
     fi
 done

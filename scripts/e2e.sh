@@ -3,7 +3,7 @@
 #
 # Usage: scripts/e2e.sh [BIN_DIR]    (default target/release)
 # Expects BIN_DIR/kolo and BIN_DIR/examples/{hello,matrix,ring_allreduce}, built with
-#   cargo build --release -p kolo-cli -p kolo --examples
+#   cargo build --release -p kolo-cli -p kolo --bins --examples
 # Prints `ok - NAME` or `FAIL - NAME: why` per check, then `e2e: N passed, M failed`; exits 1 if any
 # check failed. Every job runs under `timeout 60`.
 set -euo pipefail
@@ -13,7 +13,7 @@ KOLO=$BIN/kolo
 EX=$BIN/examples
 for f in "$KOLO" "$EX/hello" "$EX/matrix" "$EX/ring_allreduce"; do
     if [[ ! -x $f ]]; then
-        echo "e2e: $f is missing; build with: cargo build --release -p kolo-cli -p kolo --examples" >&2
+        echo "e2e: $f is missing; build with: cargo build --release -p kolo-cli -p kolo --bins --examples" >&2
         exit 2
     fi
 done

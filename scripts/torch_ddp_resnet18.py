@@ -2,11 +2,11 @@
 """Peer baseline for `kolo train --model resnet18`: PyTorch DDP (Gloo, CPU, one thread per worker) training
 the ResNet-18 of kolo (crates/kolo-models/src/resnet.rs) on Fashion-MNIST.
 
-Usage: [MOMENTUM=m] [WEIGHT_DECAY=w] [TRAIN_LIMIT=N] [TEST_LIMIT=N] [MODEL=resnet18|lenet] [DEVICE=cpu|cuda]
+Usage: [MOMENTUM=m] [WEIGHT_DECAY=w] [TRAIN_LIMIT=N] [TEST_LIMIT=N] [MODEL=resnet18|lenet|mlp] [DEVICE=cpu|cuda]
        [PRECISION=f32|bf16] python torch_ddp_resnet18.py N EPOCHS [BATCH] [LR]
        python torch_ddp_resnet18.py --check-against CHECKPOINT   (a kolo run directory, checkpoint directory or
                                                                model.safetensors: same tensors, shapes, counts?)
-       python torch_ddp_resnet18.py --flops resnet18|lenet     (training FLOPs per sample, one JSON line)
+       python torch_ddp_resnet18.py --flops resnet18|lenet|mlp     (training FLOPs per sample, one JSON line)
 
 The same interface and output as ../shared/peers/torch_ddp_lenet.py: per-epoch test accuracy and training
 samples/s (`epoch E test_acc A epoch_s S samples_s R`), then a JSON summary line, which also holds
@@ -30,7 +30,7 @@ What matches `kolo train` (so that samples/s compare):
              workers over the epoch's training time (no evaluation).
 On GPUs (DEVICE=cuda, `kolo train --device cuda`'s peer): DDP on NCCL, worker r on GPU r % GPUs, each batch
 copied to the GPU as kolo's loader does, TF32 off (kolo's candle computes f32 convolutions and products in f32),
-the epoch timed after torch.cuda.synchronize(). MODEL=lenet trains kolo's LeNet instead of the ResNet-18.
+the epoch timed after torch.cuda.synchronize(). MODEL=lenet trains kolo's LeNet instead of the ResNet-18, MODEL=mlp its MLP.
 
 PRECISION=bf16 (`kolo train --precision bf16`'s peer): the forward pass and the loss under
 torch.autocast(device, dtype=torch.bfloat16), PyTorch's mixed precision (f32 weights and optimizer, bf16
@@ -115,7 +115,24 @@ class Lenet(nn.Module):
         return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x)))))
 
 
-MODELS = {"resnet18": Resnet18, "lenet": Lenet}
+class Mlp(nn.Module):
+    """kolo's MLP (its default hidden sizes 256 and 128) with kolo's names."""
+
+    def __init__(self, channels=1, classes=10, hidden=(256, 128), side=28):
+        super().__init__()
+        dims = [channels * side * side, *hidden, classes]
+        for i in range(len(dims) - 1):
+            setattr(self, f"fc{i + 1}", nn.Linear(dims[i], dims[i + 1]))
+        self.layers = len(dims) - 1
+
+    def forward(self, x):
+        x = x.flatten(1)
+        for i in range(1, self.layers):
+            x = F.relu(getattr(self, f"fc{i}")(x))
+        return getattr(self, f"fc{self.layers}")(x)
+
+
+MODELS = {"resnet18": Resnet18, "lenet": Lenet, "mlp": Mlp}
 
 
 def train_flops_per_sample(model_name, shape=(1, 28, 28), classes=10, batch=4):

@@ -25,7 +25,10 @@ fn torch_default_init(fan_in: usize) -> Init {
     }
 }
 
-/// A fully connected layer (candle-nn's `Linear`), computing in f32 when given 16-bit CPU tensors
+/// A fully connected layer (candle-nn's `Linear`: `weight` `[out_dim, in_dim]`, optional `bias`),
+/// computing with [`ops::linear`]: one op with its own backward pass on kolo's GEMM, whose
+/// products run on the CPU's bf16 unit under
+/// [`MatmulPrecision::Bf16`](crate::ops::MatmulPrecision::Bf16); 16-bit CPU tensors compute in f32
 /// (see [`crate::ops::low_precision`]).
 #[derive(Debug, Clone)]
 pub struct Linear(candle_nn::Linear);
@@ -39,13 +42,7 @@ impl Linear {
 
 impl Module for Linear {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let params = [Some(self.0.weight()), self.0.bias()];
-        match ops::low_precision(x, &params, |t| {
-            candle_nn::Linear::new(t[1].clone(), t.get(2).cloned()).forward(&t[0])
-        }) {
-            Some(y) => y,
-            None => self.0.forward(x),
-        }
+        ops::linear(x, self.0.weight(), self.0.bias())
     }
 }
 

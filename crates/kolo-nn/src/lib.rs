@@ -4,9 +4,9 @@
 //! candle model, data parallel or not:
 //!
 //! - [`ops`]: CPU kernels with their own backward passes, faster than candle's — convolution
-//!   (Winograd or im2col + GEMM, optionally fused with a ReLU), 2×2 pooling, ReLU, per-channel
-//!   statistics and training-mode batch normalization with its epilogue (residual add, ReLU).
-//!   Other devices and dtypes fall back to candle's ops.
+//!   (Winograd or im2col + GEMM, optionally fused with a ReLU), linear layers, 2×2 pooling, ReLU,
+//!   per-channel statistics and training-mode batch normalization with its epilogue (residual
+//!   add, ReLU). Other devices and dtypes fall back to candle's ops.
 //! - [`layers`]: `Linear` and `Conv2d` with PyTorch's default initialization, on those kernels.
 //! - [`batch_norm`]: [`BatchNorm`](batch_norm::BatchNorm), PyTorch's `BatchNorm1d/2d`, which can
 //!   be synchronized over the ranks of a kolo [`Communicator`](kolo::Communicator)

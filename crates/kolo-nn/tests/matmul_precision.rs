@@ -1,6 +1,6 @@
-//! `set_matmul_precision(Bf16)`: kolo's f32 convolutions (Winograd and im2col, forward and every
-//! gradient) multiply on the CPU's bf16 unit, close to f32 and not equal to it; back to
-//! `Highest`, exactly f32 again. The setting is the process's, so this binary holds one test.
+//! `set_matmul_precision(Bf16)`: kolo's f32 convolutions (Winograd and im2col) and linear layers,
+//! forward and every gradient, multiply on the CPU's bf16 unit, close to f32 and not equal to it;
+//! back to `Highest`, exactly f32 again. The setting is the process's, so this binary holds one test.
 
 use candle_core::{DType, Device, Result, Tensor, Var};
 use kolo_nn::ops::{self, MatmulPrecision};
@@ -8,16 +8,22 @@ use kolo_nn::ops::{self, MatmulPrecision};
 mod common;
 use common::rel_diff;
 
-/// `(y, dx, dw, db)` of `conv2d(x, w) + b` (stride `s`, padding 1) against the upstream
-/// gradient `r`, in f32 through kolo's convolution.
-fn conv_grads(case: &Case, stride: usize) -> Result<Vec<Tensor>> {
+/// `(y, dx, dw, db)` of case `c` against its upstream gradient `r`, in f32 through kolo's ops: a
+/// convolution `conv2d(x, w) + b` of stride `Some(s)` (padding 1), or `linear(x, w, b)`.
+fn run(c: &Case, stride: Option<usize>) -> Result<Vec<Tensor>> {
     let (x, w, b) = (
-        Var::from_tensor(&case.x)?,
-        Var::from_tensor(&case.w)?,
-        Var::from_tensor(&case.b)?,
+        Var::from_tensor(&c.x)?,
+        Var::from_tensor(&c.w)?,
+        Var::from_tensor(&c.b)?,
     );
-    let y = ops::conv2d(&x, &w, Some(&b), stride, 1)?;
-    let r = case.r.narrow(2, 0, y.dim(2)?)?.narrow(3, 0, y.dim(3)?)?;
+    let (y, r) = match stride {
+        Some(s) => {
+            let y = ops::conv2d(&x, &w, Some(&b), s, 1)?;
+            let r = c.r.narrow(2, 0, y.dim(2)?)?.narrow(3, 0, y.dim(3)?)?;
+            (y, r)
+        }
+        None => (ops::linear(&x, &w, Some(&b))?, c.r.clone()),
+    };
     let g = (&y * &r)?.sum_all()?.backward()?;
     let mut out = vec![y];
     for v in [&x, &w, &b] {
@@ -27,6 +33,17 @@ fn conv_grads(case: &Case, stride: usize) -> Result<Vec<Tensor>> {
         out.push(gv.clone());
     }
     Ok(out)
+}
+
+/// A linear layer from `inp` to `out` features over `rows` rows, random values.
+fn linear_case(rows: usize, inp: usize, out: usize) -> Result<Case> {
+    let dev = Device::Cpu;
+    Ok(Case {
+        x: Tensor::randn(0f32, 1., (rows, inp), &dev)?,
+        w: (Tensor::randn(0f32, 1., (out, inp), &dev)? * 0.1)?,
+        b: Tensor::randn(0f32, 1., out, &dev)?,
+        r: Tensor::randn(0f32, 1., (rows, out), &dev)?,
+    })
 }
 
 struct Case {
@@ -53,15 +70,19 @@ fn bf16_matmul_precision_rounds_the_convolutions_gemm_operands_only() -> Result<
     // (what, input, stride, whether its products stay f32): 32 channels at 16×16 take Winograd
     // F(4×4, 3×3), which keeps f32 products; at 4×4 with batch 32, F(2×2, 3×3); at stride 2,
     // im2col + GEMM.
+    // Linear layers: every side of each product at least 32 (on the unit), or the 10 outputs
+    // of a classifier (f32).
     let cases = [
-        ("F(4x4, 3x3)", case((4, 32, 16, 16))?, 1, true),
-        ("F(2x2, 3x3)", case((32, 32, 4, 4))?, 1, false),
-        ("im2col", case((4, 32, 16, 16))?, 2, false),
+        ("F(4x4, 3x3)", case((4, 32, 16, 16))?, Some(1), true),
+        ("F(2x2, 3x3)", case((32, 32, 4, 4))?, Some(1), false),
+        ("im2col", case((4, 32, 16, 16))?, Some(2), false),
+        ("linear 64x96 -> 48", linear_case(64, 96, 48)?, None, false),
+        ("linear 64x96 -> 10", linear_case(64, 96, 10)?, None, true),
     ];
     assert_eq!(ops::matmul_precision(), MatmulPrecision::Highest);
     let f32_runs: Vec<Vec<Tensor>> = cases
         .iter()
-        .map(|(_, c, s, _)| conv_grads(c, *s))
+        .map(|(_, c, s, _)| run(c, *s))
         .collect::<Result<_>>()?;
 
     let unit = ops::set_matmul_precision(MatmulPrecision::Bf16)?;
@@ -73,7 +94,7 @@ fn bf16_matmul_precision_rounds_the_convolutions_gemm_operands_only() -> Result<
     assert_eq!(ops::matmul_precision(), MatmulPrecision::Bf16);
     eprintln!("f32 products on {unit:?}");
     for ((what, c, stride, stays_f32), want) in cases.iter().zip(&f32_runs) {
-        let got = conv_grads(c, *stride)?;
+        let got = run(c, *stride)?;
         for (name, (a, e)) in ["output", "input", "kernel", "bias"]
             .iter()
             .zip(got.iter().zip(want))
@@ -95,7 +116,7 @@ fn bf16_matmul_precision_rounds_the_convolutions_gemm_operands_only() -> Result<
     ops::set_matmul_precision(MatmulPrecision::Highest)?;
     assert_eq!(ops::matmul_precision(), MatmulPrecision::Highest);
     for ((what, c, stride, _), want) in cases.iter().zip(&f32_runs) {
-        let got = conv_grads(c, *stride)?;
+        let got = run(c, *stride)?;
         for (a, e) in got.iter().zip(want) {
             assert_eq!(rel_diff(a, e)?, 0.0, "{what}: f32 again");
         }

@@ -1,6 +1,7 @@
 //! CPU kernels with their own backward passes, faster than candle's: convolution (Winograd
-//! F(4×4, 3×3) or F(2×2, 3×3), or im2col + GEMM), 2×2 pooling, ReLU, per-channel statistics and
-//! training-mode batch normalization with its epilogue (residual add, ReLU); their element loops
+//! F(4×4, 3×3) or F(2×2, 3×3), or im2col + GEMM), linear layers, 2×2 pooling, ReLU, per-channel
+//! statistics and training-mode batch normalization with its epilogue (residual add, ReLU); their
+//! element loops
 //! are compiled for AVX-512 / AVX2 and picked at run time (`ops::simd`). Each is a function over
 //! candle tensors, usable in any candle model; other devices and dtypes fall back to candle's
 //! ops. The layers of this crate ([`crate::layers`], [`crate::batch_norm`]) are built on them;
@@ -13,6 +14,7 @@ mod channel_stats;
 mod conv;
 mod gemm;
 mod im2col;
+mod linear;
 mod low_precision;
 mod matmul_precision;
 mod pool;
@@ -32,6 +34,7 @@ pub use bf16_gemm::{
 };
 pub use channel_stats::channel_sums;
 pub use conv::{conv2d, conv2d_relu, conv_out};
+pub use linear::linear;
 pub use low_precision::low_precision;
 pub use matmul_precision::{
     bf16_matmul_unit, matmul_precision, set_matmul_precision, MatmulPrecision,
