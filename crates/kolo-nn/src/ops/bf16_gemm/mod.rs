@@ -60,9 +60,9 @@ impl Bf16Path {
 }
 
 /// One line for the user on what bf16 training computes on this CPU (`kolo train --precision bf16`
-/// prints it once, after setting it up): the unit the convolutions' matrix products run on
-/// ([`super::set_matmul_precision`]), or that the layers compute in f32 around bf16 conversions
-/// — and whether this CPU has a bf16 unit at all.
+/// prints it once, after setting it up): the unit the matrix products of the convolutions and
+/// linear layers run on ([`super::set_matmul_precision`]), or that the layers compute in f32
+/// around bf16 conversions — and whether this CPU has a bf16 unit at all.
 pub fn bf16_compute_note() -> Result<String> {
     let units: Vec<Bf16Path> = [Bf16Path::Amx, Bf16Path::Avx512Bf16]
         .into_iter()
@@ -81,9 +81,9 @@ fn bf16_note(products: Option<Bf16Path>, units: &[Bf16Path]) -> String {
     };
     match (products, units.first()) {
         (Some(p), _) if p != Bf16Path::F32 => format!(
-            "bf16: the convolutions' matrix products on this CPU's {} unit (operands rounded to \
-             bf16, sums in f32; Winograd F(4x4, 3x3) layers keep f32 products), activations and \
-             the other layers in f32",
+            "bf16: the matrix products of the convolutions and linear layers on this CPU's {} \
+             unit (operands rounded to bf16, sums in f32; Winograd F(4x4, 3x3) layers and \
+             products with a side under 32 keep f32), activations and the other layers in f32",
             label(p)
         ),
         (_, None) => {

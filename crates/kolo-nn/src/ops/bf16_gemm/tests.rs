@@ -113,7 +113,10 @@ fn the_bf16_note_says_what_computes_on_which_unit() {
     );
     let avx = bf16_note(Some(Bf16Path::Avx512Bf16), &[Bf16Path::Avx512Bf16]);
     assert!(
-        avx.starts_with("bf16: the convolutions' matrix products on this CPU's AVX512-BF16 unit"),
+        avx.starts_with(
+            "bf16: the matrix products of the convolutions and linear layers on this CPU's \
+             AVX512-BF16 unit"
+        ),
         "{avx}"
     );
     let amx = bf16_note(Some(Bf16Path::Amx), &[Bf16Path::Amx, Bf16Path::Avx512Bf16]);
