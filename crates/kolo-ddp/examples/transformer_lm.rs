@@ -22,11 +22,12 @@
 use std::path::PathBuf;
 
 use candle_core::{DType, Device, Module, Tensor, D};
-use candle_nn::{linear, Embedding, Linear, VarBuilder};
+use candle_nn::{Embedding, VarBuilder};
 use kolo_data::{batches, DistributedSampler};
 use kolo_ddp::ddp::{Ddp, DdpOptions};
 use kolo_ddp::distributed::{check_loss, DistributedOptimizer};
 use kolo_ddp::optim::{self, OptimizerConfig};
+use kolo_nn::layers::Linear;
 
 const VOCAB: usize = 256;
 const CTX: usize = 64;
@@ -55,6 +56,14 @@ impl LayerNorm {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         candle_nn::ops::layer_norm_slow(x, &self.weight, &self.bias, 1e-5)
     }
+}
+
+/// candle-nn's `linear` (its parameters, names and initialization) computing with kolo's linear op
+/// (`kolo_nn::ops::linear`: one op on kolo's GEMM, its products on the bf16 unit under
+/// `set_matmul_precision(Bf16)`).
+fn linear(in_dim: usize, out_dim: usize, vb: VarBuilder) -> candle_core::Result<Linear> {
+    let l = candle_nn::linear(in_dim, out_dim, vb)?;
+    Ok(Linear::new(l.weight().clone(), l.bias().cloned()))
 }
 
 struct Block {
@@ -146,7 +155,7 @@ impl Gpt {
             x = b.forward(&x, &mask)?;
         }
         let x = self.ln_f.forward(&x)?;
-        x.broadcast_matmul(&self.head.t()?)?.to_dtype(DType::F32)
+        kolo_nn::ops::linear(&x, &self.head, None)?.to_dtype(DType::F32)
     }
 }
 
