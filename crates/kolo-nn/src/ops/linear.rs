@@ -43,12 +43,11 @@ struct Wanted {
 impl LinearOp {
     fn forward_slices<T: WithDType>(&self, x: &[T], w: &[T], b: Option<&[T]>) -> Result<Vec<T>> {
         let Dims { rows, inp, out } = self.0;
-        let mut y = vec![T::zero(); rows * out];
-        if let Some(b) = b {
-            for row in y.chunks_exact_mut(out.max(1)) {
-                row.copy_from_slice(b);
-            }
-        }
+        // The bias in every row, for the GEMM to add onto.
+        let mut y = match b {
+            Some(b) => b.repeat(rows),
+            None => vec![T::zero(); rows * out],
+        };
         matmul_into(
             "kolo-linear",
             &mut y,
