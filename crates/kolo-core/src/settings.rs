@@ -138,7 +138,7 @@ pub const SETTINGS: &[Setting] = &[
     s("KOLO_ADVERTISE_ADDR", "chosen", "the address the TCP transport tells peers"),
     s("KOLO_NODE_ID", "`NODE_RANK` or host name", "ranks with the same id count as one node (`local_rank`, shared memory)"),
     s("KOLO_TRANSPORT", "`auto`", "`auto`: shared memory between ranks of a node, TCP between nodes; `tcp`: TCP everywhere; `shm`: shared memory only (all ranks on one node, else an error)"),
-    s("KOLO_SHM_RING_BYTES", "256 KiB", "bytes of each pair's shared-memory ring"),
+    s("KOLO_SHM_RING_BYTES", "1 MiB to 256 KiB", "bytes of each pair's shared-memory ring; by default 1 MiB for up to 4 ranks on a host, less from 5 (the n(n−1) rings within 16 MiB together), 256 KiB from 9; every rank must use the same"),
     s("KOLO_SHM_BUFFER_BYTES", "1 MiB", "bytes of each of a rank's two shared buffers (the all-reduce chunk)"),
     s("KOLO_SHM_SPIN_US", "1000", "how long a waiting rank polls (yielding its core after the first microseconds) before it sleeps on its futex"),
     s("KOLO_SHM_SINGLE_COPY_BYTES", "8192", "kolo.MPI's sends of at least this many bytes to a rank of the same host are copied once, by the receiver straight from the sender's memory (process_vm_readv), and complete when it has (collectives' blocks too, from their own larger thresholds); 0: every send goes through the ring"),

@@ -32,7 +32,7 @@ impl Layout {
     pub(super) fn new(n: usize, opts: &ShmOptions) -> Layout {
         Layout {
             n,
-            ring: round64(opts.ring_bytes),
+            ring: round64(opts.ring_for(n)),
             buffer: round64(opts.buffer_bytes),
         }
     }

@@ -38,6 +38,8 @@
 
 mod arena;
 mod atomics;
+#[cfg(test)]
+mod connect_tests;
 mod doorbell;
 mod health;
 mod layout;
@@ -164,6 +166,33 @@ fn init_header(seg: &Segment, layout: &Layout) {
     w(0, MAGIC);
 }
 
+/// Checks that the segment's creator laid it out as this rank's settings do (`KOLO_SHM_RING_BYTES`
+/// and `KOLO_SHM_BUFFER_BYTES` set alike on every rank): a rank that disagreed would read and
+/// write other ranks' rings and buffers.
+fn check_layout(seg: &Segment, layout: &Layout, rank: usize, name: &str) -> Result<(), Error> {
+    // SAFETY: the header's first 32 bytes are four aligned u64 words of the mapping.
+    let word =
+        |i: usize| unsafe { &*(seg.ptr().add(8 * i) as *const AtomicU64) }.load(Ordering::Acquire);
+    let (n, ring, buffer) = (word(1), word(2), word(3));
+    let (var, theirs, mine) = if ring != layout.ring as u64 {
+        ("KOLO_SHM_RING_BYTES", ring, layout.ring)
+    } else if buffer != layout.buffer as u64 {
+        ("KOLO_SHM_BUFFER_BYTES", buffer, layout.buffer)
+    } else if n != layout.n as u64 {
+        ("WORLD_SIZE", n, layout.n)
+    } else {
+        return Ok(());
+    };
+    Err(Error::Config {
+        var: var.to_string(),
+        value: mine.to_string(),
+        reason: format!(
+            "rank {rank}: rank 0 made the shared-memory segment /dev/shm/{name} with {theirs} \
+             where this rank's settings give {mine}; set it alike on every rank"
+        ),
+    })
+}
+
 impl ShmTransport {
     fn new(seg: Arc<Segment>, layout: Layout, rank: usize, opts: ShmOptions) -> ShmTransport {
         let n = layout.n;
@@ -212,7 +241,7 @@ impl ShmTransport {
         } else {
             let name = store.get(&key, opts.connect_timeout)?;
             let name = String::from_utf8_lossy(&name).into_owned();
-            let seg = Segment::open(&name, layout.total())
+            let seg = Segment::open(&name)
                 .map_err(io_err(format!("rank {rank}: open /dev/shm/{name}")))?;
             // SAFETY: the header's first word.
             let magic = unsafe { &*(seg.ptr() as *const AtomicU64) }.load(Ordering::Acquire);
@@ -220,6 +249,21 @@ impl ShmTransport {
                 return Err(Error::Io {
                     context: format!("rank {rank}: /dev/shm/{name}"),
                     source: io::Error::new(io::ErrorKind::InvalidData, "not a kolo segment").into(),
+                });
+            }
+            check_layout(&seg, &layout, rank, &name)?;
+            if seg.len() != layout.total() {
+                return Err(Error::Io {
+                    context: format!("rank {rank}: /dev/shm/{name}"),
+                    source: io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!(
+                            "{} bytes where its layout needs {} (a different kolo version?)",
+                            seg.len(),
+                            layout.total()
+                        ),
+                    )
+                    .into(),
                 });
             }
             seg

@@ -52,18 +52,17 @@ impl Segment {
         seg
     }
 
-    /// Opens existing segment `name`, which must be `len` bytes long.
-    pub fn open(name: &str, len: usize) -> io::Result<Segment> {
+    /// Opens existing segment `name`, mapping all of it (the caller checks its layout).
+    pub fn open(name: &str) -> io::Result<Segment> {
         let path = Segment::path_of(name);
         let file = OpenOptions::new().read(true).write(true).open(&path)?;
-        let size = file.metadata()?.len();
-        if size != len as u64 {
+        let len = usize::try_from(file.metadata()?.len()).unwrap_or(usize::MAX);
+        if len < 4096 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 format!(
-                    "{} is {} bytes, expected {len} (a different kolo version or settings?)",
-                    path.display(),
-                    size
+                    "{} is {len} bytes, too short for a kolo segment",
+                    path.display()
                 ),
             ));
         }
