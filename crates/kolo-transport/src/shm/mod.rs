@@ -155,11 +155,16 @@ fn nonce() -> u64 {
     kolo_core::call::fnv1a(&[&t.to_le_bytes(), &std::process::id().to_le_bytes()])
 }
 
+/// Word `i` of the segment's header: 0 magic, 1 ranks, 2 ring bytes, 3 buffer bytes.
+fn header_word(seg: &Segment, i: usize) -> &AtomicU64 {
+    debug_assert!(i < 4);
+    // SAFETY: the header's first 32 bytes are four aligned u64 words of the mapping, which lives as
+    // long as `seg`; they are only accessed atomically.
+    unsafe { &*(seg.ptr().add(8 * i) as *const AtomicU64) }
+}
+
 fn init_header(seg: &Segment, layout: &Layout) {
-    let w = |i: usize, v: u64| {
-        // SAFETY: the header's first 32 bytes are four aligned u64 words of the mapping.
-        unsafe { &*(seg.ptr().add(8 * i) as *const AtomicU64) }.store(v, Ordering::Release)
-    };
+    let w = |i: usize, v: u64| header_word(seg, i).store(v, Ordering::Release);
     w(1, layout.n as u64);
     w(2, layout.ring as u64);
     w(3, layout.buffer as u64);
@@ -170,9 +175,7 @@ fn init_header(seg: &Segment, layout: &Layout) {
 /// and `KOLO_SHM_BUFFER_BYTES` set alike on every rank): a rank that disagreed would read and
 /// write other ranks' rings and buffers.
 fn check_layout(seg: &Segment, layout: &Layout, rank: usize, name: &str) -> Result<(), Error> {
-    // SAFETY: the header's first 32 bytes are four aligned u64 words of the mapping.
-    let word =
-        |i: usize| unsafe { &*(seg.ptr().add(8 * i) as *const AtomicU64) }.load(Ordering::Acquire);
+    let word = |i: usize| header_word(seg, i).load(Ordering::Acquire);
     let (n, ring, buffer) = (word(1), word(2), word(3));
     let (var, theirs, mine) = if ring != layout.ring as u64 {
         ("KOLO_SHM_RING_BYTES", ring, layout.ring)
@@ -243,8 +246,7 @@ impl ShmTransport {
             let name = String::from_utf8_lossy(&name).into_owned();
             let seg = Segment::open(&name)
                 .map_err(io_err(format!("rank {rank}: open /dev/shm/{name}")))?;
-            // SAFETY: the header's first word.
-            let magic = unsafe { &*(seg.ptr() as *const AtomicU64) }.load(Ordering::Acquire);
+            let magic = header_word(&seg, 0).load(Ordering::Acquire);
             if magic != MAGIC {
                 return Err(Error::Io {
                     context: format!("rank {rank}: /dev/shm/{name}"),

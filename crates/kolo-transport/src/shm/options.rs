@@ -45,11 +45,11 @@ impl Default for ShmOptions {
     }
 }
 
-/// The most bytes a ring of its own size takes: 1 MiB. A message streams through a larger ring
+/// The largest ring chosen by default: 1 MiB. A message streams through a larger ring
 /// two to three times as fast as through a 256 KiB one (ping-pong between two ranks, 1–16 MiB:
 /// the two cores copy in and out with more slack between them), and no faster through 2 MiB.
 const RING_MAX: usize = 1 << 20;
-/// The fewest: 256 KiB.
+/// The smallest ring chosen by default: 256 KiB.
 const RING_MIN: usize = 256 << 10;
 /// What the rings of a host's segment take together at most, where that leaves each at least
 /// [`RING_MIN`]: 16 MiB (a segment is reserved whole, and `/dev/shm` is small in containers).
