@@ -3,7 +3,7 @@
 //! `tests/timeline.rs`.)
 
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kolo::Config;
 use kolo_ddp::timeline::Timeline;
@@ -33,6 +33,9 @@ fn spans<'a>(ev: &'a [Value], pid: u64, tid: u64, name: &str) -> Vec<&'a Value> 
 fn own_loop_spans_with_aligned_clocks() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("own.json");
+    // The ranks are threads of one process: one clock they all read gives the truth to check the
+    // alignment against, whatever the scheduler does between the ranks.
+    let shared = Instant::now();
     let res = kolo::run_local(3, Config::default(), |comm| {
         // Each rank's clock starts when it calls start: 30 ms apart.
         std::thread::sleep(Duration::from_millis(30 * comm.rank() as u64));
@@ -41,35 +44,44 @@ fn own_loop_spans_with_aligned_clocks() {
         let s = t.span("barrier");
         comm.barrier()?;
         drop(s);
+        // A span starting at a known moment of the shared clock.
+        let mark = Instant::now();
+        t.record("mark", mark);
+        let mark_us = mark.duration_since(shared).as_secs_f64() * 1e6;
         for _ in 0..3 {
             let _s = t.span("work");
             std::thread::sleep(Duration::from_millis(2));
         }
-        assert_eq!(t.len(), 4);
+        assert_eq!(t.len(), 5);
         t.write(&path)?;
         assert!(t.is_empty(), "written events leave the buffer");
         let off = Timeline::disabled();
         drop(off.span("nothing"));
         assert!(off.is_empty());
-        Ok::<_, TrainError>(())
+        Ok::<_, TrainError>(mark_us)
     });
-    for r in res {
-        r.expect("no panic").expect("writes");
-    }
+    let marks: Vec<f64> = res
+        .into_iter()
+        .map(|r| r.expect("no panic").expect("writes"))
+        .collect();
     let ev = events(&path);
-    // The barrier ends at about the same moment on every rank: so it does on rank 0's clock.
-    let end = |pid| {
-        let b = spans(&ev, pid, 0, "barrier");
-        num(b[0], "ts") + num(b[0], "dur")
+    // On rank 0's clock each mark lies where rank 0's origin plus the shared-clock moment puts it:
+    // timestamp minus shared-clock moment is the same on every rank, within the estimate's error
+    // (half the shortest of the ping-pongs; the ranks started 30 and 60 ms apart).
+    let origin = |pid: u64| {
+        let m = spans(&ev, pid, 0, "mark");
+        assert_eq!(m.len(), 1, "rank {pid}'s mark");
+        num(m[0], "ts") - marks[pid as usize]
     };
     for pid in 1..3 {
-        let skew = (end(pid) - end(0)).abs();
+        let skew = (origin(pid) - origin(0)).abs();
         assert!(
-            skew < 5_000.0,
+            skew < 3_000.0,
             "rank {pid}'s clock is {skew} µs off rank 0's"
         );
     }
     for pid in 0..3 {
+        assert_eq!(spans(&ev, pid, 0, "barrier").len(), 1);
         let work = spans(&ev, pid, 0, "work");
         assert_eq!(work.len(), 3);
         assert!(work.iter().all(|e| num(e, "dur") >= 1900.0), "{work:?}");
