@@ -49,6 +49,8 @@ mod postings;
 #[cfg(test)]
 mod postings_tests;
 pub(crate) mod prefix;
+#[cfg(test)]
+mod rewind_tests;
 mod ring;
 pub mod segment;
 mod single_copy;

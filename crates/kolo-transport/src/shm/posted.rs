@@ -72,7 +72,7 @@ impl ShmTransport {
                             && !self.postings.waiting_for(peer, tag)
                         {
                             if !p.in_place {
-                                return self.read_direct(peer, &mut c, p.header, dst, deadline);
+                                return self.read_direct(peer, &mut c, p, dst, deadline);
                             }
                             if let Some(got) = self.read_in_place(peer, p.header, dst) {
                                 return got;
@@ -167,7 +167,7 @@ impl ShmTransport {
         &self,
         peer: usize,
         c: &mut Consumer,
-        header: Header,
+        Prefix { header, rewind, .. }: Prefix,
         dst: &mut [u8],
         deadline: Option<Instant>,
     ) -> Result<Received, RecvError> {
@@ -184,7 +184,7 @@ impl ShmTransport {
                 done += take;
             }
             if done == dst.len() {
-                head = super::ring::next_message(head);
+                head = super::ring::after(head, rewind, ring.capacity());
             }
             if take > 0 || done == dst.len() {
                 ring.release(head);
@@ -224,6 +224,7 @@ impl ShmTransport {
                     got: done,
                     posting: None,
                     buf: dst[..done].to_vec(),
+                    rewind,
                 });
                 return Err(e);
             }

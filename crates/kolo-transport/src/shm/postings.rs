@@ -378,7 +378,13 @@ impl ShmTransport {
 
     /// A new message from `src` whose payload streams in from the ring: into the posting waiting
     /// for it when there is one (and it fits), else into a pooled buffer.
-    pub(super) fn start_partial(&self, src: usize, header: Header, len: usize) -> Partial {
+    pub(super) fn start_partial(
+        &self,
+        src: usize,
+        header: Header,
+        len: usize,
+        rewind: bool,
+    ) -> Partial {
         let posting = self.postings.claim(src, &header.tag);
         let buf = if posting.is_some_and(|c| len <= c.cap) {
             Vec::new()
@@ -395,6 +401,7 @@ impl ShmTransport {
             got: 0,
             posting,
             buf,
+            rewind,
         }
     }
 }
