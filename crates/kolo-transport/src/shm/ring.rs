@@ -8,7 +8,7 @@
 //! the receiver fetches from the sender's core once.
 //!
 //! Back and forth, small messages reuse the same few lines of the ring: a sender of a message of up
-//! to 4 KiB that finds the ring empty (it looks once every [`REWIND_EVERY`] bytes of its stream)
+//! to [`REWIND_MAX`] bytes that finds the ring empty (it looks once every [`REWIND_EVERY`] bytes of its stream)
 //! marks it to [`REWIND`](super::prefix::REWIND), and the stream goes on at the start of the
 //! ring's next lap — the lines both cores just had, not fresh ones a megabyte along (a 1 KiB
 //! ping-pong runs in three quarters of the time).
@@ -42,6 +42,12 @@ pub(super) fn next_message(end: u64) -> u64 {
 /// ring's start; and how far into a lap its stream must be before it does (so that the consumer's
 /// next read gives it this much room at once).
 pub(super) const REWIND_EVERY: u64 = 4096;
+
+/// The longest message that rewinds the ring. Back and forth on the same lines, 512 B-1 KiB
+/// messages took 0.77-0.82x the time they take on fresh ones; from 1.5 KiB it was a wash at best
+/// (2 KiB 1.08x), and from 8 KiB a loss (8-64 KiB: 1.2-1.9x): the sender's writes then wait on the
+/// lines the receiver still holds.
+pub(super) const REWIND_MAX: usize = 1024;
 
 /// Where the message after one that ends at `end` starts: with `rewind`, at the start of the
 /// ring's next lap (`cap` is the ring's capacity, a multiple of [`MESSAGE_ALIGN`]).
@@ -345,10 +351,9 @@ impl ShmTransport {
             })
         {
             let cap = ring.capacity() as u64;
-            // Messages of up to REWIND_EVERY bytes (longer ones are faster on lines neither core
-            // holds: 8 KiB-64 KiB back and forth took 1.2-1.9x as long on the same lines), once
-            // every REWIND_EVERY bytes, far enough into a lap, and the message within it.
-            let rewind = payload.len() as u64 <= REWIND_EVERY
+            // Messages of up to REWIND_MAX bytes, once every REWIND_EVERY bytes, far enough into
+            // a lap, and the message within it.
+            let rewind = payload.len() <= REWIND_MAX
                 && tail >= producer.look_at
                 && cap >= 4 * REWIND_EVERY
                 && tail % cap >= REWIND_EVERY
