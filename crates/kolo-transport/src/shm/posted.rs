@@ -64,25 +64,34 @@ impl ShmTransport {
             }
             {
                 let mut c = lock(&self.consumers[peer]);
+                // Nothing has arrived from a live peer: nothing to drain. (Draining then would send
+                // a message that arrives meanwhile through the mailbox, not straight here.)
+                let mut idle = false;
                 if c.partial.is_none() {
-                    if let Some(Ok(p)) = self.peek(peer) {
-                        // (A posting waiting for the same messages takes them first.)
-                        if p.header.tag == *tag
-                            && p.len == dst.len()
-                            && !self.postings.waiting_for(peer, tag)
-                        {
-                            if !p.in_place {
-                                return self.read_direct(peer, &mut c, p, dst, deadline);
-                            }
-                            if let Some(got) = self.read_in_place(peer, p.header, dst) {
-                                return got;
+                    match self.peek(peer) {
+                        Some(Ok(p)) => {
+                            // (A posting waiting for the same messages takes them first.)
+                            if p.header.tag == *tag
+                                && p.len == dst.len()
+                                && !self.postings.waiting_for(peer, tag)
+                            {
+                                if !p.in_place {
+                                    return self.read_direct(peer, &mut c, p, dst, deadline);
+                                }
+                                if let Some(got) = self.read_in_place(peer, p.header, dst) {
+                                    return got;
+                                }
                             }
                         }
+                        None => {
+                            idle = self.state_word(peer, 0).load(Ordering::Acquire) == STATE_ALIVE;
+                        }
+                        Some(Err(_)) => {}
                     }
                 }
                 // The message that comes first goes to the mailbox (a clean close or a bad prefix is
                 // noted), and the posting looks again at the one after it.
-                if self.drain(peer, &mut c, true) {
+                if !idle && self.drain(peer, &mut c, true) {
                     self.bell(self.rank).ring();
                 }
             }

@@ -4,10 +4,10 @@
 
 use std::time::{Duration, Instant};
 
-use kolo_core::{Received, Transport};
+use kolo_core::Transport;
 
 use super::ring::{next_message, REWIND_EVERY};
-use super::tests::{bytes, error, header, pair};
+use super::tests::{bytes, header, pair, posted_once};
 use super::{lock, ShmTransport};
 use crate::shm::prefix::PREFIX;
 
@@ -51,26 +51,7 @@ fn receive(t: &ShmTransport, peer: usize, tag: u64, len: usize, via: Via) -> Vec
             .expect("the message arrives")
             .payload;
     }
-    let mut buf = vec![0u8; len];
-    let mut direct = false;
-    t.recv_posted(
-        peer,
-        &header(tag).tag,
-        &mut buf,
-        len.max(1),
-        None,
-        soon(),
-        &mut || Ok(()),
-        &mut |dst, got| {
-            match got {
-                Received::Direct(_) => direct = true,
-                Received::Message(m) => dst.copy_from_slice(&m.payload),
-            }
-            Ok(())
-        },
-        &error,
-    )
-    .expect("the posted receive completes");
+    let (buf, direct) = posted_once(t, peer, tag, len);
     assert!(
         direct || len == 0 || via == Via::Posted,
         "a message of {len} bytes read straight"

@@ -4,9 +4,9 @@
 
 use std::time::{Duration, Instant};
 
-use kolo_core::{LinkFailure, Received, RecvError, Transport};
+use kolo_core::{LinkFailure, RecvError, Transport};
 
-use super::tests::{bytes, error, header};
+use super::tests::{bytes, header, posted_once};
 use super::{shm_world, ShmOptions, ShmTransport};
 
 fn pair_with(opts: ShmOptions) -> (ShmTransport, ShmTransport) {
@@ -31,27 +31,7 @@ fn send_in_place(t: &ShmTransport, payload: &[u8]) -> u64 {
 /// Receives the next message with tag 5 from rank 0 into a posted buffer of `len` bytes; whether
 /// it came straight into it.
 fn posted(t: &ShmTransport, len: usize) -> (Vec<u8>, bool) {
-    let mut into = vec![0u8; len];
-    let mut direct = false;
-    t.recv_posted(
-        0,
-        &header(5).tag,
-        &mut into,
-        len.max(1),
-        None,
-        soon(),
-        &mut || Ok(()),
-        &mut |dst, got| {
-            match got {
-                Received::Direct(_) => direct = true,
-                Received::Message(m) => dst[..m.payload.len()].copy_from_slice(&m.payload),
-            }
-            Ok(())
-        },
-        &error,
-    )
-    .expect("posted receive");
-    (into, direct)
+    posted_once(t, 0, 5, len)
 }
 
 fn recv(t: &ShmTransport) -> Result<Vec<u8>, RecvError> {

@@ -40,6 +40,32 @@ pub(super) fn error(e: RecvError) -> Error {
     }
 }
 
+/// Receives the next message from `peer` with `tag` into a posted buffer of `len` bytes, waiting
+/// up to 20 s: the buffer, and whether the message came straight into it.
+pub(super) fn posted_once(t: &ShmTransport, peer: usize, tag: u64, len: usize) -> (Vec<u8>, bool) {
+    let mut into = vec![0u8; len];
+    let mut direct = false;
+    t.recv_posted(
+        peer,
+        &header(tag).tag,
+        &mut into,
+        len.max(1),
+        None,
+        Some(Instant::now() + Duration::from_secs(20)),
+        &mut || Ok(()),
+        &mut |dst, got| {
+            match got {
+                Received::Direct(_) => direct = true,
+                Received::Message(m) => dst[..m.payload.len()].copy_from_slice(&m.payload),
+            }
+            Ok(())
+        },
+        &error,
+    )
+    .expect("posted receive");
+    (into, direct)
+}
+
 pub(super) fn bytes(len: usize, salt: u64) -> Vec<u8> {
     (0..len as u64)
         .map(|j| (j * 7 + salt * 13 + j / 251) as u8)
