@@ -7,7 +7,9 @@
 
 use kolo_core::{Algorithm, Call, DType, Header, OpKind, ReduceOp, Tag, TagSpace};
 
-use crate::shm::prefix::{decode_prefix, encode_in_place_prefix, encode_prefix, PREFIX};
+use crate::shm::prefix::{
+    decode_prefix, encode_in_place_prefix, encode_prefix, encode_rewind_prefix, PREFIX,
+};
 use crate::tcp::frame::{self, Hello, Kind, HELLO_LEN};
 
 /// Largest data payload the frame target accepts (small, so that the fuzzer's time goes to parsing).
@@ -61,9 +63,10 @@ pub fn shm_prefix(data: &[u8]) -> Option<(Header, usize)> {
         len as u64 <= max,
         "length {len} above the limit {max} was accepted"
     );
-    let again = match d.in_place {
-        true => encode_in_place_prefix(&header, len),
-        false => encode_prefix(&header, len),
+    let again = match (d.in_place, d.rewind) {
+        (true, _) => encode_in_place_prefix(&header, len),
+        (false, true) => encode_rewind_prefix(&header, len),
+        (false, false) => encode_prefix(&header, len),
     };
     assert_eq!(&again, p, "prefix changed in a round trip");
     Some((header, len))
@@ -133,11 +136,14 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
     shm.extend_from_slice(&(1u64 << 20).to_le_bytes());
     let mut shm_ack = encode_prefix(&h1, 5).to_vec();
     shm_ack.extend_from_slice(&4u64.to_le_bytes());
+    let mut shm_rewind = encode_rewind_prefix(&h0, 4).to_vec();
+    shm_rewind.extend_from_slice(&(1u64 << 20).to_le_bytes());
     vec![
         ("hello", hello),
         ("frames", frames),
         ("shm", shm),
         ("shm-over-limit", shm_ack),
+        ("shm-rewind", shm_rewind),
     ]
 }
 
@@ -152,6 +158,10 @@ mod tests {
         assert_eq!(tcp_frames(&seeds["frames"]), 5);
         assert_eq!(shm_prefix(&seeds["shm"]).map(|(_, len)| len), Some(16));
         assert_eq!(shm_prefix(&seeds["shm-over-limit"]), None);
+        assert_eq!(
+            shm_prefix(&seeds["shm-rewind"]).map(|(_, len)| len),
+            Some(4)
+        );
         assert!(tcp_hello(&[0; HELLO_LEN]).is_none());
     }
 }
