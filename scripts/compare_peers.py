@@ -271,15 +271,15 @@ def p2p(args, sizes, kolo):
         rs = results[name].get(b)
         return statistics.median(r[field] for r in rs) if rs else None
 
-    def round_ratio(b):
-        """The median over the rounds of OpenMPI's time / kolo-shm's, each from its own round."""
+    def round_ratios(b):
+        """OpenMPI's time / kolo-shm's in each round, sorted."""
         o, s = results["openmpi"].get(b), results["kolo-shm"].get(b)
         if not o or not s or len(o) != len(s):
-            return None
-        return statistics.median(x["time_us"] / y["time_us"] for x, y in zip(o, s))
+            return []
+        return sorted(x["time_us"] / y["time_us"] for x, y in zip(o, s))
 
     print(f"ping-pong between 2 ranks, medians of {args.rounds} rounds: time one way (us) and bandwidth (GB/s);"
-          " shm/ompi: the median of the rounds' ratios")
+          " shm/ompi: the median of the rounds' ratios (and their middle half)")
     print(f"{'bytes':>10} " + " ".join(f"{k + ' us':>14} {'GB/s':>7}" for k in names) + f" {'shm/ompi':>9}")
     misses = []
     for b in (int(s) for s in sizes):
@@ -288,8 +288,10 @@ def p2p(args, sizes, kolo):
             t, bw = med(k, b, "time_us"), med(k, b, "algbw_gbps")
             cells.append(f"{t:14.3f} {bw:7.3f}" if t is not None else f"{'-':>14} {'-':>7}")
         o, s = med("openmpi", b, "time_us") if "openmpi" in names else None, med("kolo-shm", b, "time_us")
-        ratio = round_ratio(b) if "openmpi" in names else None
-        speed = f"{ratio:8.2f}x" if ratio else f"{'-':>9}"
+        rs = round_ratios(b) if "openmpi" in names else []
+        ratio = statistics.median(rs) if rs else None
+        q = len(rs) // 4
+        speed = f"{ratio:8.2f}x ({rs[q]:.2f}..{rs[-1 - q]:.2f})" if ratio else f"{'-':>9}"
         print(f"{b:>10} " + " ".join(cells) + f" {speed}")
         if ratio and ratio < 1:
             misses.append(f"{b} B: kolo-shm at {ratio:.2f}x OpenMPI's bandwidth ({s:.3f} against {o:.3f} us"
