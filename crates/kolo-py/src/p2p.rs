@@ -7,8 +7,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use kolo::{CollectiveBuffer, Source, Status, TagMatch};
+use pyo3::exceptions::PyBaseException;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyCFunction, PyDict, PyTuple};
+use pyo3::types::{PyBytes, PyCFunction, PyDict, PyList, PyTuple};
 
 use crate::args::typed;
 use crate::buffer::{self, hold, Held, Target};
@@ -239,6 +240,26 @@ impl PyCommunicator {
     ) -> PyResult<Option<usize>> {
         let got = self.recv_into(py, buf, Some(src), Some(tag), dtype, wait)?;
         Ok(got.map(|s| s.count))
+    }
+
+    /// `recv_upto` of bytes (waiting) into each of `bufs` in turn, from `src` with `tag`: one
+    /// call for a window of receives (kolo.MPI's `Waitall`). Returns the byte counts of those
+    /// received and, if one failed, its exception (not raised: the ones before it were received).
+    fn recv_upto_each(
+        &self,
+        py: Python<'_>,
+        bufs: &Bound<'_, PyList>,
+        from: (usize, u64),
+    ) -> (Vec<usize>, Option<Py<PyBaseException>>) {
+        let (src, tag) = from;
+        let mut counts = Vec::with_capacity(bufs.len());
+        for buf in bufs.iter() {
+            match self.recv_into(py, &buf, Some(src), Some(tag), Some("uint8"), true) {
+                Ok(got) => counts.push(got.map_or(0, |s| s.count)),
+                Err(e) => return (counts, Some(e.into_value(py))),
+            }
+        }
+        (counts, None)
     }
 
     /// Receives the first message from `src` (`None`: any rank) with `tag` (`None`: any tag)
