@@ -8,10 +8,10 @@
 //! the receiver fetches from the sender's core once.
 //!
 //! Back and forth, small messages reuse the same few lines of the ring: a sender of a message of up
-//! to [`REWIND_MAX`] bytes that finds the ring empty (it looks once every [`REWIND_EVERY`] bytes of its stream)
-//! marks it to [`REWIND`](super::prefix::REWIND), and the stream goes on at the start of the
-//! ring's next lap — the lines both cores just had, not fresh ones a megabyte along (a 1 KiB
-//! ping-pong runs in three quarters of the time).
+//! to [`REWIND_MAX`] bytes that finds the ring empty (it looks once every [`REWIND_EVERY`] bytes
+//! of its stream) marks it to [`REWIND`](super::prefix::REWIND), and the stream goes on at the
+//! start of the ring's next lap — the lines both cores just had, not fresh ones a megabyte along
+//! (a 1 KiB ping-pong runs in three quarters of the time).
 
 use std::sync::atomic::Ordering;
 use std::sync::TryLockError;
@@ -102,6 +102,32 @@ pub(super) struct Producer {
     pub(super) look_at: u64,
     /// Messages sent in place to this peer so far (see `single_copy`).
     pub(super) in_place: u64,
+}
+
+impl Producer {
+    /// Where the stream goes on after a small message of `len` bytes at `tail` whose padded end is
+    /// `next`, when it rewinds the ring (see the module's documentation): the start of the ring's
+    /// next lap. Only messages of up to [`REWIND_MAX`] bytes, looked at once every
+    /// [`REWIND_EVERY`] bytes, far enough into a lap, within it, and into an empty ring.
+    fn rewind(&mut self, ring: &Spsc<'_>, len: usize, tail: u64, next: u64) -> Option<u64> {
+        let cap = ring.capacity() as u64;
+        if len > REWIND_MAX
+            || tail < self.look_at
+            || cap < 4 * REWIND_EVERY
+            || tail % cap < REWIND_EVERY
+            || (next - 1) / cap != tail / cap
+        {
+            return None;
+        }
+        self.look_at = tail + REWIND_EVERY;
+        self.known_head = ring.released();
+        if self.known_head != tail {
+            return None;
+        }
+        let lap = after(next, true, ring.capacity());
+        self.look_at = lap + REWIND_EVERY;
+        Some(lap)
+    }
 }
 
 impl ShmTransport {
@@ -350,25 +376,9 @@ impl ShmTransport {
                 ring.free_before(tail, producer.known_head) >= small
             })
         {
-            let cap = ring.capacity() as u64;
-            // Messages of up to REWIND_MAX bytes, once every REWIND_EVERY bytes, far enough into
-            // a lap, and the message within it.
-            let rewind = payload.len() <= REWIND_MAX
-                && tail >= producer.look_at
-                && cap >= 4 * REWIND_EVERY
-                && tail % cap >= REWIND_EVERY
-                && (next - 1) / cap == tail / cap
-                && {
-                    producer.look_at = tail + REWIND_EVERY;
-                    producer.known_head = ring.released();
-                    producer.known_head == tail
-                };
-            let (prefix, next) = if rewind {
-                let next = after(end, true, ring.capacity());
-                producer.look_at = next + REWIND_EVERY;
-                (encode_rewind_prefix(header, payload.len()), next)
-            } else {
-                (encode_prefix(header, payload.len()), next)
+            let (prefix, next) = match producer.rewind(&ring, payload.len(), tail, next) {
+                Some(lap) => (encode_rewind_prefix(header, payload.len()), lap),
+                None => (encode_prefix(header, payload.len()), next),
             };
             // SAFETY: this thread holds the ring's producer lock; the free space covers both and
             // the padding (up to the next lap: the ring is empty).
