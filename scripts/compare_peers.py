@@ -151,8 +151,7 @@ def main():
 
     def spread(name, b):
         """min..max over the rounds of Gloo's time / name's time in the same round."""
-        xs, gs = results[name].get(b, []), results["gloo"].get(b, [])
-        rs = [g["time_us"] / x["time_us"] for x, g in zip(xs, gs) if x["time_us"]]
+        rs = per_round(results, "gloo", name, b)
         return f"{min(rs):.2f}..{max(rs):.2f}" if rs else "-"
 
     if args.csv:
@@ -209,6 +208,12 @@ def main():
     for name, err in broken.items():
         print(f"not measured: {name}: {err}")
     print("targets: all met" if not misses else "targets missed:\n  " + "\n  ".join(misses))
+
+
+def per_round(results, peer, name, b):
+    """`peer`'s time / `name`'s in each round at `b` bytes (the rounds both ran)."""
+    xs, ps = results[name].get(b, []), results[peer].get(b, [])
+    return [p["time_us"] / x["time_us"] for x, p in zip(xs, ps) if x["time_us"]]
 
 
 def rounds(args, impls):
@@ -273,10 +278,9 @@ def p2p(args, sizes, kolo):
 
     def round_ratios(b):
         """OpenMPI's time / kolo-shm's in each round, sorted."""
-        o, s = results["openmpi"].get(b), results["kolo-shm"].get(b)
-        if not o or not s or len(o) != len(s):
+        if len(results["openmpi"].get(b, [])) != len(results["kolo-shm"].get(b, [])):
             return []
-        return sorted(x["time_us"] / y["time_us"] for x, y in zip(o, s))
+        return sorted(per_round(results, "openmpi", "kolo-shm", b))
 
     print(f"ping-pong between 2 ranks, medians of {args.rounds} rounds: time one way (us) and bandwidth (GB/s);"
           " shm/ompi: the median of the rounds' ratios (and their middle half)")
