@@ -74,6 +74,8 @@ rows: run the script with that Python (e.g. ~/.cache/kolo/torch-2.15.0/bin/pytho
 """
 import argparse, json, os, re, shutil, statistics, subprocess, sys, tempfile, time
 
+import benchhost
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEER = os.path.join(ROOT, "..", "shared", "peers", "torch_ddp_lenet.py")
 PEER_RESNET = os.path.join(ROOT, "scripts", "torch_ddp_resnet18.py")
@@ -364,9 +366,8 @@ def write_plot(a, med, name):
         f.write(",".join(["workers"] + [label for label, _ in cols]) + "\n")
         for w in (1, 2):
             f.write(",".join([str(w)] + [f"{med[key.format(w)]:.1f}" for _, key in cols]) + "\n")
-    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")
-                if l.startswith("model name")), "?")
-    title = f"{name} / Fashion-MNIST, batch {a.batch} per worker, medians of {a.rounds} rounds — {cpu}"
+    title = (f"{name} / Fashion-MNIST, batch {a.batch} per worker, medians of {a.rounds} rounds — "
+             f"{benchhost.cpu_model()}")
     subprocess.run([os.path.join(a.bin, "kolo"), "plot", a.csv, "--out",
                     os.path.splitext(a.csv)[0] + ".png", "--title", title,
                     "--y-desc", "samples/s"], check=True)
@@ -440,6 +441,7 @@ def main():
         cases += [("base-1", lambda: kolo(a, 1, a.baseline)), ("base-2", lambda: kolo(a, 2, a.baseline))]
     if have_torch:
         cases += [("torch-1", lambda: torch(a, 1)), ("torch-2", lambda: torch(a, 2))]
+    host, busy_before = benchhost.describe()
     res = {name: [] for name, _ in cases}
     for r in range(a.rounds):
         for name, f in cases:
@@ -452,7 +454,8 @@ def main():
     gflops = {k: v * flops / busy[k] / 1e9 for k, v in med.items()} if flops else {}
     name = {"lenet": "LeNet", "resnet18": "ResNet-18", "mlp": "MLP"}[a.model]
     limit = f"first {a.train_limit} samples" if a.train_limit else "all samples"
-    print(f"\n{name} / Fashion-MNIST, {a.precision}, batch {a.batch} per worker, {a.epochs} epoch(s) of the {limit}, SGD lr {a.lr} "
+    print(f"\n{host}")
+    print(f"{name} / Fashion-MNIST, {a.precision}, batch {a.batch} per worker, {a.epochs} epoch(s) of the {limit}, SGD lr {a.lr} "
           f"momentum {a.momentum}, medians of {a.rounds} rounds (samples/s):")
     if flops:
         print(f"  training FLOPs per sample {flops / 1e6:.2f} M; "
@@ -482,7 +485,8 @@ def main():
                       "train_limit": a.train_limit, "test_limit": a.test_limit, "lr": a.lr, "momentum": a.momentum,
                       "kolo_over_torch": ratios, "train_flops_per_sample": flops, "gflops_per_core": gflops,
                       "busy_cores": busy, "peak_gflops_per_core": peak, "bf16_peak_gflops_per_core": bf16_peak,
-                      "peak_source": peak_src if peak else None}))
+                      "peak_source": peak_src if peak else None, "host": host,
+                      "cores_busy_before": busy_before}))
 
 
 if __name__ == "__main__":

@@ -43,6 +43,8 @@ import subprocess
 import sys
 import tempfile
 
+import benchhost
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 PEERS = os.environ.get("KOLO_PEERS_DIR", os.path.join(ROOT, "..", "shared", "peers"))
@@ -100,9 +102,7 @@ def write_plot(args, results, sizes):
                 cells.append(f"{bus:.6g}" if bus else "")
             f.write(",".join([str(b)] + cells) + "\n")
     png = os.path.splitext(args.csv)[0] + ".png"
-    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")
-                if l.startswith("model name")), "?")
-    title = (f"all-reduce f32, {args.n} ranks, medians of {args.rounds} rounds — {cpu}, "
+    title = (f"all-reduce f32, {args.n} ranks, medians of {args.rounds} rounds — {benchhost.cpu_model()}, "
              f"{os.cpu_count()} cores")
     subprocess.run([args.kolo, "plot", args.csv, "--out", png, "--title", title,
                     "--x-desc", "message size", "--y-desc", "bus bandwidth (GB/s)", "--bytes-x",
@@ -123,6 +123,7 @@ def main():
     ap.add_argument("--csv", help="also write the median busbw (GB/s) of each implementation at each "
                                   "size here (all-reduce), and draw it beside as a PNG with `kolo plot`")
     args = ap.parse_args()
+    print(benchhost.describe()[0])
     n = str(args.n)
     sizes = [str(int(s)) for s in args.sizes.split(",")]
     kolo = lambda t, exe=args.kolo: ([exe, "bench", args.op, "-n", n, "--json", "--sizes", ",".join(sizes)],

@@ -44,6 +44,8 @@ import sys
 import tarfile
 import tempfile
 
+import benchhost
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 MPI4PY = "4.1.2"
@@ -190,17 +192,6 @@ def sizes(lines):
     return out
 
 
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -236,6 +227,7 @@ def main():
     runner, progs = prepare(demo_dir(), demos, work)
     mpirun = ["mpirun"] + (["--allow-run-as-root", "--oversubscribe"] if os.geteuid() == 0 else [])
 
+    host, _ = benchhost.describe()
     results = {d: {"mpi4py": [], "kolo": []} for d in demos}
     for d in demos:
         if d in LOCAL and torch_py:
@@ -270,8 +262,7 @@ def main():
                      or d.startswith("osu_")]
 
     mpi_version = subprocess.run(["mpirun", "--version"], capture_output=True, text=True)
-    print(f"CPU: {cpu_model()} ({os.cpu_count()} CPUs); load average "
-          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(host)
     print(f"mpi4py {MPI4PY} + {mpi_version.stdout.splitlines()[0] if mpi_version.stdout else '?'}"
           f" under mpirun -n 2; kolo.MPI under kolo run -n 2; medians of {args.runs} runs")
     print()
