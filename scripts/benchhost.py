@@ -40,8 +40,12 @@ def cpu_model():
 
 
 def kernel_flags():
-    """Which of ``KERNEL_FLAGS`` this CPU has, in that order."""
-    have = set((cpuinfo_field("flags") or "").split())
+    """Which of ``KERNEL_FLAGS`` this CPU has, in that order; None where /proc/cpuinfo lists no
+    flags (not x86, or unreadable)."""
+    flags = cpuinfo_field("flags")
+    if flags is None:
+        return None
+    have = set(flags.split())
     return [f for f in KERNEL_FLAGS if f in have]
 
 
@@ -74,7 +78,11 @@ def describe(interval=1.0):
     """The line naming the machine and its load before a benchmark, and the load measured (None
     where unknown); warns on stderr where others kept more than ``BUSY_LIMIT`` cores busy."""
     busy = busy_cores(interval)
-    flags = " ".join(kernel_flags()) or "none of " + " ".join(KERNEL_FLAGS)
+    have = kernel_flags()
+    if have is None:
+        flags = "flags unknown"
+    else:
+        flags = " ".join(have) or "none of " + " ".join(KERNEL_FLAGS)
     load = "unknown" if busy is None else f"{busy:.2f}"
     line = (f"CPU: {cpu_model()} ({os.cpu_count()} CPUs; {flags}); "
             f"cores busy before the run: {load}")
@@ -97,6 +105,16 @@ def _self_test():
     print(f"idle {idle:.2f} cores busy, with one busy child {loaded:.2f}")
     if loaded is None or not (loaded - (idle or 0) > 0.7):
         sys.exit("benchhost self-test: a busy child process did not show as a busy core")
+    # Without /proc/cpuinfo's answers the line says it does not know, not that no flag is there.
+    real = globals()["cpuinfo_field"]
+    globals()["cpuinfo_field"] = lambda name: None
+    try:
+        line = describe(0.1)[0]
+    finally:
+        globals()["cpuinfo_field"] = real
+    print(line)
+    if "flags unknown" not in line or "CPU: unknown" not in line:
+        sys.exit("benchhost self-test: an unreadable /proc/cpuinfo was not reported as unknown")
     print("benchhost self-test: ok")
 
 

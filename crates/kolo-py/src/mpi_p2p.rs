@@ -8,6 +8,7 @@
 //! with it.
 
 use kolo::{CollectiveBuffer, Status};
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyFloat, PyInt, PyList, PyTuple, PyType};
@@ -78,7 +79,12 @@ fn simple<'py>(msg: &Bound<'py, PyAny>) -> PyResult<Option<(Bound<'py, PyAny>, O
         true => count.extract::<u64>().ok(),
         false => None,
     };
-    let (Some(count), Ok(size)) = (count, datatype.getattr("size")?.extract::<u64>()) else {
+    let (Some(count), Ok(size)) = (
+        count,
+        datatype
+            .getattr(intern!(msg.py(), "size"))?
+            .extract::<u64>(),
+    ) else {
         return Ok(None);
     };
     let bytes = count

@@ -95,9 +95,15 @@ def test_proc_null_is_a_no_op():
         st = MPI.Status()
         comm.Send(bytearray(4), MPI.PROC_NULL)
         comm.Recv(bytearray(4), MPI.PROC_NULL, 0, st)
-        return st.Get_source(), st.Get_count()
+        # A nonblocking receive from PROC_NULL is complete at once, with MPI's empty status.
+        req = comm.Irecv(bytearray(4), MPI.PROC_NULL, 5)
+        ist = MPI.Status()
+        done = req.Test(ist)
+        req.Wait(ist)
+        return (st.Get_source(), st.Get_count(), done, ist.Get_source(), ist.Get_tag(),
+                ist.Get_count(), req == MPI.REQUEST_NULL)
 
-    assert world(1, body) == [(MPI.PROC_NULL, 0)]
+    assert world(1, body) == [(MPI.PROC_NULL, 0, True, MPI.PROC_NULL, MPI.ANY_TAG, 0, True)]
 
 
 def test_vector_collectives_with_gaps_leave_them_alone():

@@ -225,7 +225,7 @@ class P2P:
             raise
         if source is None:
             return rq.proc_null_request()
-        return rq.Receive(self, None, source, tag)
+        return rq.receive(self, None, source, tag)
 
     def sendrecv(self, sendobj, dest, sendtag=0, recvbuf=None, source=ANY_SOURCE,
                  recvtag=ANY_TAG, status=None):

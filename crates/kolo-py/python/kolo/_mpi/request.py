@@ -372,29 +372,11 @@ class SendInPlace(Request):
 class Receive(Request):
     """A posted receive (see the module's documentation): into `span` (native form) or, when
     `span` is None, of a pickled object (its `_result`). `source` and `tag` may be
-    `ANY_SOURCE` and `ANY_TAG`; once complete, they are the message's."""
+    `ANY_SOURCE` and `ANY_TAG`; once complete, they are the message's. Made by `receive` (or
+    `proc_null_request`), not by calling the class."""
 
     __slots__ = ("_pending", "_result", "_comm", "_span", "_source", "_tag", "_key", "_before",
                  "_count", "_seq")
-
-    def __init__(self, comm, span, source, tag, pending=True):
-        self._comm, self._span, self._source, self._tag = comm, span, source, tag
-        self._pending, self._result, self._count, self._before = pending, None, 0, None
-        if pending:
-            # The receives posted before this one that could take its message take theirs first
-            # (MPI matches receives in the order they were posted).
-            posted = comm._posted
-            self._key = key = (source, tag)
-            self._seq = next(_POSTINGS)
-            comm._plain += 1
-            if source >= 0 and tag >= 0 and (not posted or (len(posted) == 1 and key in posted)):
-                # No other receive pending, or only ones from this source with this tag (a
-                # window of Irecvs): the last of them, if any, comes first.
-                last = posted.get(key)
-                self._before = None if last is None else [last]
-            else:
-                self._before = _competing(posted, source, tag)
-            posted[key] = self
 
     def _report(self, status):
         status._set(self._source, self._tag, self._count)
@@ -507,6 +489,32 @@ class Posted(Request):
         return True
 
 
+_new = object.__new__
+
+
+def receive(comm, span, source, tag):
+    """A pending `Receive` into `span` (None: of an object) from `source` with `tag`, placed in
+    the communicator's order of pending receives: the receives posted before it that could take
+    its message take theirs first (MPI matches receives in the order they were posted). Made
+    without calling the class, whose `__init__` would cost a third of an `Irecv`."""
+    r = _new(Receive)
+    r._comm, r._span, r._source, r._tag = comm, span, source, tag
+    r._pending, r._result, r._count = True, None, 0
+    posted = comm._posted
+    r._key = key = (source, tag)
+    r._seq = next(_POSTINGS)
+    comm._plain += 1
+    if source >= 0 and tag >= 0 and (not posted or (len(posted) == 1 and key in posted)):
+        # No other receive pending, or only ones from this source with this tag (a window of
+        # Irecvs): the last of them, if any, comes first.
+        last = posted.get(key)
+        r._before = None if last is None else [last]
+    else:
+        r._before = _competing(posted, source, tag)
+    posted[key] = r
+    return r
+
+
 def irecv(comm, span, source, tag):
     """The request of an ``Irecv`` into `span` (the native form): posted with the transport,
     which writes the message into it and keeps the order among postings, where it can — while
@@ -517,7 +525,7 @@ def irecv(comm, span, source, tag):
         if native is not None:
             return Posted(native, source, tag)
         comm._unposted.add(source)  # a peer the transport posts no receives from
-    return Receive(comm, span, source, tag)
+    return receive(comm, span, source, tag)
 
 
 _POSTINGS = itertools.count()
@@ -581,7 +589,10 @@ def complete_posted(comm, source, tag):
 
 def proc_null_request():
     """The completed request of a receive from `PROC_NULL`."""
-    return Receive(None, None, PROC_NULL, ANY_TAG, pending=False)
+    r = _new(Receive)
+    r._comm = r._span = r._result = r._before = None
+    r._source, r._tag, r._key, r._pending, r._count = PROC_NULL, ANY_TAG, None, False, 0
+    return r
 
 
 class Pending(Request):
