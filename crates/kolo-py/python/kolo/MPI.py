@@ -36,7 +36,8 @@ from ._comm import Communicator as _Communicator
 from ._comm import init as _init
 from ._comm import local_world as _local_world
 from ._mpi.comm import Comm, Intracomm
-from ._mpi.request import REQUEST_NULL, Request, Status
+from ._mpi.request import REQUEST_NULL, Request
+from ._mpi.status import Status
 from ._mpi.datatypes import (
     ANY_SOURCE,
     ANY_TAG,

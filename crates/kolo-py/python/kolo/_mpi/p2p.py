@@ -18,6 +18,7 @@ import pickle
 
 from . import request as rq
 from .request import irecv, nbytes
+from .status import fill
 from .datatypes import ANY_SOURCE, ANY_TAG, BAD_INPUT, PROC_NULL, raw, to_int
 from .datatypes import Datatype as DT
 
@@ -109,7 +110,7 @@ class P2P:
             if type(source) is not int or type(tag) is not int or source < 0 or tag < 0:
                 source, tag = recv_from(source, tag)
                 if source is None:
-                    rq.fill(status, PROC_NULL, ANY_TAG, 0)
+                    fill(status, PROC_NULL, ANY_TAG, 0)
                     return
             if self._posted:
                 rq.complete_posted(self, source, tag)
@@ -200,7 +201,7 @@ class P2P:
             self._fail("recv", e)
             raise
         if source is None:
-            rq.fill(status, PROC_NULL, ANY_TAG, 0)
+            fill(status, PROC_NULL, ANY_TAG, 0)
             return None
         if self._posted:
             rq.complete_posted(self, source, tag)
@@ -208,7 +209,7 @@ class P2P:
             data = self._c.recv_bytes(source, tag)
         else:
             source, tag, data = self._c.recv_bytes_match(*wild(source, tag))
-        rq.fill(status, source, tag, len(data))
+        fill(status, source, tag, len(data))
         return pickle.loads(data)
 
     def isend(self, obj, dest, tag=0):
