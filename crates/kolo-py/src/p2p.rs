@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use kolo::{CollectiveBuffer, Source, Status, TagMatch};
+use kolo::{CollectiveBuffer, DType, Source, Status, TagMatch};
 use pyo3::exceptions::PyBaseException;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyCFunction, PyDict, PyList, PyTuple};
@@ -243,8 +243,10 @@ impl PyCommunicator {
     }
 
     /// `recv_upto` of bytes (waiting) into each of `bufs` in turn, from `src` with `tag`: one
-    /// call for a window of receives (kolo.MPI's `Waitall`). Returns the byte counts of those
-    /// received and, if one failed, its exception (not raised: the ones before it were received).
+    /// call for a window of receives (kolo.MPI's `Waitall`), the buffers held first and received
+    /// in one release of the GIL. Returns the byte counts of those received and, if one failed
+    /// (its buffer refused, or its receive), its exception (not raised: the ones before it were
+    /// received; the ones after it are not).
     fn recv_upto_each(
         &self,
         py: Python<'_>,
@@ -252,14 +254,32 @@ impl PyCommunicator {
         from: (usize, u64),
     ) -> (Vec<usize>, Option<Py<PyBaseException>>) {
         let (src, tag) = from;
-        let mut counts = Vec::with_capacity(bufs.len());
+        let mut targets = Vec::with_capacity(bufs.len());
+        let mut failed = None;
         for buf in bufs.iter() {
-            match self.recv_into(py, &buf, Some(src), Some(tag), Some("uint8"), true) {
-                Ok(got) => counts.push(got.map_or(0, |s| s.count)),
-                Err(e) => return (counts, Some(e.into_value(py))),
+            match hold(&buf, Some(DType::U8), "buf", true).and_then(Target::<u8>::new) {
+                Ok(t) => targets.push(t),
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
             }
         }
-        (counts, None)
+        let mut counts = Vec::with_capacity(targets.len());
+        if !targets.is_empty() {
+            let (into, got) = (&mut targets, &mut counts);
+            let r = self.blocking_after(py, Some(Direction::Recv), move |c| {
+                for t in into.iter_mut() {
+                    got.push(c.recv_upto(t.elements_mut(), src, tag)?);
+                }
+                Ok(())
+            });
+            if let Err(e) = r {
+                failed = Some(e); // the receive's: a buffer refused after it waits for its turn
+            }
+        }
+        drop(targets); // released with the GIL
+        (counts, failed.map(|e| e.into_value(py)))
     }
 
     /// Receives the first message from `src` (`None`: any rank) with `tag` (`None`: any tag)

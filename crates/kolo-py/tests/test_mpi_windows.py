@@ -86,3 +86,31 @@ def test_a_failure_in_a_window_leaves_the_rest_to_wait_for(windows):
     assert pending == [False, False, False, True, True]
     assert bufs[:2] == [[1, -1], [1, -1]] and bufs[3:] == [[1, -1], [1, -1]]
     assert windows == [5, 2]
+
+
+def test_a_buffer_refused_in_a_window_stops_it_there(windows):
+    # The window's buffers are held before any is received: one that cannot be written (bytes)
+    # fails its own request after the ones before it have their messages; the rest stay pending.
+    def body(comm):
+        if comm.rank == 1:
+            for i in range(5):
+                comm.Send(np.full(1, i, np.int32), 0, 9)
+            return None
+        bufs = [np.full(2, -1, np.int32) for _ in range(5)]
+        bufs[2] = bytes(8)
+        reqs = [comm.Irecv(b, 1, 9) for b in bufs]
+        with pytest.raises(Exception) as err:
+            MPI.Request.Waitall(reqs)
+        state = [bool(r) for r in reqs]
+        # The refused request's message was not taken: the pending requests, posted first, get
+        # it and the next, a receive after them the last.
+        fresh = np.full(2, -1, np.int32)
+        comm.Recv(fresh, 1, 9)
+        MPI.Request.Waitall(reqs[3:])
+        return str(err.value), state, [bufs[i].tolist() for i in (0, 1, 3, 4)], fresh.tolist()
+
+    error, pending, bufs, fresh = world(2, body)[0]
+    assert "writ" in error.lower() or "read-only" in error.lower(), error
+    assert pending == [False, False, False, True, True]
+    assert bufs == [[0, -1], [1, -1], [2, -1], [3, -1]] and fresh == [4, -1]
+    assert windows == [5]

@@ -197,11 +197,11 @@ def _receive_window(requests, statuses):
     comm, (source, tag) = first._comm, first._key
     counts, error = comm._c.recv_upto_each([r._span for r in requests], (source, tag))
     posted = comm._posted
-    for i, n in enumerate(counts):
-        r = requests[i]
+    for r, n in zip(requests, counts):
         r._count, r._pending, r._before = n, False, None
-        comm._plain -= 1
-        if statuses is not None:
+    comm._plain -= len(counts)
+    if statuses is not None:
+        for i, n in enumerate(counts):
             _status_at(statuses, i)._set(source, tag, n)
     if counts and posted.get(first._key) is requests[len(counts) - 1]:
         del posted[first._key]
