@@ -1,6 +1,7 @@
-//! kolo.MPI's `Send` and `Recv` of the common case in one native call: a message
+//! kolo.MPI's `Send`, `Isend` and `Recv` of the common case in one native call: a message
 //! `[buf, count, datatype]` or `[buf, datatype]` (a list or a tuple) or a buffer alone, one rank
-//! and one tag (no wildcard, no `PROC_NULL`), a message below the size that goes in place. The
+//! and one tag (no wildcard, no `PROC_NULL`); for `Isend`, a message below the size that goes in
+//! place (`Send` sends that in place and waits for it, as kolo.MPI's method would). The
 //! checks kolo.MPI's Python methods make on that form are made here, on the same rules (the same
 //! buffer checks and errors: [`hold_bytes`] is what their native calls do), without the Python
 //! code's cost per call — about half of a small message's time. Any other form is left to those
@@ -15,6 +16,7 @@ use pyo3::types::{PyFloat, PyInt, PyList, PyTuple, PyType};
 
 use crate::buffer::{hold_bytes, Held, Source};
 use crate::comm::PyCommunicator;
+use crate::errors::to_py;
 use crate::run::Direction;
 
 /// kolo.MPI's `Datatype` class, registered when kolo.MPI is imported.
@@ -120,10 +122,52 @@ fn common(
     Ok(fits(h.region.count).then_some((h, rank, tag)))
 }
 
+impl PyCommunicator {
+    /// Sends the held bytes to `dest` with `tag`: buffered, or `in_place` and waited for until
+    /// the receiver has copied them (MPI's rendezvous, `Send`'s), in one release of the GIL.
+    fn send_held(
+        &self,
+        py: Python<'_>,
+        h: Held,
+        dest: usize,
+        tag: u64,
+        in_place: bool,
+    ) -> PyResult<bool> {
+        let source = Source::<u8>::alone(h)?;
+        if !in_place {
+            self.p2p(py, None, source, Direction::Send, move |c, s| {
+                c.send(s.elements(), dest, tag)
+            })?;
+            return Ok(true);
+        }
+        let (sent, source) = self.blocking_after(py, Some(Direction::Send), move |c| {
+            // SAFETY: `source` holds the buffer's export, so its memory stays alive until the
+            // receiver has copied it (and for good if the send fails: below); kolo never writes
+            // into a send buffer, and the program cannot while `Send` runs.
+            let sent = unsafe { c.send_in_place(source.elements(), dest, tag) }
+                .and_then(|s| c.wait_in_place(&s));
+            Ok((sent, source))
+        })?;
+        match sent {
+            Ok(()) => {
+                drop(source); // released with the GIL
+                Ok(true)
+            }
+            Err(e) => {
+                // The receiver may still be copying: the buffer's export is kept for good.
+                std::mem::forget(source.into_held());
+                Err(to_py(e))
+            }
+        }
+    }
+}
+
 #[pymethods]
 impl PyCommunicator {
-    /// kolo.MPI's `Send(buf, dest, tag)` where it is the common case (see the module): sent
-    /// (buffered: done), `True`; `False` for any other case, which kolo.MPI's method sends.
+    /// kolo.MPI's `Send(buf, dest, tag)` where it is the common case (see the module): sent,
+    /// `True`; `False` for any other case, which kolo.MPI's method sends. A message below the
+    /// in-place size is sent buffered (done); one of that size or more goes in place, MPI's
+    /// rendezvous, and is waited for here: `Send` returns once the receiver has copied it.
     fn mpi_send(
         &self,
         py: Python<'_>,
@@ -131,15 +175,30 @@ impl PyCommunicator {
         dest: &Bound<'_, PyAny>,
         tag: &Bound<'_, PyAny>,
     ) -> PyResult<bool> {
-        // A message of the in-place size is a rendezvous: kolo.MPI's method sends it in place.
+        let Some((h, dest, tag)) = common(buf, dest, tag, false, None)? else {
+            return Ok(false);
+        };
+        let in_place = self
+            .comm
+            .in_place_min()
+            .is_some_and(|min| h.region.count >= min);
+        self.send_held(py, h, dest, tag, in_place)
+    }
+
+    /// kolo.MPI's `Isend(buf, dest, tag)` where it is the common case and the message is below
+    /// the in-place size: sent buffered (its request complete), `True`; `False` for any other
+    /// case, which kolo.MPI's method sends (a message in place leaves its request pending).
+    fn mpi_isend(
+        &self,
+        py: Python<'_>,
+        buf: &Bound<'_, PyAny>,
+        dest: &Bound<'_, PyAny>,
+        tag: &Bound<'_, PyAny>,
+    ) -> PyResult<bool> {
         let Some((h, dest, tag)) = common(buf, dest, tag, false, self.comm.in_place_min())? else {
             return Ok(false);
         };
-        let source = Source::<u8>::alone(h)?;
-        self.p2p(py, None, source, Direction::Send, move |c, s| {
-            c.send(s.elements(), dest, tag)
-        })?;
-        Ok(true)
+        self.send_held(py, h, dest, tag, false)
     }
 
     /// kolo.MPI's `Recv(buf, source, tag)` where it is the common case (see the module): the

@@ -28,8 +28,10 @@ if rank == 0:
     req.Wait()
     out["done"] = not bool(req)
     big[:N] = 7  # the buffer is free again: rank 1 has its copy
-    # Both send first, then receive.
+    # Both send first, then receive. `Send` returns once rank 1 has its copy: the buffer may
+    # change at once.
     comm.Send([big, N, MPI.BYTE], 1, 2)
+    big[:N] = 0
     back = np.zeros(N, np.uint8)
     comm.Recv(back, 1, 3)
     out["exchange"] = bool((back == 3).all())
@@ -50,6 +52,7 @@ else:
     out["bytes"] = bool((got[:N] == np.arange(N) % 251).all())
     out["rest"] = bool((got[N:] == 255).all()) and st.Get_count() == N
     comm.Send(np.full(N, 3, np.uint8), 0, 3)
+    time.sleep(0.1)  # rank 0's Send of tag 2 waits for this rank's copy meanwhile
     back = np.zeros(N, np.uint8)
     comm.Recv(back, 0, 2)
     out["exchange"] = bool((back == 7).all())

@@ -61,8 +61,8 @@ class P2P:
     # -- buffers ----------------------------------------------------------------------------------
     def Send(self, buf, dest, tag=0):
         try:
-            # The common case ([buf, count, datatype] or a buffer alone, a rank, a tag, a message
-            # sent buffered) in one native call; the rest below.
+            # The common case ([buf, count, datatype] or a buffer alone, a rank, a tag) in one
+            # native call, a message in place waited for there too; the rest below.
             if self._c.mpi_send(buf, dest, tag):
                 return
             if type(dest) is not int or type(tag) is not int or dest < 0 or tag < 0:
@@ -132,7 +132,7 @@ class P2P:
         big = self._in_place_min
         if big is not None:
             try:
-                if self._c.mpi_send(buf, dest, tag):  # the common case, sent buffered (see Send)
+                if self._c.mpi_isend(buf, dest, tag):  # the common case, sent buffered (see Send)
                     return rq.Request()
                 dest, tag = send_to(dest, tag)
                 if dest is None:
