@@ -39,6 +39,17 @@ impl PyCommunicator {
         tag: u64,
     ) -> PyResult<Option<PyInPlaceSend>> {
         let h = hold(buf, Some(DType::U8), "buf", false)?;
+        self.send_held_in_place(py, h, dest, tag)
+    }
+
+    /// [`Self::send_bytes_in_place`] of bytes already held.
+    pub(crate) fn send_held_in_place(
+        &self,
+        py: Python<'_>,
+        h: Held,
+        dest: usize,
+        tag: u64,
+    ) -> PyResult<Option<PyInPlaceSend>> {
         let source = Source::<u8>::alone(h)?;
         let (sent, source) = self.blocking_after(py, Some(Direction::Send), move |c| {
             // SAFETY: `source` holds the buffer's export, so its memory stays alive; it is kept

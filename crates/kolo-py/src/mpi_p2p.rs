@@ -12,7 +12,7 @@ use kolo::{CollectiveBuffer, Status};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyFloat, PyInt, PyList, PyTuple, PyType};
+use pyo3::types::{PyBool, PyFloat, PyInt, PyList, PyTuple, PyType};
 
 use crate::buffer::{hold_bytes, Held, Source};
 use crate::comm::PyCommunicator;
@@ -185,20 +185,31 @@ impl PyCommunicator {
         self.send_held(py, h, dest, tag, in_place)
     }
 
-    /// kolo.MPI's `Isend(buf, dest, tag)` where it is the common case and the message is below
-    /// the in-place size: sent buffered (its request complete), `True`; `False` for any other
-    /// case, which kolo.MPI's method sends (a message in place leaves its request pending).
-    fn mpi_isend(
+    /// kolo.MPI's `Isend(buf, dest, tag)` where it is the common case: `True` where it was sent
+    /// buffered (its request complete); the `InPlaceSend` to wait on where it went in place (a
+    /// message of the in-place size); `False` for any other case, which kolo.MPI's method sends.
+    fn mpi_isend<'py>(
         &self,
-        py: Python<'_>,
-        buf: &Bound<'_, PyAny>,
-        dest: &Bound<'_, PyAny>,
-        tag: &Bound<'_, PyAny>,
-    ) -> PyResult<bool> {
-        let Some((h, dest, tag)) = common(buf, dest, tag, false, self.comm.in_place_min())? else {
-            return Ok(false);
+        py: Python<'py>,
+        buf: &Bound<'py, PyAny>,
+        dest: &Bound<'py, PyAny>,
+        tag: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let Some((h, dest, tag)) = common(buf, dest, tag, false, None)? else {
+            return Ok(PyBool::new(py, false).to_owned().into_any());
         };
-        self.send_held(py, h, dest, tag, false)
+        if self
+            .comm
+            .in_place_min()
+            .is_some_and(|min| h.region.count >= min)
+        {
+            if let Some(sent) = self.send_held_in_place(py, h, dest, tag)? {
+                return Ok(Bound::new(py, sent)?.into_any());
+            }
+        } else {
+            self.send_held(py, h, dest, tag, false)?;
+        }
+        Ok(PyBool::new(py, true).to_owned().into_any())
     }
 
     /// kolo.MPI's `Recv(buf, source, tag)` where it is the common case (see the module): the

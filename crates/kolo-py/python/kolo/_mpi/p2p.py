@@ -132,15 +132,20 @@ class P2P:
         big = self._in_place_min
         if big is not None:
             try:
-                if self._c.mpi_isend(buf, dest, tag):  # the common case, sent buffered (see Send)
+                # The common case (see Send) in one native call: sent buffered (True), in place
+                # (its send to wait on) or not the common case (False).
+                sent = self._c.mpi_isend(buf, dest, tag)
+                if sent is True:
                     return rq.Request()
+                if sent is not False:
+                    return rq.sent_in_place(sent)
                 dest, tag = send_to(dest, tag)
                 if dest is None:
                     return rq.Request()
                 span = raw(buf)
                 if nbytes(span) >= big:
                     sent = self._c.send_in_place(span, dest, tag)
-                    return rq.Request() if sent is None else rq.SendInPlace(sent)
+                    return rq.Request() if sent is None else rq.sent_in_place(sent)
                 self._c.send(span, dest, tag, _U8)
             except BAD_INPUT as e:
                 self._fail("Isend", e)

@@ -22,6 +22,9 @@ import time
 from .status import Status
 from .datatypes import ANY_SOURCE, ANY_TAG, PROC_NULL, UNDEFINED, add_missing, missing
 
+# Requests are made without calling their class (whose __init__ costs as much as the rest).
+_new = object.__new__
+
 
 class Request:
     """An operation issued; ``Wait``/``Test`` complete it. A completed request is
@@ -272,9 +275,6 @@ class SendInPlace(Request):
 
     __slots__ = ("_pending", "_send")
 
-    def __init__(self, send):
-        self._send, self._pending = send, True
-
     def _progress(self, block):
         send = self._send
         try:
@@ -287,6 +287,14 @@ class SendInPlace(Request):
             raise
         self._pending, self._send = False, None
         return True
+
+
+def sent_in_place(send):
+    """The pending request of `send`, a native send in place (made without calling the class,
+    as `receive` is)."""
+    r = _new(SendInPlace)
+    r._send, r._pending = send, True
+    return r
 
 
 class Receive(Request):
@@ -407,9 +415,6 @@ class Posted(Request):
             return False
         self._count, self._pending, self._native = n, False, None
         return True
-
-
-_new = object.__new__
 
 
 def receive(comm, span, source, tag):
