@@ -390,10 +390,6 @@ class Posted(Request):
 
     __slots__ = ("_pending", "_native", "_source", "_tag", "_count")
 
-    def __init__(self, native, source, tag):
-        self._native, self._source, self._tag, self._pending, self._count = (
-            native, source, tag, True, 0)
-
     def _report(self, status):
         status._set(self._source, self._tag, self._count)
 
@@ -448,7 +444,9 @@ def irecv(comm, span, source, tag):
             and (span[2] if span[2] is not None else nbytes(span)) >= _POST_MIN):
         native = comm._c.post_recv(span, source, tag)
         if native is not None:
-            return Posted(native, source, tag)
+            r = _new(Posted)  # made without calling the class (see `receive`)
+            r._native, r._source, r._tag, r._pending, r._count = native, source, tag, True, 0
+            return r
         comm._unposted.add(source)  # a peer the transport posts no receives from
     return receive(comm, span, source, tag)
 
