@@ -85,7 +85,7 @@ impl PyInPlaceSend {
     }
 
     /// Waits (up to the communicator's timeout) until the receiver has copied the message.
-    fn wait(&self, py: Python<'_>) -> PyResult<()> {
+    pub(crate) fn wait(&self, py: Python<'_>) -> PyResult<()> {
         // Most waits of a window of sends find them copied already: no release of the GIL then.
         if self.done()? {
             return Ok(());

@@ -16,7 +16,6 @@ use pyo3::types::{PyBool, PyFloat, PyInt, PyList, PyTuple, PyType};
 
 use crate::buffer::{hold_bytes, Held, Source};
 use crate::comm::PyCommunicator;
-use crate::errors::to_py;
 use crate::run::Direction;
 
 /// kolo.MPI's `Datatype` class, registered when kolo.MPI is imported.
@@ -123,42 +122,19 @@ fn common(
 }
 
 impl PyCommunicator {
-    /// Sends the held bytes to `dest` with `tag`: buffered, or `in_place` and waited for until
-    /// the receiver has copied them (MPI's rendezvous, `Send`'s), in one release of the GIL.
-    fn send_held(
-        &self,
-        py: Python<'_>,
-        h: Held,
-        dest: usize,
-        tag: u64,
-        in_place: bool,
-    ) -> PyResult<bool> {
+    /// Whether a message of the held bytes goes in place (the transport's in-place size or more).
+    fn goes_in_place(&self, h: &Held) -> bool {
+        self.comm
+            .in_place_min()
+            .is_some_and(|min| h.region.count >= min)
+    }
+
+    /// Sends the held bytes to `dest` with `tag`, buffered (done when this returns).
+    fn send_buffered(&self, py: Python<'_>, h: Held, dest: usize, tag: u64) -> PyResult<()> {
         let source = Source::<u8>::alone(h)?;
-        if !in_place {
-            self.p2p(py, None, source, Direction::Send, move |c, s| {
-                c.send(s.elements(), dest, tag)
-            })?;
-            return Ok(true);
-        }
-        let (sent, source) = self.blocking_after(py, Some(Direction::Send), move |c| {
-            // SAFETY: `source` holds the buffer's export, so its memory stays alive until the
-            // receiver has copied it (and for good if the send fails: below); kolo never writes
-            // into a send buffer, and the program cannot while `Send` runs.
-            let sent = unsafe { c.send_in_place(source.elements(), dest, tag) }
-                .and_then(|s| c.wait_in_place(&s));
-            Ok((sent, source))
-        })?;
-        match sent {
-            Ok(()) => {
-                drop(source); // released with the GIL
-                Ok(true)
-            }
-            Err(e) => {
-                // The receiver may still be copying: the buffer's export is kept for good.
-                std::mem::forget(source.into_held());
-                Err(to_py(e))
-            }
-        }
+        self.p2p(py, None, source, Direction::Send, move |c, s| {
+            c.send(s.elements(), dest, tag)
+        })
     }
 }
 
@@ -178,11 +154,12 @@ impl PyCommunicator {
         let Some((h, dest, tag)) = common(buf, dest, tag, false, None)? else {
             return Ok(false);
         };
-        let in_place = self
-            .comm
-            .in_place_min()
-            .is_some_and(|min| h.region.count >= min);
-        self.send_held(py, h, dest, tag, in_place)
+        if !self.goes_in_place(&h) {
+            self.send_buffered(py, h, dest, tag)?;
+        } else if let Some(sent) = self.send_held_in_place(py, h, dest, tag)? {
+            sent.wait(py)?;
+        }
+        Ok(true)
     }
 
     /// kolo.MPI's `Isend(buf, dest, tag)` where it is the common case: `True` where it was sent
@@ -198,16 +175,10 @@ impl PyCommunicator {
         let Some((h, dest, tag)) = common(buf, dest, tag, false, None)? else {
             return Ok(PyBool::new(py, false).to_owned().into_any());
         };
-        if self
-            .comm
-            .in_place_min()
-            .is_some_and(|min| h.region.count >= min)
-        {
-            if let Some(sent) = self.send_held_in_place(py, h, dest, tag)? {
-                return Ok(Bound::new(py, sent)?.into_any());
-            }
-        } else {
-            self.send_held(py, h, dest, tag, false)?;
+        if !self.goes_in_place(&h) {
+            self.send_buffered(py, h, dest, tag)?;
+        } else if let Some(sent) = self.send_held_in_place(py, h, dest, tag)? {
+            return Ok(Bound::new(py, sent)?.into_any());
         }
         Ok(PyBool::new(py, true).to_owned().into_any())
     }

@@ -275,7 +275,7 @@ impl PyCommunicator {
                 Ok(())
             });
             if let Err(e) = r {
-                failed = Some(e); // the receive's: a buffer refused after it waits for its turn
+                failed = Some(e); // the receive's own: a buffer refused later is not reached
             }
         }
         drop(targets); // released with the GIL
