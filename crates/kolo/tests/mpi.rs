@@ -155,6 +155,7 @@ fn rank_late() {
 /// Runs `entry` on 3 ranks and returns its output after checking the job failed within `limit`.
 fn fails_within(entry: &str, env: &[(&str, &str)], limit: Duration) -> String {
     let run = mpirun_with(3, entry, env);
+    assert!(!run.timed_out, "{entry}: the job hung:\n{}", run.text);
     assert!(!run.success, "{entry}: the job should fail:\n{}", run.text);
     assert!(
         run.elapsed < limit,
@@ -227,4 +228,36 @@ fn a_late_rank_is_a_timeout_not_a_hang() {
         ))),
         "{text}"
     );
+}
+
+#[test]
+fn the_mpirun_harness_sees_ranks_that_exited_unreaped() {
+    // A parent that never reaps its child (what a hung mpirun leaves): the harness reads the
+    // child's exit code from /proc; a live child, or none, reads as None.
+    let mut parent = std::process::Command::new("sh")
+        .args(["-c", "(exit 3) & exec sleep 5"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("sh");
+    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    let mut seen = None;
+    while seen.is_none() && std::time::Instant::now() < deadline {
+        seen = common::mpirun::exited_children(parent.id());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = parent.kill();
+    let _ = parent.wait();
+    assert_eq!(seen, Some(vec![3 << 8]), "exit 3 as waitpid gives it");
+    let mut busy = std::process::Command::new("sh")
+        .args(["-c", "sleep 1 & exec sleep 5"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("sh");
+    std::thread::sleep(Duration::from_millis(200));
+    let live = common::mpirun::exited_children(busy.id());
+    let _ = busy.kill();
+    let _ = busy.wait();
+    assert_eq!(live, None);
 }
