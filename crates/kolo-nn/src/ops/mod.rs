@@ -7,6 +7,7 @@
 //! ops. The layers of this crate ([`crate::layers`], [`crate::batch_norm`]) are built on them;
 //! nothing here knows the layers or communication.
 
+mod amx_conv;
 mod batch_norm;
 mod bf16_gemm;
 mod bn_loops;

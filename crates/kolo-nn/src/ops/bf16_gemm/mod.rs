@@ -17,8 +17,11 @@
 //! an error naming it).
 
 mod amx;
+mod amx_tiles;
 mod avx512;
 mod pack;
+
+pub(super) use amx_tiles::{tile_product, TileOperand};
 
 pub(super) use pack::Source;
 use std::sync::OnceLock;
@@ -230,6 +233,22 @@ pub(super) fn matmul_views<S: Source>(
         }
     }
     Ok(())
+}
+
+/// `dst[i]` = the bf16 bits of `src[i]` rounded to nearest, ties to even (as the unit's own
+/// conversion rounds); as many as the shorter of the two holds.
+pub(super) fn round_into(src: &[f32], dst: &mut [u16]) {
+    let n = src.len().min(dst.len());
+    pack::round_run(&src[..n], &mut dst[..n]);
+}
+
+/// The row-major `k × n` f32 `b` (`k` a multiple of 32, `n` of 16) rounded to bf16 as `B` of
+/// [`tile_product`]: pair-interleaved panels of 16 columns by 32 rows, panel `(nt, kb)` at
+/// `(nt · k / 32 + kb) · 512`, rows of 16 pairs.
+pub(super) fn pack_b_panels(b: &[f32], (k, n): (usize, usize)) -> Vec<u16> {
+    let (mut packed, _, _) = pack::pack_b(MatRef::row_major(b, k, n), (16, 32, 1));
+    packed.truncate(k * n);
+    packed
 }
 
 /// A unit whose peak [`peak_gflops`] measures.

@@ -60,7 +60,7 @@ impl Source for f32 {
 
 /// `dst[i] = round_bits(src[i])`, sixteen at a time on the bf16 unit's own conversion where the
 /// CPU has AVX512-BF16.
-fn round_run(src: &[f32], dst: &mut [u16]) {
+pub(super) fn round_run(src: &[f32], dst: &mut [u16]) {
     #[cfg(target_arch = "x86_64")]
     if super::avx512::available() {
         // SAFETY: the CPU has AVX-512F and AVX512-BF16.

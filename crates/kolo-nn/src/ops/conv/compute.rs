@@ -4,6 +4,7 @@
 
 use candle_core::{CpuStorage, DType, Layout, Result, WithDType};
 
+use super::super::amx_conv;
 use super::super::gemm::{matmul_into, matmul_into_f32, MatRef};
 use super::super::im2col::{col2im_into, im2col_into};
 use super::super::relu::pos;
@@ -22,6 +23,24 @@ fn flip_transpose<T: WithDType>(w: &[T], c_out: usize, c: usize, k: usize) -> Ve
         }
     }
     out
+}
+
+/// `s` as the f32 slice it is, where `T` is f32.
+fn as_f32<T: WithDType>(s: &[T]) -> Option<&[f32]> {
+    // SAFETY: T is f32 (its DTYPE says so): the same memory as the same type.
+    (T::DTYPE == DType::F32)
+        .then(|| unsafe { std::slice::from_raw_parts(s.as_ptr().cast(), s.len()) })
+}
+
+/// `v` as a `Vec<T>`, where `T` is f32 (`None` otherwise).
+fn from_f32<T: WithDType>(v: Vec<f32>) -> Option<Vec<T>> {
+    if T::DTYPE != DType::F32 {
+        return None;
+    }
+    let mut v = std::mem::ManuallyDrop::new(v);
+    // SAFETY: T is f32: the allocation, length and capacity of a Vec<f32> are those of a
+    // Vec<T>; `v` is not dropped.
+    Some(unsafe { Vec::from_raw_parts(v.as_mut_ptr().cast(), v.len(), v.capacity()) })
 }
 
 /// Makes `cols` an all-zero patch matrix of `len` values for [`im2col_into`] — unless it already
@@ -69,6 +88,19 @@ impl ConvGemm {
         let c_out = w.len() / rows.max(1);
         if c_out * rows != w.len() || bias.is_some_and(|b| b.len() != c_out) {
             candle_core::bail!("kolo-conv2d: kernel of {} values for {rows} rows", w.len());
+        }
+        if let (Some(x32), Some(w32), true) = (as_f32(x.0), as_f32(w), amx_conv::eligible(g, c_out))
+        {
+            let b32 = bias.and_then(as_f32);
+            let y = amx_conv::forward((x32, x.1), g, w32, b32, self.relu)?;
+            let Some(y) = from_f32::<T>(y) else {
+                candle_core::bail!("kolo-conv2d: f32 output of a {:?} convolution", T::DTYPE);
+            };
+            if out.is_empty() {
+                return Ok(y);
+            }
+            out.extend_from_slice(&y);
+            return Ok(out);
         }
         // Winograd's transforms are f32/f64 arithmetic; bf16 goes to the bf16 GEMM.
         let winograd = (T::DTYPE != DType::BF16)
@@ -141,6 +173,22 @@ impl ConvGemm {
         .iter()
         .map(|&(wanted, len)| if wanted { len } else { 0 })
         .sum();
+        if let (Some(x32), Some(w32), Some(g32), true) = (
+            as_f32(x.0),
+            as_f32(w),
+            as_f32(grad),
+            amx_conv::eligible(g, c_out),
+        ) {
+            let mut o32 = Vec::with_capacity(total);
+            amx_conv::backward((x32, x.1), w32, g, g32, (want.x, want.weight), &mut o32)?;
+            let Some(mut out) = from_f32::<T>(o32) else {
+                candle_core::bail!("{OP}: f32 gradients of a {:?} convolution", T::DTYPE);
+            };
+            if want.bias {
+                out.extend(bias_grad(grad, c_out, p));
+            }
+            return Ok(out);
+        }
         let mut out = Vec::with_capacity(total);
         let winograd = (T::DTYPE != DType::BF16)
             .then(|| winograd::eligible(g, c_out))

@@ -1,0 +1,172 @@
+use super::*;
+use half::bf16;
+
+/// Values varied in sign and size, rounded to bf16 (so the products are exact in f32).
+fn values(n: usize, seed: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| {
+            let v = ((i * 7 + seed * 13) % 29) as f32 - 14.0;
+            bf16::from_f32(v / 16.0).to_f32()
+        })
+        .collect()
+}
+
+fn geom(b: usize, c: usize, (h, w): (usize, usize), k: usize, padding: usize) -> Geom {
+    Geom {
+        b,
+        c,
+        h,
+        w,
+        k,
+        stride: 1,
+        padding,
+        oh: h + 2 * padding + 1 - k,
+        ow: w + 2 * padding + 1 - k,
+    }
+}
+
+/// `y[b][co][i][j] = Σ x[b][ch][i + kh − p][j + kw − p] · w[co][ch][kh][kw]` in f64.
+fn reference(x: &[f32], w: &[f32], g: &Geom, c_out: usize) -> Vec<f64> {
+    let (c, k, p) = (g.c, g.k, g.padding as isize);
+    let mut y = vec![0f64; g.b * c_out * g.oh * g.ow];
+    for b in 0..g.b {
+        for co in 0..c_out {
+            for i in 0..g.oh {
+                for j in 0..g.ow {
+                    let mut s = 0f64;
+                    for ch in 0..c {
+                        for kh in 0..k {
+                            for kw in 0..k {
+                                let (ii, jj) =
+                                    (i as isize + kh as isize - p, j as isize + kw as isize - p);
+                                if ii < 0 || jj < 0 || ii >= g.h as isize || jj >= g.w as isize {
+                                    continue;
+                                }
+                                let xv = x[((b * c + ch) * g.h + ii as usize) * g.w + jj as usize];
+                                s +=
+                                    f64::from(xv) * f64::from(w[((co * c + ch) * k + kh) * k + kw]);
+                            }
+                        }
+                    }
+                    y[((b * c_out + co) * g.oh + i) * g.ow + j] = s;
+                }
+            }
+        }
+    }
+    y
+}
+
+/// The shapes: 3×3 with and without padding, 1×1, 5×5; images from 2×2 (more padding than
+/// image) to 9×7, one sample or several chunks' worth.
+/// `(samples, channels in, channels out, image, kernel side, padding)`.
+type Case = (usize, usize, usize, (usize, usize), usize, usize);
+
+const CASES: [Case; 6] = [
+    (2, 32, 32, (6, 6), 3, 1),
+    (3, 64, 32, (9, 7), 3, 1),
+    (2, 32, 64, (5, 5), 3, 0),
+    (1, 32, 32, (4, 4), 1, 0),
+    (2, 32, 32, (2, 2), 3, 1),
+    (2, 32, 32, (7, 6), 5, 2),
+];
+
+fn close(got: &[f32], want: &[f64], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let scale = want.iter().fold(1f64, |m, v| m.max(v.abs()));
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        // Exact products, f32 sums in another order: a few ulps of the largest value.
+        assert!(
+            (f64::from(g) - w).abs() <= 1e-5 * scale,
+            "{what} at {i}: {g} vs {w}"
+        );
+    }
+}
+
+#[test]
+fn forward_and_gradients_match_a_direct_convolution_of_the_bf16_values() {
+    if !Bf16Path::Amx.available() {
+        eprintln!("amx_conv: not run, this CPU has no AMX");
+        return;
+    }
+    for (b, c, c_out, (h, w), k, p) in CASES {
+        let g = geom(b, c, (h, w), k, p);
+        let what = format!("b{b} c{c}->{c_out} {h}x{w} k{k} p{p}");
+        let x = values(b * c * h * w, 1);
+        let wt = values(c_out * c * k * k, 2);
+        let bias = values(c_out, 3);
+        let layout = Layout::contiguous((b, c, h, w));
+        let y = forward((&x, &layout), &g, &wt, Some(&bias), false).expect("forward");
+        let mut want = reference(&x, &wt, &g, c_out);
+        let plane = g.oh * g.ow;
+        for (i, v) in want.iter_mut().enumerate() {
+            *v += f64::from(bias[i / plane % c_out]);
+        }
+        close(&y, &want, &format!("{what}: forward"));
+        let relu = forward((&x, &layout), &g, &wt, Some(&bias), true).expect("forward");
+        let want_relu: Vec<f64> = want.iter().map(|v| v.max(0.0)).collect();
+        close(&relu, &want_relu, &format!("{what}: forward + ReLU"));
+
+        // Gradients of L = Σ y ⊙ dy: dx[b][ch][i][j] = Σ dy · w, dw[co][ch][kh][kw] = Σ dy · x.
+        let dy = values(y.len(), 4);
+        let mut out = Vec::new();
+        backward((&x, &layout), &wt, &g, &dy, (true, true), &mut out).expect("backward");
+        let (dx, dw) = out.split_at(x.len());
+        let (mut want_dx, mut want_dw) = (vec![0f64; x.len()], vec![0f64; wt.len()]);
+        let pi = p as isize;
+        for bb in 0..b {
+            for co in 0..c_out {
+                for i in 0..g.oh {
+                    for j in 0..g.ow {
+                        let d = f64::from(dy[((bb * c_out + co) * g.oh + i) * g.ow + j]);
+                        for ch in 0..c {
+                            for kh in 0..k {
+                                for kw in 0..k {
+                                    let (ii, jj) = (
+                                        i as isize + kh as isize - pi,
+                                        j as isize + kw as isize - pi,
+                                    );
+                                    if ii < 0 || jj < 0 || ii >= h as isize || jj >= w as isize {
+                                        continue;
+                                    }
+                                    let xi = ((bb * c + ch) * h + ii as usize) * w + jj as usize;
+                                    let wi = ((co * c + ch) * k + kh) * k + kw;
+                                    want_dx[xi] += d * f64::from(wt[wi]);
+                                    want_dw[wi] += d * f64::from(x[xi]);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        close(dx, &want_dx, &format!("{what}: input gradient"));
+        close(dw, &want_dw, &format!("{what}: kernel gradient"));
+        // Only the kernel's gradient asked for: that alone.
+        let mut only_w = Vec::new();
+        backward((&x, &layout), &wt, &g, &dy, (false, true), &mut only_w).expect("backward");
+        close(&only_w, &want_dw, &format!("{what}: kernel gradient alone"));
+    }
+}
+
+#[test]
+fn operands_are_rounded_to_bf16_not_truncated() {
+    if !Bf16Path::Amx.available() {
+        eprintln!("amx_conv: not run, this CPU has no AMX");
+        return;
+    }
+    // 1 + 2⁻⁸ + 2⁻¹⁰ lies above the midpoint between the bf16 values 1 and 1 + 2⁻⁷: it rounds
+    // up to 1 + 2⁻⁷, where truncation would give 1.
+    let g = geom(1, 32, (1, 1), 1, 0);
+    let x = vec![1.0 + 2f32.powi(-8) + 2f32.powi(-10); 32];
+    let mut w = vec![0f32; 32 * 32];
+    w[0] = 1.0;
+    let y = forward(
+        (&x, &Layout::contiguous((1, 32, 1, 1))),
+        &g,
+        &w,
+        None,
+        false,
+    )
+    .expect("forward");
+    assert_eq!(y[0], 1.0 + 2f32.powi(-7));
+}
