@@ -228,9 +228,10 @@ fn from_grid_avx512(
 }
 
 /// Samples `b0..b0 + g.bc` of the contiguous NCHW `x` (`g.c` channels of `g.h × g.w`) as bf16
-/// planes on `g`'s grid, one of `stride` values per channel: `out[ch · stride + q]`; the
-/// padding, and each plane past the grid, zero. With `g.pad = 0` and a larger grid (`hp`, `wp`
-/// given), the output gradient on the input's grid: see [`to_planes_on`].
+/// planes on `g`'s grid, one of `stride` values per channel: `out[ch · stride + q]`. Only the
+/// images' positions are written: the padding, and each plane past the grid, must be zero
+/// already (as for [`to_nhwc`]). With `g.pad = 0` and a larger grid (`hp`, `wp` given), the
+/// output gradient on the input's grid: see [`to_planes_on`].
 pub(super) fn to_planes(x: &[f32], g: Grid, b0: usize, stride: usize, out: &mut [u16]) {
     to_planes_on(x, g, (g.hp(), g.wp(), g.pad), b0, stride, out)
 }
@@ -254,7 +255,6 @@ pub(super) fn to_planes_on(
             && out.len() >= c * stride,
         "to_planes: buffers too short"
     );
-    out[..c * stride].fill(0);
     for ch in 0..c {
         for b in 0..g.bc {
             let src = &x[((b0 + b) * c + ch) * hw..][..hw];

@@ -33,7 +33,11 @@ use layout::{
 
 /// Bytes of a chunk's product (`f32` per grid position and output channel) the forward pass
 /// aims at: the chunk's input, kernel panel and product stay within a core's L2.
+#[cfg(not(test))]
 const CHUNK_BYTES: usize = 1 << 20;
+/// Smaller in the tests, whose small images then come in several chunks, the last one short.
+#[cfg(test)]
+const CHUNK_BYTES: usize = 64 << 10;
 
 /// Whether the convolution `g` (to `c_out` channels) of f32 tensors runs here: bf16 products on
 /// AMX asked for ([`super::set_matmul_precision`]), stride 1, padding below the kernel's side,
@@ -222,7 +226,14 @@ fn kernel_grad(x: &[f32], g: &Geom, grad: &[f32], c_out: usize, out: &mut Vec<f3
         let kq = grid.positions().div_ceil(32) * 32;
         // `A`'s planes reach `(k − 1)·(wp + 1)` positions past a k-step.
         let stride = kq + (k - 1) * (wp + 1);
-        xs.resize(c * stride, 0);
+        // Zeros where nothing is written (padding, positions off the images, the tail),
+        // written once for every chunk of this size.
+        if b0 == 0 || grid.bc != bc {
+            xs.clear();
+            xs.resize(c * stride, 0);
+            dys.clear();
+            dys.resize(c_out * kq, 0);
+        }
         to_planes(x, grid, b0, stride, &mut xs);
         let dgrid = Grid {
             bc: grid.bc,
@@ -231,7 +242,6 @@ fn kernel_grad(x: &[f32], g: &Geom, grad: &[f32], c_out: usize, out: &mut Vec<f3
             w: g.ow,
             pad: 0,
         };
-        dys.resize(c_out * kq, 0);
         to_planes_on(grad, dgrid, (hp, wp, 0), b0, kq, &mut dys);
         dyp.resize(c_out * kq, 0);
         pairs_to_rows(&dys, c_out, kq, &mut dyp);

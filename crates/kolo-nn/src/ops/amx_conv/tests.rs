@@ -57,12 +57,13 @@ fn reference(x: &[f32], w: &[f32], g: &Geom, c_out: usize) -> Vec<f64> {
 }
 
 /// The shapes: 3×3 with and without padding, 1×1, 5×5; images from 2×2 (more padding than
-/// image) to 9×7, one sample or several chunks' worth.
+/// image) to 12×12, one sample or several chunks' worth (5 samples of 12×12: chunks of 3 and 2).
 /// `(samples, channels in, channels out, image, kernel side, padding)`.
 type Case = (usize, usize, usize, (usize, usize), usize, usize);
 
-const CASES: [Case; 6] = [
+const CASES: [Case; 7] = [
     (2, 32, 32, (6, 6), 3, 1),
+    (5, 32, 32, (12, 12), 3, 1),
     (3, 64, 32, (9, 7), 3, 1),
     (2, 32, 64, (5, 5), 3, 0),
     (1, 32, 32, (4, 4), 1, 0),
