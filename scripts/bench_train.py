@@ -59,12 +59,16 @@ with PRECISION=bf16, for LeNet too: MODEL=lenet); the plain candle loop (f32 onl
 GFLOP/s is also shown against the core's bf16 peak (AMX where the CPU has it, else AVX512-BF16: the
 amx_bf16 / avx512_bf16 figures of BIN/examples/peak_flops).
 
+With --precision both, the two precisions in the same rounds: kolo-N and torch-N in f32, kolo-bf16-N and
+torch-bf16-N in bf16 (as above), alternating; it reports bf16 / f32 of each and kolo / PyTorch in each
+precision (the machine's speed drifts between invocations, so compare precisions within one).
+
 With --baseline OLD_KOLO, OLD_KOLO's `kolo train -n 1` and `-n 2` run in the same rounds too (base-1,
 base-2), for a before/after comparison under the same load.
 
 Usage: scripts/bench_train.py [--model lenet|resnet18|mlp] [--rounds 3] [--batch B] [--epochs 1] [--train-limit N]
                               [--test-limit N] [--lr 0.05] [--momentum 0.9] [--peak-flops GFLOPS] [--no-torch]
-                              [--baseline OLD_KOLO] [--bin target/release] [--precision f32|bf16]
+                              [--baseline OLD_KOLO] [--bin target/release] [--precision f32|bf16|both]
        scripts/bench_train.py --parallel [--model resnet18] [--train-limit 2048] [--rounds 3]
        scripts/bench_train.py --timeline [--workers 2] [--train-limit 12800] [--bin target/debug]
        scripts/bench_train.py --torch-backends [--model lenet] [--workers 2] [--rounds 3]
@@ -103,14 +107,14 @@ def plain(a):
     return json.loads(out.strip().splitlines()[-1])["samples_per_s"]
 
 
-def kolo(a, n, exe=None):
+def kolo(a, n, exe=None, precision=None):
     d = tempfile.mkdtemp(prefix="kolo-bench-")
     limits = (["--train-limit", str(a.train_limit)] if a.train_limit else []) + \
              (["--test-limit", str(a.test_limit)] if a.test_limit else [])
     try:
         run([exe or os.path.join(a.bin, "kolo"), "train", "-n", str(n), "--model", a.model, "--epochs", str(a.epochs),
              "--batch-size", str(a.batch), "--lr", str(a.lr), "--momentum", str(a.momentum), "--no-progress",
-             "--out", d] + limits + (["--precision", "bf16"] if a.precision == "bf16" else []))
+             "--out", d] + limits + (["--precision", "bf16"] if (precision or a.precision) == "bf16" else []))
         with open(os.path.join(d, "summary.json")) as f:
             return json.load(f)["samples_per_second"]
     finally:
@@ -225,13 +229,14 @@ def timeline(a):
                       "workers": a.workers, "batch": a.batch, "train_limit": a.train_limit, "bin": a.bin}))
 
 
-def torch(a, n):
+def torch(a, n, precision=None):
     env = {"MOMENTUM": str(a.momentum)}
+    precision = precision or a.precision
     # bf16 (autocast) is the ResNet-18 peer's, which trains kolo's LeNet too (MODEL=lenet).
-    own = a.model != "lenet" or a.precision == "bf16"
+    own = a.model != "lenet" or precision == "bf16"
     if own:
         env.update(TRAIN_LIMIT=str(a.train_limit or 0), TEST_LIMIT=str(a.test_limit or 0), MODEL=a.model,
-                   PRECISION=a.precision)
+                   PRECISION=precision)
     out = run([sys.executable, PEER_RESNET if own else PEER, str(n), str(a.epochs), str(a.batch),
                str(a.lr)], env=env)
     rates = [float(m) for m in re.findall(r"samples_s (\d+(?:\.\d+)?)", out)]
@@ -402,8 +407,9 @@ def main():
     ap.add_argument("--bin", default="target/release", help="where the kolo binary and the examples are")
     ap.add_argument("--baseline", help="an older kolo binary: its kolo-1 and kolo-2 run in the same "
                                        "rounds, as base-1 and base-2 (a before/after comparison)")
-    ap.add_argument("--precision", default="f32", choices=["f32", "bf16"],
-                    help="bf16: kolo's --precision bf16 against PyTorch's bf16 autocast (see above)")
+    ap.add_argument("--precision", default="f32", choices=["f32", "bf16", "both"],
+                    help="bf16: kolo's --precision bf16 against PyTorch's bf16 autocast; both: the two "
+                         "precisions in the same rounds (see above)")
     a = ap.parse_args()
     compare = not (a.parallel or a.timeline)
     if a.batch is None:
@@ -436,11 +442,18 @@ def main():
     if flops and peak is None:
         print(f"bench_train: no FMA peak: {peak_src}", file=sys.stderr)
     cases = [("plain", lambda: plain(a))] if a.precision == "f32" else []
-    cases += [("kolo-1", lambda: kolo(a, 1)), ("kolo-2", lambda: kolo(a, 2))]
+    both = a.precision == "both"
+    first = "f32" if both else a.precision
+    cases += [("kolo-1", lambda: kolo(a, 1, precision=first)), ("kolo-2", lambda: kolo(a, 2, precision=first))]
+    if both:
+        cases += [("kolo-bf16-1", lambda: kolo(a, 1, precision="bf16")),
+                  ("kolo-bf16-2", lambda: kolo(a, 2, precision="bf16"))]
     if a.baseline:
-        cases += [("base-1", lambda: kolo(a, 1, a.baseline)), ("base-2", lambda: kolo(a, 2, a.baseline))]
+        cases += [("base-1", lambda: kolo(a, 1, a.baseline, first)), ("base-2", lambda: kolo(a, 2, a.baseline, first))]
     if have_torch:
-        cases += [("torch-1", lambda: torch(a, 1)), ("torch-2", lambda: torch(a, 2))]
+        cases += [("torch-1", lambda: torch(a, 1, first)), ("torch-2", lambda: torch(a, 2, first))]
+        if both:
+            cases += [("torch-bf16-1", lambda: torch(a, 1, "bf16")), ("torch-bf16-2", lambda: torch(a, 2, "bf16"))]
     host, busy_before = benchhost.describe()
     res = {name: [] for name, _ in cases}
     for r in range(a.rounds):
@@ -460,14 +473,14 @@ def main():
     if flops:
         print(f"  training FLOPs per sample {flops / 1e6:.2f} M; "
               + (f"f32 FMA peak {peak:.1f} GFLOP/s per core ({peak_src})" if peak else "no FMA peak")
-              + (f"; bf16 peak {bf16_peak:.1f} GFLOP/s per core" if bf16_peak and a.precision == "bf16" else ""))
+              + (f"; bf16 peak {bf16_peak:.1f} GFLOP/s per core" if bf16_peak and a.precision != "f32" else ""))
     for k, v in med.items():
         g = ""
         if flops:
             g = f"  {gflops[k]:7.2f} GFLOP/s per core" + (f" ({100 * gflops[k] / peak:4.1f} % of peak)" if peak else "")
-            if bf16_peak and a.precision == "bf16":
+            if bf16_peak and (a.precision == "bf16" or "bf16" in k):
                 g += f" ({100 * gflops[k] / bf16_peak:4.2f} % of the bf16 peak)"
-        print(f"  {k:8s} {v:9.0f}{g}   (runs: {', '.join(f'{x:.0f}' for x in res[k])})")
+        print(f"  {k:12s} {v:9.0f}{g}   (runs: {', '.join(f'{x:.0f}' for x in res[k])})")
     if "plain" in med:
         print(f"  Ddp overhead, 1 worker vs plain candle loop: {100 * (med['plain'] / med['kolo-1'] - 1):+.1f} %")
     print(f"  scaling efficiency, 2 workers: {100 * med['kolo-2'] / (2 * med['kolo-1']):.0f} %")
@@ -479,6 +492,16 @@ def main():
         ratios = {"1": med["kolo-1"] / med["torch-1"], "2": med["kolo-2"] / med["torch-2"]}
         print(f"  kolo / PyTorch DDP ({name}): 1 worker {ratios['1']:.2f}x, 2 workers {ratios['2']:.2f}x")
         print(f"  PyTorch scaling efficiency, 2 workers: {100 * med['torch-2'] / (2 * med['torch-1']):.0f} %")
+        if both:
+            ratios.update({"bf16-1": med["kolo-bf16-1"] / med["torch-bf16-1"],
+                           "bf16-2": med["kolo-bf16-2"] / med["torch-bf16-2"]})
+            print(f"  kolo / PyTorch in bf16 (autocast): 1 worker {ratios['bf16-1']:.2f}x, "
+                  f"2 workers {ratios['bf16-2']:.2f}x")
+            print(f"  PyTorch bf16 / f32: 1 worker {med['torch-bf16-1'] / med['torch-1']:.2f}x, "
+                  f"2 workers {med['torch-bf16-2'] / med['torch-2']:.2f}x")
+    if both:
+        print(f"  kolo bf16 / f32: 1 worker {med['kolo-bf16-1'] / med['kolo-1']:.2f}x, "
+              f"2 workers {med['kolo-bf16-2'] / med['kolo-2']:.2f}x")
     if a.csv:
         write_plot(a, med, name)
     print(json.dumps({"model": a.model, "precision": a.precision, "medians": med, "runs": res, "batch": a.batch, "epochs": a.epochs,

@@ -120,7 +120,10 @@ fn the_bf16_note_says_what_computes_on_which_unit() {
         "{avx}"
     );
     let amx = bf16_note(Some(Bf16Path::Amx), &[Bf16Path::Amx, Bf16Path::Avx512Bf16]);
-    assert!(amx.contains("this CPU's AMX unit"), "{amx}");
+    assert!(
+        amx.contains("this CPU's AMX unit") && amx.contains("implicit GEMMs on the tiles"),
+        "{amx}"
+    );
     let kept_out = bf16_note(None, &[Bf16Path::Avx512Bf16]);
     assert!(
         kept_out.contains("around bf16 conversions") && kept_out.contains("KOLO_BF16_GEMM=f32"),
