@@ -53,6 +53,17 @@ pub(super) fn eligible(g: &Geom, c_out: usize) -> bool {
         && (g.w + 2 * g.padding + 1).checked_sub(g.k) == Some(g.ow)
 }
 
+/// The grid of samples `b0..b0 + bc` (fewer at the end of the batch) of `g`'s input.
+fn chunk_grid(g: &Geom, b0: usize, bc: usize) -> Grid {
+    Grid {
+        bc: bc.min(g.b - b0),
+        c: g.c,
+        h: g.h,
+        w: g.w,
+        pad: g.padding,
+    }
+}
+
 /// Samples per chunk of a product of `per_sample` bytes.
 fn chunk(b: usize, per_sample: usize) -> usize {
     (CHUNK_BYTES / per_sample.max(1)).clamp(1, b.max(1))
@@ -135,13 +146,7 @@ fn run_forward(
     let out = &mut y.spare_capacity_mut()[..len];
     let (mut xin, mut prod) = (Vec::new(), Vec::new());
     for b0 in (0..g.b).step_by(bc) {
-        let grid = Grid {
-            bc: bc.min(g.b - b0),
-            c,
-            h: g.h,
-            w: g.w,
-            pad: p,
-        };
+        let grid = chunk_grid(g, b0, bc);
         let m_tiles = grid.positions().div_ceil(32) * 2;
         // Rows past the grid (the last tiles' and the taps' reach) and the padding: zeros,
         // written once for every chunk of this size.
@@ -216,13 +221,7 @@ fn kernel_grad(x: &[f32], g: &Geom, grad: &[f32], c_out: usize, out: &mut Vec<f3
     let mut acc = vec![0f32; taps * c * c_out];
     let (mut xs, mut dys, mut dyp) = (Vec::new(), Vec::new(), Vec::new());
     for (i, b0) in (0..g.b).step_by(bc).enumerate() {
-        let grid = Grid {
-            bc: bc.min(g.b - b0),
-            c,
-            h: g.h,
-            w: g.w,
-            pad: p,
-        };
+        let grid = chunk_grid(g, b0, bc);
         let kq = grid.positions().div_ceil(32) * 32;
         // `A`'s planes reach `(k − 1)·(wp + 1)` positions past a k-step.
         let stride = kq + (k - 1) * (wp + 1);
