@@ -166,7 +166,7 @@ pub(super) fn matmul_into<T: WithDType>(
 /// [`MatmulPrecision::Bf16`]: super::matmul_precision::MatmulPrecision::Bf16
 const MIN_BF16_SIDE: usize = 32;
 
-/// [`matmul_into`] of f32 operands on a bf16 unit ([`super::matmul_precision`]): each operand
+/// [`matmul_into`] of f32 operands on a bf16 unit ([`super::matmul_precision()`]): each operand
 /// rounded to bf16 as it is packed, products summed in f32; straight into `dst` where it is
 /// row-major.
 fn f32_on_bf16(

@@ -182,7 +182,7 @@ impl Kernel<3> for LinearOp {
 /// (at least one dimension), `weight` `[out, inp]`, `bias` (optional) `[out]`; the result is
 /// `[…, out]`. On CPU for f32 / f64 one op on this crate's GEMM, whose products run on the bf16
 /// unit under [`MatmulPrecision::Bf16`](super::MatmulPrecision::Bf16); candle's `matmul`
-/// otherwise (16-bit CPU tensors: see [`super::low_precision`]).
+/// otherwise (16-bit CPU tensors: see [`super::low_precision()`]).
 ///
 /// Errors, naming the shapes, if they do not match.
 pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {

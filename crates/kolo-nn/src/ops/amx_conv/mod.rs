@@ -1,5 +1,5 @@
 //! Stride-1 convolutions on AMX tiles as implicit GEMMs — no patch matrix, no Winograd — taken by
-//! [`super::conv`] for f32 tensors where [`super::matmul_precision`] says bf16 on AMX and the
+//! [`super::conv`] for f32 tensors where [`super::matmul_precision()`] says bf16 on AMX and the
 //! channels come in 32s (ResNet's 3×3 layers after the first).
 //!
 //! On a CPU whose bf16 unit multiplies six times as fast as its f32 FMAs, Winograd's saving (4×

@@ -45,7 +45,7 @@ struct Wanted {
 }
 
 /// The convolution `(x, weight[, bias]) -> y` (or `relu(y)`) with its own backward pass: a
-/// [`CustomOp2`] without bias, a [`CustomOp3`] with bias.
+/// [`CustomOp2`](candle_core::CustomOp2) without bias, a [`CustomOp3`](candle_core::CustomOp3) with bias.
 struct ConvGemm {
     geom: Geom,
     /// The forward pass's Winograd-transformed kernel, for tracked convolutions.
@@ -228,7 +228,7 @@ pub fn conv2d(
 
 /// `relu(conv2d(x, weight) + bias)` as one op on CPU f32 / f64 (the ReLU applied as the output
 /// is written, its mask applied to the output gradient in the convolution's backward pass: no
-/// ReLU pass and no tensor in between); otherwise [`conv2d`] then [`super::relu`]. Arguments
+/// ReLU pass and no tensor in between); otherwise [`conv2d`] then [`super::relu()`]. Arguments
 /// and errors as for [`conv2d`].
 pub fn conv2d_relu(
     x: &Tensor,

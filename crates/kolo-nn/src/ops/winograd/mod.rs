@@ -13,7 +13,7 @@
 //! by tile, overlapping tiles summing up).
 //!
 //! The transforms work on [`LANES`](lanes::LANES) tiles at a time (one SIMD register of f32 per
-//! value); both algorithms share every pass, generic over their [`Transforms`](lanes::Transforms).
+//! value); both algorithms share every pass, generic over their [`Transforms`].
 
 use std::borrow::Cow;
 

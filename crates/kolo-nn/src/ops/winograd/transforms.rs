@@ -39,7 +39,7 @@ impl Transforms<4, 6> for F4 {
         o
     }
 
-    /// `B v` for a column of 6 lane vectors (the adjoint of [`b_t`]).
+    /// `B v` for a column of 6 lane vectors (the adjoint of [`b_t`](Self::b_t)).
     #[inline(always)]
     fn b<T: WithDType>(v: [Lanes<T>; 6]) -> [Lanes<T>; 6] {
         let (two, four, five) = (k::<T>(2.), k::<T>(4.), k::<T>(5.));
@@ -73,7 +73,7 @@ impl Transforms<4, 6> for F4 {
         o
     }
 
-    /// `A y` for a column of 4 lane vectors (the adjoint of [`a_t`]).
+    /// `A y` for a column of 4 lane vectors (the adjoint of [`a_t`](Self::a_t)).
     #[inline(always)]
     fn a<T: WithDType>(y: [Lanes<T>; 4]) -> [Lanes<T>; 6] {
         let (two, four, eight) = (k::<T>(2.), k::<T>(4.), k::<T>(8.));
@@ -115,7 +115,7 @@ impl Transforms<4, 6> for F4 {
         o
     }
 
-    /// `Gᵀ u` for a column of 6 lane vectors (the adjoint of [`g`]).
+    /// `Gᵀ u` for a column of 6 lane vectors (the adjoint of [`g`](Self::g)).
     #[inline(always)]
     fn g_t<T: WithDType>(u: [Lanes<T>; 6]) -> [Lanes<T>; 3] {
         let (quarter, sixth, twelfth, twenty_fourth) = (
