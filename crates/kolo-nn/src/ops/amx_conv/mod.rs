@@ -220,6 +220,7 @@ fn kernel_grad(x: &[f32], g: &Geom, grad: &[f32], c_out: usize, out: &mut Vec<f3
     let bc = chunk(g.b, hp * wp * (c + c_out) * 2);
     let mut acc = vec![0f32; taps * c * c_out];
     let (mut xs, mut dys, mut dyp) = (Vec::new(), Vec::new(), Vec::new());
+    let mut a_k = Vec::new();
     for (i, b0) in (0..g.b).step_by(bc).enumerate() {
         let grid = chunk_grid(g, b0, bc);
         let kq = grid.positions().div_ceil(32) * 32;
@@ -253,7 +254,9 @@ fn kernel_grad(x: &[f32], g: &Geom, grad: &[f32], c_out: usize, out: &mut Vec<f3
         };
         for t in 0..taps {
             let off = (t / k) * wp + t % k;
-            let a_k: Vec<usize> = (0..kq / 32).map(|kb| off + kb * 32).collect();
+            // This tap's steps: the pair rows' steps shifted by its offset along the planes.
+            a_k.clear();
+            a_k.extend((0..kq / 32).map(|kb| off + kb * 32));
             let a = TileOperand {
                 data: &xs,
                 tile_step: 16 * stride,
