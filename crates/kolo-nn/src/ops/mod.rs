@@ -7,6 +7,7 @@
 //! ops. The layers of this crate ([`crate::layers`], [`crate::batch_norm`]) are built on them;
 //! nothing here knows the layers or communication.
 
+mod aligned;
 mod amx_conv;
 mod batch_norm;
 mod bf16_gemm;

@@ -24,6 +24,7 @@ mod layout;
 
 use candle_core::{Layout, Result};
 
+use super::aligned::Lines;
 use super::bf16_gemm::{pack_b_panels, tile_product, Bf16Path, TileOperand};
 use super::im2col::{gather, Geom};
 use super::matmul_precision::bf16_unit;
@@ -72,7 +73,7 @@ fn chunk(b: usize, per_sample: usize) -> usize {
 /// `w` (`[c_out, C, k, k]`, contiguous) as `B` of the forward product: `k = (tap, channel)`,
 /// pair-interleaved in panels of 16 output channels by 32 values of `k`, panel `(nt, kb)` at
 /// `(nt · kbs + kb) · 512`.
-fn pack_kernel(w: &[f32], c_out: usize, c: usize, k: usize) -> Vec<u16> {
+fn pack_kernel(w: &[f32], c_out: usize, c: usize, k: usize) -> Lines<u16> {
     let taps = k * k;
     // [c_out][(ch, tap)] -> [(tap, ch)][c_out].
     let mut wt = vec![0f32; w.len()];
@@ -85,7 +86,7 @@ fn pack_kernel(w: &[f32], c_out: usize, c: usize, k: usize) -> Vec<u16> {
 /// The kernel of the input gradient, `w` flipped in space and transposed (`[C, c_out, k, k]`),
 /// packed as [`pack_kernel`] packs a kernel: `k = (tap, output channel)`, columns the input
 /// channels.
-fn pack_flipped_kernel(w: &[f32], c_out: usize, c: usize, k: usize) -> Vec<u16> {
+fn pack_flipped_kernel(w: &[f32], c_out: usize, c: usize, k: usize) -> Lines<u16> {
     let taps = k * k;
     // [(co, ch)][tap] -> [taps − 1 − tap][(co, ch)]: row (tap', co) holds the channels.
     let mut wt = vec![0f32; w.len()];
@@ -144,17 +145,16 @@ fn run_forward(
     y.reserve(len);
     let start = y.len();
     let out = &mut y.spare_capacity_mut()[..len];
-    let (mut xin, mut prod) = (Vec::new(), Vec::new());
+    let (mut xin, mut prod) = (Lines::new(), Lines::new());
     for b0 in (0..g.b).step_by(bc) {
         let grid = chunk_grid(g, b0, bc);
         let m_tiles = grid.positions().div_ceil(32) * 2;
         // Rows past the grid (the last tiles' and the taps' reach) and the padding: zeros,
         // written once for every chunk of this size.
         if b0 == 0 || grid.bc != bc {
-            xin.clear();
-            xin.resize((m_tiles * 16 + (k - 1) * (wp + 1)) * c, 0);
+            xin.zeroed((m_tiles * 16 + (k - 1) * (wp + 1)) * c);
         }
-        prod.resize(m_tiles * 16 * c_out, 0f32);
+        prod.resize(m_tiles * 16 * c_out);
         to_nhwc(x, grid, b0, &mut xin);
         let a = TileOperand {
             data: &xin,
@@ -218,19 +218,20 @@ fn kernel_grad(x: &[f32], g: &Geom, grad: &[f32], c_out: usize, out: &mut Vec<f3
     let (c, k, p) = (g.c, g.k, g.padding);
     let (hp, wp, taps) = (g.h + p, g.w + p, k * k);
     let bc = chunk(g.b, hp * wp * (c + c_out) * 2);
-    let mut acc = vec![0f32; taps * c * c_out];
-    let (mut xs, mut dys, mut dyp) = (Vec::new(), Vec::new(), Vec::new());
+    let mut acc = Lines::new();
+    acc.zeroed(taps * c * c_out);
+    let (mut xs, mut dys, mut dyp) = (Lines::new(), Vec::new(), Lines::new());
     let mut a_k = Vec::new();
     for (i, b0) in (0..g.b).step_by(bc).enumerate() {
         let grid = chunk_grid(g, b0, bc);
         let kq = grid.positions().div_ceil(32) * 32;
-        // `A`'s planes reach `(k − 1)·(wp + 1)` positions past a k-step.
-        let stride = kq + (k - 1) * (wp + 1);
+        // `A`'s planes reach `(k − 1)·(wp + 1)` positions past a k-step; each starts on a
+        // cache line.
+        let stride = (kq + (k - 1) * (wp + 1)).next_multiple_of(32);
         // Zeros where nothing is written (padding, positions off the images, the tail),
         // written once for every chunk of this size.
         if b0 == 0 || grid.bc != bc {
-            xs.clear();
-            xs.resize(c * stride, 0);
+            xs.zeroed(c * stride);
             dys.clear();
             dys.resize(c_out * kq, 0);
         }
@@ -243,7 +244,7 @@ fn kernel_grad(x: &[f32], g: &Geom, grad: &[f32], c_out: usize, out: &mut Vec<f3
             pad: 0,
         };
         to_planes_on(grad, dgrid, (hp, wp, 0), b0, kq, &mut dys);
-        dyp.resize(c_out * kq, 0);
+        dyp.resize(c_out * kq);
         pairs_to_rows(&dys, c_out, kq, &mut dyp);
         let b_k: Vec<usize> = (0..kq / 32).map(|kb| kb * 32 * c_out).collect();
         let b = TileOperand {
@@ -268,7 +269,7 @@ fn kernel_grad(x: &[f32], g: &Geom, grad: &[f32], c_out: usize, out: &mut Vec<f3
         }
     }
     // acc[tap][ch][co] -> [tap][co][ch] -> dw[co][ch][tap].
-    let mut by_tap = vec![0f32; acc.len()];
+    let mut by_tap = vec![0f32; taps * c * c_out];
     for (t, a) in acc.chunks_exact(c * c_out).enumerate() {
         transpose_into(a, (c, c_out), &mut by_tap[t * c * c_out..], |co| co * c);
     }

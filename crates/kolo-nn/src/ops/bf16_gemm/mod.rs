@@ -29,6 +29,7 @@ use std::sync::OnceLock;
 use candle_core::Result;
 use half::bf16;
 
+use super::aligned::Lines;
 use super::gemm::{matmul_into, MatRef};
 
 /// Which unit [`matmul_bf16`] runs on.
@@ -251,9 +252,9 @@ pub(super) fn round_into(src: &[f32], dst: &mut [u16]) {
 /// The row-major `k × n` f32 `b` (`k` a multiple of 32, `n` of 16) rounded to bf16 as `B` of
 /// [`tile_product`]: pair-interleaved panels of 16 columns by 32 rows, panel `(nt, kb)` at
 /// `(nt · k / 32 + kb) · 512`, rows of 16 pairs.
-pub(super) fn pack_b_panels(b: &[f32], (k, n): (usize, usize)) -> Vec<u16> {
+pub(super) fn pack_b_panels(b: &[f32], (k, n): (usize, usize)) -> Lines<u16> {
     let (mut packed, _, _) = pack::pack_b(MatRef::row_major(b, k, n), (16, 32, 1));
-    packed.truncate(k * n);
+    packed.resize(k * n);
     packed
 }
 

@@ -7,6 +7,7 @@
 use half::bf16;
 use half::slice::HalfFloatSliceExt;
 
+use super::super::aligned::Lines;
 use super::super::gemm::MatRef;
 
 /// A value the packing reads: bf16 as it is, f32 rounded to the nearest bf16 (ties to even; a
@@ -114,22 +115,22 @@ fn round_bits(x: f32) -> u16 {
 pub(super) mod pool {
     use std::cell::RefCell;
 
+    use super::super::super::aligned::Lines;
+
     thread_local! {
-        static KEPT: RefCell<[Vec<u16>; 2]> = const { RefCell::new([Vec::new(), Vec::new()]) };
+        static KEPT: RefCell<[Lines<u16>; 2]> = const { RefCell::new([Lines::new(), Lines::new()]) };
     }
 
-    /// Buffer `slot` (0: `A`, 1: `B`) of at least `len` values, which may be those of an earlier
-    /// product (it only grows: zeroing what a shorter product left would cost a pass).
-    pub(in super::super) fn taken(slot: usize, len: usize) -> Vec<u16> {
-        let mut v = KEPT.with(|k| std::mem::take(&mut k.borrow_mut()[slot]));
-        if v.len() < len {
-            v.resize(len, 0);
-        }
+    /// Buffer `slot` (0: `A`, 1: `B`) of `len` values from a cache line on, which may be those
+    /// of an earlier product (not zeroed: that would cost a pass).
+    pub(in super::super) fn taken(slot: usize, len: usize) -> Lines<u16> {
+        let mut v = KEPT.with(|k| std::mem::replace(&mut k.borrow_mut()[slot], Lines::new()));
+        v.resize(len);
         v
     }
 
     /// Gives buffer `slot` back for the next product.
-    pub(in super::super) fn keep(slot: usize, v: Vec<u16>) {
+    pub(in super::super) fn keep(slot: usize, v: Lines<u16>) {
         KEPT.with(|k| k.borrow_mut()[slot] = v);
     }
 }
@@ -151,7 +152,7 @@ fn zero_tail(out: &mut [u16], (k, kc, kbs): (usize, usize, usize), block: usize)
 pub(super) fn pack_a<S: Source>(
     a: MatRef<'_, S>,
     (rows, kc, mult): (usize, usize, usize),
-) -> (Vec<u16>, usize, usize) {
+) -> (Lines<u16>, usize, usize) {
     let ((m, k), (data, rs, cs)) = (a.dims(), a.parts());
     let mbs = m.div_ceil(rows).div_ceil(mult) * mult;
     let kbs = k.div_ceil(kc);
@@ -198,7 +199,7 @@ pub(super) fn pack_a<S: Source>(
 pub(super) fn pack_b<S: Source>(
     b: MatRef<'_, S>,
     (cols, kc, mult): (usize, usize, usize),
-) -> (Vec<u16>, usize, usize) {
+) -> (Lines<u16>, usize, usize) {
     let ((k, n), (data, rs, cs)) = (b.dims(), b.parts());
     let nbs = n.div_ceil(cols).div_ceil(mult) * mult;
     let kbs = k.div_ceil(kc);
