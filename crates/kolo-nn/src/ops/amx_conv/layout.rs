@@ -47,7 +47,7 @@ impl Grid {
 
 /// Transposes the 16 × 16 matrix of 32-bit values in `r` (row `i` in `r[i]`) in place.
 #[inline(always)]
-fn transpose16(r: &mut [__m512i; 16]) {
+pub(super) fn transpose16(r: &mut [__m512i; 16]) {
     // SAFETY (of the intrinsics): register-only operations; callers run with AVX-512F.
     unsafe {
         let mut t = [_mm512_setzero_si512(); 16];
@@ -76,7 +76,7 @@ fn transpose16(r: &mut [__m512i; 16]) {
 
 /// The low `n` of 16 lanes.
 #[inline(always)]
-fn lanes(n: usize) -> __mmask16 {
+pub(super) fn lanes(n: usize) -> __mmask16 {
     if n >= 16 {
         0xffff
     } else {

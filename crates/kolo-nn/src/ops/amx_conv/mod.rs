@@ -1,6 +1,7 @@
-//! Stride-1 convolutions on AMX tiles as implicit GEMMs — no patch matrix, no Winograd — taken by
+//! Convolutions on AMX tiles as implicit GEMMs — no patch matrix, no Winograd — taken by
 //! [`super::conv`] for f32 tensors where [`super::matmul_precision()`] says bf16 on AMX and the
-//! channels come in 32s (ResNet's 3×3 layers after the first).
+//! channels come in 32s (every layer of ResNet-18 but the first; the strided ones through their
+//! input's phases, [`strided`]).
 //!
 //! On a CPU whose bf16 unit multiplies six times as fast as its f32 FMAs, Winograd's saving (4×
 //! fewer products for F(4×4, 3×3), whose numbers bf16 operands spoil) is worth less than putting
@@ -18,9 +19,13 @@
 //! with the flipped, transposed kernel; the kernel gradient, per tap, `dWᵀ[tap] = X[tap] · dY`
 //! along the grid's positions — `A` the input as bf16 planes on the grid (a row per channel,
 //! the tap an offset along it), `B` the output gradient's neighbouring positions paired.
-//! Operands are rounded to bf16 (as autocast does), sums in f32.
+//! Operands are rounded to bf16 (as autocast does), sums in f32. Each product is a [`Job`] of
+//! [`grid_product`] (the kernel gradient: [`tap_grads`]), so that a strided convolution reuses
+//! them with its own layout and offsets.
 
 mod layout;
+mod phases;
+mod strided;
 
 use candle_core::{Layout, Result};
 
@@ -31,6 +36,7 @@ use super::matmul_precision::bf16_unit;
 use layout::{
     from_grid, pairs_to_rows, to_nhwc, to_planes, to_planes_on, transpose_into, Epilogue, Grid,
 };
+use phases::Phases;
 
 /// Bytes of a chunk's product (`f32` per grid position and output channel) the forward pass
 /// aims at: the chunk's input, kernel panel and product stay within a core's L2.
@@ -41,23 +47,30 @@ const CHUNK_BYTES: usize = 1 << 20;
 const CHUNK_BYTES: usize = 64 << 10;
 
 /// Whether the convolution `g` (to `c_out` channels) of f32 tensors runs here: bf16 products on
-/// AMX asked for ([`super::set_matmul_precision`]), stride 1, padding below the kernel's side,
-/// channels in multiples of 32 on both sides.
+/// AMX asked for ([`super::set_matmul_precision`]) and a shape [`shape_fits`].
 pub(super) fn eligible(g: &Geom, c_out: usize) -> bool {
-    bf16_unit() == Some(Bf16Path::Amx)
+    bf16_unit() == Some(Bf16Path::Amx) && shape_fits(g, c_out)
+}
+
+/// Whether this module computes `g` (to `c_out` channels): padding below the kernel's side,
+/// channels in multiples of 32 on both sides; stride 1, or a larger one over the input's phases
+/// ([`strided`]).
+fn shape_fits(g: &Geom, c_out: usize) -> bool {
+    let channels = g.c.is_multiple_of(32) && c_out.is_multiple_of(32) && g.b > 0;
+    if g.stride > 1 {
+        return channels && Phases::of(g).is_some();
+    }
+    channels
         && g.stride == 1
         && g.padding < g.k
-        && g.c.is_multiple_of(32)
-        && c_out.is_multiple_of(32)
-        && g.b > 0
         && (g.h + 2 * g.padding + 1).checked_sub(g.k) == Some(g.oh)
         && (g.w + 2 * g.padding + 1).checked_sub(g.k) == Some(g.ow)
 }
 
-/// The grid of samples `b0..b0 + bc` (fewer at the end of the batch) of `g`'s input.
-fn chunk_grid(g: &Geom, b0: usize, bc: usize) -> Grid {
+/// The grid of `g`'s whole input (`bc` the batch).
+fn grid_of(g: &Geom) -> Grid {
     Grid {
-        bc: bc.min(g.b - b0),
+        bc: g.b,
         c: g.c,
         h: g.h,
         w: g.w,
@@ -113,11 +126,101 @@ pub(super) fn forward(
             g.c
         );
     }
+    if g.stride > 1 {
+        return strided::forward(x, g, (w, c_out), Epilogue { bias, relu });
+    }
     let x = gather(x)?;
     let mut y = Vec::new();
     let packed = pack_kernel(w, c_out, g.c, g.k);
-    run_forward(&x, g, (&packed, c_out), Epilogue { bias, relu }, &mut y);
+    run_forward(&x, g, (packed, c_out), Epilogue { bias, relu }, &mut y);
     Ok(y)
+}
+
+/// One product over a grid ([`grid_product`]): `A`'s k-steps at `a_k` (element offsets from an
+/// output position's row of the grid), `B` a kernel packed as [`pack_kernel`] packs one for
+/// `c_out` columns, the output `[B, c_out, oh, ow]` (the top left of each cell) appended to `y`.
+struct Job<'a> {
+    a_k: Vec<usize>,
+    packed: Lines<u16>,
+    c_out: usize,
+    dims: (usize, usize),
+    e: Epilogue<'a>,
+    y: Vec<f32>,
+}
+
+/// The contiguous `x` (`[B, cells.c, cells.h, cells.w]`) laid out chunk by chunk on its grid
+/// (`cells` with `bc` the whole batch; `reach` positions past a tile the k-steps read), and every
+/// job's product of it.
+fn grid_product(x: &[f32], cells: Grid, reach: usize, jobs: &mut [Job<'_>]) {
+    grid_product_of(
+        |grid, b0, out| to_nhwc(x, grid, b0, out),
+        cells,
+        reach,
+        jobs,
+    );
+}
+
+/// [`grid_product`] with the grid's chunks (samples `b0..b0 + grid.bc`) laid out by `lay`.
+fn grid_product_of(
+    lay: impl Fn(Grid, usize, &mut [u16]),
+    cells: Grid,
+    reach: usize,
+    jobs: &mut [Job<'_>],
+) {
+    let (b, c) = (cells.bc, cells.c);
+    let widest = jobs.iter().map(|j| j.c_out).max().unwrap_or(0);
+    let bc = chunk(b, cells.hp() * cells.wp() * widest * 4);
+    let starts: Vec<usize> = jobs.iter().map(|j| j.y.len()).collect();
+    for j in jobs.iter_mut() {
+        j.y.reserve(b * j.c_out * j.dims.0 * j.dims.1);
+    }
+    let (mut xin, mut prod) = (Lines::new(), Lines::new());
+    for b0 in (0..b).step_by(bc) {
+        let grid = Grid {
+            bc: bc.min(b - b0),
+            ..cells
+        };
+        let m_tiles = grid.positions().div_ceil(32) * 2;
+        // Rows past the grid (the last tiles' and the taps' reach) and the padding: zeros,
+        // written once for every chunk of this size.
+        if b0 == 0 || grid.bc != bc {
+            xin.zeroed((m_tiles * 16 + reach) * c);
+        }
+        lay(grid, b0, &mut xin);
+        for j in jobs.iter_mut() {
+            let b_k: Vec<usize> = (0..j.a_k.len()).map(|kb| kb * 512).collect();
+            let ta = TileOperand {
+                data: &xin,
+                tile_step: 16 * c,
+                k_offsets: &j.a_k,
+                row_stride: c,
+            };
+            let tb = TileOperand {
+                data: &j.packed,
+                tile_step: j.a_k.len() * 512,
+                k_offsets: &b_k,
+                row_stride: 32,
+            };
+            prod.resize(m_tiles * 16 * j.c_out);
+            tile_product(ta, tb, &mut prod, (m_tiles, j.c_out / 16, j.c_out), false);
+            let (oh, ow) = j.dims;
+            let len = b * j.c_out * oh * ow;
+            from_grid(
+                &prod,
+                grid,
+                (j.c_out, oh, ow),
+                b0,
+                j.e,
+                &mut j.y.spare_capacity_mut()[..len],
+            );
+        }
+    }
+    for (j, start) in jobs.iter_mut().zip(starts) {
+        let len = b * j.c_out * j.dims.0 * j.dims.1;
+        // SAFETY: `from_grid` wrote every value of every chunk's samples: all `len` of them,
+        // past the `start` values there were.
+        unsafe { j.y.set_len(start + len) };
+    }
 }
 
 /// The product of the contiguous `x` with a kernel packed by [`pack_kernel`], appended to `y`
@@ -125,54 +228,29 @@ pub(super) fn forward(
 fn run_forward(
     x: &[f32],
     g: &Geom,
-    (packed, c_out): (&[u16], usize),
+    (packed, c_out): (Lines<u16>, usize),
     e: Epilogue<'_>,
     y: &mut Vec<f32>,
 ) {
-    let (c, k, p) = (g.c, g.k, g.padding);
-    let (hp, wp) = (g.h + p, g.w + p);
-    let bc = chunk(g.b, hp * wp * c_out * 4);
-    let kbs = k * k * c / 32;
+    let (c, k, wp) = (g.c, g.k, g.w + g.padding);
     // `A`: tap (kh, kw), channels 32·cb.. of position q at (q + kh·wp + kw)·c + 32·cb.
-    let a_k: Vec<usize> = (0..kbs)
+    let a_k = (0..k * k * c / 32)
         .map(|kb| {
             let (t, cb) = (kb * 32 / c, kb * 32 % c);
             ((t / k) * wp + t % k) * c + cb
         })
         .collect();
-    let b_k: Vec<usize> = (0..kbs).map(|kb| kb * 512).collect();
-    let len = g.b * c_out * g.oh * g.ow;
-    y.reserve(len);
-    let start = y.len();
-    let out = &mut y.spare_capacity_mut()[..len];
-    let (mut xin, mut prod) = (Lines::new(), Lines::new());
-    for b0 in (0..g.b).step_by(bc) {
-        let grid = chunk_grid(g, b0, bc);
-        let m_tiles = grid.positions().div_ceil(32) * 2;
-        // Rows past the grid (the last tiles' and the taps' reach) and the padding: zeros,
-        // written once for every chunk of this size.
-        if b0 == 0 || grid.bc != bc {
-            xin.zeroed((m_tiles * 16 + (k - 1) * (wp + 1)) * c);
-        }
-        prod.resize(m_tiles * 16 * c_out);
-        to_nhwc(x, grid, b0, &mut xin);
-        let a = TileOperand {
-            data: &xin,
-            tile_step: 16 * c,
-            k_offsets: &a_k,
-            row_stride: c,
-        };
-        let b = TileOperand {
-            data: packed,
-            tile_step: kbs * 512,
-            k_offsets: &b_k,
-            row_stride: 32,
-        };
-        tile_product(a, b, &mut prod, (m_tiles, c_out / 16, c_out), false);
-        from_grid(&prod, grid, (c_out, g.oh, g.ow), b0, e, out);
-    }
-    // SAFETY: `from_grid` wrote every value of every chunk's samples: all `len` of them.
-    unsafe { y.set_len(start + len) };
+    let mut job = [Job {
+        a_k,
+        packed,
+        c_out,
+        dims: (g.oh, g.ow),
+        e,
+        y: std::mem::take(y),
+    }];
+    grid_product(x, grid_of(g), (k - 1) * (wp + 1), &mut job);
+    let [job] = job;
+    *y = job.y;
 }
 
 /// The input and kernel gradients the backward pass wants (`dx` `[B, C, H, W]`, then `dw`
@@ -193,6 +271,9 @@ pub(super) fn backward(
             grad.len()
         );
     }
+    if g.stride > 1 {
+        return strided::backward(x, (w, c_out), g, grad, (want_x, want_w), out);
+    }
     if want_x {
         // The forward product of the output gradient with the flipped, transposed kernel.
         let Some(gt) = g.input_grad(c_out) else {
@@ -203,44 +284,83 @@ pub(super) fn backward(
             bias: None,
             relu: false,
         };
-        run_forward(grad, &gt, (&packed, c), e, out);
+        run_forward(grad, &gt, (packed, c), e, out);
     }
     if want_w {
         let x = gather(x)?;
-        kernel_grad(&x, g, grad, c_out, out);
+        let wp = g.w + g.padding;
+        let taps: Vec<(usize, usize)> = (0..k * k).map(|t| (0, (t / k) * wp + t % k)).collect();
+        let acc = tap_grads(&x, grid_of(g), (grad, c_out, g.oh, g.ow), &taps, c);
+        dw_from_taps(&acc, (c, c_out, k * k), out);
     }
     Ok(())
 }
 
-/// `dw` (`[c_out, C, k, k]`) appended to `out`: per tap, `dwᵀ[tap] (C × c_out) = Σ_q
-/// x[q + tap offset] · dy[q]` over the chunks' grid positions, `dy` zero off the image.
-fn kernel_grad(x: &[f32], g: &Geom, grad: &[f32], c_out: usize, out: &mut Vec<f32>) {
-    let (c, k, p) = (g.c, g.k, g.padding);
-    let (hp, wp, taps) = (g.h + p, g.w + p, k * k);
-    let bc = chunk(g.b, hp * wp * (c + c_out) * 2);
+/// `dw` (`[c_out, C, k, k]`) appended to `out` from the per-tap sums of [`tap_grads`]
+/// (`[tap][ch][co]`).
+fn dw_from_taps(acc: &[f32], (c, c_out, taps): (usize, usize, usize), out: &mut Vec<f32>) {
+    // acc[tap][ch][co] -> [tap][co][ch] -> dw[co][ch][tap].
+    let mut by_tap = vec![0f32; taps * c * c_out];
+    for (t, a) in acc.chunks_exact(c * c_out).enumerate() {
+        transpose_into(a, (c, c_out), &mut by_tap[t * c * c_out..], |co| co * c);
+    }
+    let at = out.len();
+    out.resize(at + c_out * c * taps, 0.0);
+    transpose_into(&by_tap, (taps, c_out * c), &mut out[at..], |s| s * taps);
+}
+
+/// The kernel gradient per tap, `[tap][ch][co]`: for tap `t` at `(row, off)` of `taps`,
+/// `Σ_q x[row + ch][q + off] · dy[q]` over the grid positions of `x` (`[B, cells.c, cells.h,
+/// cells.w]` on its grid, `cells.bc` the whole batch) for its `c` channels from plane `row`,
+/// `dy` (`[B, c_out, oh, ow]`) placed at the top left of each cell and zero elsewhere.
+fn tap_grads(
+    x: &[f32],
+    cells: Grid,
+    dy: (&[f32], usize, usize, usize),
+    taps: &[(usize, usize)],
+    c: usize,
+) -> Lines<f32> {
+    let planes = |grid, b0, stride, out: &mut [u16]| to_planes(x, grid, b0, stride, out);
+    tap_grads_of(planes, cells, dy, taps, c)
+}
+
+/// [`tap_grads`] with the input's planes for samples `b0..b0 + grid.bc` (`stride` values each)
+/// written by `planes`.
+fn tap_grads_of(
+    planes: impl Fn(Grid, usize, usize, &mut [u16]),
+    cells: Grid,
+    (grad, c_out, oh, ow): (&[f32], usize, usize, usize),
+    taps: &[(usize, usize)],
+    c: usize,
+) -> Lines<f32> {
+    let (b, hp, wp) = (cells.bc, cells.hp(), cells.wp());
+    let bc = chunk(b, hp * wp * (cells.c + c_out) * 2);
+    let reach = taps.iter().map(|t| t.1).max().unwrap_or(0);
     let mut acc = Lines::new();
-    acc.zeroed(taps * c * c_out);
+    acc.zeroed(taps.len() * c * c_out);
     let (mut xs, mut dys, mut dyp) = (Lines::new(), Vec::new(), Lines::new());
     let mut a_k = Vec::new();
-    for (i, b0) in (0..g.b).step_by(bc).enumerate() {
-        let grid = chunk_grid(g, b0, bc);
+    for (i, b0) in (0..b).step_by(bc).enumerate() {
+        let grid = Grid {
+            bc: bc.min(b - b0),
+            ..cells
+        };
         let kq = grid.positions().div_ceil(32) * 32;
-        // `A`'s planes reach `(k − 1)·(wp + 1)` positions past a k-step; each starts on a
-        // cache line.
-        let stride = (kq + (k - 1) * (wp + 1)).next_multiple_of(32);
+        // `A`'s planes reach `reach` positions past a k-step; each starts on a cache line.
+        let stride = (kq + reach).next_multiple_of(32);
         // Zeros where nothing is written (padding, positions off the images, the tail),
         // written once for every chunk of this size.
         if b0 == 0 || grid.bc != bc {
-            xs.zeroed(c * stride);
+            xs.zeroed(cells.c * stride);
             dys.clear();
             dys.resize(c_out * kq, 0);
         }
-        to_planes(x, grid, b0, stride, &mut xs);
+        planes(grid, b0, stride, &mut xs);
         let dgrid = Grid {
             bc: grid.bc,
             c: c_out,
-            h: g.oh,
-            w: g.ow,
+            h: oh,
+            w: ow,
             pad: 0,
         };
         to_planes_on(grad, dgrid, (hp, wp, 0), b0, kq, &mut dys);
@@ -253,13 +373,12 @@ fn kernel_grad(x: &[f32], g: &Geom, grad: &[f32], c_out: usize, out: &mut Vec<f3
             k_offsets: &b_k,
             row_stride: 2 * c_out,
         };
-        for t in 0..taps {
-            let off = (t / k) * wp + t % k;
+        for (t, &(row, off)) in taps.iter().enumerate() {
             // This tap's steps: the pair rows' steps shifted by its offset along the planes.
             a_k.clear();
             a_k.extend((0..kq / 32).map(|kb| off + kb * 32));
             let a = TileOperand {
-                data: &xs,
+                data: &xs[row * stride..],
                 tile_step: 16 * stride,
                 k_offsets: &a_k,
                 row_stride: stride,
@@ -268,14 +387,7 @@ fn kernel_grad(x: &[f32], g: &Geom, grad: &[f32], c_out: usize, out: &mut Vec<f3
             tile_product(a, b, dst, (c / 16, c_out / 16, c_out), i > 0);
         }
     }
-    // acc[tap][ch][co] -> [tap][co][ch] -> dw[co][ch][tap].
-    let mut by_tap = vec![0f32; taps * c * c_out];
-    for (t, a) in acc.chunks_exact(c * c_out).enumerate() {
-        transpose_into(a, (c, c_out), &mut by_tap[t * c * c_out..], |co| co * c);
-    }
-    let at = out.len();
-    out.resize(at + c_out * c * taps, 0.0);
-    transpose_into(&by_tap, (taps, c_out * c), &mut out[at..], |s| s * taps);
+    acc
 }
 
 #[cfg(test)]

@@ -11,23 +11,29 @@ fn values(n: usize, seed: usize) -> Vec<f32> {
         .collect()
 }
 
-fn geom(b: usize, c: usize, (h, w): (usize, usize), k: usize, padding: usize) -> Geom {
+fn geom(
+    b: usize,
+    c: usize,
+    (h, w): (usize, usize),
+    (k, stride): (usize, usize),
+    padding: usize,
+) -> Geom {
     Geom {
         b,
         c,
         h,
         w,
         k,
-        stride: 1,
+        stride,
         padding,
-        oh: h + 2 * padding + 1 - k,
-        ow: w + 2 * padding + 1 - k,
+        oh: (h + 2 * padding - k) / stride + 1,
+        ow: (w + 2 * padding - k) / stride + 1,
     }
 }
 
-/// `y[b][co][i][j] = Σ x[b][ch][i + kh − p][j + kw − p] · w[co][ch][kh][kw]` in f64.
+/// `y[b][co][i][j] = Σ x[b][ch][s·i + kh − p][s·j + kw − p] · w[co][ch][kh][kw]` in f64.
 fn reference(x: &[f32], w: &[f32], g: &Geom, c_out: usize) -> Vec<f64> {
-    let (c, k, p) = (g.c, g.k, g.padding as isize);
+    let (c, k, p, st) = (g.c, g.k, g.padding as isize, g.stride as isize);
     let mut y = vec![0f64; g.b * c_out * g.oh * g.ow];
     for b in 0..g.b {
         for co in 0..c_out {
@@ -37,8 +43,10 @@ fn reference(x: &[f32], w: &[f32], g: &Geom, c_out: usize) -> Vec<f64> {
                     for ch in 0..c {
                         for kh in 0..k {
                             for kw in 0..k {
-                                let (ii, jj) =
-                                    (i as isize + kh as isize - p, j as isize + kw as isize - p);
+                                let (ii, jj) = (
+                                    st * i as isize + kh as isize - p,
+                                    st * j as isize + kw as isize - p,
+                                );
                                 if ii < 0 || jj < 0 || ii >= g.h as isize || jj >= g.w as isize {
                                     continue;
                                 }
@@ -57,18 +65,28 @@ fn reference(x: &[f32], w: &[f32], g: &Geom, c_out: usize) -> Vec<f64> {
 }
 
 /// The shapes: 3×3 with and without padding, 1×1, 5×5; images from 2×2 (more padding than
-/// image) to 12×12, one sample or several chunks' worth (5 samples of 12×12: chunks of 3 and 2).
-/// `(samples, channels in, channels out, image, kernel side, padding)`.
-type Case = (usize, usize, usize, (usize, usize), usize, usize);
+/// image) to 12×12, one sample or several chunks' worth (5 samples of 12×12: chunks of 3 and 2);
+/// strides 2 and 3 over phases: 3×3 on even and odd images with and without padding, ResNet's
+/// 1×1 stride-2 shortcut (one phase, pixels no tap reads), 5×5, stride 3 (nine phases), a batch
+/// in several chunks (12 samples of 12×12).
+/// `(samples, channels in, channels out, image, (kernel side, stride), padding)`.
+type Case = (usize, usize, usize, (usize, usize), (usize, usize), usize);
 
-const CASES: [Case; 7] = [
-    (2, 32, 32, (6, 6), 3, 1),
-    (5, 32, 32, (12, 12), 3, 1),
-    (3, 64, 32, (9, 7), 3, 1),
-    (2, 32, 64, (5, 5), 3, 0),
-    (1, 32, 32, (4, 4), 1, 0),
-    (2, 32, 32, (2, 2), 3, 1),
-    (2, 32, 32, (7, 6), 5, 2),
+const CASES: [Case; 14] = [
+    (2, 32, 32, (6, 6), (3, 1), 1),
+    (5, 32, 32, (12, 12), (3, 1), 1),
+    (3, 64, 32, (9, 7), (3, 1), 1),
+    (2, 32, 64, (5, 5), (3, 1), 0),
+    (1, 32, 32, (4, 4), (1, 1), 0),
+    (2, 32, 32, (2, 2), (3, 1), 1),
+    (2, 32, 32, (7, 6), (5, 1), 2),
+    (3, 32, 64, (8, 8), (3, 2), 1),
+    (2, 32, 32, (7, 9), (3, 2), 1),
+    (2, 32, 32, (9, 6), (1, 2), 0),
+    (2, 64, 32, (6, 7), (3, 2), 0),
+    (2, 32, 32, (9, 8), (5, 2), 2),
+    (1, 32, 32, (10, 10), (3, 3), 1),
+    (12, 32, 32, (12, 12), (3, 2), 1),
 ];
 
 fn close(got: &[f32], want: &[f64], what: &str) {
@@ -89,9 +107,10 @@ fn forward_and_gradients_match_a_direct_convolution_of_the_bf16_values() {
         eprintln!("amx_conv: not run, this CPU has no AMX");
         return;
     }
-    for (b, c, c_out, (h, w), k, p) in CASES {
-        let g = geom(b, c, (h, w), k, p);
-        let what = format!("b{b} c{c}->{c_out} {h}x{w} k{k} p{p}");
+    for (b, c, c_out, (h, w), (k, st), p) in CASES {
+        let g = geom(b, c, (h, w), (k, st), p);
+        assert!(shape_fits(&g, c_out), "b{b} c{c} k{k} s{st}: not taken");
+        let what = format!("b{b} c{c}->{c_out} {h}x{w} k{k} s{st} p{p}");
         let x = values(b * c * h * w, 1);
         let wt = values(c_out * c * k * k, 2);
         let bias = values(c_out, 3);
@@ -122,10 +141,8 @@ fn forward_and_gradients_match_a_direct_convolution_of_the_bf16_values() {
                         for ch in 0..c {
                             for kh in 0..k {
                                 for kw in 0..k {
-                                    let (ii, jj) = (
-                                        i as isize + kh as isize - pi,
-                                        j as isize + kw as isize - pi,
-                                    );
+                                    let (ii, jj) =
+                                        ((st * i + kh) as isize - pi, (st * j + kw) as isize - pi);
                                     if ii < 0 || jj < 0 || ii >= h as isize || jj >= w as isize {
                                         continue;
                                     }
@@ -157,7 +174,7 @@ fn operands_are_rounded_to_bf16_not_truncated() {
     }
     // 1 + 2⁻⁸ + 2⁻¹⁰ lies above the midpoint between the bf16 values 1 and 1 + 2⁻⁷: it rounds
     // up to 1 + 2⁻⁷, where truncation would give 1.
-    let g = geom(1, 32, (1, 1), 1, 0);
+    let g = geom(1, 32, (1, 1), (1, 1), 0);
     let x = vec![1.0 + 2f32.powi(-8) + 2f32.powi(-10); 32];
     let mut w = vec![0f32; 32 * 32];
     w[0] = 1.0;
