@@ -30,8 +30,14 @@ impl<T> Lines<T> {
 impl<T: Copy + Default> Lines<T> {
     /// `len` values, all of them the default (zero); the slice may move.
     pub(super) fn zeroed(&mut self, len: usize) {
-        self.v.clear();
-        self.v.resize(len + LINE / size_of::<T>(), T::default());
+        let n = len + LINE / size_of::<T>();
+        if n > self.v.capacity() {
+            // Fresh zero pages from the allocator rather than a pass of stores.
+            self.v = vec![T::default(); n];
+        } else {
+            self.v.clear();
+            self.v.resize(n, T::default());
+        }
         self.off = self.v.as_ptr().align_offset(LINE);
         self.len = len;
     }

@@ -79,9 +79,9 @@ impl Phases {
         // Columns v with j = s·v + b − p in 0..W, and v < W1.
         let lo = p.saturating_sub(b).div_ceil(s);
         let hi = (g.w + p).saturating_sub(b).div_ceil(s).min(g1.w);
-        let on = (0..16).fold(0u16, |m, l| {
-            m | (u16::from((lo..hi).contains(&(v0 + l))) << l)
-        });
+        // Lanes l with lo ≤ v0 + l < hi.
+        let below = |n: usize| if n >= 16 { u16::MAX } else { (1u16 << n) - 1 };
+        let on = below(hi.saturating_sub(v0)) & !below(lo.saturating_sub(v0));
         // SAFETY (of the intrinsics): register-only; callers run with AVX-512F.
         let j = unsafe {
             let lanes = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
