@@ -1,5 +1,5 @@
-//! `set_matmul_precision(Bf16)`: kolo's f32 convolutions (Winograd and im2col; on AMX, stride-1
-//! ones with channels in 32s as implicit GEMMs) and linear layers, forward and every gradient,
+//! `set_matmul_precision(Bf16)`: kolo's f32 convolutions (Winograd and im2col; on AMX, those
+//! with channels in 32s as implicit GEMMs) and linear layers, forward and every gradient,
 //! multiply on the CPU's bf16 unit, close to f32 and not equal to it;
 //! back to `Highest`, exactly f32 again. The setting is the process's, so this binary holds one test.
 
@@ -70,8 +70,9 @@ fn case(x_shape: (usize, usize, usize, usize)) -> Result<Case> {
 fn bf16_matmul_precision_rounds_the_convolutions_gemm_operands_only() -> Result<()> {
     // (what, input, stride, whether its products stay f32): 32 channels at 16×16 take Winograd
     // F(4×4, 3×3), which keeps f32 products; at 4×4 with batch 32, F(2×2, 3×3); at stride 2,
-    // im2col + GEMM. On AMX both stride-1 convolutions (32 channels) are implicit GEMMs on the
-    // tiles instead (`ops::amx_conv`): bf16 products, the F(4×4, 3×3) one too.
+    // im2col + GEMM. On AMX all three (32 channels) are implicit GEMMs on the tiles instead
+    // (`ops::amx_conv`, the strided one over its input's phases): bf16 products, the F(4×4, 3×3)
+    // one too.
     // Linear layers: every side of each product at least 32 (on the unit), or the 10 outputs
     // of a classifier (f32).
     let cases = [

@@ -85,10 +85,10 @@ fn bf16_note(products: Option<Bf16Path>, units: &[Bf16Path]) -> String {
     };
     match (products, units.first()) {
         (Some(Bf16Path::Amx), _) => "bf16: the matrix products of the convolutions and linear \
-             layers on this CPU's AMX unit (operands rounded to bf16, sums in f32): stride-1 \
-             convolutions with channels in 32s as implicit GEMMs on the tiles, the others through \
-             im2col or Winograd F(2x2, 3x3) (F(4x4, 3x3) layers and products with a side under 32 \
-             keep f32), activations and the other layers in f32"
+             layers on this CPU's AMX unit (operands rounded to bf16, sums in f32): convolutions \
+             with channels in 32s as implicit GEMMs on the tiles (strided ones over their input's \
+             phases), the others through im2col or Winograd F(2x2, 3x3) (F(4x4, 3x3) layers and \
+             products with a side under 32 keep f32), activations and the other layers in f32"
             .into(),
         (Some(p), _) if p != Bf16Path::F32 => format!(
             "bf16: the matrix products of the convolutions and linear layers on this CPU's {} \
