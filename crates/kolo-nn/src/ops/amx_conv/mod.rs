@@ -174,7 +174,7 @@ fn grid_product_of(
     for j in jobs.iter_mut() {
         j.y.reserve(b * j.c_out * j.dims.0 * j.dims.1);
     }
-    let (mut xin, mut prod) = (Lines::new(), Lines::new());
+    let (mut xin, mut prod, mut patch) = (Lines::new(), Lines::new(), Lines::new());
     for b0 in (0..b).step_by(bc) {
         let grid = Grid {
             bc: bc.min(b - b0),
@@ -188,31 +188,50 @@ fn grid_product_of(
         }
         lay(grid, b0, &mut xin);
         for j in jobs.iter_mut() {
-            let b_k: Vec<usize> = (0..j.a_k.len()).map(|kb| kb * 512).collect();
+            let (ks, (oh, ow), c_out) = (j.a_k.len(), j.dims, j.c_out);
+            let b_k: Vec<usize> = (0..ks).map(|kb| kb * 512).collect();
+            let tb = TileOperand {
+                data: &j.packed,
+                tile_step: ks * 512,
+                k_offsets: &b_k,
+                row_stride: 32,
+            };
+            let len = b * c_out * oh * ow;
+            let y = &mut j.y.spare_capacity_mut()[..len];
+            if grid.hp() * grid.wp() * 2 >= oh * ow * 3 {
+                // Small images, whose cells are half again their output (4 × 4 on 5 × 5): the
+                // output positions' rows of `A` copied out, one after the other.
+                let rows = grid.bc * oh * ow;
+                let m_tiles = rows.div_ceil(32) * 2;
+                patch.resize(m_tiles * 16 * ks * 32);
+                gather_rows(&xin, grid, (oh, ow), &j.a_k, &mut patch);
+                let p_k: Vec<usize> = (0..ks).map(|kb| kb * 32).collect();
+                let ta = TileOperand {
+                    data: &patch,
+                    tile_step: 16 * ks * 32,
+                    k_offsets: &p_k,
+                    row_stride: ks * 32,
+                };
+                prod.resize(m_tiles * 16 * c_out);
+                tile_product(ta, tb, &mut prod, (m_tiles, c_out / 16, c_out), false);
+                let out = Grid {
+                    h: oh,
+                    w: ow,
+                    pad: 0,
+                    ..grid
+                };
+                from_grid(&prod, out, (c_out, oh, ow), b0, j.e, y);
+                continue;
+            }
             let ta = TileOperand {
                 data: &xin,
                 tile_step: 16 * c,
                 k_offsets: &j.a_k,
                 row_stride: c,
             };
-            let tb = TileOperand {
-                data: &j.packed,
-                tile_step: j.a_k.len() * 512,
-                k_offsets: &b_k,
-                row_stride: 32,
-            };
-            prod.resize(m_tiles * 16 * j.c_out);
-            tile_product(ta, tb, &mut prod, (m_tiles, j.c_out / 16, j.c_out), false);
-            let (oh, ow) = j.dims;
-            let len = b * j.c_out * oh * ow;
-            from_grid(
-                &prod,
-                grid,
-                (j.c_out, oh, ow),
-                b0,
-                j.e,
-                &mut j.y.spare_capacity_mut()[..len],
-            );
+            prod.resize(m_tiles * 16 * c_out);
+            tile_product(ta, tb, &mut prod, (m_tiles, c_out / 16, c_out), false);
+            from_grid(&prod, grid, (c_out, oh, ow), b0, j.e, y);
         }
     }
     for (j, start) in jobs.iter_mut().zip(starts) {
@@ -220,6 +239,34 @@ fn grid_product_of(
         // SAFETY: `from_grid` wrote every value of every chunk's samples: all `len` of them,
         // past the `start` values there were.
         unsafe { j.y.set_len(start + len) };
+    }
+}
+
+/// The rows of `A` that the output positions (`oh × ow` at the top left of each of `grid`'s
+/// cells) read from the laid-out `xin` (`grid.c` values per position), k-step by k-step at
+/// `a_k`, one after the other in `patch`: row `(b · oh + i) · ow + j`, its k-steps of 32 values
+/// in turn.
+fn gather_rows(
+    xin: &[u16],
+    grid: Grid,
+    (oh, ow): (usize, usize),
+    a_k: &[usize],
+    patch: &mut [u16],
+) {
+    let (c, hp, wp, ks) = (grid.c, grid.hp(), grid.wp(), a_k.len());
+    let mut rows = patch.chunks_exact_mut(ks * 32);
+    for b in 0..grid.bc {
+        for i in 0..oh {
+            for jj in 0..ow {
+                let q = ((b * hp + i) * wp + jj) * c;
+                let Some(row) = rows.next() else {
+                    return;
+                };
+                for (dst, &off) in row.chunks_exact_mut(32).zip(a_k) {
+                    dst.copy_from_slice(&xin[q + off..][..32]);
+                }
+            }
+        }
     }
 }
 
