@@ -343,20 +343,15 @@ pub(super) fn backward(
     Ok(())
 }
 
-/// `dw` (`[c_out, C, k, k]`) appended to `out` from the per-tap sums of [`tap_grads`]
-/// (`[tap][ch][co]`).
+/// `dw` (`[c_out, C, k, k]`) appended to `out` from the sums of [`tap_grads`] (`[ch][tap][co]`):
+/// one transpose.
 fn dw_from_taps(acc: &[f32], (c, c_out, taps): (usize, usize, usize), out: &mut Vec<f32>) {
-    // acc[tap][ch][co] -> [tap][co][ch] -> dw[co][ch][tap].
-    let mut by_tap = vec![0f32; taps * c * c_out];
-    for (t, a) in acc.chunks_exact(c * c_out).enumerate() {
-        transpose_into(a, (c, c_out), &mut by_tap[t * c * c_out..], |co| co * c);
-    }
     let at = out.len();
     out.resize(at + c_out * c * taps, 0.0);
-    transpose_into(&by_tap, (taps, c_out * c), &mut out[at..], |s| s * taps);
+    transpose_into(acc, (c * taps, c_out), &mut out[at..], |co| co * c * taps);
 }
 
-/// The kernel gradient per tap, `[tap][ch][co]`: for tap `t` at `(row, off)` of `taps`,
+/// The kernel gradient per tap, `[ch][tap][co]`: for tap `t` at `(row, off)` of `taps`,
 /// `Σ_q x[row + ch][q + off] · dy[q]` over the grid positions of `x` (`[B, cells.c, cells.h,
 /// cells.w]` on its grid, `cells.bc` the whole batch) for its `c` channels from plane `row`,
 /// `dy` (`[B, c_out, oh, ow]`) placed at the top left of each cell and zero elsewhere.
@@ -430,8 +425,9 @@ fn tap_grads_of(
                 k_offsets: &a_k,
                 row_stride: stride,
             };
-            let dst = &mut acc[t * c * c_out..][..c * c_out];
-            tile_product(a, b, dst, (c / 16, c_out / 16, c_out), i > 0);
+            // Rows (ch, t) of the sums: `C`'s rows `taps · c_out` values apart.
+            let dst = &mut acc[t * c_out..];
+            tile_product(a, b, dst, (c / 16, c_out / 16, taps.len() * c_out), i > 0);
         }
     }
     acc
