@@ -46,6 +46,15 @@ const CHUNK_BYTES: usize = 1 << 20;
 #[cfg(test)]
 const CHUNK_BYTES: usize = 64 << 10;
 
+/// Grid positions per chunk of a kernel gradient, at least: its sums (`k² · C · c_out` f32,
+/// loaded and stored once per chunk) then cost little against the products along the chunk's
+/// positions — at 512 channels on 4 × 4 images a chunk of 1 MiB held 20 samples, 500 positions.
+#[cfg(not(test))]
+const MIN_GRAD_POSITIONS: usize = 1024;
+/// Smaller in the tests, whose batches then still come in several chunks.
+#[cfg(test)]
+const MIN_GRAD_POSITIONS: usize = 128;
+
 /// Whether the convolution `g` (to `c_out` channels) of f32 tensors runs here: bf16 products on
 /// AMX asked for ([`super::set_matmul_precision`]) and a shape [`shape_fits`].
 pub(super) fn eligible(g: &Geom, c_out: usize) -> bool {
@@ -376,7 +385,8 @@ fn tap_grads_of(
     c: usize,
 ) -> Lines<f32> {
     let (b, hp, wp) = (cells.bc, cells.hp(), cells.wp());
-    let bc = chunk(b, hp * wp * (cells.c + c_out) * 2);
+    let at_least = MIN_GRAD_POSITIONS.div_ceil(hp * wp);
+    let bc = chunk(b, hp * wp * (cells.c + c_out) * 2).max(at_least.min(b.max(1)));
     let reach = taps.iter().map(|t| t.1).max().unwrap_or(0);
     let mut acc = Lines::new();
     acc.zeroed(taps.len() * c * c_out);
