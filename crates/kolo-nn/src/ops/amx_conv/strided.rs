@@ -14,7 +14,7 @@ use candle_core::{Layout, Result};
 
 use super::super::bf16_gemm::pack_b_panels;
 use super::super::im2col::{gather, Geom};
-use super::layout::{Epilogue, Grid};
+use super::layout::{transpose_into, Epilogue, Grid};
 use super::{dw_from_taps, grid_product, grid_product_of, pack_kernel, tap_grads_of, Job, Phases};
 
 /// The phase form of `g`, or an error where [`super::eligible`] was not asked first.
@@ -96,6 +96,9 @@ pub(super) fn backward(
             w: g.ow,
             pad: kp - 1,
         };
+        // `w` as [tap][co][ch], once.
+        let mut by_tap = vec![0f32; w.len()];
+        transpose_into(w, (c_out * c, k * k), &mut by_tap, |t| t * c_out * c);
         let mut jobs: Vec<Job<'_>> = (0..np * np)
             .map(|phase| {
                 let (a, b) = (phase / np, phase % np);
@@ -113,16 +116,11 @@ pub(super) fn backward(
                         (0..c_out / 32).map(move |cb| off + 32 * cb)
                     })
                     .collect();
-                // `B`: row (tap, co), column ch: w[co][ch][kh][kw].
-                let mut wt = vec![0f32; taps.len() * c_out * c];
-                for (ti, &(t1, t2)) in taps.iter().enumerate() {
-                    let (kh, kw) = (s * t1 + a, s * t2 + b);
-                    for co in 0..c_out {
-                        let row = &mut wt[(ti * c_out + co) * c..][..c];
-                        for (ch, v) in row.iter_mut().enumerate() {
-                            *v = w[((co * c + ch) * k + kh) * k + kw];
-                        }
-                    }
+                // `B`: row (tap, co), column ch: w[co][ch][kh][kw], whole taps of `by_tap`.
+                let mut wt = Vec::with_capacity(taps.len() * c_out * c);
+                for &(t1, t2) in &taps {
+                    let t = (s * t1 + a) * k + s * t2 + b;
+                    wt.extend_from_slice(&by_tap[t * c_out * c..][..c_out * c]);
                 }
                 Job {
                     a_k,
