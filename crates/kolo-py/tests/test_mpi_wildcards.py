@@ -86,8 +86,8 @@ def test_test_and_bad_wildcards():
     def body(comm):
         if comm.rank == 0:
             req = comm.Irecv(np.zeros(1, np.int32), MPI.ANY_SOURCE, MPI.ANY_TAG)
-            early = req.Test()
-            comm.Barrier()  # rank 1 has sent
+            early = req.Test()  # rank 1 sends only after the barrier: nothing there yet
+            comm.Barrier()
             while not req.Test():
                 pass
             with pytest.raises(ValueError, match="source"):
@@ -95,8 +95,8 @@ def test_test_and_bad_wildcards():
             with pytest.raises(ValueError, match="tag"):
                 comm.Recv(np.zeros(1), source=1, tag=-5)
             return early
-        comm.Send(np.ones(1, np.int32), 0, 4)
         comm.Barrier()
+        comm.Send(np.ones(1, np.int32), 0, 4)
         return None
 
     assert world(2, body)[0] is False
