@@ -119,31 +119,21 @@ vectorized_fn! {
     ) -> Vec<T> {
         let c = scale.len().max(1);
         let zero = T::zero();
-        let mut y = vec![zero; x.len()];
         if s == 0 {
-            return y;
+            return vec![zero; x.len()];
         }
-        for (i, (out, row)) in y.chunks_exact_mut(s).zip(x.chunks_exact(s)).enumerate() {
+        // Written once, value by value (no zeroing pass first: a fresh buffer of an activation's
+        // size is a pass of stores, or of page faults, of its own).
+        let mut y = Vec::with_capacity(x.len());
+        // `<=`: NaN (unordered) stays.
+        let act = |v: T| if relu && v <= zero { zero } else { v };
+        for (i, row) in x.chunks_exact(s).enumerate() {
             let (a, b) = (scale[i % c], shift[i % c]);
             match r {
-                None => {
-                    for (o, &v) in out.iter_mut().zip(row) {
-                        *o = v * a + b;
-                    }
-                }
+                None => y.extend(row.iter().map(|&v| act(v * a + b))),
                 Some(r) => {
                     let res = &r[i * s..(i + 1) * s];
-                    for ((o, &v), &q) in out.iter_mut().zip(row).zip(res) {
-                        *o = v * a + b + q;
-                    }
-                }
-            }
-            if relu {
-                for o in out.iter_mut() {
-                    // `<=`: NaN (unordered) stays.
-                    if *o <= zero {
-                        *o = zero;
-                    }
+                    y.extend(row.iter().zip(res).map(|(&v, &q)| act(v * a + b + q)));
                 }
             }
         }
@@ -165,19 +155,18 @@ vectorized_fn! {
     ) -> Vec<T> {
         let c = mean.len().max(1);
         let zero = T::zero();
-        let mut dx = vec![zero; x.len()];
         if s == 0 {
-            return dx;
+            return vec![zero; x.len()];
         }
-        for (i, (out, ((g, x), y))) in dx
-            .chunks_exact_mut(s)
-            .zip(g.chunks_exact(s).zip(x.chunks_exact(s)).zip(y.chunks_exact(s)))
-            .enumerate()
-        {
+        // Grown a row at a time (zeroed in cache, then written; see `normalize`).
+        let mut dx = Vec::with_capacity(x.len());
+        for (i, ((g, x), y)) in g.chunks_exact(s).zip(x.chunks_exact(s)).zip(y.chunks_exact(s)).enumerate() {
             let ch = i % c;
             let [k1, k2, k3] = [coef[3 * ch], coef[3 * ch + 1], coef[3 * ch + 2]].map(T::from_f64);
             let m = T::from_f64(mean[ch]);
-            for (((o, &g), &x), &y) in out.iter_mut().zip(g).zip(x).zip(y) {
+            let at = dx.len();
+            dx.resize(at + s, zero);
+            for (((o, &g), &x), &y) in dx[at..].iter_mut().zip(g).zip(x).zip(y) {
                 let g = if relu && y <= zero { zero } else { g };
                 *o = k1 * g - k2 * (x - m) - k3;
             }

@@ -9,6 +9,7 @@
 
 mod aligned;
 mod amx_conv;
+mod avx512_transpose;
 mod batch_norm;
 mod bf16_gemm;
 mod bn_loops;

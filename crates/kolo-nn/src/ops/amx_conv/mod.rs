@@ -30,7 +30,7 @@ mod strided;
 use candle_core::{Layout, Result};
 
 use super::aligned::Lines;
-use super::bf16_gemm::{pack_b_panels, tile_product, Bf16Path, TileOperand};
+use super::bf16_gemm::{pack_b_gathered, tile_product, Bf16Path, TileOperand};
 use super::im2col::{gather, Geom};
 use super::matmul_precision::bf16_unit;
 use layout::{
@@ -97,12 +97,13 @@ fn chunk(b: usize, per_sample: usize) -> usize {
 /// `(nt · kbs + kb) · 512`.
 fn pack_kernel(w: &[f32], c_out: usize, c: usize, k: usize) -> Lines<u16> {
     let taps = k * k;
-    // [c_out][(ch, tap)] -> [(tap, ch)][c_out].
-    let mut wt = vec![0f32; w.len()];
-    transpose_into(w, (c_out, c * taps), &mut wt, |s| {
-        ((s % taps) * c + s / taps) * c_out
-    });
-    pack_b_panels(&wt, (taps * c, c_out))
+    // Row (tap, ch), column co: w[co][ch][tap].
+    pack_b_gathered(
+        w,
+        (taps * c, c_out),
+        |kk| (kk % c) * taps + kk / c,
+        c * taps,
+    )
 }
 
 /// The kernel of the input gradient, `w` flipped in space and transposed (`[C, c_out, k, k]`),
@@ -110,12 +111,13 @@ fn pack_kernel(w: &[f32], c_out: usize, c: usize, k: usize) -> Lines<u16> {
 /// channels.
 fn pack_flipped_kernel(w: &[f32], c_out: usize, c: usize, k: usize) -> Lines<u16> {
     let taps = k * k;
-    // [(co, ch)][tap] -> [taps − 1 − tap][(co, ch)]: row (tap', co) holds the channels.
-    let mut wt = vec![0f32; w.len()];
-    transpose_into(w, (c_out * c, taps), &mut wt, |t| {
-        (taps - 1 - t) * c_out * c
-    });
-    pack_b_panels(&wt, (taps * c_out, c))
+    // Row (tap', co), column ch: w[co][ch][taps − 1 − tap'].
+    pack_b_gathered(
+        w,
+        (taps * c_out, c),
+        |kk| (kk % c_out) * c * taps + (taps - 1 - kk / c_out),
+        taps,
+    )
 }
 
 /// The forward product: `y = conv(x, w) (+ bias)`, ReLU'd if `relu`, as a contiguous

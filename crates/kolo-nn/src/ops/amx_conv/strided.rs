@@ -12,9 +12,9 @@
 
 use candle_core::{Layout, Result};
 
-use super::super::bf16_gemm::pack_b_panels;
+use super::super::bf16_gemm::pack_b_gathered;
 use super::super::im2col::{gather, Geom};
-use super::layout::{transpose_into, Epilogue, Grid};
+use super::layout::{Epilogue, Grid};
 use super::{dw_from_taps, grid_product, grid_product_of, pack_kernel, tap_grads_of, Job, Phases};
 
 /// The phase form of `g`, or an error where [`super::eligible`] was not asked first.
@@ -96,9 +96,6 @@ pub(super) fn backward(
             w: g.ow,
             pad: kp - 1,
         };
-        // `w` as [tap][co][ch], once.
-        let mut by_tap = vec![0f32; w.len()];
-        transpose_into(w, (c_out * c, k * k), &mut by_tap, |t| t * c_out * c);
         let mut jobs: Vec<Job<'_>> = (0..np * np)
             .map(|phase| {
                 let (a, b) = (phase / np, phase % np);
@@ -116,15 +113,20 @@ pub(super) fn backward(
                         (0..c_out / 32).map(move |cb| off + 32 * cb)
                     })
                     .collect();
-                // `B`: row (tap, co), column ch: w[co][ch][kh][kw], whole taps of `by_tap`.
-                let mut wt = Vec::with_capacity(taps.len() * c_out * c);
-                for &(t1, t2) in &taps {
-                    let t = (s * t1 + a) * k + s * t2 + b;
-                    wt.extend_from_slice(&by_tap[t * c_out * c..][..c_out * c]);
-                }
+                // `B`: row (tap, co), column ch: w[co][ch][kh][kw].
+                let tap_at: Vec<usize> = taps
+                    .iter()
+                    .map(|&(t1, t2)| (s * t1 + a) * k + s * t2 + b)
+                    .collect();
+                let packed = pack_b_gathered(
+                    w,
+                    (taps.len() * c_out, c),
+                    |kk| (kk % c_out) * c * k * k + tap_at[kk / c_out],
+                    k * k,
+                );
                 Job {
                     a_k,
-                    packed: pack_b_panels(&wt, (taps.len() * c_out, c)),
+                    packed,
                     c_out: c,
                     dims: (g1.h, w1),
                     e: Epilogue {

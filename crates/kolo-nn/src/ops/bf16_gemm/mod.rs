@@ -19,9 +19,11 @@
 mod amx;
 mod amx_tiles;
 mod avx512;
+mod gathered;
 mod pack;
 
 pub(super) use amx_tiles::{tile_product, TileOperand};
+pub(super) use gathered::pack_b_gathered;
 
 pub(super) use pack::Source;
 use std::sync::OnceLock;
@@ -29,7 +31,6 @@ use std::sync::OnceLock;
 use candle_core::Result;
 use half::bf16;
 
-use super::aligned::Lines;
 use super::gemm::{matmul_into, MatRef};
 
 /// Which unit [`matmul_bf16`] runs on.
@@ -247,15 +248,6 @@ pub(super) fn matmul_views<S: Source>(
 pub(super) fn round_into(src: &[f32], dst: &mut [u16]) {
     let n = src.len().min(dst.len());
     pack::round_run(&src[..n], &mut dst[..n]);
-}
-
-/// The row-major `k × n` f32 `b` (`k` a multiple of 32, `n` of 16) rounded to bf16 as `B` of
-/// [`tile_product`]: pair-interleaved panels of 16 columns by 32 rows, panel `(nt, kb)` at
-/// `(nt · k / 32 + kb) · 512`, rows of 16 pairs.
-pub(super) fn pack_b_panels(b: &[f32], (k, n): (usize, usize)) -> Lines<u16> {
-    let (mut packed, _, _) = pack::pack_b(MatRef::row_major(b, k, n), (16, 32, 1));
-    packed.resize(k * n);
-    packed
 }
 
 /// A unit whose peak [`peak_gflops`] measures.

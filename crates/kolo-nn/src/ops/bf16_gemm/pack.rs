@@ -60,11 +60,11 @@ impl Source for f32 {
 }
 
 /// `dst[i] = round_bits(src[i])`, sixteen at a time on the bf16 unit's own conversion where the
-/// CPU has AVX512-BF16.
+/// CPU has AVX512-BF16 (a short run, such as an image row of 7 values, in one masked step).
 pub(super) fn round_run(src: &[f32], dst: &mut [u16]) {
     #[cfg(target_arch = "x86_64")]
-    if super::avx512::available() {
-        // SAFETY: the CPU has AVX-512F and AVX512-BF16.
+    if super::avx512::available() && std::is_x86_feature_detected!("avx512bw") {
+        // SAFETY: the CPU has AVX-512F, BW and BF16.
         unsafe { round_run_avx512(src, dst) };
         return;
     }
@@ -74,30 +74,33 @@ pub(super) fn round_run(src: &[f32], dst: &mut [u16]) {
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bf16,avx512vl")]
+#[target_feature(enable = "avx512f,avx512bf16,avx512vl,avx512bw")]
 fn round_run_avx512(src: &[f32], dst: &mut [u16]) {
     use std::arch::x86_64::*;
     let n = src.len().min(dst.len());
-    let whole = n / 16 * 16;
-    for i in (0..whole).step_by(16) {
-        // SAFETY: 16 values at i < whole ≤ both lengths; unaligned load and store.
+    for i in (0..n).step_by(16) {
+        let m: __mmask16 = if n - i >= 16 {
+            0xffff
+        } else {
+            (1u16 << (n - i)) - 1
+        };
+        // SAFETY: the lanes of `m` are values i.. below n ≤ both lengths; masked loads and
+        // stores touch no other memory.
         unsafe {
-            let v = _mm512_loadu_ps(src.as_ptr().add(i));
+            let v = _mm512_maskz_loadu_ps(m, src.as_ptr().add(i));
             let h: __m256bh = _mm512_cvtneps_pbh(v);
-            _mm256_storeu_si256(
+            _mm256_mask_storeu_epi16(
                 dst.as_mut_ptr().add(i).cast(),
+                m,
                 std::mem::transmute::<__m256bh, __m256i>(h),
             );
         }
-    }
-    for i in whole..n {
-        dst[i] = round_bits(src[i]);
     }
 }
 
 /// `x` rounded to the nearest bf16, ties to even; a NaN stays a (quiet) NaN.
 #[inline(always)]
-fn round_bits(x: f32) -> u16 {
+pub(super) fn round_bits(x: f32) -> u16 {
     let b = x.to_bits();
     let rounded = (b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16) as u16;
     if x.is_nan() {

@@ -205,3 +205,36 @@ fn f32_operands_multiply_as_their_bf16_roundings_do() {
         }
     }
 }
+
+/// Runs of every length up to 40 (a masked tail, or a run shorter than a vector: an image row of
+/// 7 or 4 values) round as `half` rounds, ties to even, NaN kept; the values past the run stay.
+#[test]
+fn runs_of_any_length_round_to_nearest_even_and_stop_at_their_end() {
+    let src: Vec<f32> = (0..40)
+        .map(|i| match i % 9 {
+            0 => f32::NAN,
+            1 => f32::from_bits(0x3f80_8000), // halfway: rounds to even (down)
+            2 => f32::from_bits(0x3f81_8000), // halfway: rounds to even (up)
+            _ => (i as f32 * 0.731).sin() * 1e3,
+        })
+        .collect();
+    for n in 0..=40 {
+        let mut dst = vec![0xbeefu16; 48];
+        pack::round_run(&src[..n], &mut dst);
+        for (i, &x) in src[..n].iter().enumerate() {
+            let want = bf16::from_f32(x);
+            if x.is_nan() {
+                assert!(
+                    bf16::from_bits(dst[i]).is_nan(),
+                    "run of {n}: value {i} not NaN"
+                );
+            } else {
+                assert_eq!(dst[i], want.to_bits(), "run of {n}: value {i} ({x})");
+            }
+        }
+        assert!(
+            dst[n..].iter().all(|&v| v == 0xbeef),
+            "run of {n} wrote past its end"
+        );
+    }
+}
