@@ -42,6 +42,11 @@ impl<T: Copy + Default> Lines<T> {
         self.len = len;
     }
 
+    /// Values the buffer holds from its line on without growing.
+    pub(super) fn room(&self) -> usize {
+        self.v.len() - self.off
+    }
+
     /// `len` values whose contents the caller overwrites (what an earlier use left stays where
     /// the slice does not grow; it moves, zeroed, where it does).
     pub(super) fn resize(&mut self, len: usize) {

@@ -10,12 +10,15 @@
 
 use std::any::Any;
 use std::cell::RefCell;
+use std::ops::{Deref, DerefMut};
 
 use candle_core::WithDType;
 
+use super::aligned::Lines;
+
 /// Buffers a thread keeps between calls; more are dropped (a convolution uses at most 5 at
-/// once).
-const POOL_LEN: usize = 8;
+/// once, the AMX one up to 8: its layouts, product and packed kernels).
+const POOL_LEN: usize = 12;
 
 thread_local! {
     static POOL: RefCell<Vec<Box<dyn Any>>> = const { RefCell::new(Vec::new()) };
@@ -29,27 +32,7 @@ impl<T: WithDType> Scratch<T> {
     /// else the largest (which will grow), or a new one. Best fit keeps the pool from growing
     /// every buffer to the size of the largest use.
     pub(super) fn take(len: usize) -> Self {
-        let found = POOL.with(|pool| {
-            let mut pool = pool.borrow_mut();
-            let sizes = pool
-                .iter()
-                .enumerate()
-                .filter_map(|(i, b)| b.downcast_ref::<Vec<T>>().map(|v| (i, v.len())));
-            let (mut fit, mut largest) = (None::<(usize, usize)>, None::<(usize, usize)>);
-            for (i, n) in sizes {
-                if n >= len && fit.is_none_or(|(_, f)| n < f) {
-                    fit = Some((i, n));
-                }
-                if largest.is_none_or(|(_, l)| n > l) {
-                    largest = Some((i, n));
-                }
-            }
-            fit.or(largest).map(|(i, _)| pool.swap_remove(i))
-        });
-        match found.map(|b| b.downcast::<Vec<T>>()) {
-            Some(Ok(v)) => Scratch(*v),
-            _ => Scratch(Vec::new()),
-        }
+        Scratch(taken(len, Vec::<T>::len).unwrap_or_default())
     }
 
     /// The first `len` values, with unspecified contents: those of an earlier use of the
@@ -65,23 +48,86 @@ impl<T: WithDType> Scratch<T> {
 impl<T: WithDType> Drop for Scratch<T> {
     fn drop(&mut self) {
         let v = std::mem::take(&mut self.0);
-        if v.is_empty() {
-            return;
+        if !v.is_empty() {
+            give_back(v);
         }
-        // `try_with`: a thread being torn down has no pool any more; the buffer is freed.
-        let _ = POOL.try_with(|pool| {
-            if let Ok(mut pool) = pool.try_borrow_mut() {
-                if pool.len() < POOL_LEN {
-                    pool.push(Box::new(v));
-                }
+    }
+}
+
+/// A buffer of `B` from the thread's pool for `len` values (`size` says how many one holds):
+/// the smallest that holds them, or else the largest (which will grow); `None` when the pool
+/// has none. Best fit keeps the pool from growing every buffer to the size of the largest use.
+fn taken<B: Any>(len: usize, size: impl Fn(&B) -> usize) -> Option<B> {
+    let found = POOL.with(|pool| {
+        let mut pool = pool.borrow_mut();
+        let sizes = pool
+            .iter()
+            .enumerate()
+            .filter_map(|(i, b)| b.downcast_ref::<B>().map(|v| (i, size(v))));
+        let (mut fit, mut largest) = (None::<(usize, usize)>, None::<(usize, usize)>);
+        for (i, n) in sizes {
+            if n >= len && fit.is_none_or(|(_, f)| n < f) {
+                fit = Some((i, n));
             }
-        });
+            if largest.is_none_or(|(_, l)| n > l) {
+                largest = Some((i, n));
+            }
+        }
+        fit.or(largest).map(|(i, _)| pool.swap_remove(i))
+    });
+    found.and_then(|b| b.downcast::<B>().ok()).map(|b| *b)
+}
+
+/// Puts `b` back into the thread's pool (dropped where the pool is full).
+fn give_back<B: Any>(b: B) {
+    // `try_with`: a thread being torn down has no pool any more; the buffer is freed.
+    let _ = POOL.try_with(|pool| {
+        if let Ok(mut pool) = pool.try_borrow_mut() {
+            if pool.len() < POOL_LEN {
+                pool.push(Box::new(b));
+            }
+        }
+    });
+}
+
+/// A work buffer on cache lines ([`Lines`]) from the thread's pool, returned to it on drop: the
+/// AMX convolution's layouts, products and packed kernels. [`Lines::resize`] on it keeps what an
+/// earlier use left where it does not grow.
+pub(super) struct LineScratch<T: Copy + Default + 'static>(Lines<T>);
+
+impl<T: Copy + Default + 'static> LineScratch<T> {
+    /// A buffer from the pool that holds `len` values if one does (see [`Scratch::take`]); its
+    /// length is that of its last use: [`Lines::resize`] or [`Lines::zeroed`] it.
+    pub(super) fn take(len: usize) -> Self {
+        LineScratch(taken(len, Lines::<T>::room).unwrap_or_else(Lines::new))
+    }
+}
+
+impl<T: Copy + Default + 'static> Deref for LineScratch<T> {
+    type Target = Lines<T>;
+    fn deref(&self) -> &Lines<T> {
+        &self.0
+    }
+}
+
+impl<T: Copy + Default + 'static> DerefMut for LineScratch<T> {
+    fn deref_mut(&mut self) -> &mut Lines<T> {
+        &mut self.0
+    }
+}
+
+impl<T: Copy + Default + 'static> Drop for LineScratch<T> {
+    fn drop(&mut self) {
+        let v = std::mem::replace(&mut self.0, Lines::new());
+        if v.room() > 0 {
+            give_back(v);
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::Scratch;
+    use super::{LineScratch, Scratch};
 
     #[test]
     fn a_buffer_comes_back_with_its_length_and_contents() {
@@ -111,5 +157,21 @@ mod tests {
         // Nothing fits: the largest, to grow.
         let mut l = Scratch::<f32>::take(200);
         assert_eq!(&l.slice(200)[..100], &[1.0; 100]);
+    }
+
+    #[test]
+    fn a_line_buffer_comes_back_on_its_line_with_its_contents() {
+        {
+            let mut s = LineScratch::<u16>::take(100);
+            s.zeroed(100);
+            s.fill(7);
+        }
+        let mut s = LineScratch::<u16>::take(50);
+        assert!(s.room() >= 100, "the kept buffer, not a new one");
+        s.resize(50);
+        assert_eq!((s.as_ptr() as usize % 64, &s[..]), (0, &[7u16; 50][..]));
+        // Another at the same time is another buffer.
+        let t = LineScratch::<u16>::take(50);
+        assert_eq!(t.room(), 0);
     }
 }

@@ -29,10 +29,10 @@ mod strided;
 
 use candle_core::{Layout, Result};
 
-use super::aligned::Lines;
 use super::bf16_gemm::{pack_b_gathered, tile_product, Bf16Path, TileOperand};
 use super::im2col::{gather, Geom};
 use super::matmul_precision::bf16_unit;
+use super::scratch::LineScratch;
 use layout::{
     from_grid, pairs_to_rows, to_nhwc, to_planes, to_planes_on, transpose_into, Epilogue, Grid,
 };
@@ -95,7 +95,7 @@ fn chunk(b: usize, per_sample: usize) -> usize {
 /// `w` (`[c_out, C, k, k]`, contiguous) as `B` of the forward product: `k = (tap, channel)`,
 /// pair-interleaved in panels of 16 output channels by 32 values of `k`, panel `(nt, kb)` at
 /// `(nt · kbs + kb) · 512`.
-fn pack_kernel(w: &[f32], c_out: usize, c: usize, k: usize) -> Lines<u16> {
+fn pack_kernel(w: &[f32], c_out: usize, c: usize, k: usize) -> LineScratch<u16> {
     let taps = k * k;
     // Row (tap, ch), column co: w[co][ch][tap].
     pack_b_gathered(
@@ -109,7 +109,7 @@ fn pack_kernel(w: &[f32], c_out: usize, c: usize, k: usize) -> Lines<u16> {
 /// The kernel of the input gradient, `w` flipped in space and transposed (`[C, c_out, k, k]`),
 /// packed as [`pack_kernel`] packs a kernel: `k = (tap, output channel)`, columns the input
 /// channels.
-fn pack_flipped_kernel(w: &[f32], c_out: usize, c: usize, k: usize) -> Lines<u16> {
+fn pack_flipped_kernel(w: &[f32], c_out: usize, c: usize, k: usize) -> LineScratch<u16> {
     let taps = k * k;
     // Row (tap', co), column ch: w[co][ch][taps − 1 − tap'].
     pack_b_gathered(
@@ -152,7 +152,7 @@ pub(super) fn forward(
 /// `c_out` columns, the output `[B, c_out, oh, ow]` (the top left of each cell) appended to `y`.
 struct Job<'a> {
     a_k: Vec<usize>,
-    packed: Lines<u16>,
+    packed: LineScratch<u16>,
     c_out: usize,
     dims: (usize, usize),
     e: Epilogue<'a>,
@@ -185,7 +185,13 @@ fn grid_product_of(
     for j in jobs.iter_mut() {
         j.y.reserve(b * j.c_out * j.dims.0 * j.dims.1);
     }
-    let (mut xin, mut prod, mut patch) = (Lines::new(), Lines::new(), Lines::new());
+    // Buffers of the first (largest) chunk's sizes, from the thread's pool.
+    let m_first = (Grid { bc, ..cells }).positions().div_ceil(32) * 32;
+    let (mut xin, mut prod, mut patch) = (
+        LineScratch::take((m_first + reach) * c),
+        LineScratch::take(m_first * widest),
+        LineScratch::<u16>::take(0),
+    );
     for b0 in (0..b).step_by(bc) {
         let grid = Grid {
             bc: bc.min(b - b0),
@@ -286,7 +292,7 @@ fn gather_rows(
 fn run_forward(
     x: &[f32],
     g: &Geom,
-    (packed, c_out): (Lines<u16>, usize),
+    (packed, c_out): (LineScratch<u16>, usize),
     e: Epilogue<'_>,
     y: &mut Vec<f32>,
 ) {
@@ -372,7 +378,7 @@ fn tap_grads(
     dy: (&[f32], usize, usize, usize),
     taps: &[(usize, usize)],
     c: usize,
-) -> Lines<f32> {
+) -> LineScratch<f32> {
     let planes = |grid, b0, stride, out: &mut [u16]| to_planes(x, grid, b0, stride, out);
     tap_grads_of(planes, cells, dy, taps, c)
 }
@@ -385,14 +391,24 @@ fn tap_grads_of(
     (grad, c_out, oh, ow): (&[f32], usize, usize, usize),
     taps: &[(usize, usize)],
     c: usize,
-) -> Lines<f32> {
+) -> LineScratch<f32> {
     let (b, hp, wp) = (cells.bc, cells.hp(), cells.wp());
     let at_least = MIN_GRAD_POSITIONS.div_ceil(hp * wp);
     let bc = chunk(b, hp * wp * (cells.c + c_out) * 2).max(at_least.min(b.max(1)));
     let reach = taps.iter().map(|t| t.1).max().unwrap_or(0);
-    let mut acc = Lines::new();
-    acc.zeroed(taps.len() * c * c_out);
-    let (mut xs, mut dys, mut dyp) = (Lines::new(), Vec::new(), Lines::new());
+    // Written whole by the first chunk's products (which do not accumulate).
+    let mut acc = LineScratch::take(taps.len() * c * c_out);
+    if b == 0 {
+        acc.zeroed(taps.len() * c * c_out);
+    } else {
+        acc.resize(taps.len() * c * c_out);
+    }
+    let kq_first = (Grid { bc, ..cells }).positions().div_ceil(32) * 32;
+    let (mut xs, mut dys, mut dyp) = (
+        LineScratch::take(cells.c * (kq_first + reach).next_multiple_of(32)),
+        Vec::new(),
+        LineScratch::take(c_out * kq_first),
+    );
     let mut a_k = Vec::new();
     for (i, b0) in (0..b).step_by(bc).enumerate() {
         let grid = Grid {

@@ -6,8 +6,8 @@
 //! and read again: the AVX-512 path gathers the 16 columns of a panel row (one `vpgatherdd` per
 //! row of `B`), rounds two rows at once (`vcvtne2ps2bf16`) and interleaves them into pairs.
 
-use super::super::aligned::Lines;
-use super::pack::{pool, round_bits};
+use super::super::scratch::LineScratch;
+use super::pack::round_bits;
 
 /// Columns of a panel and values of `k` per panel.
 const COLS: usize = 16;
@@ -22,7 +22,7 @@ pub(in super::super) fn pack_b_gathered(
     (k, n): (usize, usize),
     row: impl Fn(usize) -> usize,
     col_stride: usize,
-) -> Lines<u16> {
+) -> LineScratch<u16> {
     assert!(
         k.is_multiple_of(KC) && n.is_multiple_of(COLS),
         "pack_b_gathered: {k} × {n} is not in whole panels"
@@ -33,7 +33,9 @@ pub(in super::super) fn pack_b_gathered(
         "pack_b_gathered: an element lies past the {} values of the source",
         w.len()
     );
-    let mut out = pool::taken(1, k * n);
+    // From the thread's pool: every value is written below.
+    let mut out = LineScratch::take(k * n);
+    out.resize(k * n);
     #[cfg(target_arch = "x86_64")]
     if super::avx512::available()
         && std::is_x86_feature_detected!("avx512bw")
@@ -188,6 +190,7 @@ fn along_columns(
 
 #[cfg(test)]
 mod tests {
+    use super::super::super::aligned::Lines;
     use super::super::super::gemm::MatRef;
     use super::super::pack::pack_b;
     use super::*;
