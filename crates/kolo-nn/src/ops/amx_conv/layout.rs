@@ -228,12 +228,40 @@ pub(super) fn to_planes_on(
             && out.len() >= c * stride,
         "to_planes: buffers too short"
     );
+    // SAFETY: AVX-512F, BW and BF16 (the module's condition; every CPU with AMX has BW); the
+    // reads are inside the samples' planes, the writes inside each channel's plane of `out`
+    // (asserted above), both masked to the row's `w`.
+    unsafe { to_planes_avx512(x, g, (hp, wp, at), b0, stride, out) }
+}
+
+#[target_feature(enable = "avx512f,avx512bf16,avx512vl,avx512bw")]
+fn to_planes_avx512(
+    x: &[f32],
+    g: Grid,
+    (hp, wp, at): (usize, usize, usize),
+    b0: usize,
+    stride: usize,
+    out: &mut [u16],
+) {
+    let (c, hw) = (g.c, g.h * g.w);
     for ch in 0..c {
         for b in 0..g.bc {
-            let src = &x[((b0 + b) * c + ch) * hw..][..hw];
-            for (i, row) in src.chunks_exact(g.w).enumerate() {
-                let q = (b * hp + i + at) * wp + at;
-                super::super::bf16_gemm::round_into(row, &mut out[ch * stride + q..][..g.w]);
+            let src = ((b0 + b) * c + ch) * hw;
+            for i in 0..g.h {
+                let q = ch * stride + (b * hp + i + at) * wp + at;
+                for j0 in (0..g.w).step_by(16) {
+                    let m = lanes(g.w - j0);
+                    // SAFETY: the lanes of `m` are values of row i inside `x` and positions of
+                    // the row inside `out` (see `to_planes_on`).
+                    unsafe {
+                        let v = _mm512_maskz_loadu_ps(m, x.as_ptr().add(src + i * g.w + j0));
+                        _mm256_mask_storeu_epi16(
+                            out.as_mut_ptr().add(q + j0).cast(),
+                            m,
+                            std::mem::transmute::<__m256bh, __m256i>(_mm512_cvtneps_pbh(v)),
+                        );
+                    }
+                }
             }
         }
     }

@@ -243,13 +243,6 @@ pub(super) fn matmul_views<S: Source>(
     Ok(())
 }
 
-/// `dst[i]` = the bf16 bits of `src[i]` rounded to nearest, ties to even (as the unit's own
-/// conversion rounds); as many as the shorter of the two holds.
-pub(super) fn round_into(src: &[f32], dst: &mut [u16]) {
-    let n = src.len().min(dst.len());
-    pack::round_run(&src[..n], &mut dst[..n]);
-}
-
 /// A unit whose peak [`peak_gflops`] measures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Unit {
