@@ -79,33 +79,34 @@ pub(super) fn to_nhwc(x: &[f32], g: Grid, b0: usize, out: &mut [u16]) {
 fn to_nhwc_avx512(x: &[f32], g: Grid, b0: usize, out: &mut [u16]) {
     let (c, hw, wp, hp) = (g.c, g.h * g.w, g.wp(), g.hp());
     let mut r = [_mm512_setzero_si512(); 16];
+    // Sixteen input positions at a time along the flattened `h × w` plane (neighbours in each
+    // channel's plane of `x`), across the image's rows, each stored at its own grid position.
+    let mut q = [0usize; 16];
     for b in 0..g.bc {
-        for c0 in (0..c).step_by(16) {
-            let plane = (b0 + b) * c * hw + c0 * hw;
-            for i in 0..g.h {
-                for j0 in (0..g.w).step_by(16) {
-                    let n = (g.w - j0).min(16);
-                    let m = lanes(n);
-                    for (ch, v) in r.iter_mut().enumerate() {
-                        // SAFETY: n values from row i of channel c0 + ch, inside `x`.
-                        *v = unsafe {
-                            _mm512_maskz_loadu_epi32(
-                                m,
-                                x.as_ptr().add(plane + ch * hw + i * g.w + j0).cast(),
-                            )
-                        };
-                    }
-                    transpose16(&mut r);
-                    let q = (b * hp + i + g.pad) * wp + j0 + g.pad;
-                    for (jj, v) in r.iter().take(n).enumerate() {
-                        // SAFETY: position q + jj lies in the grid; its 16 channels from c0.
-                        unsafe {
-                            let h = _mm512_cvtneps_pbh(_mm512_castsi512_ps(*v));
-                            _mm256_storeu_si256(
-                                out.as_mut_ptr().add((q + jj) * c + c0).cast(),
-                                std::mem::transmute::<__m256bh, __m256i>(h),
-                            );
-                        }
+        for p0 in (0..hw).step_by(16) {
+            let n = (hw - p0).min(16);
+            for (jj, qj) in q.iter_mut().enumerate().take(n) {
+                let p = p0 + jj;
+                *qj = (b * hp + p / g.w + g.pad) * wp + p % g.w + g.pad;
+            }
+            let m = lanes(n);
+            for c0 in (0..c).step_by(16) {
+                let plane = (b0 + b) * c * hw + c0 * hw;
+                for (ch, v) in r.iter_mut().enumerate() {
+                    // SAFETY: n values from position p0 of channel c0 + ch, inside `x`.
+                    *v = unsafe {
+                        _mm512_maskz_loadu_epi32(m, x.as_ptr().add(plane + ch * hw + p0).cast())
+                    };
+                }
+                transpose16(&mut r);
+                for (jj, v) in r.iter().take(n).enumerate() {
+                    // SAFETY: position q[jj] lies in the grid; its 16 channels from c0.
+                    unsafe {
+                        let h = _mm512_cvtneps_pbh(_mm512_castsi512_ps(*v));
+                        _mm256_storeu_si256(
+                            out.as_mut_ptr().add(q[jj] * c + c0).cast(),
+                            std::mem::transmute::<__m256bh, __m256i>(h),
+                        );
                     }
                 }
             }
@@ -159,41 +160,42 @@ fn from_grid_avx512(
     let (wp, hp, plane) = (g.wp(), g.hp(), oh * ow);
     let mut r = [_mm512_setzero_si512(); 16];
     let zero = _mm512_setzero_ps();
+    // Sixteen output positions at a time along the flattened `oh × ow` plane (an output
+    // channel's values for them are neighbours in `y`), across the image's rows: a 7 × 7 output
+    // in 4 steps rather than 7, a 4 × 4 one in 1 rather than 4.
+    let mut q = [0usize; 16];
     for b in 0..g.bc {
-        for i in 0..oh {
-            for j0 in (0..ow).step_by(16) {
-                let n = (ow - j0).min(16);
-                let q = (b * hp + i) * wp + j0;
-                for c0 in (0..c_out).step_by(16) {
-                    for (jj, v) in r.iter_mut().enumerate() {
-                        // Rows past the image's `ow` (or the grid's end) are not read.
-                        *v = if jj < n {
-                            // SAFETY: position q + jj is on the grid; 16 channels from c0.
-                            unsafe {
-                                _mm512_loadu_si512(prod.as_ptr().add((q + jj) * c_out + c0).cast())
-                            }
-                        } else {
-                            _mm512_setzero_si512()
-                        };
+        for p0 in (0..plane).step_by(16) {
+            let n = (plane - p0).min(16);
+            for (jj, qj) in q.iter_mut().enumerate().take(n) {
+                let p = p0 + jj;
+                *qj = (b * hp + p / ow) * wp + p % ow;
+            }
+            for c0 in (0..c_out).step_by(16) {
+                for (jj, v) in r.iter_mut().enumerate() {
+                    // Positions past the plane's end are not read.
+                    *v = if jj < n {
+                        // SAFETY: position q[jj] is on the grid; 16 channels from c0.
+                        unsafe { _mm512_loadu_si512(prod.as_ptr().add(q[jj] * c_out + c0).cast()) }
+                    } else {
+                        _mm512_setzero_si512()
+                    };
+                }
+                transpose16(&mut r);
+                for (ch, v) in r.iter().enumerate() {
+                    let co = c0 + ch;
+                    let mut v = _mm512_castsi512_ps(*v);
+                    if let Some(bias) = e.bias {
+                        v = _mm512_add_ps(v, _mm512_set1_ps(bias[co]));
                     }
-                    transpose16(&mut r);
-                    for (ch, v) in r.iter().enumerate() {
-                        let co = c0 + ch;
-                        let mut v = _mm512_castsi512_ps(*v);
-                        if let Some(bias) = e.bias {
-                            v = _mm512_add_ps(v, _mm512_set1_ps(bias[co]));
-                        }
-                        if e.relu {
-                            // max(v, 0) with NaN kept: v where v > 0 or v is NaN.
-                            let keep = _mm512_cmp_ps_mask::<_CMP_NLE_UQ>(v, zero);
-                            v = _mm512_maskz_mov_ps(keep, v);
-                        }
-                        let at = ((b0 + b) * c_out + co) * plane + i * ow + j0;
-                        // SAFETY: n values of row i of channel co, inside `y`.
-                        unsafe {
-                            _mm512_mask_storeu_ps(y.as_mut_ptr().add(at).cast(), lanes(n), v)
-                        };
+                    if e.relu {
+                        // max(v, 0) with NaN kept: v where v > 0 or v is NaN.
+                        let keep = _mm512_cmp_ps_mask::<_CMP_NLE_UQ>(v, zero);
+                        v = _mm512_maskz_mov_ps(keep, v);
                     }
+                    let at = ((b0 + b) * c_out + co) * plane + p0;
+                    // SAFETY: n values of channel co's plane from position p0, inside `y`.
+                    unsafe { _mm512_mask_storeu_ps(y.as_mut_ptr().add(at).cast(), lanes(n), v) };
                 }
             }
         }
