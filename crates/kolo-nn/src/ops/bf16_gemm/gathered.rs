@@ -7,7 +7,7 @@
 //! row of `B`), rounds two rows at once (`vcvtne2ps2bf16`) and interleaves them into pairs.
 
 use super::super::scratch::LineScratch;
-use super::pack::round_bits;
+use super::pack::{round_bits, PAIRS};
 
 /// Columns of a panel and values of `k` per panel.
 const COLS: usize = 16;
@@ -87,19 +87,6 @@ fn k_step(k: usize, row: &impl Fn(usize) -> usize) -> Option<usize> {
         .all(|kb| (0..KC).all(|i| row(kb * KC + i) == row(kb * KC) + i * d))
         .then_some(d)
 }
-
-/// Pair-interleave indices: lane 2c takes the first row's column c (index c), lane 2c + 1 the
-/// second's (16 + c).
-const PAIRS: [u16; 32] = {
-    let mut idx = [0u16; 32];
-    let mut c = 0;
-    while c < 16 {
-        idx[2 * c] = c as u16;
-        idx[2 * c + 1] = 16 + c as u16;
-        c += 1;
-    }
-    idx
-};
 
 /// A panel's 16 columns gathered as 32 rows apiece — two gathers of 16 neighbouring rows `d`
 /// apart, rounded together into the column's 16 pairs — then transposed into the panel's rows:

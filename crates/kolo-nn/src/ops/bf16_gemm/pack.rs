@@ -110,6 +110,20 @@ pub(super) fn round_bits(x: f32) -> u16 {
     }
 }
 
+/// Pair-interleave indices for `vpermw` over two rows of 16 bf16 values held in one register
+/// (the first row in lanes 0..16, the second in 16..32): lane 2c takes the first row's column c
+/// (index c), lane 2c + 1 the second's (16 + c).
+pub(super) const PAIRS: [u16; 32] = {
+    let mut idx = [0u16; 32];
+    let mut c = 0;
+    while c < 16 {
+        idx[2 * c] = c as u16;
+        idx[2 * c + 1] = 16 + c as u16;
+        c += 1;
+    }
+    idx
+};
+
 /// The packed operands' buffers, kept per thread from one product to the next: a fresh buffer of
 /// a convolution's size is mapped and faulted in anew on every call (which cost more than the
 /// packing itself). A kept one is not zeroed: the packing writes every value a product reads
@@ -309,16 +323,7 @@ mod interleave {
     ) {
         use std::arch::x86_64::*;
         // Lane 2c takes r0's value c (index c), lane 2c + 1 r1's (index 16 + c).
-        const IDX: [u16; 32] = {
-            let mut idx = [0u16; 32];
-            let mut c = 0;
-            while c < 16 {
-                idx[2 * c] = c as u16;
-                idx[2 * c + 1] = 16 + c as u16;
-                c += 1;
-            }
-            idx
-        };
+        const IDX: [u16; 32] = super::PAIRS;
         // SAFETY: see `rows`: reads of 16 values at j0 < n within both rows, writes of 32
         // inside `out`; unaligned loads and stores.
         unsafe {
