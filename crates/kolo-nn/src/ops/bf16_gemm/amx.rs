@@ -1,7 +1,7 @@
 //! The AMX kernel: `tdpbf16ps` multiplies a 16 × 32 bf16 tile of `A` by a 32 × 16 tile of `B`
-//! (pair-interleaved) into a 16 × 16 f32 tile. Eight tile registers: four accumulate a 32 × 32
-//! block of `C`, two hold `A`'s rows, two `B`'s columns; each step of 32 along `k` loads four tiles
-//! and multiplies four times. The instructions are written as `asm!` (stable Rust has no AMX
+//! (pair-interleaved) into a 16 × 16 f32 tile. Two tile registers accumulate a 16 × 32 block of
+//! `C`, one holds `A`'s rows, two `B`'s columns; each step of 32 along `k` loads three tiles and
+//! multiplies twice (why two accumulators and not four: [`super::amx_tiles`]). The instructions are written as `asm!` (stable Rust has no AMX
 //! intrinsics), after the CPU (CPUID) and Linux (`arch_prctl`) have said yes.
 
 use std::arch::asm;
@@ -78,33 +78,33 @@ impl TileConfig {
     }
 }
 
-/// Runs `tdpbf16ps` `steps` × 4 times on tiles in registers (no memory traffic): the unit's
-/// peak. Only called where [`available`]. Returns the floating-point operations done.
+/// Runs `tdpbf16ps` `steps` × 4 times on tiles in registers (no memory traffic), into two
+/// accumulators as the kernels do, on operands of ones (not zeros, which some units multiply
+/// faster): the unit's peak. Only called where [`available`]. Returns the floating-point
+/// operations done.
 pub(super) fn spin(steps: u64) -> f64 {
     let cfg = TileConfig::full();
-    let zeros = [0u16; TILE * KC];
+    // bf16 1.0; the sums grow by 32 a product and stay finite.
+    let ones = [0x3f80u16; TILE * KC];
     // SAFETY: as in `matmul`: AMX allowed, a valid configuration, loads of 16 rows of 64 bytes
-    // inside `zeros`, tiles released.
+    // inside `ones`, tiles released.
     unsafe {
         asm!("ldtilecfg [{}]", in(reg) &cfg, options(nostack, readonly));
         asm!(
             "tilezero tmm0",
             "tilezero tmm1",
-            "tilezero tmm2",
-            "tilezero tmm3",
             "tileloadd tmm4, [{z} + {s}]",
-            "tileloadd tmm5, [{z} + {s}]",
             "tileloadd tmm6, [{z} + {s}]",
             "tileloadd tmm7, [{z} + {s}]",
             "2:",
             "tdpbf16ps tmm0, tmm4, tmm6",
             "tdpbf16ps tmm1, tmm4, tmm7",
-            "tdpbf16ps tmm2, tmm5, tmm6",
-            "tdpbf16ps tmm3, tmm5, tmm7",
+            "tdpbf16ps tmm0, tmm4, tmm6",
+            "tdpbf16ps tmm1, tmm4, tmm7",
             "dec {n}",
             "jnz 2b",
             "tilerelease",
-            z = in(reg) zeros.as_ptr(),
+            z = in(reg) ones.as_ptr(),
             s = in(reg) ROW_BYTES,
             n = inout(reg) steps.max(1) => _,
             options(nostack, readonly)
@@ -114,8 +114,8 @@ pub(super) fn spin(steps: u64) -> f64 {
     (steps.max(1) * 4 * 16 * 16 * 32 * 2) as f64
 }
 
-/// Steps of 32 along `k` between the loads and stores of `C`'s tiles: two tiles of `A` over this
-/// many steps (16 KiB) stay in L1 while the panels of `B` stream past them.
+/// Steps of 32 along `k` between the loads and stores of `C`'s tiles: a tile of `A` over this
+/// many steps (8 KiB) stays in L1 while the panels of `B` stream past them.
 const KB: usize = 8;
 
 /// `c += a · b` (`c` row-major `m × n`, see [`super::matmul_bf16`]); only called where
@@ -151,30 +151,21 @@ pub(super) fn matmul<S: Source>(a: MatRef<'_, S>, b: MatRef<'_, S>, c: &mut [f32
         };
         for kb0 in (0..kbs).step_by(KB) {
             let kb1 = (kb0 + KB).min(kbs);
-            for bi in (0..mbs).step_by(2) {
+            for bi in 0..mbs {
                 for bj in (0..nbs).step_by(2) {
-                    let (c00, s00) = at(bi, bj);
-                    let (c01, s01) = at(bi, bj + 1);
-                    let (c10, s10) = at(bi + 1, bj);
-                    let (c11, s11) = at(bi + 1, bj + 1);
+                    let (c0, s0) = at(bi, bj);
+                    let (c1, s1) = at(bi, bj + 1);
                     asm!(
-                        "tileloadd tmm0, [{c00} + {s00}]",
-                        "tileloadd tmm1, [{c01} + {s01}]",
-                        "tileloadd tmm2, [{c10} + {s10}]",
-                        "tileloadd tmm3, [{c11} + {s11}]",
-                        c00 = in(reg) c00,
-                        c01 = in(reg) c01,
-                        c10 = in(reg) c10,
-                        c11 = in(reg) c11,
-                        s00 = in(reg) s00,
-                        s01 = in(reg) s01,
-                        s10 = in(reg) s10,
-                        s11 = in(reg) s11,
+                        "tileloadd tmm0, [{c0} + {s0}]",
+                        "tileloadd tmm1, [{c1} + {s1}]",
+                        c0 = in(reg) c0,
+                        c1 = in(reg) c1,
+                        s0 = in(reg) s0,
+                        s1 = in(reg) s1,
                         options(nostack, readonly)
                     );
                     for kb in kb0..kb1 {
                         let a0 = ap.as_ptr().add((bi * kbs + kb) * tile);
-                        let a1 = ap.as_ptr().add(((bi + 1) * kbs + kb) * tile);
                         let b0 = bp.as_ptr().add((bj * kbs + kb) * tile);
                         let b1 = bp.as_ptr().add(((bj + 1) * kbs + kb) * tile);
                         asm!(
@@ -183,11 +174,7 @@ pub(super) fn matmul<S: Source>(a: MatRef<'_, S>, b: MatRef<'_, S>, c: &mut [f32
                             "tdpbf16ps tmm0, tmm4, tmm6",
                             "tileloadd tmm7, [{b1} + {s}]",
                             "tdpbf16ps tmm1, tmm4, tmm7",
-                            "tileloadd tmm5, [{a1} + {s}]",
-                            "tdpbf16ps tmm2, tmm5, tmm6",
-                            "tdpbf16ps tmm3, tmm5, tmm7",
                             a0 = in(reg) a0,
-                            a1 = in(reg) a1,
                             b0 = in(reg) b0,
                             b1 = in(reg) b1,
                             s = in(reg) ROW_BYTES,
@@ -195,18 +182,12 @@ pub(super) fn matmul<S: Source>(a: MatRef<'_, S>, b: MatRef<'_, S>, c: &mut [f32
                         );
                     }
                     asm!(
-                        "tilestored [{c00} + {s00}], tmm0",
-                        "tilestored [{c01} + {s01}], tmm1",
-                        "tilestored [{c10} + {s10}], tmm2",
-                        "tilestored [{c11} + {s11}], tmm3",
-                        c00 = in(reg) c00,
-                        c01 = in(reg) c01,
-                        c10 = in(reg) c10,
-                        c11 = in(reg) c11,
-                        s00 = in(reg) s00,
-                        s01 = in(reg) s01,
-                        s10 = in(reg) s10,
-                        s11 = in(reg) s11,
+                        "tilestored [{c0} + {s0}], tmm0",
+                        "tilestored [{c1} + {s1}], tmm1",
+                        c0 = in(reg) c0,
+                        c1 = in(reg) c1,
+                        s0 = in(reg) s0,
+                        s1 = in(reg) s1,
                         options(nostack)
                     );
                 }

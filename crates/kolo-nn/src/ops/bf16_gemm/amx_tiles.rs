@@ -3,8 +3,15 @@
 //! A tile of `A` is 16 rows of 32 bf16 values (64 bytes) anywhere in memory with a fixed row
 //! stride, so a row of `A` may be one output pixel's 32 input channels read straight out of an
 //! NHWC input (the tap's shift is an offset), and a tile of `B` 16 rows of 16 pairs in the
-//! pair-interleaved order `tdpbf16ps` reads. `C` is f32, row-major, in 16 × 16 tiles; four of
-//! them (a 32 × 32 block) stay in tile registers for the whole sum along `k`.
+//! pair-interleaved order `tdpbf16ps` reads. `C` is f32, row-major, in 16 × 16 tiles; two of
+//! them (a 16 × 32 block) stay in tile registers for the whole sum along `k`.
+//!
+//! Why two accumulators and not the four of a 2 × 2 block (one load per product instead of one
+//! and a half): on a core whose other hardware thread also runs tiles — a server's usual state,
+//! and a cloud guest's whenever its neighbour computes — a product into one of four accumulators
+//! took twice as long as into one of two (16 against 7.7 ns per `tdpbf16ps`, no loads), and
+//! the 2 × 2 block with its loads 32 ns per product against 21.7 for the 1 × 2 block; on a quiet
+//! core both reach the unit's 7.3 ns (`design.md`'s AMX section has the measurements).
 
 use std::arch::asm;
 
@@ -33,10 +40,11 @@ impl TileOperand<'_> {
 }
 
 /// `c = a · b` over `k_offsets.len()` steps of 32 (or `c += a · b` when `accumulate`), `a` in
-/// `m_tiles` row blocks of 16 and `b` in `n_tiles` column blocks of 16 (both even), into `c`'s
-/// first `16 · m_tiles` rows of `c_stride` f32 values (`16 · n_tiles` of them written).
-/// Panics where an operand's tiles leave their slices or the counts are odd or differ (the
-/// caller's shapes, not a user's); only called where AMX is [`super::amx::available`].
+/// `m_tiles` row blocks of 16 and `b` in `n_tiles` column blocks of 16 (`n_tiles` even), into
+/// `c`'s first `16 · m_tiles` rows of `c_stride` f32 values (`16 · n_tiles` of them written).
+/// Panics where an operand's tiles leave their slices, `n_tiles` is odd or the step counts
+/// differ (the caller's shapes, not a user's); only called where AMX is
+/// [`super::amx::available`].
 pub(in crate::ops) fn tile_product(
     a: TileOperand<'_>,
     b: TileOperand<'_>,
@@ -48,7 +56,6 @@ pub(in crate::ops) fn tile_product(
     assert!(
         super::amx::available()
             && ks == b.k_offsets.len()
-            && m_tiles.is_multiple_of(2)
             && n_tiles.is_multiple_of(2)
             && a.fits(m_tiles)
             && b.fits(n_tiles)
@@ -64,34 +71,27 @@ pub(in crate::ops) fn tile_product(
     // load or store of `C` 16 rows of 16 f32 inside `c` (asserted above); tiles released.
     unsafe {
         asm!("ldtilecfg [{}]", in(reg) &cfg, options(nostack, readonly));
+        // Column pairs outside, row blocks inside: a pair's panels of `B` (2 KiB a step) are
+        // read from L1/L2 by every row block, `A`'s row block streams along `k`. (Row blocks
+        // outside, or in groups of four, measured no faster; nor a prefetch of the next row
+        // block's `A`.)
         for nt in (0..n_tiles).step_by(2) {
-            for mt in (0..m_tiles).step_by(2) {
-                let c00 = cp.add(mt * 16 * c_stride + nt * 16);
-                let c10 = c00.add(16 * c_stride);
-                let (c01, c11) = (c00.add(16), c10.add(16));
+            let b0 = bp.add(nt * b.tile_step);
+            let b1 = b0.add(b.tile_step);
+            for mt in 0..m_tiles {
+                let c0 = cp.add(mt * 16 * c_stride + nt * 16);
+                let c1 = c0.add(16);
                 if accumulate {
                     asm!(
-                        "tileloadd tmm0, [{c00} + {s}]",
-                        "tileloadd tmm1, [{c01} + {s}]",
-                        "tileloadd tmm2, [{c10} + {s}]",
-                        "tileloadd tmm3, [{c11} + {s}]",
-                        c00 = in(reg) c00, c01 = in(reg) c01, c10 = in(reg) c10,
-                        c11 = in(reg) c11, s = in(reg) c_rs,
+                        "tileloadd tmm0, [{c0} + {s}]",
+                        "tileloadd tmm1, [{c1} + {s}]",
+                        c0 = in(reg) c0, c1 = in(reg) c1, s = in(reg) c_rs,
                         options(nostack, readonly)
                     );
                 } else {
-                    asm!(
-                        "tilezero tmm0",
-                        "tilezero tmm1",
-                        "tilezero tmm2",
-                        "tilezero tmm3",
-                        options(nostack, nomem)
-                    );
+                    asm!("tilezero tmm0", "tilezero tmm1", options(nostack, nomem));
                 }
                 let a0 = ap.add(mt * a.tile_step);
-                let a1 = a0.add(a.tile_step);
-                let b0 = bp.add(nt * b.tile_step);
-                let b1 = b0.add(b.tile_step);
                 for (&ka, &kb) in a.k_offsets.iter().zip(b.k_offsets) {
                     asm!(
                         "tileloadd tmm4, [{a0} + {sa}]",
@@ -99,22 +99,16 @@ pub(in crate::ops) fn tile_product(
                         "tdpbf16ps tmm0, tmm4, tmm6",
                         "tileloadd tmm7, [{b1} + {sb}]",
                         "tdpbf16ps tmm1, tmm4, tmm7",
-                        "tileloadd tmm5, [{a1} + {sa}]",
-                        "tdpbf16ps tmm2, tmm5, tmm6",
-                        "tdpbf16ps tmm3, tmm5, tmm7",
-                        a0 = in(reg) a0.add(ka), a1 = in(reg) a1.add(ka),
+                        a0 = in(reg) a0.add(ka),
                         b0 = in(reg) b0.add(kb), b1 = in(reg) b1.add(kb),
                         sa = in(reg) a_rs, sb = in(reg) b_rs,
                         options(nostack, readonly)
                     );
                 }
                 asm!(
-                    "tilestored [{c00} + {s}], tmm0",
-                    "tilestored [{c01} + {s}], tmm1",
-                    "tilestored [{c10} + {s}], tmm2",
-                    "tilestored [{c11} + {s}], tmm3",
-                    c00 = in(reg) c00, c01 = in(reg) c01, c10 = in(reg) c10,
-                    c11 = in(reg) c11, s = in(reg) c_rs,
+                    "tilestored [{c0} + {s}], tmm0",
+                    "tilestored [{c1} + {s}], tmm1",
+                    c0 = in(reg) c0, c1 = in(reg) c1, s = in(reg) c_rs,
                     options(nostack)
                 );
             }
