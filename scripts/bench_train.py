@@ -477,9 +477,12 @@ def main():
     for k, v in med.items():
         g = ""
         if flops:
-            g = f"  {gflops[k]:7.2f} GFLOP/s per core" + (f" ({100 * gflops[k] / peak:4.1f} % of peak)" if peak else "")
-            if bf16_peak and (a.precision == "bf16" or "bf16" in k):
+            bf16_row = a.precision == "bf16" or "bf16" in k
+            g = f"  {gflops[k]:7.2f} GFLOP/s per core"
+            if bf16_row and bf16_peak:
                 g += f" ({100 * gflops[k] / bf16_peak:4.2f} % of the bf16 peak)"
+            elif peak and not bf16_row:
+                g += f" ({100 * gflops[k] / peak:4.1f} % of the f32 peak)"
         print(f"  {k:12s} {v:9.0f}{g}   (runs: {', '.join(f'{x:.0f}' for x in res[k])})")
     if "plain" in med:
         print(f"  Ddp overhead, 1 worker vs plain candle loop: {100 * (med['plain'] / med['kolo-1'] - 1):+.1f} %")
