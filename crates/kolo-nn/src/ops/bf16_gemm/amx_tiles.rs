@@ -7,11 +7,12 @@
 //! them (a 16 × 32 block) stay in tile registers for the whole sum along `k`.
 //!
 //! Why two accumulators and not the four of a 2 × 2 block (one load per product instead of one
-//! and a half): on a core whose other hardware thread also runs tiles — a server's usual state,
-//! and a cloud guest's whenever its neighbour computes — a product into one of four accumulators
-//! took twice as long as into one of two (16 against 7.7 ns per `tdpbf16ps`, no loads), and
-//! the 2 × 2 block with its loads 32 ns per product against 21.7 for the 1 × 2 block; on a quiet
-//! core both reach the unit's 7.3 ns (`design.md`'s AMX section has the measurements).
+//! and a half): while something outside a cloud guest computes on its core (the core's other
+//! hardware thread, as far as the guest can tell), a product into one of four accumulators took
+//! twice as long as into one of two (17.6 against 9.5 ns per `tdpbf16ps`, no loads), and the
+//! 2 × 2 block with its loads 32 ns per product against 21.5 for the 1 × 2 block; on a quiet
+//! core both reach the unit's 7.3 ns (`examples/amx_blocks` measures it; the performance
+//! chapter has the figures).
 
 use std::arch::asm;
 
