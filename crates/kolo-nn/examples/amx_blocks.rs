@@ -30,22 +30,6 @@ mod blocks {
     #[repr(C, align(64))]
     struct Operands([u16; 32 * 1024]);
 
-    /// Whether the CPU has AMX-BF16 and Linux lets this process use the tiles.
-    pub fn available() -> bool {
-        let l = std::arch::x86_64::__cpuid_count(7, 0);
-        if l.edx >> 22 & 1 == 0 || l.edx >> 24 & 1 == 0 {
-            return false;
-        }
-        // SAFETY: ARCH_REQ_XCOMP_PERM for XTILEDATA only changes the process's permissions.
-        unsafe {
-            libc::syscall(
-                libc::SYS_arch_prctl,
-                0x1023 as libc::c_long,
-                18 as libc::c_long,
-            ) == 0
-        }
-    }
-
     /// The blocks: name, products per step, whether a step loads its operands.
     pub const BLOCKS: [(&str, f64, bool); 6] = [
         ("2x2, no loads", 4.0, false),
@@ -162,7 +146,9 @@ fn main() {
     };
     #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
     {
-        if !blocks::available() {
+        // kolo's own check: CPUID, the AVX-512 the kernels around the tiles use, and Linux's
+        // permission for this process's tile data.
+        if !kolo_nn::ops::Bf16Path::Amx.available() {
             println!(
                 "amx_blocks: this CPU (or its kernel) offers no AMX tiles; nothing to measure"
             );

@@ -186,7 +186,7 @@ fn grid_product_of(
         j.y.reserve(b * j.c_out * j.dims.0 * j.dims.1);
     }
     // Buffers of the first (largest) chunk's sizes, from the thread's pool.
-    let m_first = (Grid { bc, ..cells }).positions().div_ceil(32) * 32;
+    let m_first = (Grid { bc, ..cells }).positions().div_ceil(16) * 16;
     let (mut xin, mut prod, mut patch) = (
         LineScratch::take((m_first + reach) * c),
         LineScratch::take(m_first * widest),
@@ -197,7 +197,7 @@ fn grid_product_of(
             bc: bc.min(b - b0),
             ..cells
         };
-        let m_tiles = grid.positions().div_ceil(32) * 2;
+        let m_tiles = grid.positions().div_ceil(16);
         // Rows past the grid (the last tiles' and the taps' reach) and the padding: zeros,
         // written once for every chunk of this size.
         if b0 == 0 || grid.bc != bc {
@@ -219,7 +219,7 @@ fn grid_product_of(
                 // Small images, whose cells are half again their output (4 × 4 on 5 × 5): the
                 // output positions' rows of `A` copied out, one after the other.
                 let rows = grid.bc * oh * ow;
-                let m_tiles = rows.div_ceil(32) * 2;
+                let m_tiles = rows.div_ceil(16);
                 patch.resize(m_tiles * 16 * ks * 32);
                 gather_rows(&xin, grid, (oh, ow), &j.a_k, &mut patch);
                 let p_k: Vec<usize> = (0..ks).map(|kb| kb * 32).collect();

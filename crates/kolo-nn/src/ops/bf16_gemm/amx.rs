@@ -1,8 +1,9 @@
 //! The AMX kernel: `tdpbf16ps` multiplies a 16 × 32 bf16 tile of `A` by a 32 × 16 tile of `B`
 //! (pair-interleaved) into a 16 × 16 f32 tile. Two tile registers accumulate a 16 × 32 block of
 //! `C`, one holds `A`'s rows, two `B`'s columns; each step of 32 along `k` loads three tiles and
-//! multiplies twice (why two accumulators and not four: [`super::amx_tiles`]). The instructions are written as `asm!` (stable Rust has no AMX
-//! intrinsics), after the CPU (CPUID) and Linux (`arch_prctl`) have said yes.
+//! multiplies twice (why two accumulators and not four: [`super::amx_tiles`]). The instructions
+//! are written as `asm!` (stable Rust has no AMX intrinsics), after the CPU (CPUID) and Linux
+//! (`arch_prctl`) have said yes.
 
 use std::arch::asm;
 use std::sync::OnceLock;
