@@ -100,12 +100,6 @@ scripts/e2e-fault-tolerance.sh target/debug
 # The book's and README's `kolo ...` commands against the options of the binary just built.
 python3 scripts/check-book.py --kolo target/debug/kolo
 
-stage "NCCL engine: feature build and its CPU-side tests (no GPU here; scripts/gpu-check.sh on one)"
-cargo clippy -p kolo-nccl -p kolo --features kolo/nccl --all-targets --locked -- -D warnings
-RUSTDOCFLAGS="-D warnings" cargo doc -p kolo-nccl -p kolo --features kolo/nccl --no-deps --locked
-cargo nextest run -p kolo-nccl -p kolo --features kolo/nccl --locked --profile ci --cargo-profile dev \
-  -E 'package(kolo-nccl) | test(nccl) | test(backend)'
-
 stage "end-to-end: the same programs under torchrun and srun"
 scripts/e2e-launchers.sh target/debug
 
@@ -121,20 +115,48 @@ rm -rf target/wheels
 "$VENV/bin/pip" install -q --force-reinstall --no-deps target/wheels/kolo-*.whl
 (cd crates/kolo-py && KOLO_BIN="$PWD/../../target/debug/kolo" "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests)
 
-# The MPI backend: the same crates built with the `mpi` feature (a second build of the kolo crates).
-MPI_FEATURES=kolo/mpi,kolo-ddp/mpi,kolo-train/mpi,kolo-cli/mpi
-MPI_CRATES=(-p kolo-mpi -p kolo -p kolo-ddp -p kolo-train -p kolo-cli)
+# The engines: the kolo crates built a second time, with the `mpi` and `nccl` features together (one
+# build for both: each is off by default, and a build with both is one users make too). Only the
+# test binaries that hold engine tests are built; the check below fails the suite if a test the
+# filter selects, or a test file gated on an engine feature, is in a binary this list leaves out.
+ENGINE_FEATURES=kolo/mpi,kolo-ddp/mpi,kolo-train/mpi,kolo-cli/mpi,kolo/nccl
+ENGINE_CRATES=(-p kolo-mpi -p kolo-nccl -p kolo -p kolo-ddp -p kolo-train -p kolo-cli)
+ENGINE_FILTER='test(/(^|[_:])(open)?mpi|backend|nccl/) | binary(mpi) | package(kolo-nccl)'
+ENGINE_TESTS=(conformance mpi processes errors ddp)
 
-stage "MPI backend: clippy and docs with the mpi feature"
-cargo clippy "${MPI_CRATES[@]}" --features "$MPI_FEATURES" --all-targets --locked -- -D warnings
-RUSTDOCFLAGS="-D warnings" cargo doc "${MPI_CRATES[@]}" --features "$MPI_FEATURES" --no-deps --locked
+stage "engines (MPI, NCCL): which test binaries hold their tests"
+# Listed from the default build above (no compiling): the whole workspace, as built there.
+missing=()
+while read -r bin; do
+  case $bin in *::bin/*) continue ;; *::*) name=${bin#*::} ;; *) continue ;; esac
+  [[ " ${ENGINE_TESTS[*]} " == *" $name "* ]] || missing+=("$bin")
+done < <(cargo nextest list --workspace --locked --cargo-profile dev --message-format oneline \
+  -E "($ENGINE_FILTER) & package(/^kolo(-mpi|-nccl|-ddp|-train|-cli)?$/)" | cut -d' ' -f1 | sort -u)
+for f in $(grep -lE 'feature = "(mpi|nccl)"' crates/{kolo,kolo-ddp,kolo-train,kolo-cli}/tests/*.rs); do
+  name=$(basename "$f" .rs)
+  [[ $name == gpu ]] && continue # CUDA and NCCL on a GPU: scripts/gpu-check.sh
+  [[ " ${ENGINE_TESTS[*]} " == *" $name "* ]] || missing+=("$f")
+done
+if ((${#missing[@]})); then
+  echo "test.sh: engine tests in binaries ENGINE_TESTS leaves out: ${missing[*]}" >&2
+  exit 1
+fi
+echo "engine test binaries: the libraries and ${ENGINE_TESTS[*]}"
+engine_tests=(--lib --bins)
+for t in "${ENGINE_TESTS[@]}"; do engine_tests+=(--test "$t"); done
 
-stage "MPI backend: conformance (world sizes 1-5), failures, DDP invariant, under mpirun"
-cargo nextest run "${MPI_CRATES[@]}" --features "$MPI_FEATURES" --locked --profile ci \
-  --cargo-profile dev -E 'test(/mpi|backend/) | binary(mpi)'
+stage "engines (MPI, NCCL): clippy and docs with both features"
+cargo clippy "${ENGINE_CRATES[@]}" --features "$ENGINE_FEATURES" --all-targets --locked -- -D warnings
+RUSTDOCFLAGS="-D warnings" cargo doc "${ENGINE_CRATES[@]}" --features "$ENGINE_FEATURES" --no-deps --locked
 
-stage "MPI backend: end-to-end (mpirun matrix, kolo train and bench on MPI)"
-cargo build "${MPI_CRATES[@]}" --features "$MPI_FEATURES" --bins --examples --locked
+stage "engines: MPI conformance (world sizes 1-5), failures, DDP invariant under mpirun; NCCL's CPU side"
+# No GPU here: NCCL's tests check loading, errors and the ABI; scripts/gpu-check.sh runs it on one.
+cargo nextest run "${ENGINE_CRATES[@]}" --features "$ENGINE_FEATURES" "${engine_tests[@]}" --locked \
+  --profile ci --cargo-profile dev -E "$ENGINE_FILTER"
+
+stage "engines: MPI end-to-end (mpirun matrix, kolo train and bench on MPI)"
+cargo build "${ENGINE_CRATES[@]}" --features "$ENGINE_FEATURES" --bin kolo --example matrix \
+  --example stuck_rank --locked
 scripts/e2e-mpi.sh target/debug
 
 stage "done"

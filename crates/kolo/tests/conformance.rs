@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{bytes, data, reference, spawn, Kind, TestElem};
+use common::{bytes, data, data_at, reference_at, spawn, Kind, TestElem};
 use kolo::prelude::*;
 use kolo::Algorithm;
 
@@ -36,10 +36,6 @@ fn expect_eq<T: TestElem>(what: &str, got: &[T], want: &[T]) -> Check {
     })
 }
 
-fn all_inputs<T: TestElem>(n: usize, count: usize, salt: usize) -> Vec<Vec<T>> {
-    (0..n).map(|r| data(r, count, salt)).collect()
-}
-
 /// The reductions (all-reduce, reduce, reduce-scatter) for every operator.
 fn reductions<T: TestElem>(comm: &Communicator, count: usize) -> Check {
     let (n, r) = (comm.size(), comm.rank());
@@ -53,7 +49,7 @@ fn reductions<T: TestElem>(comm: &Communicator, count: usize) -> Check {
         expect_eq(
             &ctx("all_reduce", red),
             &buf,
-            &reference(&all_inputs::<T>(n, count, salt), red),
+            &reference_at::<T>(n, 0, count, salt, red),
         )?;
 
         // reduce to the last rank (a non-zero root); other ranks keep their input
@@ -62,7 +58,7 @@ fn reductions<T: TestElem>(comm: &Communicator, count: usize) -> Check {
         comm.reduce(&mut buf, red, root)
             .map_err(|e| format!("{}: {e}", ctx("reduce", red)))?;
         let want = if r == root {
-            reference(&all_inputs::<T>(n, count, salt), red)
+            reference_at::<T>(n, 0, count, salt, red)
         } else {
             data(r, count, salt)
         };
@@ -75,10 +71,8 @@ fn reductions<T: TestElem>(comm: &Communicator, count: usize) -> Check {
         let mut recv = vec![T::from_i(0); block];
         comm.reduce_scatter(&send, &mut recv, red)
             .map_err(|e| format!("{}: {e}", ctx("reduce_scatter", red)))?;
-        let mine: Vec<Vec<T>> = (0..n)
-            .map(|s| data::<T>(s, block * n, salt)[r * block..(r + 1) * block].to_vec())
-            .collect();
-        expect_eq(&ctx("reduce_scatter", red), &recv, &reference(&mine, red))?;
+        let mine = reference_at::<T>(n, r * block, block, salt, red);
+        expect_eq(&ctx("reduce_scatter", red), &recv, &mine)?;
     }
     Ok(())
 }
@@ -110,7 +104,7 @@ fn movers<T: TestElem>(comm: &Communicator, count: usize) -> Check {
     expect_eq(
         &ctx("scatter"),
         &recv,
-        &data::<T>(root, count * n, 2)[r * count..(r + 1) * count],
+        &data_at::<T>(root, r * count, count, 2),
     )?;
 
     let concat: Vec<T> = (0..n).flat_map(|s| data::<T>(s, count, 3)).collect();
@@ -130,7 +124,7 @@ fn movers<T: TestElem>(comm: &Communicator, count: usize) -> Check {
     comm.all_to_all(&data::<T>(r, count * n, 4), &mut recv)
         .map_err(|e| format!("{}: {e}", ctx("all_to_all")))?;
     let want: Vec<T> = (0..n)
-        .flat_map(|s| data::<T>(s, count * n, 4)[r * count..(r + 1) * count].to_vec())
+        .flat_map(|s| data_at::<T>(s, r * count, count, 4))
         .collect();
     expect_eq(&ctx("all_to_all"), &recv, &want)?;
 
@@ -162,7 +156,7 @@ fn movers<T: TestElem>(comm: &Communicator, count: usize) -> Check {
     expect_eq(
         &ctx("scatter_v"),
         &recv,
-        &data::<T>(root, total, 6)[off..off + counts[r]],
+        &data_at::<T>(root, off, counts[r], 6),
     )?;
 
     // all_to_all_v: rank s sends count + (s + d) % 3 elements to rank d.
@@ -176,7 +170,7 @@ fn movers<T: TestElem>(comm: &Communicator, count: usize) -> Check {
     let want: Vec<T> = (0..n)
         .flat_map(|s| {
             let off: usize = (0..r).map(|d| sc(s, d)).sum();
-            send_of(s)[off..off + sc(s, r)].to_vec()
+            data_at::<T>(s, off, sc(s, r), 7)
         })
         .collect();
     expect_eq(&ctx("all_to_all_v"), &recv, &want)?;

@@ -153,9 +153,45 @@ test_elem! {
 
 /// Deterministic small values (1..=3), so sums and products of five ranks are exact in every type.
 pub fn data<T: TestElem>(rank: usize, count: usize, salt: usize) -> Vec<T> {
-    (0..count)
-        .map(|i| T::from_i(1 + ((rank * 7 + i * 13 + salt * 5) % 3) as i64))
-        .collect()
+    data_at(rank, 0, count, salt)
+}
+
+/// How often `data` repeats: a prime, so that no chunk or block size of an algorithm is a multiple
+/// of it, and an element that lands at the wrong offset (unless a multiple of 1,021 away) or in
+/// another rank's block shows.
+pub const PERIOD: usize = 1021;
+
+/// Element `i` of `data(rank, …, salt)`: 1, 2 or 3, mixed from the three numbers.
+fn value(rank: usize, i: usize, salt: usize) -> i64 {
+    let j = (i % PERIOD) as u64;
+    let h = (j ^ ((rank as u64) << 10) ^ ((salt as u64) << 14)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    1 + (h >> 40) as i64 % 3
+}
+
+/// Elements `start..start + len` of `data(rank, …, salt)`, without making the ones before: one
+/// period converted, then copies. (The conformance matrix checks millions of elements per call; made
+/// element by element, its inputs and expected results took most of its time rather than kolo.)
+pub fn data_at<T: TestElem>(rank: usize, start: usize, len: usize, salt: usize) -> Vec<T> {
+    let period: Vec<T> = (start..start + len.min(PERIOD))
+        .map(|i| T::from_i(value(rank, i, salt)))
+        .collect();
+    (0..len).map(|i| period[i % PERIOD]).collect()
+}
+
+/// `reference` of `data_at(r, start, len, salt)` over ranks `0..n`: the reduction of one period
+/// (computed by `reference`), repeated, as the inputs repeat.
+pub fn reference_at<T: TestElem>(
+    n: usize,
+    start: usize,
+    len: usize,
+    salt: usize,
+    op: ReduceOp,
+) -> Vec<T> {
+    let inputs: Vec<Vec<T>> = (0..n)
+        .map(|r| data_at(r, start, len.min(PERIOD), salt))
+        .collect();
+    let period = reference(&inputs, op);
+    (0..len).map(|i| period[i % PERIOD]).collect()
 }
 
 /// Sequential reference reduction of `inputs` (one vector per rank), written independently of kolo's
