@@ -126,12 +126,14 @@ ENGINE_TESTS=(conformance mpi processes errors ddp)
 
 stage "engines (MPI, NCCL): which test binaries hold their tests"
 # Listed from the default build above (no compiling): the whole workspace, as built there.
+# (Listed into a variable first: a failing listing stops the suite here instead of listing nothing.)
+listed=$(cargo nextest list --workspace --locked --cargo-profile dev --message-format oneline \
+  -E "($ENGINE_FILTER) & package(/^kolo(-mpi|-nccl|-ddp|-train|-cli)?$/)")
 missing=()
-while read -r bin; do
+for bin in $(cut -d' ' -f1 <<<"$listed" | sort -u); do
   case $bin in *::bin/*) continue ;; *::*) name=${bin#*::} ;; *) continue ;; esac
   [[ " ${ENGINE_TESTS[*]} " == *" $name "* ]] || missing+=("$bin")
-done < <(cargo nextest list --workspace --locked --cargo-profile dev --message-format oneline \
-  -E "($ENGINE_FILTER) & package(/^kolo(-mpi|-nccl|-ddp|-train|-cli)?$/)" | cut -d' ' -f1 | sort -u)
+done
 for f in $(grep -lE 'feature = "(mpi|nccl)"' crates/{kolo,kolo-ddp,kolo-train,kolo-cli}/tests/*.rs); do
   name=$(basename "$f" .rs)
   [[ $name == gpu ]] && continue # CUDA and NCCL on a GPU: scripts/gpu-check.sh
