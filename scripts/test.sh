@@ -129,15 +129,16 @@ stage "engines (MPI, NCCL): which test binaries hold their tests"
 # (Listed into a variable first: a failing listing stops the suite here instead of listing nothing.)
 listed=$(cargo nextest list --workspace --locked --cargo-profile dev --message-format oneline \
   -E "($ENGINE_FILTER) & package(/^kolo(-mpi|-nccl|-ddp|-train|-cli)?$/)")
+in_engine_tests() { [[ " ${ENGINE_TESTS[*]} " == *" $1 "* ]]; }
 missing=()
 for bin in $(cut -d' ' -f1 <<<"$listed" | sort -u); do
   case $bin in *::bin/*) continue ;; *::*) name=${bin#*::} ;; *) continue ;; esac
-  [[ " ${ENGINE_TESTS[*]} " == *" $name "* ]] || missing+=("$bin")
+  in_engine_tests "$name" || missing+=("$bin")
 done
 for f in $(grep -lE 'feature = "(mpi|nccl)"' crates/{kolo,kolo-ddp,kolo-train,kolo-cli}/tests/*.rs); do
   name=$(basename "$f" .rs)
   [[ $name == gpu ]] && continue # CUDA and NCCL on a GPU: scripts/gpu-check.sh
-  [[ " ${ENGINE_TESTS[*]} " == *" $name "* ]] || missing+=("$f")
+  in_engine_tests "$name" || missing+=("$f")
 done
 if ((${#missing[@]})); then
   echo "test.sh: engine tests in binaries ENGINE_TESTS leaves out: ${missing[*]}" >&2

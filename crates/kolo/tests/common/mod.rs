@@ -159,7 +159,7 @@ pub fn data<T: TestElem>(rank: usize, count: usize, salt: usize) -> Vec<T> {
 /// How often `data` repeats: a prime, so that no chunk or block size of an algorithm is a multiple
 /// of it, and an element that lands at the wrong offset (unless a multiple of 1,021 away) or in
 /// another rank's block shows.
-pub const PERIOD: usize = 1021;
+const PERIOD: usize = 1021;
 
 /// Element `i` of `data(rank, …, salt)`: 1, 2 or 3, mixed from the three numbers.
 fn value(rank: usize, i: usize, salt: usize) -> i64 {
@@ -175,7 +175,7 @@ pub fn data_at<T: TestElem>(rank: usize, start: usize, len: usize, salt: usize) 
     let period: Vec<T> = (start..start + len.min(PERIOD))
         .map(|i| T::from_i(value(rank, i, salt)))
         .collect();
-    (0..len).map(|i| period[i % PERIOD]).collect()
+    repeat(&period, len)
 }
 
 /// `reference` of `data_at(r, start, len, salt)` over ranks `0..n`: the reduction of one period
@@ -190,7 +190,11 @@ pub fn reference_at<T: TestElem>(
     let inputs: Vec<Vec<T>> = (0..n)
         .map(|r| data_at(r, start, len.min(PERIOD), salt))
         .collect();
-    let period = reference(&inputs, op);
+    repeat(&reference(&inputs, op), len)
+}
+
+/// `len` elements of `period` (at most `PERIOD` long) repeated.
+fn repeat<T: Copy>(period: &[T], len: usize) -> Vec<T> {
     (0..len).map(|i| period[i % PERIOD]).collect()
 }
 
