@@ -50,14 +50,24 @@ KOLO_TORCHRUN=$(scripts/install-torch.sh)
 export KOLO_TORCHRUN
 echo "$KOLO_TORCHRUN"
 
-stage "format"
+# The engines (MPI, NCCL) are off by default; the lints, the docs and the engine stages below build
+# the kolo crates with both features at once (a build users make too).
+ENGINE_FEATURES=kolo/mpi,kolo-ddp/mpi,kolo-train/mpi,kolo-cli/mpi,kolo/nccl
+ENGINE_CRATES=(-p kolo-mpi -p kolo-nccl -p kolo -p kolo-ddp -p kolo-train -p kolo-cli)
+
+stage "format; the dev profile's host-only crates"
 cargo fmt --all -- --check
+python3 scripts/check-host-crates.py
 
-stage "clippy"
-cargo clippy --workspace --all-targets --locked -- -D warnings
+stage "clippy (the engines' features on; then kolo without them)"
+# One pass over every crate and target with the engines built in (MPI is installed above), and kolo
+# alone without them: the only code that exists only then says an engine is not built in.
+cargo clippy --workspace --all-targets --locked --features "$ENGINE_FEATURES" -- -D warnings
+cargo clippy -p kolo --all-targets --locked -- -D warnings
 
-stage "docs"
+stage "docs (without and with the engines)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
+RUSTDOCFLAGS="-D warnings" cargo doc "${ENGINE_CRATES[@]}" --features "$ENGINE_FEATURES" --no-deps --locked
 
 stage "book: mdbook build docs; its links, anchors, includes, code blocks and commands"
 # mdBook is not a Debian package: without one on PATH, install it from crates.io (no default
@@ -115,12 +125,9 @@ rm -rf target/wheels
 "$VENV/bin/pip" install -q --force-reinstall --no-deps target/wheels/kolo-*.whl
 (cd crates/kolo-py && KOLO_BIN="$PWD/../../target/debug/kolo" "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests)
 
-# The engines: the kolo crates built a second time, with the `mpi` and `nccl` features together (one
-# build for both: each is off by default, and a build with both is one users make too). Only the
-# test binaries that hold engine tests are built; the check below fails the suite if a test the
-# filter selects, or a test file gated on an engine feature, is in a binary this list leaves out.
-ENGINE_FEATURES=kolo/mpi,kolo-ddp/mpi,kolo-train/mpi,kolo-cli/mpi,kolo/nccl
-ENGINE_CRATES=(-p kolo-mpi -p kolo-nccl -p kolo -p kolo-ddp -p kolo-train -p kolo-cli)
+# The engines' tests: the kolo crates built a second time, with ENGINE_FEATURES. Only the test
+# binaries that hold engine tests are built; the check below fails the suite if a test the filter
+# selects, or a test file gated on an engine feature, is in a binary this list leaves out.
 ENGINE_FILTER='test(/(^|[_:])(open)?mpi|backend|nccl/) | binary(mpi) | package(kolo-nccl)'
 ENGINE_TESTS=(conformance mpi processes errors ddp)
 
@@ -147,10 +154,6 @@ fi
 echo "engine test binaries: the libraries and ${ENGINE_TESTS[*]}"
 engine_tests=(--lib --bins)
 for t in "${ENGINE_TESTS[@]}"; do engine_tests+=(--test "$t"); done
-
-stage "engines (MPI, NCCL): clippy and docs with both features"
-cargo clippy "${ENGINE_CRATES[@]}" --features "$ENGINE_FEATURES" --all-targets --locked -- -D warnings
-RUSTDOCFLAGS="-D warnings" cargo doc "${ENGINE_CRATES[@]}" --features "$ENGINE_FEATURES" --no-deps --locked
 
 stage "engines: MPI conformance (world sizes 1-5), failures, DDP invariant under mpirun; NCCL's CPU side"
 # No GPU here: NCCL's tests check loading, errors and the ABI; scripts/gpu-check.sh runs it on one.
