@@ -11,14 +11,24 @@ skipped=0
 out=""
 rc=0
 
+# Each report ends with the seconds since the one before (about what that check took), so a slow
+# check shows in the suite's log.
+_since=$SECONDS
+took() {
+    _took="$((SECONDS - _since)) s"
+    _since=$SECONDS
+}
+
 ok() {
-    echo "ok - $1"
+    took
+    echo "ok - $1 ($_took)"
     passed=$((passed + 1))
 }
 
 # fail NAME WHY: reports the failure, with the last job's output indented below it.
 fail() {
-    echo "FAIL - $1: $2"
+    took
+    echo "FAIL - $1: $2 ($_took)"
     failed=$((failed + 1))
     if [[ -n $out ]]; then
         sed 's/^/#   /' <<<"$out" | tail -n 40
@@ -27,7 +37,8 @@ fail() {
 
 # skip NAME WHY: a check this machine cannot run (no network namespaces, no torchrun), counted.
 skip() {
-    echo "skip - $1: $2"
+    took
+    echo "skip - $1: $2 ($_took)"
     skipped=$((skipped + 1))
 }
 

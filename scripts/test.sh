@@ -123,7 +123,7 @@ VENV=$(dirname "$(dirname "$KOLO_TORCHRUN")")
 rm -rf target/wheels
 "$VENV/bin/maturin" build -q -m crates/kolo-py/Cargo.toml --profile dev -o target/wheels
 "$VENV/bin/pip" install -q --force-reinstall --no-deps target/wheels/kolo-*.whl
-(cd crates/kolo-py && KOLO_BIN="$PWD/../../target/debug/kolo" "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests)
+(cd crates/kolo-py && KOLO_BIN="$PWD/../../target/debug/kolo" "$VENV/bin/python" -m pytest -q -p no:cacheprovider --durations=10 tests)
 
 # The engines' tests: the kolo crates built a second time, with ENGINE_FEATURES. Only the test
 # binaries that hold engine tests are built; the check below fails the suite if a test the filter
