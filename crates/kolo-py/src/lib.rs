@@ -19,6 +19,7 @@ mod names;
 mod objects;
 mod p2p;
 mod posted;
+mod request;
 mod run;
 mod store;
 
@@ -111,13 +112,14 @@ fn shutdown(py: Python<'_>, grace: f64) -> PyResult<()> {
 #[pymodule]
 fn _kolo(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyCommunicator>()?;
-    m.add_class::<in_place::PyInPlaceSend>()?;
-    m.add_class::<posted::PyPostedRecv>()?;
+    m.add_class::<request::PyRequest>()?;
     m.add_function(wrap_pyfunction!(init, m)?)?;
     m.add_function(wrap_pyfunction!(init_with_store, m)?)?;
     m.add_function(wrap_pyfunction!(local_communicators, m)?)?;
     m.add_function(wrap_pyfunction!(shutdown, m)?)?;
     m.add_function(wrap_pyfunction!(mpi_p2p::register_mpi_datatype, m)?)?;
+    m.add_function(wrap_pyfunction!(request::register_mpi_request, m)?)?;
+    m.add_function(wrap_pyfunction!(request::wait_all, m)?)?;
     errors::register(m)?;
     names::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -16,6 +16,7 @@ use pyo3::types::{PyBool, PyFloat, PyInt, PyList, PyTuple, PyType};
 
 use crate::buffer::{hold_bytes, Held, Source};
 use crate::comm::PyCommunicator;
+use crate::request::PyRequest;
 use crate::run::Direction;
 
 /// kolo.MPI's `Datatype` class, registered when kolo.MPI is imported.
@@ -157,14 +158,14 @@ impl PyCommunicator {
         if !self.goes_in_place(&h) {
             self.send_buffered(py, h, dest, tag)?;
         } else if let Some(sent) = self.send_held_in_place(py, h, dest, tag)? {
-            sent.wait(py)?;
+            PyRequest::finish(py, sent)?;
         }
         Ok(true)
     }
 
     /// kolo.MPI's `Isend(buf, dest, tag)` where it is the common case: `True` where it was sent
-    /// buffered (its request complete); the `InPlaceSend` to wait on where it went in place (a
-    /// message of the in-place size); `False` for any other case, which kolo.MPI's method sends.
+    /// buffered (its request complete); its pending request where it went in place (a message of
+    /// the in-place size); `False` for any other case, which kolo.MPI's method sends.
     fn mpi_isend<'py>(
         &self,
         py: Python<'py>,
@@ -178,7 +179,7 @@ impl PyCommunicator {
         if !self.goes_in_place(&h) {
             self.send_buffered(py, h, dest, tag)?;
         } else if let Some(sent) = self.send_held_in_place(py, h, dest, tag)? {
-            return Ok(Bound::new(py, sent)?.into_any());
+            return PyRequest::issue(py, sent, dest, tag);
         }
         Ok(PyBool::new(py, true).to_owned().into_any())
     }
@@ -198,5 +199,26 @@ impl PyCommunicator {
         };
         let got: Option<Status> = self.recv_held(py, h, Some(src), Some(tag), true)?;
         Ok(got.map(|s| s.count))
+    }
+
+    /// kolo.MPI's `Irecv(buf, source, tag)` where it is the common case and the transport posts
+    /// the receive (a message of `min_bytes` or more; the caller knows no receive pending that
+    /// must match first): its pending request. `None` for any other case, which kolo.MPI's
+    /// method receives.
+    fn mpi_irecv<'py>(
+        &self,
+        py: Python<'py>,
+        buf: &Bound<'py, PyAny>,
+        source: &Bound<'py, PyAny>,
+        tag: &Bound<'py, PyAny>,
+        min_bytes: usize,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let Some((h, src, tag)) = common(buf, source, tag, true, None)? else {
+            return Ok(None);
+        };
+        if h.region.count < min_bytes {
+            return Ok(None);
+        }
+        self.post_held(py, h, src, tag)
     }
 }

@@ -183,27 +183,29 @@ impl PyCommunicator {
         self.comm.in_place_min()
     }
 
-    /// kolo.MPI's send of the bytes of `buf`: in place where the transport can (the
-    /// `InPlaceSend` to wait on, which holds `buf`), else buffered (`None`: done).
-    fn send_in_place(
+    /// kolo.MPI's send of the bytes of `buf`: in place where the transport can (its pending
+    /// request, which holds `buf`), else buffered (`None`: done).
+    fn send_in_place<'py>(
         &self,
-        py: Python<'_>,
-        buf: &Bound<'_, PyAny>,
+        py: Python<'py>,
+        buf: &Bound<'py, PyAny>,
         dest: usize,
         tag: u64,
-    ) -> PyResult<Option<crate::in_place::PyInPlaceSend>> {
-        self.send_bytes_in_place(py, buf, dest, tag)
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        self.send_bytes_in_place(py, buf, dest, tag)?
+            .map(|live| crate::request::PyRequest::issue(py, live, dest, tag))
+            .transpose()
     }
 
-    /// kolo.MPI's `Irecv` into the bytes of `buf`: posted where the transport can (the
-    /// `PostedRecv` to wait on, which holds `buf`), else `None` (nothing posted).
-    fn post_recv(
+    /// kolo.MPI's `Irecv` into the bytes of `buf`: posted where the transport can (its pending
+    /// request, which holds `buf`), else `None` (nothing posted).
+    fn post_recv<'py>(
         &self,
-        py: Python<'_>,
-        buf: &Bound<'_, PyAny>,
+        py: Python<'py>,
+        buf: &Bound<'py, PyAny>,
         src: usize,
         tag: u64,
-    ) -> PyResult<Option<crate::posted::PyPostedRecv>> {
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
         self.post_bytes(py, buf, src, tag)
     }
 

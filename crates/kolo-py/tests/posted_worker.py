@@ -2,6 +2,7 @@
 `kolo run -n 2`; prints each rank's findings as JSON."""
 
 import json
+import time
 
 import numpy as np
 
@@ -69,4 +70,35 @@ else:
     got = np.zeros(5000, np.uint8)
     comm.Irecv(got, 0, 4).Wait()
     out["next"] = bool((got == 8).all())
+
+# 5. The requests of posted receives and of sends in place are MPI.Requests: Get_status, polled,
+# completes a posted receive; Waitall takes them mixed with REQUEST_NULL and plain receives, with
+# statuses or without.
+if rank == 0:
+    comm.Send(data(9000, 5).astype(np.uint8), 1, 5)
+    comm.Send(np.full(100, 3, np.uint8), 1, 6)
+    big = data(N, 6).astype(np.uint8)
+    req = comm.Isend(big, 1, 7)  # in place: pending until rank 1 has copied it
+    out["send_request"] = isinstance(req, MPI.Request) and bool(req)
+    MPI.Request.Waitall([req, MPI.REQUEST_NULL])
+    out["send_done"] = not req and req == MPI.REQUEST_NULL
+    comm.Send(data(9000, 8).astype(np.uint8), 1, 8)
+    comm.Send(data(9000, 9).astype(np.uint8), 1, 8)
+else:
+    a, small, b = np.zeros(9000, np.uint8), np.zeros(100, np.uint8), np.zeros(N, np.uint8)
+    ra, st = comm.Irecv(a, 0, 5), MPI.Status()
+    until = time.monotonic() + 30
+    while not ra.Get_status(st) and time.monotonic() < until:
+        pass
+    out["get_status"] = st.Get_count() == 9000 and bool((a == data(9000, 5)).all())
+    rb = comm.Irecv(b, 0, 7)  # posted
+    rs = comm.Irecv(small, 0, 6)  # plain (a short message)
+    out["recv_request"] = isinstance(rb, MPI.Request) and bool(rb)
+    MPI.Request.Waitall([rb, MPI.REQUEST_NULL, rs])
+    out["mixed"] = (bool((b == data(N, 6)).all()) and bool((small == 3).all())
+                    and not rb and not rs and rb == MPI.REQUEST_NULL)
+    c, d, sts = np.zeros(9000, np.uint8), np.zeros(9000, np.uint8), []
+    MPI.Request.Waitall([comm.Irecv(c, 0, 8), comm.Irecv(d, 0, 8)], sts)
+    out["statuses"] = ([s.Get_count() for s in sts] == [9000, 9000]
+                       and bool((c == data(9000, 8)).all()) and bool((d == data(9000, 9)).all()))
 print(json.dumps(out), flush=True)

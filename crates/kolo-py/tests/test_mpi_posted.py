@@ -11,7 +11,8 @@ from two_ranks import KOLO, run_two
 @pytest.mark.skipif(not KOLO, reason="set KOLO_BIN to the kolo binary (the suite does)")
 def test_posted_receives_fill_in_matching_order():
     found = run_two("posted_worker.py")
-    assert found[0] == {"rank": 0, "exchange": True}
+    assert found[0] == {"rank": 0, "exchange": True, "send_request": True, "send_done": True}
     assert found[1] == {"rank": 1, "before_wait": True, "count": 5000, "rest": True,
                         "order": [True, True, True], "exchange": True, "truncated": True,
-                        "untouched": True, "next": True}
+                        "untouched": True, "next": True, "get_status": True,
+                        "recv_request": True, "mixed": True, "statuses": True}

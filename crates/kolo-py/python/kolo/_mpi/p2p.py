@@ -17,7 +17,7 @@ deadlock. ``Bsend`` and ``Ibsend`` stay buffered.
 import pickle
 
 from . import request as rq
-from .request import irecv, nbytes
+from .request import POST_MIN, irecv, nbytes
 from .status import fill
 from .datatypes import ANY_SOURCE, ANY_TAG, BAD_INPUT, PROC_NULL, raw, to_int
 from .datatypes import Datatype as DT
@@ -136,16 +136,16 @@ class P2P:
                 # (its send to wait on) or not the common case (False).
                 sent = self._c.mpi_isend(buf, dest, tag)
                 if sent is True:
-                    return rq.Request()
+                    return rq.Request()  # complete: the message is the transport's
                 if sent is not False:
-                    return rq.sent_in_place(sent)
+                    return sent  # in place: its request
                 dest, tag = send_to(dest, tag)
                 if dest is None:
                     return rq.Request()
                 span = raw(buf)
                 if nbytes(span) >= big:
                     sent = self._c.send_in_place(span, dest, tag)
-                    return rq.Request() if sent is None else rq.sent_in_place(sent)
+                    return rq.Request() if sent is None else sent
                 self._c.send(span, dest, tag, _U8)
             except BAD_INPUT as e:
                 self._fail("Isend", e)
@@ -162,6 +162,11 @@ class P2P:
 
     def Irecv(self, buf, source=ANY_SOURCE, tag=ANY_TAG):
         try:
+            if not self._plain and source not in self._unposted:
+                # The common case (see Send), posted with the transport, in one native call.
+                posted = self._c.mpi_irecv(buf, source, tag, POST_MIN)
+                if posted is not None:
+                    return posted
             if type(source) is not int or type(tag) is not int or source < 0 or tag < 0:
                 source, tag = recv_from(source, tag)
                 if source is None:

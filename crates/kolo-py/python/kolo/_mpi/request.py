@@ -19,6 +19,7 @@ under MPI.
 import itertools
 import time
 
+from .. import _kolo
 from .status import Status
 from .datatypes import ANY_SOURCE, ANY_TAG, PROC_NULL, UNDEFINED, add_missing, missing
 
@@ -71,8 +72,9 @@ class Request:
         return (True, self.wait())
 
     def Get_status(self, status=None):
-        """Whether the request has completed (without completing it)."""
-        done = not self._pending
+        """Whether the request has completed, filling `status` in if it has (kolo keeps a
+        completed request's status, so completing it here is invisible)."""
+        done = not self._pending or self._progress(False)
         if done and status is not None:
             self._report(status)
         return done
@@ -100,9 +102,13 @@ class Request:
     # -- many requests ---------------------------------------------------------------------------
     @staticmethod
     def Waitall(requests, statuses=None):
-        if type(requests) is list and len(requests) > 1 and _window(requests):
-            _receive_window(requests, statuses)
-            return True
+        if type(requests) is list:
+            if len(requests) > 1 and _window(requests):
+                _receive_window(requests, statuses)
+                return True
+            if statuses is None:
+                _kolo.wait_all(requests)  # each request's Wait, in one call
+                return True
         if statuses is None:
             for r in requests:
                 r.Wait()
@@ -268,35 +274,6 @@ add_missing(Request, "MPI.Request", """
 REQUEST_NULL = Request()
 
 
-class SendInPlace(Request):
-    """A send in place (see `p2p`): pending until the receiver has copied the buffer, which the
-    native send holds until then (and, if the send fails, for good: the receiver may still be
-    reading it)."""
-
-    __slots__ = ("_pending", "_send")
-
-    def _progress(self, block):
-        send = self._send
-        try:
-            if block:
-                send.wait()
-            elif not send.done():
-                return False
-        except BaseException:
-            self._pending, self._send = False, None  # failed: complete, its error raised here
-            raise
-        self._pending, self._send = False, None
-        return True
-
-
-def sent_in_place(send):
-    """The pending request of `send`, a native send in place (made without calling the class,
-    as `receive` is)."""
-    r = _new(SendInPlace)
-    r._send, r._pending = send, True
-    return r
-
-
 class Receive(Request):
     """A posted receive (see the module's documentation): into `span` (native form) or, when
     `span` is None, of a pickled object (its `_result`). `source` and `tag` may be
@@ -381,36 +358,20 @@ class Receive(Request):
         return True
 
 
-class Posted(Request):
-    """A receive posted with the transport (see the module's documentation), into its buffer
-    from one source with one tag. The transport gives it its message before any receive posted
-    later, so it needs no place in the communicator's order of pending receives. Dropped without
-    a wait, it is withdrawn (its buffer is released, so nothing may be written into it): its
-    message goes to the next receive."""
+class Native(_kolo.Request, Request):
+    """A request the extension makes and completes: of a receive posted with the transport (see
+    the module's documentation), into its buffer from one source with one tag, or of a send in
+    place (see `p2p`), pending until the receiver has copied the buffer. A posted receive gets its
+    message before any receive posted later, so it needs no place in the communicator's order of
+    pending receives; dropped without a wait, it is withdrawn (its buffer is released, so nothing
+    may be written into it) and its message goes to the next receive. A send in place holds its
+    buffer until the receiver has copied it (and, if the send fails, for good: the receiver may
+    still be reading it); dropped while pending, it waits for the copy."""
 
-    __slots__ = ("_pending", "_native", "_source", "_tag", "_count")
+    __slots__ = ()
 
-    def _report(self, status):
-        status._set(self._source, self._tag, self._count)
 
-    def Wait(self, status=None):
-        if self._pending:
-            self._progress(True)
-        if status is not None:
-            status._set(self._source, self._tag, self._count)
-        return True
-
-    def _progress(self, block):
-        native = self._native
-        try:
-            n = native.wait() if block else native.done()
-        except BaseException:
-            self._pending, self._native = False, None  # failed: complete, its error raised here
-            raise
-        if n is None:
-            return False
-        self._count, self._pending, self._native = n, False, None
-        return True
+_kolo.register_mpi_request(Native)
 
 
 def receive(comm, span, source, tag):
@@ -441,12 +402,10 @@ def irecv(comm, span, source, tag):
     which writes the message into it and keeps the order among postings, where it can — while
     every receive pending is posted so — else a `Receive`."""
     if (source >= 0 and tag >= 0 and not comm._plain and source not in comm._unposted
-            and (span[2] if span[2] is not None else nbytes(span)) >= _POST_MIN):
-        native = comm._c.post_recv(span, source, tag)
-        if native is not None:
-            r = _new(Posted)  # made without calling the class (see `receive`)
-            r._native, r._source, r._tag, r._pending, r._count = native, source, tag, True, 0
-            return r
+            and (span[2] if span[2] is not None else nbytes(span)) >= POST_MIN):
+        posted = comm._c.post_recv(span, source, tag)
+        if posted is not None:
+            return posted
         comm._unposted.add(source)  # a peer the transport posts no receives from
     return receive(comm, span, source, tag)
 
@@ -455,7 +414,7 @@ _POSTINGS = itertools.count()
 
 # The smallest receive posted with the transport: below it, posting costs more (~0.25 µs a
 # receive) than the copy it saves.
-_POST_MIN = 4096
+POST_MIN = 4096
 
 
 def nbytes(span):
