@@ -140,7 +140,7 @@ pub const SETTINGS: &[Setting] = &[
     s("KOLO_TRANSPORT", "`auto`", "`auto`: shared memory between ranks of a node, TCP between nodes; `tcp`: TCP everywhere; `shm`: shared memory only (all ranks on one node, else an error)"),
     s("KOLO_SHM_RING_BYTES", "1 MiB to 256 KiB", "bytes of each pair's shared-memory ring; by default 1 MiB for up to 4 ranks on a host, less from 5 (the n(n−1) rings within 16 MiB together), 256 KiB from 9; every rank must use the same"),
     s("KOLO_SHM_BUFFER_BYTES", "1 MiB", "bytes of each of a rank's two shared buffers (the all-reduce chunk)"),
-    s("KOLO_SHM_SPIN_US", "1000", "how long a waiting rank polls (yielding its core after the first microseconds) before it sleeps on its futex"),
+    s("KOLO_SHM_SPIN_US", "1000", "how long a waiting rank polls (yielding its core after the first microseconds) before it sleeps on its futex, at least: doubled, up to 16 times, while its sleeps turn out short"),
     s("KOLO_SHM_SINGLE_COPY_BYTES", "8192", "kolo.MPI's sends of at least this many bytes to a rank of the same host are copied once, by the receiver straight from the sender's memory (process_vm_readv), and complete when it has (collectives' blocks too, from their own larger thresholds); 0: every send goes through the ring"),
     s("KOLO_HEARTBEAT_TIMEOUT", "`6`", "seconds a shared-memory peer's heartbeat may stand still before the peer counts as lost (`0`: no heartbeats)"),
     s("KOLO_INIT_METHOD", "from the launcher's variables", "explicit rendezvous: `tcp://HOST:PORT`, `c10d://HOST:PORT` or `file:///PATH`, with `RANK` and `WORLD_SIZE`"),

@@ -25,8 +25,8 @@
 //! # Waiting
 //!
 //! A waiting thread spins for a few hundred polls, then polls while yielding its core until `spin`
-//! (default 1 ms) has passed, then sleeps on its rank's futex doorbell, which
-//! peers ring after publishing (see [`sync`]). While asleep it wakes every `poll` (20 ms) to check
+//! (1 ms at first, growing while sleeps turn out short: see `wait`) has passed, then sleeps on its
+//! rank's futex doorbell, which peers ring after publishing (see [`sync`]). While asleep it wakes every `poll` (20 ms) to check
 //! that its peers' processes are alive (a `pidfd` each), so a peer killed with `kill -9` is noticed
 //! within that time; a peer that aborts sets its state and rings every doorbell.
 //!
@@ -61,6 +61,7 @@ mod steps;
 pub mod sync;
 #[cfg(test)]
 mod tests;
+mod wait;
 
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -114,6 +115,8 @@ pub struct ShmTransport {
     /// Each peer's last heartbeat value and when it was first seen.
     beats: Mutex<Vec<(u32, Instant)>>,
     beat_stop: Arc<AtomicBool>,
+    /// How long a waiting thread spins before it sleeps, now (see `wait`).
+    spin: wait::Spin,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -202,6 +205,7 @@ impl ShmTransport {
     fn new(seg: Arc<Segment>, layout: Layout, rank: usize, opts: ShmOptions) -> ShmTransport {
         let n = layout.n;
         ShmTransport {
+            spin: wait::Spin::new(opts.spin),
             seg,
             layout,
             rank,
@@ -346,59 +350,6 @@ impl ShmTransport {
     /// Word `i` of rank `r`'s state line: 0 state, 1 pid, 2 reason length, 3 heartbeat.
     fn state_word(&self, r: usize, i: usize) -> &AtomicU32 {
         self.u32_at(self.layout.ctrl(r) + LINE + 4 * i)
-    }
-
-    /// Spins, then sleeps on this rank's doorbell, until `ready` returns `Some`, the deadline passes
-    /// (`Err(Timeout)`) or a link fails.
-    fn wait_for<R>(
-        &self,
-        deadline: Option<Instant>,
-        mut ready: impl FnMut() -> Option<R>,
-    ) -> Result<R, RecvError> {
-        // Most waits end within a few hundred spins: read the clock only after that. Past that, yield
-        // the core every 16 spins: a thread or rank waiting for it (more ranks than free cores, or
-        // both placed on one core) runs at once. Sleep only after `spin`: once a rank sleeps its peers
-        // pay a wake-up per step, which on a virtual machine can outlast a short spin and keep every
-        // rank sleeping on every step.
-        let mut spin_until = None;
-        let mut i = 0u32;
-        loop {
-            if let Some(r) = ready() {
-                return Ok(r);
-            }
-            i = i.wrapping_add(1);
-            if i.is_multiple_of(16) && i >= 256 {
-                let now = Instant::now();
-                match spin_until {
-                    None => spin_until = Some(now + self.opts.spin),
-                    Some(t) if now >= t => break,
-                    Some(_) => std::thread::yield_now(),
-                }
-            }
-            std::hint::spin_loop();
-        }
-        let bell = self.bell(self.rank);
-        loop {
-            if let Some(f) = self.health() {
-                return Err(RecvError::Link(f));
-            }
-            let mut timeout = self.opts.poll;
-            if let Some(d) = deadline {
-                let now = Instant::now();
-                if now >= d {
-                    return Err(RecvError::Timeout);
-                }
-                timeout = timeout.min(d - now);
-            }
-            let mut out = None;
-            bell.sleep_unless(timeout, &mut || {
-                out = ready();
-                out.is_some()
-            });
-            if let Some(r) = out.or_else(&mut ready) {
-                return Ok(r);
-            }
-        }
     }
 }
 
