@@ -202,23 +202,18 @@ impl PyCommunicator {
     }
 
     /// kolo.MPI's `Irecv(buf, source, tag)` where it is the common case and the transport posts
-    /// the receive (a message of `min_bytes` or more; the caller knows no receive pending that
-    /// must match first): its pending request. `None` for any other case, which kolo.MPI's
-    /// method receives.
+    /// the receive (the caller knows no receive pending that must match first): its pending
+    /// request. `None` for any other case, which kolo.MPI's method receives.
     fn mpi_irecv<'py>(
         &self,
         py: Python<'py>,
         buf: &Bound<'py, PyAny>,
         source: &Bound<'py, PyAny>,
         tag: &Bound<'py, PyAny>,
-        min_bytes: usize,
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
         let Some((h, src, tag)) = common(buf, source, tag, true, None)? else {
             return Ok(None);
         };
-        if h.region.count < min_bytes {
-            return Ok(None);
-        }
         self.post_held(py, h, src, tag)
     }
 }

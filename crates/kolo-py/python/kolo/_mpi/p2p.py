@@ -17,7 +17,7 @@ deadlock. ``Bsend`` and ``Ibsend`` stay buffered.
 import pickle
 
 from . import request as rq
-from .request import POST_MIN, irecv, nbytes
+from .request import irecv, nbytes
 from .status import fill
 from .datatypes import ANY_SOURCE, ANY_TAG, BAD_INPUT, PROC_NULL, raw, to_int
 from .datatypes import Datatype as DT
@@ -164,7 +164,7 @@ class P2P:
         try:
             if not self._plain and source not in self._unposted:
                 # The common case (see Send), posted with the transport, in one native call.
-                posted = self._c.mpi_irecv(buf, source, tag, POST_MIN)
+                posted = self._c.mpi_irecv(buf, source, tag)
                 if posted is not None:
                     return posted
             if type(source) is not int or type(tag) is not int or source < 0 or tag < 0:

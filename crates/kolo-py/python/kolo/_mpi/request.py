@@ -401,8 +401,7 @@ def irecv(comm, span, source, tag):
     """The request of an ``Irecv`` into `span` (the native form): posted with the transport,
     which writes the message into it and keeps the order among postings, where it can — while
     every receive pending is posted so — else a `Receive`."""
-    if (source >= 0 and tag >= 0 and not comm._plain and source not in comm._unposted
-            and (span[2] if span[2] is not None else nbytes(span)) >= POST_MIN):
+    if source >= 0 and tag >= 0 and not comm._plain and source not in comm._unposted:
         posted = comm._c.post_recv(span, source, tag)
         if posted is not None:
             return posted
@@ -411,10 +410,6 @@ def irecv(comm, span, source, tag):
 
 
 _POSTINGS = itertools.count()
-
-# The smallest receive posted with the transport: below it, posting costs more (~0.25 µs a
-# receive) than the copy it saves.
-POST_MIN = 4096
 
 
 def nbytes(span):
