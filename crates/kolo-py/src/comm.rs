@@ -4,6 +4,7 @@
 //! `done(None)` or `done(exception)` is called when it completes (how, in [`crate::run`]).
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use kolo::{CollectiveBuffer, Communicator};
 use pyo3::exceptions::PyValueError;
@@ -160,6 +161,30 @@ impl PyCommunicator {
             return Ok(());
         }
         self.lane.drain_interruptibly(py)
+    }
+
+    /// Ends this communicator without failing its peers (torch's `destroy_process_group`): later
+    /// operations are refused and the asynchronous ones issued get `grace` seconds to finish; only
+    /// if some are still running then does it abort (they fail at once, on every rank). Whether
+    /// they had all finished.
+    #[pyo3(signature = (grace=5.0))]
+    fn shutdown(&self, py: Python<'_>, grace: f64) -> PyResult<bool> {
+        if !(grace.is_finite() && grace >= 0.0) {
+            return Err(PyValueError::new_err(format!(
+                "grace: expected a non-negative number of seconds, got {grace}"
+            )));
+        }
+        let grace = crate::seconds(grace);
+        let (lane, comm) = (&*self.lane, Arc::downgrade(&self.comm));
+        Ok(py.detach(|| {
+            crate::run::end(
+                lane,
+                &comm,
+                Instant::now() + grace,
+                grace,
+                "shut its process group down",
+            )
+        }))
     }
 
     fn __repr__(&self) -> String {

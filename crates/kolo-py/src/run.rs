@@ -278,22 +278,36 @@ pub(crate) fn shutdown_all(py: Python<'_>, grace: Duration) {
     py.detach(|| {
         let deadline = Instant::now() + grace;
         for (lane, comm) in &live {
-            let Some(lane) = lane.upgrade() else {
-                continue;
-            };
-            lane.close();
-            if lane.drain(Some(deadline)) {
-                continue;
+            if let Some(lane) = lane.upgrade() {
+                end(&lane, comm, deadline, grace, "is exiting");
             }
-            if let Some(comm) = comm.upgrade() {
-                comm.abort(&format!(
-                    "rank {} is exiting with operations still running",
-                    comm.rank()
-                ));
-            }
-            lane.drain(Some(Instant::now() + grace));
         }
     });
+}
+
+/// Closes `lane` (later operations are refused) and lets its asynchronous operations finish until
+/// `deadline`; if some are still running then, aborts the communicator (they fail at once, on every
+/// rank, the error saying that this rank `doing` so) and gives them `grace` more to complete.
+/// Whether every operation had finished by the deadline.
+pub(crate) fn end(
+    lane: &Lane,
+    comm: &Weak<Communicator>,
+    deadline: Instant,
+    grace: Duration,
+    doing: &str,
+) -> bool {
+    lane.close();
+    if lane.drain(Some(deadline)) {
+        return true;
+    }
+    if let Some(comm) = comm.upgrade() {
+        comm.abort(&format!(
+            "rank {} {doing} with operations still running",
+            comm.rank()
+        ));
+    }
+    lane.drain(Some(Instant::now() + grace));
+    false
 }
 
 impl PyCommunicator {

@@ -131,9 +131,12 @@ class ProcessGroupKolo(dist.ProcessGroup):
         self._c.abort("the process group was aborted")
 
     def shutdown(self):
-        """Ends this group (as :meth:`abort`; torch's ``destroy_process_group`` calls it)."""
+        """Ends this group (torch's ``destroy_process_group`` calls it) as Gloo's does, without
+        failing the other ranks: later operations are refused and the asynchronous ones issued
+        get 5 seconds to finish; only operations still running then make it abort (they fail on
+        every rank, the error naming this rank)."""
         if self._c.failure() is None:
-            self._c.abort("the process group was shut down")
+            self._c.shutdown(5.0)
 
     # -- machinery ------------------------------------------------------------------------------
     # A plan is what one torch call does: (calls, after), each call `call(done)` one kolo
