@@ -50,8 +50,10 @@ KOLO_TORCHRUN=$(scripts/install-torch.sh)
 export KOLO_TORCHRUN
 echo "$KOLO_TORCHRUN"
 
-# The engines (MPI, NCCL) are off by default; the lints, the docs and the engine stages below build
-# the kolo crates with both features at once (a build users make too).
+# The engines (MPI, NCCL) are off by default. The suite builds the workspace once, with both
+# features on (a build users make too): the lints, the tests, the doc tests and the end-to-end
+# binaries share that build, and the engines' tests run with the others. What exists only without
+# them (kolo saying an engine is not built in) is linted and unit-tested in kolo alone.
 ENGINE_FEATURES=kolo/mpi,kolo-ddp/mpi,kolo-train/mpi,kolo-cli/mpi,kolo/nccl
 ENGINE_CRATES=(-p kolo-mpi -p kolo-nccl -p kolo -p kolo-ddp -p kolo-train -p kolo-cli)
 
@@ -86,13 +88,18 @@ python3 scripts/check-book.py
 # The benchmark scripts' machine line (scripts/benchhost.py): a busy process shows as a busy core.
 python3 scripts/benchhost.py --self-test
 
-stage "tests (unit, integration, property, multi-process)"
+stage "tests (unit, integration, property, multi-process; MPI's under mpirun, NCCL's CPU side)"
 # `--cargo-profile dev`: the same build as the doc tests and the end-to-end binaries (the test profile
-# would compile every dependency a second time).
-cargo nextest run --workspace --locked --profile ci --cargo-profile dev
+# would compile every dependency a second time). MPI: the conformance matrix under `mpirun -n 1..5`,
+# failures, the DDP invariant under `mpirun -n 2`. No GPU here: NCCL's tests check loading, errors
+# and the ABI; scripts/gpu-check.sh runs it on one.
+cargo nextest run --workspace --locked --profile ci --cargo-profile dev --features "$ENGINE_FEATURES"
+
+stage "kolo without the engines (unit tests)"
+cargo nextest run -p kolo --lib --locked --profile ci --cargo-profile dev
 
 stage "doc tests"
-cargo test --workspace --doc --locked
+cargo test --workspace --doc --locked --features "$ENGINE_FEATURES"
 
 stage "fuzz targets (AFL++): build instrumented, fuzz each for a few seconds"
 # Keeps the targets building and running; the corpus and regression inputs of every target were
@@ -101,8 +108,8 @@ stage "fuzz targets (AFL++): build instrumented, fuzz each for a few seconds"
 KOLO_FUZZ_JOBS=2 KOLO_FUZZ_NO_TRAIN=1 scripts/fuzz.sh all 5
 
 stage "end-to-end: kolo run and kolo train with the examples"
-# The test build already holds these (same profile settings), so this adds little.
-cargo build --workspace --bins --examples --locked
+# The test build already holds these (same profile settings and features), so this adds little.
+cargo build --workspace --bins --examples --locked --features "$ENGINE_FEATURES"
 scripts/e2e.sh target/debug
 scripts/e2e-examples.sh target/debug
 scripts/e2e-diagnose.sh target/debug
@@ -125,44 +132,8 @@ rm -rf target/wheels
 "$VENV/bin/pip" install -q --force-reinstall --no-deps target/wheels/kolo-*.whl
 (cd crates/kolo-py && KOLO_BIN="$PWD/../../target/debug/kolo" "$VENV/bin/python" -m pytest -q -p no:cacheprovider --durations=10 tests)
 
-# The engines' tests: the kolo crates built a second time, with ENGINE_FEATURES. Only the test
-# binaries that hold engine tests are built; the check below fails the suite if a test the filter
-# selects, or a test file gated on an engine feature, is in a binary this list leaves out.
-ENGINE_FILTER='test(/(^|[_:])(open)?mpi|backend|nccl/) | binary(mpi) | package(kolo-nccl)'
-ENGINE_TESTS=(conformance mpi processes errors ddp)
-
-stage "engines (MPI, NCCL): which test binaries hold their tests"
-# Listed from the default build above (no compiling): the whole workspace, as built there.
-# (Listed into a variable first: a failing listing stops the suite here instead of listing nothing.)
-listed=$(cargo nextest list --workspace --locked --cargo-profile dev --message-format oneline \
-  -E "($ENGINE_FILTER) & package(/^kolo(-mpi|-nccl|-ddp|-train|-cli)?$/)")
-in_engine_tests() { [[ " ${ENGINE_TESTS[*]} " == *" $1 "* ]]; }
-missing=()
-for bin in $(cut -d' ' -f1 <<<"$listed" | sort -u); do
-  case $bin in *::bin/*) continue ;; *::*) name=${bin#*::} ;; *) continue ;; esac
-  in_engine_tests "$name" || missing+=("$bin")
-done
-for f in $(grep -lE 'feature = "(mpi|nccl)"' crates/{kolo,kolo-ddp,kolo-train,kolo-cli}/tests/*.rs); do
-  name=$(basename "$f" .rs)
-  [[ $name == gpu ]] && continue # CUDA and NCCL on a GPU: scripts/gpu-check.sh
-  in_engine_tests "$name" || missing+=("$f")
-done
-if ((${#missing[@]})); then
-  echo "test.sh: engine tests in binaries ENGINE_TESTS leaves out: ${missing[*]}" >&2
-  exit 1
-fi
-echo "engine test binaries: the libraries and ${ENGINE_TESTS[*]}"
-engine_tests=(--lib --bins)
-for t in "${ENGINE_TESTS[@]}"; do engine_tests+=(--test "$t"); done
-
-stage "engines: MPI conformance (world sizes 1-5), failures, DDP invariant under mpirun; NCCL's CPU side"
-# No GPU here: NCCL's tests check loading, errors and the ABI; scripts/gpu-check.sh runs it on one.
-cargo nextest run "${ENGINE_CRATES[@]}" --features "$ENGINE_FEATURES" "${engine_tests[@]}" --locked \
-  --profile ci --cargo-profile dev -E "$ENGINE_FILTER"
-
 stage "engines: MPI end-to-end (mpirun matrix, kolo train and bench on MPI)"
-cargo build "${ENGINE_CRATES[@]}" --features "$ENGINE_FEATURES" --bin kolo --example matrix \
-  --example stuck_rank --locked
+# The binaries and examples built for the end-to-end stage above have MPI built in.
 scripts/e2e-mpi.sh target/debug
 
 stage "done"
