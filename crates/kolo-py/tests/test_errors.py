@@ -174,3 +174,22 @@ def test_exiting_with_an_operation_completing_is_clean(tmp_path):
     assert p.returncode == 0, p.stderr
     assert "callback finished" in p.stdout
     assert "panicked" not in p.stderr and "terminate" not in p.stderr
+
+
+@pytest.mark.parametrize("engine", ["mpi", "nccl"])
+def test_an_engine_this_build_lacks_is_named_with_how_to_get_it(engine):
+    # The wheel is built without the engines (the suite's Rust tests run with them on): asking for
+    # one is a configuration error that says which feature to build with.
+    import os
+    import subprocess
+    import sys
+
+    code = "import kolo\ntry:\n    kolo.init()\nexcept kolo.KoloError as e:\n    print(e)\n"
+    env = dict(os.environ, KOLO_BACKEND=engine)
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(var, None)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       env=env)
+    assert p.returncode == 0, p.stderr
+    assert f'KOLO_BACKEND = "{engine}"' in p.stdout, p.stdout + p.stderr
+    assert f"--features {engine}" in p.stdout, p.stdout + p.stderr
