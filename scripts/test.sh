@@ -13,8 +13,8 @@ stage() { printf '\n=== %s (at %d s) ===\n' "$*" "$SECONDS"; }
 stage "tools"
 # A clean build: incremental compilation would only add gigabytes of cache to target/.
 export CARGO_INCREMENTAL=0
-# From nothing the suite takes about 8 GiB of disk: ~3 GiB of builds under target/ (both feature
-# sets, line tables only) and ~5 GiB for PyTorch's venv (with NVIDIA's libraries). Say so up front
+# From nothing the suite takes about 8 GiB of disk: ~3 GiB of builds under target/ (the engines'
+# features on, line tables only) and ~5 GiB for PyTorch's venv (with NVIDIA's libraries). Say so up front
 # rather than failing half-way with a compiler's "No space left on device".
 free_gib=$(df -Pk . | awk 'NR == 2 { print int($4 / 1048576) }')
 echo "disk: ${free_gib} GiB free here (from nothing the suite takes about 8 GiB)"
