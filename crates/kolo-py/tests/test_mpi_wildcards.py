@@ -94,6 +94,8 @@ def test_test_and_bad_wildcards():
                 comm.Recv(np.zeros(1), source=-7)
             with pytest.raises(ValueError, match="tag"):
                 comm.Recv(np.zeros(1), source=1, tag=-5)
+            with pytest.raises(TypeError, match="source"):
+                comm.Irecv(np.zeros(1), source=[1])
             return early
         comm.Barrier()
         comm.Send(np.ones(1, np.int32), 0, 4)

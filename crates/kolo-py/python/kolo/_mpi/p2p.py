@@ -162,7 +162,8 @@ class P2P:
 
     def Irecv(self, buf, source=ANY_SOURCE, tag=ANY_TAG):
         try:
-            if not self._plain and source not in self._unposted:
+            if (not self._plain and (type(source) is int or type(source) is float)
+                    and source not in self._unposted):
                 # The common case (see Send), posted with the transport, in one native call.
                 posted = self._c.mpi_irecv(buf, source, tag)
                 if posted is not None:
