@@ -169,12 +169,7 @@ impl PyCommunicator {
     /// they had all finished.
     #[pyo3(signature = (grace=5.0))]
     fn shutdown(&self, py: Python<'_>, grace: f64) -> PyResult<bool> {
-        if !(grace.is_finite() && grace >= 0.0) {
-            return Err(PyValueError::new_err(format!(
-                "grace: expected a non-negative number of seconds, got {grace}"
-            )));
-        }
-        let grace = crate::seconds(grace);
+        let grace = crate::grace_arg(grace)?;
         let (lane, comm) = (&*self.lane, Arc::downgrade(&self.comm));
         Ok(py.detach(|| {
             crate::run::end(

@@ -100,13 +100,18 @@ fn local_communicators(size: usize, timeout: Option<f64>) -> PyResult<Vec<PyComm
 #[pyfunction]
 #[pyo3(signature = (grace=5.0))]
 fn shutdown(py: Python<'_>, grace: f64) -> PyResult<()> {
+    run::shutdown_all(py, grace_arg(grace)?);
+    Ok(())
+}
+
+/// A `grace` argument: seconds, 0 or more (at most kolo's longest timeout).
+pub(crate) fn grace_arg(grace: f64) -> PyResult<Duration> {
     if !(grace.is_finite() && grace >= 0.0) {
         return Err(PyValueError::new_err(format!(
             "grace: expected a non-negative number of seconds, got {grace}"
         )));
     }
-    run::shutdown_all(py, seconds(grace));
-    Ok(())
+    Ok(seconds(grace))
 }
 
 #[pymodule]
