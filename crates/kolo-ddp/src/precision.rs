@@ -1,7 +1,7 @@
 //! Mixed precision: the model's matrix products compute in a 16-bit type while the optimizer
 //! keeps f32 master weights (NVIDIA Apex's `O2` / `torch.autocast` in spirit).
 //!
-//! [`Precision::Bf16`] computes one of two ways ([`Precision::apply`] picks, [`Precision::tensor_dtype`]
+//! [`Precision::Bf16`] computes one of three ways ([`Precision::apply`] picks, [`Precision::tensor_dtype`]
 //! says which):
 //!
 //! - **on a CPU with a bf16 unit** (AVX512-BF16 or AMX): the model stays f32 and kolo's
@@ -11,6 +11,10 @@
 //!   Winograd F(4×4, 3×3) layers keep f32 products: its transforms scale bf16's rounding errors up
 //!   (6e-2 of the largest output against 3e-3 elsewhere). Activations stay f32, so memory is not
 //!   halved;
+//! - **on a CPU whose only bf16 unit is slower than its f32 FMAs** (AVX512-BF16 without AMX on the
+//!   Intel Xeons measured: half the f32 rate, [`kolo_nn::ops::bf16_slower_than_f32`]): in f32, as
+//!   `--precision f32` does — bf16 could only be slower there (`KOLO_BF16_GEMM=avx512bf16` takes
+//!   the unit anyway);
 //! - **elsewhere** (a GPU, or a CPU without bf16 instructions): every step builds the model from
 //!   [`Ddp::var_builder_in`]`(BF16)`, so each trainable parameter enters the graph as an f32
 //!   master weight cast to bf16; the input is cast to bf16, the logits back to f32 for the loss.
@@ -30,7 +34,9 @@ use std::fmt;
 use std::str::FromStr;
 
 use candle_core::{DType, Device};
-use kolo_nn::ops::{matmul_precision, set_matmul_precision, Bf16Path, MatmulPrecision};
+use kolo_nn::ops::{
+    bf16_slower_than_f32, matmul_precision, set_matmul_precision, Bf16Path, MatmulPrecision,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, TrainError};
@@ -58,8 +64,8 @@ impl Precision {
     /// Sets up this precision for a run on `device`, once, before the first step: for
     /// [`Precision::Bf16`] on a CPU, bf16 matrix products on its bf16 unit
     /// ([`kolo_nn::ops::set_matmul_precision`]), returning the unit; `None` where the run computes
-    /// otherwise (f32, a GPU, a CPU without a bf16 unit). Errors if `KOLO_BF16_GEMM` names a unit
-    /// this CPU lacks.
+    /// otherwise (f32, a GPU, a CPU without a bf16 unit or with one slower than f32). Errors if
+    /// `KOLO_BF16_GEMM` names a unit this CPU lacks.
     pub fn apply(self, device: &Device) -> Result<Option<Bf16Path>> {
         let wanted = if self == Precision::Bf16 && device.is_cpu() {
             MatmulPrecision::Bf16
@@ -74,11 +80,15 @@ impl Precision {
 
     /// The type of the tensors the model computes on on `device` (`None`: f32): bf16 for
     /// [`Precision::Bf16`] unless kolo's matrix products round to bf16 themselves there
-    /// ([`Precision::apply`] set that up on a CPU with a bf16 unit).
+    /// ([`Precision::apply`] set that up on a CPU with a bf16 unit) or the CPU's bf16 unit is
+    /// slower than f32 ([`bf16_slower_than_f32`]).
     pub fn tensor_dtype(self, device: &Device) -> Option<DType> {
         match self {
             Precision::F32 => None,
-            Precision::Bf16 if device.is_cpu() && matmul_precision() == MatmulPrecision::Bf16 => {
+            Precision::Bf16
+                if device.is_cpu()
+                    && (matmul_precision() == MatmulPrecision::Bf16 || bf16_slower_than_f32()) =>
+            {
                 None
             }
             Precision::Bf16 => Some(DType::BF16),

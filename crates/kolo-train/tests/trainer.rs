@@ -290,3 +290,34 @@ fn bf16_trains_batch_norm_models() {
         }
     }
 }
+
+/// `--precision bf16` computes in bf16 only where that is faster: on a CPU whose bf16 unit is
+/// slower than its f32 FMAs (AVX512-BF16 without AMX on an Intel Xeon) it trains exactly as f32
+/// does; everywhere else (a bf16 unit that pays, or none: bf16 tensors) its losses differ from
+/// f32's.
+#[test]
+fn bf16_computes_in_f32_exactly_where_the_bf16_unit_is_slower() {
+    use kolo_ddp::precision::Precision;
+    let losses = |precision| {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cfg = TrainConfig {
+            train_limit: Some(256),
+            test_limit: Some(64),
+            precision,
+            ..synthetic(dir.path(), 1)
+        };
+        let s = train(1, &cfg).remove(0).expect("a run");
+        (s.epochs[0].train_loss, s.epochs[0].test_loss)
+    };
+    let (f32_run, bf16_run) = (losses(Precision::F32), losses(Precision::Bf16));
+    let slower = kolo_nn::ops::bf16_slower_than_f32();
+    eprintln!(
+        "bf16 unit slower than f32 here: {slower} ({:?}); f32 {f32_run:?}, bf16 {bf16_run:?}",
+        kolo_nn::ops::avx512_bf16_speed()
+    );
+    assert_eq!(
+        f32_run == bf16_run,
+        slower,
+        "f32 {f32_run:?}, bf16 {bf16_run:?}"
+    );
+}

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 use candle_core::Result;
 
-use super::bf16_gemm::{bf16_path, Bf16Path};
+use super::bf16_gemm::{avx512_bf16_speed, bf16_path, Bf16Path};
 
 /// What kolo's f32 matrix products compute in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -36,20 +36,27 @@ fn unit_code(p: Bf16Path) -> u8 {
     }
 }
 
-/// The bf16 unit [`MatmulPrecision::Bf16`] multiplies on, on this CPU: `KOLO_BF16_GEMM` where it
-/// names one; else AMX where the CPU (and Linux) allow it, else AVX512-BF16; `None` on a CPU with
-/// neither (where rounding the operands would gain nothing). An error if `KOLO_BF16_GEMM` names a
-/// path this CPU cannot run.
+/// The bf16 unit [`MatmulPrecision::Bf16`] multiplies on, on this CPU ([`bf16_path`]):
+/// `KOLO_BF16_GEMM` where it names one; else AMX where the CPU (and Linux) allow it, else
+/// AVX512-BF16 where that unit multiplies faster than the f32 FMAs; `None` otherwise (a CPU with
+/// neither, one whose AVX512-BF16 is slower than its f32 FMAs ([`bf16_slower_than_f32`]), or
+/// `KOLO_BF16_GEMM=f32`), where rounding the operands would gain nothing. An error if
+/// `KOLO_BF16_GEMM` names a path this CPU cannot run.
 pub fn bf16_matmul_unit() -> Result<Option<Bf16Path>> {
-    let forced = std::env::var_os("KOLO_BF16_GEMM").is_some_and(|v| !v.is_empty());
-    let path = bf16_path()?;
-    Ok(match path {
-        Bf16Path::F32 if forced => None,
-        Bf16Path::F32 => Bf16Path::Avx512Bf16
-            .available()
-            .then_some(Bf16Path::Avx512Bf16),
+    Ok(match bf16_path()? {
+        Bf16Path::F32 => None,
         unit => Some(unit),
     })
+}
+
+/// Whether this CPU has a bf16 unit that multiplies slower than its f32 FMAs, and nothing asks for
+/// it: no AMX, an AVX512-BF16 unit that does not [pay](super::UnitSpeed::pays) (measured once,
+/// [`avx512_bf16_speed`]), `KOLO_BF16_GEMM` unset. Mixed precision then computes in f32
+/// (`kolo_ddp::precision`): bf16 there would only be slower.
+pub fn bf16_slower_than_f32() -> bool {
+    std::env::var_os("KOLO_BF16_GEMM").is_none_or(|v| v.is_empty())
+        && !Bf16Path::Amx.available()
+        && avx512_bf16_speed().is_some_and(|s| !s.pays())
 }
 
 /// Sets how kolo's f32 matrix products compute, for the whole process, and returns the unit they

@@ -32,15 +32,15 @@ pub use batch_norm::{
     batch_norm_stats, batch_norm_train, batch_norm_train_with_stats, BatchNormStats, BatchStats,
 };
 pub use bf16_gemm::{
-    bf16_compute_note, bf16_path, bf16_path_asked, matmul_bf16, matmul_bf16_on, peak_gflops,
-    Bf16Path, Unit,
+    avx512_bf16_speed, bf16_compute_note, bf16_path, bf16_path_asked, matmul_bf16, matmul_bf16_on,
+    peak_gflops, Bf16Path, Unit, UnitSpeed,
 };
 pub use channel_stats::channel_sums;
 pub use conv::{conv2d, conv2d_relu, conv_out};
 pub use linear::linear;
 pub use low_precision::low_precision;
 pub use matmul_precision::{
-    bf16_matmul_unit, matmul_precision, set_matmul_precision, MatmulPrecision,
+    bf16_matmul_unit, bf16_slower_than_f32, matmul_precision, set_matmul_precision, MatmulPrecision,
 };
 pub use pool::{avg_pool2x2, max_pool2x2};
 pub use relu::relu;

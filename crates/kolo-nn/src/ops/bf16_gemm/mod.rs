@@ -7,9 +7,9 @@
 //! - **AVX512-BF16** (`avx512_bf16`): `vdpbf16ps`, 16 f32 lanes of bf16 pairs ([`avx512`]);
 //! - otherwise **f32**: both operands widened and multiplied by the f32 GEMM.
 //!
-//! By default AMX where the CPU has it, else f32: the AVX512-BF16 path is correct on every CPU it
-//! was tried on but was not faster than f32 on one (an Intel Xeon whose `vdpbf16ps` runs at half
-//! its f32 FMA rate); it is taken only when asked for until it is measured faster somewhere.
+//! By default AMX where the CPU has it, else AVX512-BF16 where that unit multiplies faster than the
+//! f32 FMAs — measured once per process ([`speed`]: twice as fast on AMD EPYC, under half as fast
+//! on the Intel Xeons tried), else f32.
 //!
 //! Stable Rust has the AVX512-BF16 intrinsics but not AMX's, which are written as `asm!` (the
 //! assembler knows the instructions; the CPU and the kernel are asked first). `KOLO_BF16_GEMM` =
@@ -21,11 +21,13 @@ mod amx_tiles;
 mod avx512;
 mod gathered;
 mod pack;
+mod speed;
 
 pub(super) use amx_tiles::{tile_product, TileOperand};
 pub(super) use gathered::pack_b_gathered;
 
 pub(super) use pack::Source;
+pub use speed::{avx512_bf16_speed, UnitSpeed};
 use std::sync::OnceLock;
 
 use candle_core::Result;
@@ -73,36 +75,52 @@ pub fn bf16_compute_note() -> Result<String> {
         .into_iter()
         .filter(|p| p.available())
         .collect();
-    Ok(bf16_note(super::matmul_precision::bf16_unit(), &units))
+    let slower = super::matmul_precision::bf16_slower_than_f32()
+        .then(avx512_bf16_speed)
+        .flatten();
+    Ok(bf16_note(
+        super::matmul_precision::bf16_unit(),
+        &units,
+        slower,
+    ))
 }
 
-/// [`bf16_compute_note`] for the unit f32 products run on (if any) and the bf16 units the CPU
-/// has.
-fn bf16_note(products: Option<Bf16Path>, units: &[Bf16Path]) -> String {
+/// [`bf16_compute_note`] for the unit f32 products run on (if any), the bf16 units the CPU has,
+/// and the speeds of an AVX512-BF16 unit left out for being slower than f32.
+fn bf16_note(products: Option<Bf16Path>, units: &[Bf16Path], slower: Option<UnitSpeed>) -> String {
     let label = |p: Bf16Path| match p {
         Bf16Path::Amx => "AMX",
         Bf16Path::Avx512Bf16 => "AVX512-BF16",
         Bf16Path::F32 => "f32",
     };
-    match (products, units.first()) {
-        (Some(Bf16Path::Amx), _) => "bf16: the matrix products of the convolutions and linear \
+    match (products, units.first(), slower) {
+        (Some(Bf16Path::Amx), _, _) => "bf16: the matrix products of the convolutions and linear \
              layers on this CPU's AMX unit (operands rounded to bf16, sums in f32): convolutions \
              with channels in 32s as implicit GEMMs on the tiles (strided ones over their input's \
              phases), the others through im2col or Winograd F(2x2, 3x3) (F(4x4, 3x3) layers and \
              products with a side under 32 keep f32), activations and the other layers in f32"
             .into(),
-        (Some(p), _) if p != Bf16Path::F32 => format!(
+        (Some(p), _, _) if p != Bf16Path::F32 => format!(
             "bf16: the matrix products of the convolutions and linear layers on this CPU's {} \
              unit (operands rounded to bf16, sums in f32; Winograd F(4x4, 3x3) layers and \
              products with a side under 32 keep f32), activations and the other layers in f32",
             label(p)
         ),
-        (_, None) => {
+        (None, Some(_), Some(s)) => {
+            format!(
+                "bf16: this CPU's AVX512-BF16 unit multiplies slower than its f32 FMAs ({:.0} \
+                 against {:.0} GFLOP/s a core, measured) and it has no AMX, so the layers \
+                 compute in f32, as fast as --precision f32 (KOLO_BF16_GEMM=avx512bf16 takes the \
+                 unit anyway)",
+                s.bf16_gflops, s.f32_gflops
+            )
+        }
+        (_, None, _) => {
             "bf16: this CPU has no bf16 instructions (no AVX512-BF16, no AMX): the layers \
                       compute in f32 around bf16 conversions — correct, but not faster than f32"
                 .into()
         }
-        (_, Some(_)) => "bf16: the layers compute in f32 around bf16 conversions \
+        (_, Some(_), _) => "bf16: the layers compute in f32 around bf16 conversions \
                          (KOLO_BF16_GEMM=f32 keeps this CPU's bf16 unit out)"
             .into(),
     }
@@ -119,7 +137,8 @@ pub fn bf16_path_asked() -> Result<Option<Bf16Path>> {
     }
 }
 
-/// The path [`matmul_bf16`] takes: `KOLO_BF16_GEMM` if set, else AMX where available, else f32.
+/// The path [`matmul_bf16`] takes: `KOLO_BF16_GEMM` if set; else AMX where available; else
+/// AVX512-BF16 where it [pays](UnitSpeed::pays) ([`avx512_bf16_speed`]); else f32.
 pub fn bf16_path() -> Result<Bf16Path> {
     static PATH: OnceLock<std::result::Result<Bf16Path, String>> = OnceLock::new();
     PATH.get_or_init(|| {
@@ -127,11 +146,7 @@ pub fn bf16_path() -> Result<Bf16Path> {
             .ok()
             .filter(|v| !v.is_empty());
         match forced.as_deref() {
-            None => Ok(if Bf16Path::Amx.available() {
-                Bf16Path::Amx
-            } else {
-                Bf16Path::F32
-            }),
+            None => Ok(default_path(Bf16Path::Amx.available(), avx512_bf16_speed)),
             Some(v) => {
                 let all = [Bf16Path::Amx, Bf16Path::Avx512Bf16, Bf16Path::F32];
                 match all.into_iter().find(|p| p.name() == v) {
@@ -149,6 +164,18 @@ pub fn bf16_path() -> Result<Bf16Path> {
     })
     .clone()
     .map_err(candle_core::Error::msg)
+}
+
+/// The unit taken when none is asked for: AMX where the CPU has it (`amx`), else AVX512-BF16 where
+/// it is faster than f32 (`avx512`, measured only then), else f32.
+fn default_path(amx: bool, avx512: impl FnOnce() -> Option<UnitSpeed>) -> Bf16Path {
+    if amx {
+        Bf16Path::Amx
+    } else if avx512().is_some_and(|s| s.pays()) {
+        Bf16Path::Avx512Bf16
+    } else {
+        Bf16Path::F32
+    }
 }
 
 /// `c = a · b` (or `c += a · b` when `accumulate`): `a` is `m × k` and `b` is `k × n`, both bf16

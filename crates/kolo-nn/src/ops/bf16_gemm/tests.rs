@@ -63,10 +63,12 @@ fn every_path_this_cpu_has_multiplies_exactly_as_f32_sums_do() {
 }
 
 #[test]
-fn the_chosen_path_is_amx_where_available_and_short_operands_are_refused() {
+fn the_chosen_path_is_the_fastest_unit_and_short_operands_are_refused() {
     if std::env::var_os("KOLO_BF16_GEMM").is_none() {
         let want = if Bf16Path::Amx.available() {
             Bf16Path::Amx
+        } else if avx512_bf16_speed().is_some_and(|s| s.pays()) {
+            Bf16Path::Avx512Bf16
         } else {
             Bf16Path::F32
         };
@@ -106,12 +108,12 @@ fn transposed_operands_are_read_through_their_strides() {
 #[test]
 fn the_bf16_note_says_what_computes_on_which_unit() {
     use super::{bf16_note, Bf16Path};
-    let none = bf16_note(None, &[]);
+    let none = bf16_note(None, &[], None);
     assert!(
         none.contains("no bf16 instructions") && none.contains("in f32"),
         "{none}"
     );
-    let avx = bf16_note(Some(Bf16Path::Avx512Bf16), &[Bf16Path::Avx512Bf16]);
+    let avx = bf16_note(Some(Bf16Path::Avx512Bf16), &[Bf16Path::Avx512Bf16], None);
     assert!(
         avx.starts_with(
             "bf16: the matrix products of the convolutions and linear layers on this CPU's \
@@ -119,17 +121,59 @@ fn the_bf16_note_says_what_computes_on_which_unit() {
         ),
         "{avx}"
     );
-    let amx = bf16_note(Some(Bf16Path::Amx), &[Bf16Path::Amx, Bf16Path::Avx512Bf16]);
+    let amx = bf16_note(
+        Some(Bf16Path::Amx),
+        &[Bf16Path::Amx, Bf16Path::Avx512Bf16],
+        None,
+    );
     assert!(
         amx.contains("this CPU's AMX unit") && amx.contains("implicit GEMMs on the tiles"),
         "{amx}"
     );
-    let kept_out = bf16_note(None, &[Bf16Path::Avx512Bf16]);
+    let kept_out = bf16_note(None, &[Bf16Path::Avx512Bf16], None);
     assert!(
         kept_out.contains("around bf16 conversions") && kept_out.contains("KOLO_BF16_GEMM=f32"),
         "{kept_out}"
     );
-    assert_eq!(bf16_note(Some(Bf16Path::F32), &[]), none);
+    let slow = UnitSpeed {
+        bf16_gflops: 68.2,
+        f32_gflops: 171.4,
+    };
+    let slower = bf16_note(None, &[Bf16Path::Avx512Bf16], Some(slow));
+    assert!(
+        slower.contains("slower than its f32 FMAs (68 against 171 GFLOP/s")
+            && slower.contains("compute in f32, as fast as --precision f32")
+            && slower.contains("KOLO_BF16_GEMM=avx512bf16"),
+        "{slower}"
+    );
+    assert_eq!(bf16_note(Some(Bf16Path::F32), &[], None), none);
+}
+
+#[test]
+fn avx512_bf16_is_taken_only_where_it_multiplies_faster_than_f32() {
+    let speed = |bf16_gflops, f32_gflops| UnitSpeed {
+        bf16_gflops,
+        f32_gflops,
+    };
+    // The peaks measured: AMD EPYC (Zen 4), an Intel Xeon with AMX, one without.
+    let (amd, intel, intel_no_amx) = (speed(233.0, 116.0), speed(83.0, 176.0), speed(68.0, 171.0));
+    assert!(amd.pays() && !intel.pays() && !intel_no_amx.pays());
+    assert!(speed(125.0, 100.0).pays() && !speed(124.0, 100.0).pays());
+    assert_eq!(default_path(false, || Some(amd)), Bf16Path::Avx512Bf16);
+    assert_eq!(default_path(false, || Some(intel_no_amx)), Bf16Path::F32);
+    assert_eq!(default_path(false, || None), Bf16Path::F32);
+    // AMX wins without the AVX512-BF16 unit being timed.
+    let untimed = || -> Option<UnitSpeed> { panic!("AVX512-BF16 timed on an AMX CPU") };
+    assert_eq!(default_path(true, untimed), Bf16Path::Amx);
+    // This CPU's figures: both units timed where it has the bf16 one, each a rate.
+    match avx512_bf16_speed() {
+        Some(s) => {
+            eprintln!("this CPU: {s:?}, AVX512-BF16 {:.2}× f32", s.speedup());
+            assert!(s.bf16_gflops.is_finite() && s.bf16_gflops > 1.0, "{s:?}");
+            assert!(s.f32_gflops.is_finite() && s.f32_gflops > 1.0, "{s:?}");
+        }
+        None => assert!(!Bf16Path::Avx512Bf16.available()),
+    }
 }
 
 /// An f32 matrix whose values are not bf16 values (rounding matters), varied in sign and size.
