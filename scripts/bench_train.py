@@ -57,7 +57,8 @@ With --precision bf16 (mixed precision): kolo-N run `kolo train --precision bf16
 torch.autocast("cpu", dtype=torch.bfloat16) on the same model, batch and threads (scripts/torch_ddp_resnet18.py
 with PRECISION=bf16, for LeNet too: MODEL=lenet); the plain candle loop (f32 only) is left out; each row's
 GFLOP/s is also shown against the core's bf16 peak (AMX where the CPU has it, else AVX512-BF16: the
-amx_bf16 / avx512_bf16 figures of BIN/examples/peak_flops).
+amx_bf16 / avx512_bf16 figures of BIN/examples/peak_flops; the f32 FMA peak where that is higher, as on
+Intel Xeons without AMX, where kolo's bf16 computes in f32).
 
 With --precision both, the two precisions in the same rounds: kolo-N and torch-N in f32, kolo-bf16-N and
 torch-bf16-N in bf16 (as above), alternating; it reports bf16 / f32 of each and kolo / PyTorch in each
@@ -357,7 +358,11 @@ def peak_per_core(a):
         return (None, f"no {probe} (cargo build --release -p kolo-train --example peak_flops) and no --peak-flops",
                 None)
     p = json.loads(run([probe, "--repeats", "3"]).strip().splitlines()[-1])
-    return p["peak_gflops_per_core"], probe, p.get("amx_bf16_gflops_per_core") or p.get("avx512_bf16_gflops_per_core")
+    f32 = p["peak_gflops_per_core"]
+    bf16 = p.get("amx_bf16_gflops_per_core") or p.get("avx512_bf16_gflops_per_core")
+    # bf16 work's peak is the faster of the bf16 unit and the f32 FMAs: an AVX512-BF16 unit slower than
+    # the FMAs (Intel Xeons without AMX) is not what bounds a bf16 run, which then computes in f32.
+    return f32, probe, max(bf16, f32) if bf16 else None
 
 
 def write_plot(a, med, name):
