@@ -2,7 +2,7 @@
 //! the instruction set does not say. `vdpbf16ps` does twice the work of an f32 FMA (two products
 //! a lane); on AMD EPYC (Zen 4) it issues about as often as one, so its peak is twice f32's (233
 //! against 116 GFLOP/s a core), while the Intel Xeons measured issue it far less often than their
-//! two FMAs a cycle (83 against 176, and 68 against 171 on one without AMX): there bf16 products
+//! two FMAs a cycle (83 against 176, and 89 against 179 on one without AMX): there bf16 products
 //! on that unit are slower than f32 ones. [`avx512_bf16_speed`] times the two units' peak loops
 //! once per process (a few milliseconds) and [`super::bf16_path`] takes the unit only where it
 //! [`pays`](UnitSpeed::pays).
