@@ -74,7 +74,8 @@ pub struct TrainArgs {
     /// Shard the optimizer state over the workers (ZeRO stage 1)
     #[arg(long)]
     shard_optimizer: bool,
-    /// Compute precision: f32, or bf16 (forward and backward in bf16, f32 master weights)
+    /// Compute precision: f32, or bf16 (matrix products in bf16 with f32 sums and f32 master
+    /// weights; in f32 on a CPU whose bf16 unit is slower than its f32 units, which it says)
     #[arg(long, default_value = "f32")]
     precision: Precision,
     /// Where to train: cpu, or cuda (one GPU per worker, GPU number local rank; needs a build
