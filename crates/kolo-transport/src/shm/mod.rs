@@ -62,6 +62,7 @@ pub mod sync;
 #[cfg(test)]
 mod tests;
 mod wait;
+mod word_hash;
 
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};

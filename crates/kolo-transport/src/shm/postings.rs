@@ -24,6 +24,7 @@ use kolo_core::{Header, LinkFailure, Message, RecvError, Tag};
 use super::health::STATE_ALIVE;
 use super::ring::Partial;
 use super::single_copy::{Batch, READ_CHUNK};
+use super::word_hash::WordHash;
 use super::{lock, ShmTransport};
 
 /// What a posting's wait reports: the message's header and length, or the failure that ended it.
@@ -41,8 +42,8 @@ pub(super) struct Postings {
 struct Table {
     next: u64,
     /// The waiting postings per (peer, tag), oldest first.
-    queues: HashMap<(usize, Tag), VecDeque<u64>>,
-    entries: HashMap<u64, Entry>,
+    queues: HashMap<(usize, Tag), VecDeque<u64>, WordHash>,
+    entries: HashMap<u64, Entry, WordHash>,
 }
 
 #[derive(Debug)]
