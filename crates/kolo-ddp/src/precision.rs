@@ -4,10 +4,11 @@
 //! [`Precision::Bf16`] computes one of three ways ([`Precision::apply`] picks, [`Precision::tensor_dtype`]
 //! says which):
 //!
-//! - **on a CPU with a bf16 unit** (AVX512-BF16 or AMX): the model stays f32 and kolo's
-//!   convolutions round their matrix products' operands to bf16 as they pack them, multiplying on
-//!   that unit and summing in f32 ([`kolo_nn::ops::set_matmul_precision`]) — autocast's arithmetic
-//!   at the GEMM, with no conversion passes between layers (which cost more than bf16 saved).
+//! - **on a CPU with a bf16 unit faster than its f32 FMAs** (AMX; AVX512-BF16 on AMD EPYC): the
+//!   model stays f32 and kolo's convolutions round their matrix products' operands to bf16 as they
+//!   pack them, multiplying on that unit and summing in f32
+//!   ([`kolo_nn::ops::set_matmul_precision`]) — autocast's arithmetic at the GEMM, with no
+//!   conversion passes between layers (which cost more than bf16 saved).
 //!   Winograd F(4×4, 3×3) layers keep f32 products: its transforms scale bf16's rounding errors up
 //!   (6e-2 of the largest output against 3e-3 elsewhere). Activations stay f32, so memory is not
 //!   halved;
