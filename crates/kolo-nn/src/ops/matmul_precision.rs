@@ -10,6 +10,7 @@
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::OnceLock;
 
 use candle_core::Result;
 
@@ -52,11 +53,15 @@ pub fn bf16_matmul_unit() -> Result<Option<Bf16Path>> {
 /// Whether this CPU has a bf16 unit that multiplies slower than its f32 FMAs, and nothing asks for
 /// it: no AMX, an AVX512-BF16 unit that does not [pay](super::UnitSpeed::pays) (measured once,
 /// [`avx512_bf16_speed`]), `KOLO_BF16_GEMM` unset. Mixed precision then computes in f32
-/// (`kolo_ddp::precision`): bf16 there would only be slower.
+/// (`kolo_ddp::precision`): bf16 there would only be slower. Decided once per process, as
+/// [`bf16_path`] reads `KOLO_BF16_GEMM` once (a training loop asks on every step).
 pub fn bf16_slower_than_f32() -> bool {
-    std::env::var_os("KOLO_BF16_GEMM").is_none_or(|v| v.is_empty())
-        && !Bf16Path::Amx.available()
-        && avx512_bf16_speed().is_some_and(|s| !s.pays())
+    static SLOWER: OnceLock<bool> = OnceLock::new();
+    *SLOWER.get_or_init(|| {
+        std::env::var_os("KOLO_BF16_GEMM").is_none_or(|v| v.is_empty())
+            && !Bf16Path::Amx.available()
+            && avx512_bf16_speed().is_some_and(|s| !s.pays())
+    })
 }
 
 /// Sets how kolo's f32 matrix products compute, for the whole process, and returns the unit they
