@@ -34,10 +34,14 @@ impl Communicator {
         f: impl FnOnce(&Inner, u64) -> Result<R> + Send + 'static,
     ) -> Work<R> {
         let (work, completer) = Work::new(op.name());
-        match self.inner.submit(move |inner, seq| {
+        let run = move |inner: &std::sync::Arc<Inner>, seq| {
             completer.start();
-            completer.complete(f(inner, seq))
-        }) {
+            (f(inner, seq), completer)
+        };
+        match self
+            .inner
+            .submit(run, |(r, completer)| completer.complete(r))
+        {
             Ok(()) => work,
             Err(e) => Work::ready(op.name(), Err(e)),
         }

@@ -136,11 +136,18 @@ impl Inner {
         Ok(TurnGuard { turn: t, seq })
     }
 
-    /// Queues `job` on this communicator's worker thread as collective number `seq`.
+    /// Queues `job` on this communicator's worker thread as collective number `seq`; `done` then
+    /// gets its result.
+    ///
+    /// The worker thread lets go of its handle on the communicator before `done` runs, so that a
+    /// caller woken by `done` always holds the last handle when it drops its own: the transport
+    /// is closed (a clean close its peers see) by the program's own thread, not left to the worker
+    /// thread as the process ends right after its last wait.
     #[track_caller]
-    pub fn submit(
+    pub fn submit<R: Send + 'static>(
         self: &Arc<Self>,
-        job: impl FnOnce(&Arc<Inner>, u64) + Send + 'static,
+        job: impl FnOnce(&Arc<Inner>, u64) -> R + Send + 'static,
+        done: impl FnOnce(R) + Send + 'static,
     ) -> Result<()> {
         self.check()?;
         let _g = self.issue.lock().unwrap_or_else(|p| p.into_inner());
@@ -150,9 +157,10 @@ impl Inner {
         let me = self.clone();
         let pending = self.pending.clone();
         let task = Box::new(move || {
-            job(&me, seq);
+            let r = job(&me, seq);
             drop(me);
             pending.done();
+            done(r);
         });
         let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
         if q.is_none() {
@@ -239,5 +247,52 @@ impl Runner for Inner {
 impl StopReport for Inner {
     fn report_on_stop(&self) -> bool {
         Inner::report_on_stop(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+    use std::sync::{Arc, Barrier};
+    use std::time::Duration;
+
+    use kolo_core::ReduceOp;
+
+    use crate::config::Config;
+
+    /// By the time an asynchronous collective's result is delivered, the worker thread holds no
+    /// handle on the communicator: a program that drops its communicator right after its last
+    /// wait closes the transport itself (its peers see a clean close), instead of the worker
+    /// thread holding the last handle while the process exits.
+    #[test]
+    fn the_worker_lets_go_of_the_communicator_before_the_result_is_delivered() {
+        let go = Barrier::new(2);
+        let out = crate::run_local(2, Config::default(), |comm| {
+            if comm.rank() == 1 {
+                go.wait();
+                return comm.all_reduce(&mut [1.0f32], ReduceOp::Sum).map(|()| true);
+            }
+            let transport = Arc::downgrade(&comm.inner.transport);
+            let (dropped_tx, dropped_rx) = mpsc::channel::<()>();
+            let (alive_tx, alive_rx) = mpsc::channel();
+            // Rank 1 has not joined yet: the callback is set before the collective completes
+            // and runs on the worker thread at completion.
+            comm.all_reduce_async(vec![1.0f32], ReduceOp::Sum)
+                .then(move |_| {
+                    let _ = dropped_rx.recv_timeout(Duration::from_secs(10));
+                    let _ = alive_tx.send(transport.upgrade().is_some());
+                });
+            drop(comm);
+            let _ = dropped_tx.send(());
+            go.wait();
+            let alive = alive_rx.recv_timeout(Duration::from_secs(10));
+            Ok(alive == Ok(false))
+        });
+        for (rank, r) in out.into_iter().enumerate() {
+            assert!(
+                matches!(r, Ok(Ok(true))),
+                "rank {rank}: {r:?} (rank 0: true = the transport was gone at delivery)"
+            );
+        }
     }
 }
