@@ -70,9 +70,9 @@ fn case(x_shape: (usize, usize, usize, usize)) -> Result<Case> {
 fn bf16_matmul_precision_rounds_the_convolutions_gemm_operands_only() -> Result<()> {
     // (what, input, stride, whether its products stay f32): 32 channels at 16×16 take Winograd
     // F(4×4, 3×3), which keeps f32 products; at 4×4 with batch 32, F(2×2, 3×3); at stride 2,
-    // im2col + GEMM. On AMX all three (32 channels) are implicit GEMMs on the tiles instead
-    // (`ops::amx_conv`, the strided one over its input's phases): bf16 products, the F(4×4, 3×3)
-    // one too.
+    // im2col + GEMM. On a bf16 unit (AMX, AVX512-BF16) all three (32 channels) are implicit
+    // GEMMs instead (`ops::tile_conv`, the strided one over its input's phases): bf16 products,
+    // the F(4×4, 3×3) one too.
     // Linear layers: every side of each product at least 32 (on the unit), or the 10 outputs
     // of a classifier (f32).
     let cases = [
@@ -97,7 +97,8 @@ fn bf16_matmul_precision_rounds_the_convolutions_gemm_operands_only() -> Result<
     assert_eq!(ops::matmul_precision(), MatmulPrecision::Bf16);
     eprintln!("f32 products on {unit:?}");
     for ((what, c, stride, stays_f32), want) in cases.iter().zip(&f32_runs) {
-        let stays_f32 = *stays_f32 && !(unit == ops::Bf16Path::Amx && *stride == Some(1));
+        let on_tiles = matches!(unit, ops::Bf16Path::Amx | ops::Bf16Path::Avx512Bf16);
+        let stays_f32 = *stays_f32 && !(on_tiles && *stride == Some(1));
         let got = run(c, *stride)?;
         for (name, (a, e)) in ["output", "input", "kernel", "bias"]
             .iter()

@@ -8,7 +8,6 @@
 //! nothing here knows the layers or communication.
 
 mod aligned;
-mod amx_conv;
 mod avx512_transpose;
 mod batch_norm;
 mod bf16_gemm;
@@ -26,6 +25,7 @@ mod scratch;
 mod simd;
 mod slices;
 pub(crate) mod storage;
+mod tile_conv;
 mod winograd;
 
 pub use batch_norm::{

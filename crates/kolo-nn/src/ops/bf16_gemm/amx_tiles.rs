@@ -1,10 +1,5 @@
-//! The AMX product over operands already in a tile-readable layout, addressed through offset
-//! tables instead of packed first: what the AMX convolution ([`crate::ops`]'s `amx_conv`) runs.
-//! A tile of `A` is 16 rows of 32 bf16 values (64 bytes) anywhere in memory with a fixed row
-//! stride, so a row of `A` may be one output pixel's 32 input channels read straight out of an
-//! NHWC input (the tap's shift is an offset), and a tile of `B` 16 rows of 16 pairs in the
-//! pair-interleaved order `tdpbf16ps` reads. `C` is f32, row-major, in 16 × 16 tiles; two of
-//! them (a 16 × 32 block) stay in tile registers for the whole sum along `k`.
+//! The tile product ([`super::tile_product`]) on AMX: `tdpbf16ps` on 16 × 16 tiles of `C`, two
+//! of them (a 16 × 32 block) in tile registers for the whole sum along `k`.
 //!
 //! Why two accumulators and not the four of a 2 × 2 block (one load per product instead of one
 //! and a half): while something outside a cloud guest computes on its core (the core's other
@@ -17,51 +12,23 @@
 use std::arch::asm;
 
 use super::amx::TileConfig;
-
-/// Tiles of one operand: tile `(i, kb)` (row block `i`, step `kb` of 32 along `k`) starts at
-/// element `i · tile_step + k_offsets[kb]` of `data`, its 16 rows `row_stride` elements apart,
-/// each row 32 bf16 values.
-#[derive(Clone, Copy)]
-pub(in crate::ops) struct TileOperand<'a> {
-    pub(in crate::ops) data: &'a [u16],
-    pub(in crate::ops) tile_step: usize,
-    pub(in crate::ops) k_offsets: &'a [usize],
-    pub(in crate::ops) row_stride: usize,
-}
-
-impl TileOperand<'_> {
-    /// Whether tiles `0..blocks` along every `k` step lie inside `data`.
-    fn fits(&self, blocks: usize) -> bool {
-        let Some(&k_max) = self.k_offsets.iter().max() else {
-            return true;
-        };
-        blocks == 0
-            || (blocks - 1) * self.tile_step + k_max + 15 * self.row_stride + 32 <= self.data.len()
-    }
-}
+use super::tiles::TileOperand;
 
 /// `c = a · b` over `k_offsets.len()` steps of 32 (or `c += a · b` when `accumulate`), `a` in
 /// `m_tiles` row blocks of 16 and `b` in `n_tiles` column blocks of 16 (`n_tiles` even), into
 /// `c`'s first `16 · m_tiles` rows of `c_stride` f32 values (`16 · n_tiles` of them written).
-/// Panics where an operand's tiles leave their slices, `n_tiles` is odd or the step counts
-/// differ (the caller's shapes, not a user's); only called where AMX is
-/// [`super::amx::available`].
-pub(in crate::ops) fn tile_product(
+/// Panics where AMX is not [`super::amx::available`] or the operands do not fit
+/// ([`TileOperand::fits_product`]).
+pub(super) fn product(
     a: TileOperand<'_>,
     b: TileOperand<'_>,
     c: &mut [f32],
     (m_tiles, n_tiles, c_stride): (usize, usize, usize),
     accumulate: bool,
 ) {
-    let ks = a.k_offsets.len();
     assert!(
         super::amx::available()
-            && ks == b.k_offsets.len()
-            && n_tiles.is_multiple_of(2)
-            && a.fits(m_tiles)
-            && b.fits(n_tiles)
-            && n_tiles * 16 <= c_stride
-            && (m_tiles == 0 || (m_tiles * 16 - 1) * c_stride + n_tiles * 16 <= c.len()),
+            && TileOperand::fits_product(&a, &b, c, (m_tiles, n_tiles, c_stride)),
         "AMX tile product: operands do not fit their tiles"
     );
     let cfg = TileConfig::full();

@@ -19,12 +19,16 @@
 mod amx;
 mod amx_tiles;
 mod avx512;
+mod avx512_tiles;
 mod gathered;
 mod pack;
 mod speed;
+mod tiles;
 
-pub(super) use amx_tiles::{tile_product, TileOperand};
 pub(super) use gathered::pack_b_gathered;
+#[cfg(test)]
+pub(super) use tiles::with_tile_unit;
+pub(super) use tiles::{tile_product, TileOperand};
 
 pub(super) use pack::Source;
 pub use speed::{avx512_bf16_speed, UnitSpeed};
@@ -94,16 +98,12 @@ fn bf16_note(products: Option<Bf16Path>, units: &[Bf16Path], slower: Option<Unit
         Bf16Path::F32 => "f32",
     };
     match (products, units.first(), slower) {
-        (Some(Bf16Path::Amx), _, _) => "bf16: the matrix products of the convolutions and linear \
-             layers on this CPU's AMX unit (operands rounded to bf16, sums in f32): convolutions \
-             with channels in 32s as implicit GEMMs on the tiles (strided ones over their input's \
-             phases), the others through im2col or Winograd F(2x2, 3x3) (F(4x4, 3x3) layers and \
-             products with a side under 32 keep f32), activations and the other layers in f32"
-            .into(),
         (Some(p), _, _) if p != Bf16Path::F32 => format!(
             "bf16: the matrix products of the convolutions and linear layers on this CPU's {} \
-             unit (operands rounded to bf16, sums in f32; Winograd F(4x4, 3x3) layers and \
-             products with a side under 32 keep f32), activations and the other layers in f32",
+             unit (operands rounded to bf16, sums in f32): convolutions with channels in 32s as \
+             implicit GEMMs (strided ones over their input's phases), the others through im2col \
+             or Winograd F(2x2, 3x3) (F(4x4, 3x3) layers and products with a side under 32 keep \
+             f32), activations and the other layers in f32",
             label(p)
         ),
         (None, Some(_), Some(s)) => {

@@ -118,7 +118,7 @@ fn the_bf16_note_says_what_computes_on_which_unit() {
         avx.starts_with(
             "bf16: the matrix products of the convolutions and linear layers on this CPU's \
              AVX512-BF16 unit"
-        ),
+        ) && avx.contains("implicit GEMMs"),
         "{avx}"
     );
     let amx = bf16_note(
@@ -127,7 +127,7 @@ fn the_bf16_note_says_what_computes_on_which_unit() {
         None,
     );
     assert!(
-        amx.contains("this CPU's AMX unit") && amx.contains("implicit GEMMs on the tiles"),
+        amx.contains("this CPU's AMX unit") && amx.contains("implicit GEMMs"),
         "{amx}"
     );
     let kept_out = bf16_note(None, &[Bf16Path::Avx512Bf16], None);

@@ -4,10 +4,10 @@
 
 use candle_core::{CpuStorage, DType, Layout, Result, WithDType};
 
-use super::super::amx_conv;
 use super::super::gemm::{matmul_into, matmul_into_f32, MatRef};
 use super::super::im2col::{col2im_into, im2col_into};
 use super::super::relu::pos;
+use super::super::tile_conv;
 use super::super::winograd;
 use super::{ConvGemm, Wanted};
 
@@ -89,10 +89,11 @@ impl ConvGemm {
         if c_out * rows != w.len() || bias.is_some_and(|b| b.len() != c_out) {
             candle_core::bail!("kolo-conv2d: kernel of {} values for {rows} rows", w.len());
         }
-        if let (Some(x32), Some(w32), true) = (as_f32(x.0), as_f32(w), amx_conv::eligible(g, c_out))
+        if let (Some(x32), Some(w32), true) =
+            (as_f32(x.0), as_f32(w), tile_conv::eligible(g, c_out))
         {
             let b32 = bias.and_then(as_f32);
-            let y = amx_conv::forward((x32, x.1), g, w32, b32, self.relu)?;
+            let y = tile_conv::forward((x32, x.1), g, w32, b32, self.relu)?;
             let Some(y) = from_f32::<T>(y) else {
                 candle_core::bail!("kolo-conv2d: f32 output of a {:?} convolution", T::DTYPE);
             };
@@ -177,10 +178,10 @@ impl ConvGemm {
             as_f32(x.0),
             as_f32(w),
             as_f32(grad),
-            amx_conv::eligible(g, c_out),
+            tile_conv::eligible(g, c_out),
         ) {
             let mut o32 = Vec::with_capacity(total);
-            amx_conv::backward((x32, x.1), w32, g, g32, (want.x, want.weight), &mut o32)?;
+            tile_conv::backward((x32, x.1), w32, g, g32, (want.x, want.weight), &mut o32)?;
             let Some(mut out) = from_f32::<T>(o32) else {
                 candle_core::bail!("{OP}: f32 gradients of a {:?} convolution", T::DTYPE);
             };

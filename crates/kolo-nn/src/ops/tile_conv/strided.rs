@@ -22,7 +22,7 @@ fn phases(g: &Geom) -> Result<Phases> {
     match Phases::of(g) {
         Some(ph) => Ok(ph),
         None => candle_core::bail!(
-            "kolo-conv2d-amx: stride {} has no phase form here",
+            "kolo-conv2d-tiles: stride {} has no phase form here",
             g.stride
         ),
     }

@@ -1,4 +1,5 @@
 use super::*;
+use crate::ops::bf16_gemm::with_tile_unit;
 use half::bf16;
 
 /// Values varied in sign and size, rounded to bf16 (so the products are exact in f32).
@@ -104,16 +105,31 @@ fn close(got: &[f32], want: &[f64], what: &str) {
     }
 }
 
+/// The bf16 units this CPU has, each of which the tests run the products on; none, with a note,
+/// on a CPU without one.
+fn units() -> Vec<Bf16Path> {
+    let units: Vec<Bf16Path> = [Bf16Path::Amx, Bf16Path::Avx512Bf16]
+        .into_iter()
+        .filter(|u| u.available() && layouts_available())
+        .collect();
+    if units.is_empty() {
+        eprintln!("tile_conv: not run, this CPU has neither AMX nor AVX512-BF16");
+    }
+    units
+}
+
 #[test]
 fn forward_and_gradients_match_a_direct_convolution_of_the_bf16_values() {
-    if !Bf16Path::Amx.available() {
-        eprintln!("amx_conv: not run, this CPU has no AMX");
-        return;
+    for unit in units() {
+        with_tile_unit(unit, || forward_and_gradients(unit.name()));
     }
+}
+
+fn forward_and_gradients(unit: &str) {
     for (b, c, c_out, (h, w), (k, st), p) in CASES {
         let g = geom(b, c, (h, w), (k, st), p);
         assert!(shape_fits(&g, c_out), "b{b} c{c} k{k} s{st}: not taken");
-        let what = format!("b{b} c{c}->{c_out} {h}x{w} k{k} s{st} p{p}");
+        let what = format!("{unit}: b{b} c{c}->{c_out} {h}x{w} k{k} s{st} p{p}");
         let x = values(b * c * h * w, 1);
         let wt = values(c_out * c * k * k, 2);
         let bias = values(c_out, 3);
@@ -171,10 +187,12 @@ fn forward_and_gradients_match_a_direct_convolution_of_the_bf16_values() {
 
 #[test]
 fn operands_are_rounded_to_bf16_not_truncated() {
-    if !Bf16Path::Amx.available() {
-        eprintln!("amx_conv: not run, this CPU has no AMX");
-        return;
+    for unit in units() {
+        with_tile_unit(unit, rounded_not_truncated);
     }
+}
+
+fn rounded_not_truncated() {
     // 1 + 2⁻⁸ + 2⁻¹⁰ lies above the midpoint between the bf16 values 1 and 1 + 2⁻⁷: it rounds
     // up to 1 + 2⁻⁷, where truncation would give 1.
     let g = geom(1, 32, (1, 1), (1, 1), 0);

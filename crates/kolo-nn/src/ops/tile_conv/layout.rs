@@ -1,4 +1,4 @@
-//! The layouts the AMX convolution reads and writes, made from and back into candle's NCHW f32
+//! The layouts the implicit-GEMM convolution reads and writes, made from and back into candle's NCHW f32
 //! tensors in one pass each, sixteen by sixteen values through AVX-512 transposes:
 //!
 //! - [`to_nhwc`]: samples as zero-padded NHWC bf16 on the *grid* — position
@@ -12,9 +12,10 @@
 //!   NCHW, the positions off the image dropped, bias and ReLU applied on the way;
 //! - [`to_planes`]: NCHW bf16 planes on the grid (a row per channel), for the kernel gradient;
 //! - [`pairs_to_rows`]: such planes' pairs of neighbouring positions as the pair-interleaved
-//!   rows `tdpbf16ps` reads as `B`.
+//!   rows both bf16 units read as `B`.
 //!
-//! All of them only on a CPU with AVX-512F and AVX512-BF16 (every CPU with AMX has both).
+//! All of them only on a CPU with AVX-512F, BW, VL and BF16 (`layouts_available`: every CPU with
+//! AMX, and AMD EPYC's with AVX512-BF16).
 
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
@@ -230,7 +231,7 @@ pub(super) fn to_planes_on(
             && out.len() >= c * stride,
         "to_planes: buffers too short"
     );
-    // SAFETY: AVX-512F, BW and BF16 (the module's condition; every CPU with AMX has BW); the
+    // SAFETY: AVX-512F, BW and BF16 (the module's condition, `layouts_available`); the
     // reads are inside the samples' planes, the writes inside each channel's plane of `out`
     // (asserted above), both masked to the row's `w`.
     unsafe { to_planes_avx512(x, g, (hp, wp, at), b0, stride, out) }
