@@ -65,7 +65,8 @@ torch-bf16-N in bf16 (as above), alternating; it reports bf16 / f32 of each and 
 precision (the machine's speed drifts between invocations, so compare precisions within one).
 
 With --baseline OLD_KOLO, OLD_KOLO's `kolo train -n 1` and `-n 2` run in the same rounds too (base-1,
-base-2), for a before/after comparison under the same load.
+base-2; with --precision both also in bf16, base-bf16-1, base-bf16-2), for a before/after comparison
+under the same load.
 
 Usage: scripts/bench_train.py [--model lenet|resnet18|mlp] [--rounds 3] [--batch B] [--epochs 1] [--train-limit N]
                               [--test-limit N] [--lr 0.05] [--momentum 0.9] [--peak-flops GFLOPS] [--no-torch]
@@ -90,14 +91,15 @@ def run(cmd, env=None):
     # kolo train sets this malloc tuning for its workers; give the plain loop and torch the same.
     tun = "glibc.malloc.mmap_threshold=4294967295:glibc.malloc.trim_threshold=4294967295:glibc.malloc.hugetlb=1"
     e = dict(os.environ, RAYON_NUM_THREADS="1", GLIBC_TUNABLES=tun, **(env or {}))
-    # One retry: PyTorch's Gloo DDP now and then aborts in its teardown after a complete run
-    # ("terminate called without an active exception"); the failure is reported, never hidden.
-    for attempt in (1, 2):
+    # Two retries: PyTorch's Gloo DDP now and then aborts in its teardown after a complete run
+    # ("terminate called without an active exception", twice in a row once); the failure is
+    # reported, never hidden.
+    for attempt in (1, 2, 3):
         p = subprocess.run(cmd, cwd=ROOT, env=e, capture_output=True, text=True)
         if p.returncode == 0:
             return p.stdout
         msg = f"bench_train: {' '.join(cmd)} failed ({p.returncode}):\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}"
-        if attempt == 2:
+        if attempt == 3:
             sys.exit(msg)
         print(msg.splitlines()[0] + " -- running it again", file=sys.stderr, flush=True)
 
@@ -455,6 +457,9 @@ def main():
                   ("kolo-bf16-2", lambda: kolo(a, 2, precision="bf16"))]
     if a.baseline:
         cases += [("base-1", lambda: kolo(a, 1, a.baseline, first)), ("base-2", lambda: kolo(a, 2, a.baseline, first))]
+        if both:
+            cases += [("base-bf16-1", lambda: kolo(a, 1, a.baseline, "bf16")),
+                      ("base-bf16-2", lambda: kolo(a, 2, a.baseline, "bf16"))]
     if have_torch:
         cases += [("torch-1", lambda: torch(a, 1, first)), ("torch-2", lambda: torch(a, 2, first))]
         if both:
@@ -495,6 +500,9 @@ def main():
     if a.baseline:
         print(f"  this build / --baseline: 1 worker {med['kolo-1'] / med['base-1']:.3f}x, "
               f"2 workers {med['kolo-2'] / med['base-2']:.3f}x")
+        if both:
+            print(f"  this build / --baseline in bf16: 1 worker {med['kolo-bf16-1'] / med['base-bf16-1']:.3f}x, "
+                  f"2 workers {med['kolo-bf16-2'] / med['base-bf16-2']:.3f}x")
     ratios = {}
     if have_torch:
         ratios = {"1": med["kolo-1"] / med["torch-1"], "2": med["kolo-2"] / med["torch-2"]}
