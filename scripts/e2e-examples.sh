@@ -31,9 +31,14 @@ job() {
 }
 
 check_ddp_minimal() {
-    local name="ddp_minimal: 2 ranks, a model built once, loss below 0.6, checkpoints"
-    job "$EX/ddp_minimal" 12000 "$TMP/minimal"
+    local name="ddp_minimal: 2 ranks, a model built once, loss below 0.6, checkpoints, no flight record"
+    KOLO_TRACE_DIR="$TMP/minimal-trace" job "$EX/ddp_minimal" 12000 "$TMP/minimal"
     if ((rc != 0)); then fail "$name" "exit code $rc"; return; fi
+    # A clean run leaves no flight record: every rank closed its transport before it exited.
+    if [[ -n $(ls -A "$TMP/minimal-trace" 2>/dev/null) ]] || grep -q "flight record" <<<"$out"; then
+        fail "$name" "a clean run left a flight record: $(grep -m1 "flight record" <<<"$out")"
+        return
+    fi
     if ! grep -Eq '^\[rank 0\] epoch 1: mean loss 0\.[0-5]' <<<"$out"; then
         fail "$name" "no epoch 1 loss below 0.6 from rank 0"
         return
