@@ -155,11 +155,11 @@ impl Inner {
         self.recorder.issue(seq, Location::caller(), true);
         self.pending.add();
         let me = self.clone();
-        let pending = self.pending.clone();
+        let finished = Finished(self.pending.clone());
         let task = Box::new(move || {
             let r = job(&me, seq);
             drop(me);
-            pending.done();
+            drop(finished);
             done(r);
         });
         let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
@@ -170,6 +170,16 @@ impl Inner {
             Some(q) => q.push(task),
             None => Ok(()),
         }
+    }
+}
+
+/// Counts a queued collective as finished when dropped — also when its job panics (the worker
+/// thread catches it), so that blocking calls issued after it do not wait for it forever.
+struct Finished(Arc<crate::wait::Pending>);
+
+impl Drop for Finished {
+    fn drop(&mut self) {
+        self.0.done();
     }
 }
 
@@ -292,6 +302,32 @@ mod tests {
             assert!(
                 matches!(r, Ok(Ok(true))),
                 "rank {rank}: {r:?} (rank 0: true = the transport was gone at delivery)"
+            );
+        }
+    }
+
+    /// A `Work::then` callback that panics (on the worker thread) neither fails the collective
+    /// for the peers nor leaves it counted as queued: the blocking call after it runs.
+    #[test]
+    fn a_panicking_callback_does_not_hold_up_the_next_blocking_call() {
+        let out = crate::run_local(2, Config::default(), |comm| {
+            comm.all_reduce_async(vec![1.0f32], ReduceOp::Sum)
+                .then(|_| panic!("a callback's own bug"));
+            let (tx, rx) = mpsc::channel();
+            // On a thread of its own, so that a call that never returns fails the test instead
+            // of hanging it.
+            let c = comm.clone();
+            std::thread::spawn(move || {
+                let mut x = [2.0f32];
+                let r = c.all_reduce(&mut x, ReduceOp::Sum).map(|()| x[0]);
+                let _ = tx.send(r);
+            });
+            rx.recv_timeout(Duration::from_secs(20))
+        });
+        for (rank, r) in out.into_iter().enumerate() {
+            assert!(
+                matches!(r, Ok(Ok(Ok(x))) if x == 4.0),
+                "rank {rank}: {r:?} (want the blocking all-reduce's 4 within 20 s)"
             );
         }
     }
