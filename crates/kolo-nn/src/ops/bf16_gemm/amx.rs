@@ -25,13 +25,7 @@ pub(super) fn available() -> bool {
         {
             let l = std::arch::x86_64::__cpuid_count(7, 0);
             let (amx_bf16, amx_tile) = (l.edx >> 22 & 1 == 1, l.edx >> 24 & 1 == 1);
-            // The layouts and packing around the tiles run on AVX-512 (F, BW, VL, BF16): every
-            // CPU with AMX has them, but a hypervisor may hide some.
-            let avx512 = std::is_x86_feature_detected!("avx512f")
-                && std::is_x86_feature_detected!("avx512bw")
-                && std::is_x86_feature_detected!("avx512vl")
-                && std::is_x86_feature_detected!("avx512bf16");
-            if !(amx_bf16 && amx_tile && avx512) {
+            if !(amx_bf16 && amx_tile && super::tiles::layouts_available()) {
                 return false;
             }
             const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;

@@ -28,7 +28,7 @@ mod tiles;
 pub(super) use gathered::pack_b_gathered;
 #[cfg(test)]
 pub(super) use tiles::with_tile_unit;
-pub(super) use tiles::{tile_product, TileOperand};
+pub(super) use tiles::{layouts_available, tile_product, TileOperand};
 
 pub(super) use pack::Source;
 pub use speed::{avx512_bf16_speed, UnitSpeed};

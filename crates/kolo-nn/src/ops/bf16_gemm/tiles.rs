@@ -54,6 +54,21 @@ impl TileOperand<'_> {
     }
 }
 
+/// Whether this CPU has the AVX-512 (F, BW, VL, BF16) that the layouts and packing around the
+/// tiles run on: every CPU with AMX, and the AMD EPYCs with AVX512-BF16 — but a hypervisor may
+/// hide some.
+pub(in crate::ops) fn layouts_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::is_x86_feature_detected!("avx512f")
+            && std::is_x86_feature_detected!("avx512bw")
+            && std::is_x86_feature_detected!("avx512vl")
+            && std::is_x86_feature_detected!("avx512bf16")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
 thread_local! {
     /// Set while [`with_tile_unit`] runs its closure on this thread.
     static FORCED: Cell<Option<Bf16Path>> = const { Cell::new(None) };

@@ -14,8 +14,8 @@
 //! - [`pairs_to_rows`]: such planes' pairs of neighbouring positions as the pair-interleaved
 //!   rows both bf16 units read as `B`.
 //!
-//! All of them only on a CPU with AVX-512F, BW, VL and BF16 (`layouts_available`: every CPU with
-//! AMX, and AMD EPYC's with AVX512-BF16).
+//! All of them only on a CPU with AVX-512F, BW, VL and BF16
+//! (`bf16_gemm::layouts_available`: every CPU with AMX, and AMD EPYC's with AVX512-BF16).
 
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;

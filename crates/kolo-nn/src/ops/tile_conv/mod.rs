@@ -33,7 +33,7 @@ mod strided;
 
 use candle_core::{Layout, Result};
 
-use super::bf16_gemm::{pack_b_gathered, tile_product, Bf16Path, TileOperand};
+use super::bf16_gemm::{layouts_available, pack_b_gathered, tile_product, Bf16Path, TileOperand};
 use super::im2col::{gather, Geom};
 use super::matmul_precision::bf16_unit;
 use super::scratch::LineScratch;
@@ -65,20 +65,6 @@ pub(super) fn eligible(g: &Geom, c_out: usize) -> bool {
     matches!(bf16_unit(), Some(Bf16Path::Amx | Bf16Path::Avx512Bf16))
         && layouts_available()
         && shape_fits(g, c_out)
-}
-
-/// Whether this CPU runs the layouts ([`layout`], [`phases`]): AVX-512F, BW, VL and BF16 — every
-/// CPU with AMX, and the AMD EPYCs with AVX512-BF16.
-fn layouts_available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::is_x86_feature_detected!("avx512f")
-            && std::is_x86_feature_detected!("avx512bw")
-            && std::is_x86_feature_detected!("avx512vl")
-            && std::is_x86_feature_detected!("avx512bf16")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
 }
 
 /// Whether this module computes `g` (to `c_out` channels): padding below the kernel's side,
