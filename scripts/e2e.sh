@@ -464,11 +464,13 @@ check_elastic_nodes() {
     local name="kolo run --nnodes 1:2: a node is lost, the job goes on with the one left"
     local port=$((29700 + RANDOM % 200)) log0=$TMP/elastic0.log log1=$TMP/elastic1.log
     local args=(-n 2 --nnodes 1:2 --max-restarts 1 --master-addr 127.0.0.1 --master-port "$port")
+    # Long enough (4 ranks: several seconds) that node 1 is killed mid-job, not after it.
+    local iters=4000
     KOLO_JOB_SECRET=e2e timeout 90 "$KOLO" run "${args[@]}" --node-rank 0 -- \
-        "$EX/ring_allreduce" --count 200000 --iters 400 >"$log0" 2>&1 &
+        "$EX/ring_allreduce" --count 200000 --iters "$iters" >"$log0" 2>&1 &
     local t0=$!
     KOLO_JOB_SECRET=e2e timeout 90 "$KOLO" run "${args[@]}" --node-rank 1 -- \
-        "$EX/ring_allreduce" --count 200000 --iters 400 >"$log1" 2>&1 &
+        "$EX/ring_allreduce" --count 200000 --iters "$iters" >"$log1" 2>&1 &
     local t1=$! l1="" i
     for i in $(seq 100); do
         l1=$(ps --ppid "$t1" -o pid= 2>/dev/null | tr -d ' ' || true)
@@ -496,10 +498,37 @@ check_elastic_nodes() {
     ok "$name"
 }
 
+# Two launchers; node 1's workers finish by killing their own launcher (SIGKILL: it never says it is
+# done), node 0's finish at once. Node 0 hosts the store and would keep it for node 1 until the
+# rendezvous timeout (300 s); it must see node 1's heartbeat stop and exit cleanly within seconds.
+check_host_outlives_a_dead_node() {
+    local name="kolo run --nnodes 2: the store's host does not wait for a node whose launcher died"
+    local port=$((29900 + RANDOM % 90)) log0=$TMP/dead0.log log1=$TMP/dead1.log
+    local args=(-n 1 --nnodes 2 --master-addr 127.0.0.1 --master-port "$port" --)
+    local t=$SECONDS
+    KOLO_JOB_SECRET=e2e timeout 60 "$KOLO" run --node-rank 0 "${args[@]}" sh -c 'sleep 1' \
+        >"$log0" 2>&1 &
+    local t0=$!
+    KOLO_JOB_SECRET=e2e timeout 60 "$KOLO" run --node-rank 1 "${args[@]}" sh -c 'kill -9 $PPID' \
+        >"$log1" 2>&1 || true
+    rc=0
+    wait "$t0" || rc=$?
+    local took=$((SECONDS - t))
+    out=$(cat "$log0")
+    if ((rc != 0)); then fail "$name" "node 0 exited with $rc after ${took} s"; return; fi
+    if ((took > 20)); then fail "$name" "node 0 took ${took} s"; return; fi
+    if ! grep -q "node 1 (.*) stopped responding before saying so" <<<"$out"; then
+        fail "$name" "node 0 did not name node 1"
+        return
+    fi
+    ok "$name"
+}
+
 check_hello
 check_two_hosts
 check_partition
 check_elastic_nodes
+check_host_outlives_a_dead_node
 check_train
 check_train_replicas 1
 check_train_replicas 2

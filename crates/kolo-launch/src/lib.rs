@@ -314,7 +314,24 @@ fn launch_nodes(
                     } else {
                         cfg.rdzv_timeout
                     };
-                    rendezvous::wait_all_done(&*store, restart, round.nnodes, wait);
+                    let stop = || signals.pending();
+                    let waited = rendezvous::wait_all_done(
+                        &*store,
+                        restart,
+                        round.nnodes,
+                        wait,
+                        watch::HEARTBEAT_TIMEOUT,
+                        &stop,
+                    );
+                    if let rendezvous::Waited::Silent(nodes) = waited {
+                        let names: Vec<String> =
+                            nodes.iter().map(|&n| round.node_name(n)).collect();
+                        supervise::report(format_args!(
+                            "this node's workers finished, but {} stopped responding before \
+                             saying so: closing the store without waiting for it",
+                            names.join(", ")
+                        ));
+                    }
                 }
                 return Ok(outcome);
             }

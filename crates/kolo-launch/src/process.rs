@@ -139,6 +139,11 @@ impl SignalFlags {
         self.usr1.swap(false, Ordering::SeqCst)
     }
 
+    /// Whether a forwarded signal came that [`SignalFlags::take`] has not taken yet.
+    pub(crate) fn pending(&self) -> bool {
+        self.received.load(Ordering::SeqCst) != 0
+    }
+
     /// The last signal received since the previous call, if any.
     pub(crate) fn take(&self) -> Option<i32> {
         match self.received.swap(0, Ordering::SeqCst) {

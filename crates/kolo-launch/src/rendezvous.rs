@@ -287,16 +287,70 @@ pub fn done(store: &dyn Store, round: usize, node: usize) -> Result<usize, Store
         .map(|n| n as usize)
 }
 
-/// Waits until `nnodes` nodes are done with `round`, the round fails, or `timeout` passes.
-pub fn wait_all_done(store: &dyn Store, round: usize, nnodes: usize, timeout: Duration) {
+/// Why [`wait_all_done`] stopped waiting.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Waited {
+    /// Every node is done, or the round failed (someone else reports that).
+    AllDone,
+    /// These nodes (by node rank) neither finished nor bumped their heartbeat for
+    /// `HEARTBEAT_TIMEOUT`: their launchers are gone.
+    Silent(Vec<usize>),
+    /// `stop` said so (a signal came).
+    Stopped,
+    /// `timeout` passed with nodes still running.
+    TimedOut,
+}
+
+/// Waits until `nnodes` nodes are done with `round`, the round fails, every node not done has
+/// stood still for `heartbeat_timeout` (its launcher died after this node's workers finished: no
+/// point keeping the store for it), `stop()` is true, or `timeout` passes.
+pub fn wait_all_done(
+    store: &dyn Store,
+    round: usize,
+    nnodes: usize,
+    timeout: Duration,
+    heartbeat_timeout: Duration,
+    stop: &dyn Fn() -> bool,
+) -> Waited {
     let started = Instant::now();
-    while started.elapsed() < timeout {
+    // Each node's last heartbeat value and when it last moved.
+    let mut seen: Vec<(i64, Instant)> = vec![(i64::MIN, started); nnodes];
+    loop {
         let n = store
             .add(&key(format!("r{round}/done")), 0)
             .unwrap_or(i64::MAX) as usize;
         let failed = failure(store, round).map_or(true, |f| f.is_some());
         if n >= nnodes || failed {
-            return;
+            return Waited::AllDone;
+        }
+        let mut silent = Vec::new();
+        for (node, (last, since)) in seen.iter_mut().enumerate() {
+            let finished = store
+                .try_get(&key(format!("r{round}/finished/{node}")))
+                .map_or(true, |v| v.is_some());
+            if finished {
+                continue;
+            }
+            let beat = store
+                .add(&key(format!("r{round}/alive/{node}")), 0)
+                .unwrap_or(i64::MIN);
+            if beat != *last {
+                (*last, *since) = (beat, Instant::now());
+            } else if since.elapsed() >= heartbeat_timeout {
+                silent.push(node);
+                continue;
+            }
+            silent.clear();
+            break;
+        }
+        if !silent.is_empty() {
+            return Waited::Silent(silent);
+        }
+        if stop() {
+            return Waited::Stopped;
+        }
+        if started.elapsed() >= timeout {
+            return Waited::TimedOut;
         }
         thread::sleep(POLL);
     }
@@ -425,5 +479,97 @@ mod tests {
         assert_eq!(fail(&store, 1, "c").as_deref(), Some("c"));
         assert_eq!(job_id(&store, "x").expect("id"), "x");
         assert_eq!(job_id(&store, "y").expect("id"), "x");
+    }
+
+    const BEAT_TIMEOUT: Duration = Duration::from_millis(300);
+
+    #[test]
+    fn the_host_stops_waiting_for_a_node_whose_launcher_died() {
+        // Node 0 (hosting) finished; node 1 beat once and went silent without finishing.
+        let store = MemoryStore::new();
+        done(&store, 0, 0).expect("done");
+        store.add(&key("r0/alive/1".into()), 1).expect("beat");
+        let started = Instant::now();
+        let waited = wait_all_done(&store, 0, 2, Duration::from_secs(30), BEAT_TIMEOUT, &|| {
+            false
+        });
+        assert_eq!(waited, Waited::Silent(vec![1]));
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+
+    #[test]
+    fn the_host_keeps_waiting_for_a_node_that_beats_until_it_is_done() {
+        let store = Arc::new(MemoryStore::new());
+        done(&*store, 0, 0).expect("done");
+        let beating = {
+            let store = store.clone();
+            thread::spawn(move || {
+                // Beats for four heartbeat timeouts, then says it is done.
+                let until = Instant::now() + BEAT_TIMEOUT * 4;
+                while Instant::now() < until {
+                    store.add(&key("r0/alive/1".into()), 1).expect("beat");
+                    thread::sleep(BEAT_TIMEOUT / 6);
+                }
+                done(&*store, 0, 1).expect("done");
+            })
+        };
+        let started = Instant::now();
+        let waited = wait_all_done(
+            &*store,
+            0,
+            2,
+            Duration::from_secs(30),
+            BEAT_TIMEOUT,
+            &|| false,
+        );
+        beating.join().expect("beating thread");
+        assert_eq!(waited, Waited::AllDone);
+        assert!(
+            started.elapsed() >= BEAT_TIMEOUT * 4,
+            "{:?}",
+            started.elapsed()
+        );
+    }
+
+    #[test]
+    fn a_signal_ends_the_wait_and_a_live_node_is_not_silent() {
+        // Node 2 finished, node 1 silent, node 3 beating: not all silent, so only `stop` ends it.
+        let store = Arc::new(MemoryStore::new());
+        done(&*store, 0, 0).expect("done");
+        done(&*store, 0, 2).expect("done");
+        let asked = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let beating = {
+            let (store, asked) = (store.clone(), asked.clone());
+            thread::spawn(move || {
+                let until = Instant::now() + BEAT_TIMEOUT * 4;
+                while Instant::now() < until {
+                    store.add(&key("r0/alive/3".into()), 1).expect("beat");
+                    thread::sleep(BEAT_TIMEOUT / 6);
+                }
+                asked.store(true, std::sync::atomic::Ordering::SeqCst);
+            })
+        };
+        let stop = || asked.load(std::sync::atomic::Ordering::SeqCst);
+        let waited = wait_all_done(&*store, 0, 4, Duration::from_secs(30), BEAT_TIMEOUT, &stop);
+        beating.join().expect("beating thread");
+        assert_eq!(waited, Waited::Stopped);
+    }
+
+    #[test]
+    fn the_wait_times_out() {
+        let store = MemoryStore::new();
+        let waited = wait_all_done(
+            &store,
+            0,
+            2,
+            Duration::from_millis(200),
+            Duration::from_secs(60),
+            &|| false,
+        );
+        assert_eq!(waited, Waited::TimedOut);
     }
 }
