@@ -76,8 +76,12 @@ impl OpKind {
     }
 
     /// Decodes a wire code.
+    #[inline]
     pub fn from_code(code: u8) -> Option<OpKind> {
-        OpKind::ALL.into_iter().find(|o| *o as u8 == code)
+        // `ALL` lists the variants in the order of their codes, from 1: an index, not a search
+        // (this decodes every message's header); checked, so a list out of order only refuses.
+        let v = *OpKind::ALL.get(usize::from(code.wrapping_sub(1)))?;
+        (v as u8 == code).then_some(v)
     }
 }
 
@@ -143,8 +147,12 @@ impl Algorithm {
     }
 
     /// Decodes a wire code.
+    #[inline]
     pub fn from_code(code: u8) -> Option<Algorithm> {
-        Algorithm::ALL.into_iter().find(|a| *a as u8 == code)
+        // `ALL` lists the variants in the order of their codes, from 0: an index, not a search
+        // (this decodes every message's header); checked, so a list out of order only refuses.
+        let v = *Algorithm::ALL.get(usize::from(code))?;
+        (v as u8 == code).then_some(v)
     }
 
     /// Parses a name as printed by [`Algorithm::name`].
@@ -395,6 +403,20 @@ pub fn counts_hash(counts: &[usize]) -> u64 {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn every_code_decodes_to_its_variant_and_no_other_code_does() {
+        for code in 0..=u8::MAX {
+            let op = OpKind::ALL.into_iter().find(|o| *o as u8 == code);
+            assert_eq!(OpKind::from_code(code), op, "operation code {code}");
+            let algo = Algorithm::ALL.into_iter().find(|a| *a as u8 == code);
+            assert_eq!(Algorithm::from_code(code), algo, "algorithm code {code}");
+            let reduce = ReduceOp::ALL.into_iter().find(|r| *r as u8 == code);
+            assert_eq!(ReduceOp::from_code(code), reduce, "reduce code {code}");
+        }
+        assert_eq!(OpKind::from_code(15), Some(OpKind::AllReduceAdasum));
+        assert_eq!(Algorithm::from_code(0), Some(Algorithm::Direct));
+    }
 
     fn sample() -> Header {
         Header {

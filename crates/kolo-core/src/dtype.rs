@@ -60,8 +60,12 @@ impl DType {
     }
 
     /// Decodes a wire code.
+    #[inline]
     pub fn from_code(code: u8) -> Option<DType> {
-        DType::ALL.into_iter().find(|d| *d as u8 == code)
+        // `ALL` lists the variants in the order of their codes, from 1: an index, not a search
+        // (this decodes every message's header); checked, so a list out of order only refuses.
+        let v = *DType::ALL.get(usize::from(code.wrapping_sub(1)))?;
+        (v as u8 == code).then_some(v)
     }
 
     /// Parses a name as printed by [`DType::name`].

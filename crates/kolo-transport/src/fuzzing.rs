@@ -8,7 +8,8 @@
 use kolo_core::{Algorithm, Call, DType, Header, OpKind, ReduceOp, Tag, TagSpace};
 
 use crate::shm::prefix::{
-    decode_prefix, encode_in_place_prefix, encode_prefix, encode_rewind_prefix, PREFIX,
+    decode_prefix, encode_in_place_prefix, encode_prefix, encode_rewind_prefix, prefix_len,
+    PREFIX_MAX,
 };
 use crate::tcp::frame::{self, Hello, Kind, HELLO_LEN};
 
@@ -48,15 +49,19 @@ pub fn tcp_frames(mut data: &[u8]) -> usize {
     n
 }
 
-/// Decodes a shared-memory message prefix from the first bytes of `data`, with the limit on a
-/// message's length taken from the next 8 bytes. Returns the header and length when accepted.
+/// Decodes a shared-memory message prefix (either form) from the first bytes of `data`, with the
+/// limit on a message's length taken from the 8 bytes after it. Returns the header and length when
+/// accepted.
 pub fn shm_prefix(data: &[u8]) -> Option<(Header, usize)> {
-    let p: &[u8; PREFIX] = data.get(..PREFIX)?.try_into().ok()?;
+    let word: [u8; 8] = data.get(..8)?.try_into().ok()?;
+    let n = prefix_len(word);
     let max = data
-        .get(PREFIX..PREFIX + 8)
+        .get(n..n + 8)
         .and_then(|b| <[u8; 8]>::try_from(b).ok())
         .map_or(u64::MAX, u64::from_le_bytes);
-    let d = decode_prefix(p, max).ok()?;
+    let p = &data[..data.len().min(PREFIX_MAX)];
+    let d = decode_prefix(p, max)?.ok()?;
+    assert_eq!(d.bytes, n, "a prefix decoded with the other form's length");
     let (header, len) = (d.header, d.len);
     check_header(&header);
     assert!(
@@ -68,7 +73,19 @@ pub fn shm_prefix(data: &[u8]) -> Option<(Header, usize)> {
         (false, true) => encode_rewind_prefix(&header, len),
         (false, false) => encode_prefix(&header, len),
     };
-    assert_eq!(&again, p, "prefix changed in a round trip");
+    // A full prefix of what fits the compact form comes back compact; either form, the same.
+    let again = again.to_vec();
+    if again.len() == n {
+        assert_eq!(&again[..], &p[..n], "prefix changed in a round trip");
+    }
+    match decode_prefix(&again, max) {
+        Some(Ok(back)) => assert_eq!(
+            (back.header, back.len, back.in_place, back.rewind),
+            (header, len, d.in_place, d.rewind),
+            "prefix changed in a round trip"
+        ),
+        other => panic!("a re-encoded prefix does not decode: {other:?}"),
+    }
     Some((header, len))
 }
 
@@ -138,12 +155,18 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
     shm_ack.extend_from_slice(&4u64.to_le_bytes());
     let mut shm_rewind = encode_rewind_prefix(&h0, 4).to_vec();
     shm_rewind.extend_from_slice(&(1u64 << 20).to_le_bytes());
+    // A count over 2^32 takes the full form.
+    let mut big = h0;
+    big.call.count = 1 << 40;
+    let mut shm_full = encode_prefix(&big, 16).to_vec();
+    shm_full.extend_from_slice(&(1u64 << 20).to_le_bytes());
     vec![
         ("hello", hello),
         ("frames", frames),
         ("shm", shm),
         ("shm-over-limit", shm_ack),
         ("shm-rewind", shm_rewind),
+        ("shm-full", shm_full),
     ]
 }
 
@@ -162,6 +185,13 @@ mod tests {
             shm_prefix(&seeds["shm-rewind"]).map(|(_, len)| len),
             Some(4)
         );
+        let full = &seeds["shm-full"];
+        assert_eq!(full.len(), PREFIX_MAX + 8, "a full-form seed");
+        assert_eq!(
+            shm_prefix(full).map(|(h, len)| (h.call.count, len)),
+            Some((1 << 40, 16))
+        );
+        assert_eq!(seeds["shm"].len(), crate::shm::prefix::PREFIX_COMPACT + 8);
         assert!(tcp_hello(&[0; HELLO_LEN]).is_none());
     }
 }

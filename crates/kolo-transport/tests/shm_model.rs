@@ -90,6 +90,24 @@ mod atomics {
             }
         }
 
+        /// # Safety
+        ///
+        /// As `src/shm/atomics.rs` (loom checks it).
+        pub(super) unsafe fn write_u64(&self, at: usize, v: u64) {
+            // SAFETY (model): as `write`.
+            unsafe { self.write(at, &v.to_le_bytes()) }
+        }
+
+        /// # Safety
+        ///
+        /// As `src/shm/atomics.rs` (loom checks it).
+        pub(super) unsafe fn read_u64(&self, at: usize) -> u64 {
+            let mut b = [0u8; 8];
+            // SAFETY (model): as `read`.
+            unsafe { self.read(at, &mut b) };
+            u64::from_le_bytes(b)
+        }
+
         /// A hint in the real one; nothing here.
         pub(super) fn prefetch(&self, _at: usize) {}
 
@@ -170,10 +188,14 @@ struct Ring {
 
 impl Ring {
     fn new() -> Ring {
+        Ring::with(CAP)
+    }
+
+    fn with(cap: usize) -> Ring {
         Ring {
             tail: AtomicU64::new(0),
             head: AtomicU64::new(0),
-            data: cells(CAP),
+            data: cells(cap),
             producer_bell: Bell::new(),
             consumer_bell: Bell::new(),
         }
@@ -231,6 +253,32 @@ fn ring_with_doorbells_delivers_in_order_without_races_or_lost_wakeups() {
         let got = consume(&ring, 3);
         producer.join().expect("producer");
         assert_eq!(got, [1, 2, 3]);
+    });
+}
+
+/// A message's compact prefix: written as words and a payload in one publication
+/// (`Spsc::push_words2`), read back as words (`Spsc::read_words`) once the tail shows them — every
+/// byte visible to the consumer, no race.
+#[test]
+fn a_prefix_written_and_read_as_words_arrives_whole() {
+    model(|| {
+        let ring = Arc::new(Ring::with(16));
+        let r = ring.clone();
+        let producer = thread::spawn(move || {
+            let spsc = r.spsc();
+            // SAFETY: the one producer, into the empty ring (room for the word and the byte).
+            unsafe { spsc.push_words2(0, &[0x0807_0605_0403_0201], &[9], 9) };
+            r.consumer_bell.doorbell().ring();
+        });
+        let spsc = ring.spsc();
+        wait_until(&ring.consumer_bell.doorbell(), || spsc.available(0) >= 9);
+        // SAFETY: the one consumer, reading what `available` saw.
+        let words = unsafe { spsc.read_words::<1>(0) };
+        let mut byte = [0u8];
+        unsafe { spsc.read(8, &mut byte) };
+        producer.join().expect("producer");
+        assert_eq!(words, Some([0x0807_0605_0403_0201]));
+        assert_eq!(byte, [9]);
     });
 }
 

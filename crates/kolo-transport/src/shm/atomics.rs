@@ -54,6 +54,18 @@ impl<'a> SharedBytes<'a> {
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.add(at), src.len()) }
     }
 
+    /// Writes `v` as 8 little-endian bytes at offset `at`, with one store.
+    ///
+    /// # Safety
+    ///
+    /// As [`Self::write`], with `at + 8 <= len`.
+    #[inline]
+    pub(super) unsafe fn write_u64(&self, at: usize, v: u64) {
+        debug_assert!(at + 8 <= self.len);
+        // SAFETY: in bounds and ours (the caller's contract); unaligned stores are fine.
+        unsafe { self.ptr.add(at).cast::<u64>().write_unaligned(v.to_le()) }
+    }
+
     /// Asks the CPU to fetch the cache line holding offset `at` (a hint: no access, no fault,
     /// nothing on other architectures than x86-64).
     #[inline]
@@ -80,5 +92,17 @@ impl<'a> SharedBytes<'a> {
         debug_assert!(at + dst.len() <= self.len);
         // SAFETY: in bounds and stable (the caller's contract).
         unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(at), dst.as_mut_ptr(), dst.len()) }
+    }
+
+    /// Reads the 8 little-endian bytes at offset `at`, with one load.
+    ///
+    /// # Safety
+    ///
+    /// As [`Self::read`], with `at + 8 <= len`.
+    #[inline]
+    pub(super) unsafe fn read_u64(&self, at: usize) -> u64 {
+        debug_assert!(at + 8 <= self.len);
+        // SAFETY: in bounds and stable (the caller's contract); unaligned loads are fine.
+        u64::from_le(unsafe { self.ptr.add(at).cast::<u64>().read_unaligned() })
     }
 }

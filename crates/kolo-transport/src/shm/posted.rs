@@ -18,7 +18,8 @@ use std::time::Instant;
 use kolo_core::{segment_ranges, Header, LinkFailure, Received, RecvError, Tag, TagSpace};
 
 use super::health::STATE_ALIVE;
-use super::prefix::{decode_prefix, Prefix, PREFIX};
+use super::prefix::Prefix;
+use super::ring::read_prefix;
 use super::ring::{Consumer, Partial};
 use super::{lock, ShmTransport};
 
@@ -78,7 +79,7 @@ impl ShmTransport {
                                 if !p.in_place {
                                     return self.read_direct(peer, &mut c, p, dst, deadline);
                                 }
-                                if let Some(got) = self.read_in_place(peer, p.header, dst) {
+                                if let Some(got) = self.read_in_place(peer, p, dst) {
                                     return got;
                                 }
                             }
@@ -127,13 +128,9 @@ impl ShmTransport {
     fn peek(&self, peer: usize) -> Option<Result<Prefix, String>> {
         let ring = self.ring(peer, self.rank);
         let head = ring.consumer_position();
-        if ring.available(head) < PREFIX {
-            return None;
-        }
-        let mut p = [0u8; PREFIX];
-        // SAFETY: the caller holds the ring's consumer lock; `available` covers the bytes.
-        unsafe { ring.read(head, &mut p) };
-        Some(decode_prefix(&p, self.opts.max_message))
+        let avail = ring.available(head);
+        // SAFETY: the caller holds the ring's consumer lock.
+        unsafe { read_prefix(&ring, head, avail, self.opts.max_message) }
     }
 
     /// Copies the payload of the ring's next message, one sent in place (whose prefix
@@ -143,11 +140,11 @@ impl ShmTransport {
     fn read_in_place(
         &self,
         peer: usize,
-        header: Header,
+        Prefix { header, bytes, .. }: Prefix,
         dst: &mut [u8],
     ) -> Option<Result<Received, RecvError>> {
         let head = self.ring(peer, self.rank).consumer_position();
-        let (addr, _) = self.take_in_place(peer, head)?;
+        let (addr, _) = self.take_in_place(peer, head, bytes)?;
         Some(match self.copy_in_place(peer, addr, dst) {
             Ok(()) => Ok(self.direct(peer, header)),
             Err(f) => Err(RecvError::Link(f)),
@@ -172,17 +169,23 @@ impl ShmTransport {
     /// Reads the payload of the ring's next message (whose prefix [`Self::peek`] decoded) into `dst`
     /// as it arrives. Should the wait end early (deadline, failure), what was read becomes the
     /// message's partial payload, which later drains finish into the mailbox: the ring stays in step.
+    #[inline(always)]
     fn read_direct(
         &self,
         peer: usize,
         c: &mut Consumer,
-        Prefix { header, rewind, .. }: Prefix,
+        Prefix {
+            header,
+            rewind,
+            bytes,
+            ..
+        }: Prefix,
         dst: &mut [u8],
         deadline: Option<Instant>,
     ) -> Result<Received, RecvError> {
         let ring = self.ring(peer, self.rank);
         // The prefix is given back with the payload's first bytes (or at an early end).
-        let mut head = ring.consumer_position() + PREFIX as u64;
+        let mut head = ring.consumer_position() + bytes as u64;
         let mut done = 0;
         loop {
             let take = ring.available(head).min(dst.len() - done).min(self.chunk());

@@ -9,7 +9,7 @@ use kolo_core::Transport;
 use super::ring::{next_message, REWIND_EVERY};
 use super::tests::{bytes, header, pair, posted_once};
 use super::{lock, ShmTransport};
-use crate::shm::prefix::PREFIX;
+use crate::shm::prefix::PREFIX_COMPACT;
 
 const RING: usize = 16 << 10;
 
@@ -23,9 +23,11 @@ fn sizes(count: usize) -> impl Iterator<Item = usize> {
     (0..count).map(|i| (i * 389 + i / 7) % 1100)
 }
 
-/// The ring bytes that messages of these lengths take without rewinding.
+/// The ring bytes that messages of these lengths (with [`header`]'s compact prefix) take without
+/// rewinding.
 fn stream_bytes(lens: impl Iterator<Item = usize>) -> u64 {
-    lens.map(|l| next_message((PREFIX + l) as u64)).sum()
+    lens.map(|l| next_message((PREFIX_COMPACT + l) as u64))
+        .sum()
 }
 
 /// The producer's position towards `peer`.
@@ -132,11 +134,17 @@ fn a_stream_that_fills_the_ring_keeps_every_byte() {
 #[test]
 fn a_prefix_both_in_place_and_rewinding_is_refused() {
     use crate::shm::prefix::{decode_prefix, encode_in_place_prefix, encode_rewind_prefix};
-    let rewind = encode_rewind_prefix(&header(3), 10);
-    let p = decode_prefix(&rewind, 1 << 20).expect("a rewinding prefix");
-    assert!(p.rewind && !p.in_place && p.len == 10);
-    let mut both = encode_in_place_prefix(&header(3), 10);
-    both[7] |= rewind[7];
-    let e = decode_prefix(&both, 1 << 20).expect_err("in place and rewinding");
-    assert!(e.contains("rewind"), "{e}");
+    for h in [header(3), header(1 << 40)] {
+        let rewind = encode_rewind_prefix(&h, 10);
+        let p = decode_prefix(&rewind.to_vec(), 1 << 20)
+            .expect("whole")
+            .expect("a rewinding prefix");
+        assert!(p.rewind && !p.in_place && p.len == 10);
+        let mut both = encode_in_place_prefix(&h, 10).to_vec();
+        both[7] |= rewind.bytes()[7];
+        let e = decode_prefix(&both, 1 << 20)
+            .expect("whole")
+            .expect_err("in place and rewinding");
+        assert!(e.contains("rewind"), "{e}");
+    }
 }

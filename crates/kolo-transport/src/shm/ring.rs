@@ -23,7 +23,8 @@ use super::health::{STATE_ALIVE, STATE_CLOSED};
 use super::layout::{LINE, RING_CTRL};
 use super::postings::Claim;
 use super::prefix::{
-    decode_prefix, encode_prefix, encode_rewind_prefix, Prefix, IN_PLACE_BYTES, PREFIX,
+    decode_prefix, decode_words, encode_prefix, encode_rewind_prefix, prefix_len, Encoded, Prefix,
+    COMPACT, IN_PLACE_BYTES, PREFIX_COMPACT, PREFIX_MAX,
 };
 use super::single_copy::Batch;
 use super::spsc::Spsc;
@@ -58,6 +59,47 @@ pub(super) fn after(end: u64, rewind: bool, cap: usize) -> u64 {
         next.next_multiple_of(cap as u64)
     } else {
         next
+    }
+}
+
+/// The prefix of the message at `head` of `ring`, once it has arrived whole (of the `avail`
+/// bytes there, the first); `None` until then.
+///
+/// # Safety
+///
+/// The caller holds the ring's consumer lock, and `avail` bytes from `head` have been published.
+#[inline(always)]
+pub(super) unsafe fn read_prefix(
+    ring: &Spsc<'_>,
+    head: u64,
+    avail: usize,
+    max_message: u64,
+) -> Option<Result<Prefix, String>> {
+    if avail < PREFIX_COMPACT {
+        return None;
+    }
+    // The compact form read straight from the ring into registers: through a copy on the stack,
+    // the decoder's loads wait on the copy's stores, on every message's critical path.
+    // SAFETY (all reads): the caller holds the consumer lock; `avail` covers the bytes.
+    let mut p = [0u8; PREFIX_MAX];
+    if let Some(w) = unsafe { ring.read_words::<3>(head) } {
+        if w[0] & COMPACT != 0 {
+            return Some(decode_words(w, max_message));
+        }
+        if avail < PREFIX_MAX {
+            return None;
+        }
+        unsafe { ring.read(head, &mut p) };
+        return decode_prefix(&p, max_message);
+    }
+    unsafe { ring.read(head, &mut p[..PREFIX_COMPACT]) };
+    if prefix_len([p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7]]) == PREFIX_COMPACT {
+        decode_prefix(&p[..PREFIX_COMPACT], max_message)
+    } else if avail >= PREFIX_MAX {
+        unsafe { ring.read(head, &mut p) };
+        decode_prefix(&p, max_message)
+    } else {
+        None
     }
 }
 
@@ -184,7 +226,9 @@ impl ShmTransport {
         loop {
             let avail = ring.available(head);
             if c.partial.is_none() {
-                if avail < PREFIX {
+                // SAFETY: this thread holds the ring's consumer lock.
+                let decoded = unsafe { read_prefix(&ring, head, avail, self.opts.max_message) };
+                let Some(decoded) = decoded else {
                     if avail == 0 && !c.closed {
                         // A clean close is final only once everything sent before it is read.
                         if self.state_word(src, 0).load(Ordering::Acquire) == STATE_CLOSED
@@ -196,16 +240,14 @@ impl ShmTransport {
                         }
                     }
                     break;
-                }
-                let mut p = [0u8; PREFIX];
-                // SAFETY: this thread holds the ring's consumer lock; `avail` covers the bytes.
-                unsafe { ring.read(head, &mut p) };
+                };
                 let Prefix {
                     header,
                     len,
                     in_place,
                     rewind,
-                } = match decode_prefix(&p, self.opts.max_message) {
+                    bytes,
+                } = match decoded {
                     Ok(decoded) => decoded,
                     Err(reason) => {
                         self.fail_protocol(src, reason);
@@ -215,7 +257,7 @@ impl ShmTransport {
                 if in_place {
                     // Published whole with its prefix; copied from the sender into the posting
                     // waiting for it, else into a buffer for the mailbox.
-                    let Some((addr, next)) = self.take_in_place(src, head) else {
+                    let Some((addr, next)) = self.take_in_place(src, head, bytes) else {
                         break;
                     };
                     head = next;
@@ -236,7 +278,7 @@ impl ShmTransport {
                     }
                     continue;
                 }
-                head += PREFIX as u64;
+                head += bytes as u64;
                 c.partial = Some(self.start_partial(src, header, len, rewind));
                 continue;
             }
@@ -332,19 +374,19 @@ impl ShmTransport {
         Ok(space)
     }
 
-    /// Takes the message in place from `src` whose prefix is at `head`, once its address (after
-    /// the prefix; the sender publishes both at once) has arrived: gives its ring space back and
-    /// returns the address and where the next message starts. The caller holds the ring's
-    /// consumer lock.
-    pub(super) fn take_in_place(&self, src: usize, head: u64) -> Option<(u64, u64)> {
+    /// Takes the message in place from `src` whose prefix (of `prefix` bytes) is at `head`, once
+    /// its address (after the prefix; the sender publishes both at once) has arrived: gives its
+    /// ring space back and returns the address and where the next message starts. The caller holds
+    /// the ring's consumer lock.
+    pub(super) fn take_in_place(&self, src: usize, head: u64, prefix: usize) -> Option<(u64, u64)> {
         let ring = self.ring(src, self.rank);
-        if ring.available(head) < PREFIX + IN_PLACE_BYTES {
+        if ring.available(head) < prefix + IN_PLACE_BYTES {
             return None;
         }
         let mut a = [0u8; IN_PLACE_BYTES];
         // SAFETY: the caller holds the consumer lock; `available` covers the bytes.
-        unsafe { ring.read(head + PREFIX as u64, &mut a) };
-        let next = next_message(head + (PREFIX + IN_PLACE_BYTES) as u64);
+        unsafe { ring.read(head + prefix as u64, &mut a) };
+        let next = next_message(head + (prefix + IN_PLACE_BYTES) as u64);
         ring.release(next);
         self.bell(src).ring();
         Some((u64::from_le_bytes(a), next))
@@ -367,7 +409,8 @@ impl ShmTransport {
         // A small message that fits goes in with one publication (and one doorbell). The space is
         // first judged by the consumer's position as last read: reading it anew costs a cache
         // line from the receiver's core, and most small sends do not need it.
-        let end = tail + (PREFIX + payload.len()) as u64;
+        let prefix = encode_prefix(header, payload.len());
+        let end = tail + (prefix.len() + payload.len()) as u64;
         let next = next_message(end);
         let small = (next - tail) as usize;
         if small <= self.chunk()
@@ -378,19 +421,28 @@ impl ShmTransport {
         {
             let (prefix, next) = match producer.rewind(&ring, payload.len(), tail, next) {
                 Some(lap) => (encode_rewind_prefix(header, payload.len()), lap),
-                None => (encode_prefix(header, payload.len()), next),
+                None => (prefix, next),
             };
             // SAFETY: this thread holds the ring's producer lock; the free space covers both and
             // the padding (up to the next lap: the ring is empty).
-            producer.tail = unsafe { ring.push2(tail, &prefix, payload, next) };
+            producer.tail = unsafe {
+                match &prefix {
+                    Encoded::Compact(words) => ring.push_words2(tail, words, payload, next),
+                    Encoded::Full(bytes) => ring.push2(tail, bytes, payload, next),
+                }
+            };
             self.bell(peer).ring();
             return Ok(());
         }
-        let prefix = encode_prefix(header, payload.len());
-        let mut pieces: [&[u8]; 3] = [&prefix, payload, &PADDING[..(next - end) as usize]];
+        let bytes = prefix.bytes();
+        let mut pieces: [&[u8]; 3] = [
+            &bytes[..prefix.len()],
+            payload,
+            &PADDING[..(next - end) as usize],
+        ];
         for (i, piece) in pieces.iter_mut().enumerate() {
             while !piece.is_empty() {
-                let need = if i == 0 { PREFIX } else { 1 };
+                let need = if i == 0 { prefix.len() } else { 1 };
                 let mut space = ring.free(tail);
                 if space < need {
                     space = self.wait_for_space(peer, tail, need)?;

@@ -27,7 +27,7 @@ use kolo_core::{Header, LinkFailure, RecvError};
 use super::health::STATE_ALIVE;
 use super::layout::{LINE, MAGIC};
 use super::postings::Claim;
-use super::prefix::{encode_in_place_prefix, IN_PLACE_BYTES, PREFIX};
+use super::prefix::{encode_in_place_prefix, IN_PLACE_BYTES};
 use super::ring::next_message;
 use super::{lock, ShmTransport};
 
@@ -128,7 +128,7 @@ impl ShmTransport {
         let mut producer = lock(&self.producers[peer]);
         let ring = self.ring(self.rank, peer);
         let tail = producer.tail;
-        let next = next_message(tail + (PREFIX + IN_PLACE_BYTES) as u64);
+        let next = next_message(tail + (prefix.len() + IN_PLACE_BYTES) as u64);
         let need = (next - tail) as usize;
         if ring.free_before(tail, producer.known_head) < need {
             producer.known_head = ring.released();
@@ -139,7 +139,7 @@ impl ShmTransport {
         }
         // SAFETY: this thread holds the ring's producer lock and the free space covers both and the
         // padding; prefix and address are published together.
-        producer.tail = unsafe { ring.push2(tail, &prefix, &addr, next) };
+        producer.tail = unsafe { ring.push2(tail, &prefix.bytes()[..prefix.len()], &addr, next) };
         producer.in_place += 1;
         self.bell(peer).ring();
         Ok(producer.in_place)

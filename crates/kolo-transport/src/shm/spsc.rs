@@ -105,6 +105,68 @@ impl<'a> Spsc<'a> {
         end
     }
 
+    /// As [`Spsc::push2`] with `a` given as little-endian words, written with one store each
+    /// where they do not wrap (a message's prefix: no round trip through a buffer on the stack).
+    ///
+    /// # Safety
+    ///
+    /// As [`Spsc::push2`].
+    #[inline]
+    pub(super) unsafe fn push_words2<const N: usize>(
+        &self,
+        tail: u64,
+        a: &[u64; N],
+        b: &[u8],
+        end: u64,
+    ) -> u64 {
+        let cap = self.capacity();
+        let i = (tail % cap as u64) as usize;
+        if i + 8 * N > cap {
+            let mut bytes = [0u8; 64];
+            for (chunk, w) in bytes.chunks_exact_mut(8).zip(a) {
+                chunk.copy_from_slice(&w.to_le_bytes());
+            }
+            // SAFETY: the caller's contract.
+            return unsafe { self.push2(tail, &bytes[..8 * N], b, end) };
+        }
+        for (k, &w) in a.iter().enumerate() {
+            // SAFETY: as in `push`: the producer owns these bytes, and they lie before the end.
+            unsafe { self.data.write_u64(i + 8 * k, w) };
+        }
+        let at = tail + 8 * N as u64;
+        let j = (at % cap as u64) as usize;
+        let first = b.len().min(cap - j);
+        // SAFETY: as in `push`.
+        unsafe {
+            self.data.write(j, &b[..first]);
+            self.data.write(0, &b[first..]);
+        }
+        debug_assert!(end >= at + b.len() as u64);
+        self.tail.store(end, Ordering::Release);
+        end
+    }
+
+    /// The `N` little-endian words at position `head`, read with one load each; `None` where
+    /// they wrap around the ring's end.
+    ///
+    /// # Safety
+    ///
+    /// As [`Spsc::read`], for `8 * N` bytes.
+    #[inline]
+    pub(super) unsafe fn read_words<const N: usize>(&self, head: u64) -> Option<[u64; N]> {
+        let cap = self.capacity();
+        let at = (head % cap as u64) as usize;
+        if at + 8 * N > cap {
+            return None;
+        }
+        let mut w = [0u64; N];
+        for (k, v) in w.iter_mut().enumerate() {
+            // SAFETY: the consumer owns these bytes (the caller's contract), inside the area.
+            *v = unsafe { self.data.read_u64(at + 8 * k) };
+        }
+        Some(w)
+    }
+
     /// The consumer's position (only the consumer moves it).
     #[inline]
     pub(super) fn consumer_position(&self) -> u64 {

@@ -358,15 +358,20 @@ fn messages_of_every_small_length_and_streamed_ones_start_on_cache_lines_and_arr
     // Every length 0..=130 (prefix and payload inside one line, across two, three), then messages
     // longer than the ring (their padding written after them, maybe after the receiver has read
     // them), mixed; received alternately straight from the ring and through the mailbox, from
-    // another thread as they come. At rest, both positions are multiples of a cache line.
+    // another thread as they come. Every third message's header takes the prefix's full form (a
+    // count over 2^32), the others the compact one. At rest, both positions are multiples of a
+    // cache line.
     let (a, b) = pair(4 << 10);
     let lens: Vec<usize> = (0..=130)
-        .chain([9000, 0, 5, 12_345, 64, 4096 - 41])
+        .chain([9000, 0, 5, 12_345, 64, 4096 - 41, 4096 - 24, 9001])
         .collect();
     let sent = lens.clone();
     let sender = std::thread::spawn(move || {
+        let mut full = header(3);
+        full.call.count = 1 << 33;
         for (i, &len) in sent.iter().enumerate() {
-            assert!(a.send(1, &header(3), &bytes(len, i as u64)).is_ok());
+            let h = if i % 3 == 0 { full } else { header(3) };
+            assert!(a.send(1, &h, &bytes(len, i as u64)).is_ok());
         }
         a
     });
@@ -395,8 +400,9 @@ fn messages_of_every_small_length_and_streamed_ones_start_on_cache_lines_and_arr
             assert!(into == want, "message {i} ({len} B) posted: wrong bytes");
         } else {
             let m = b.recv(0, &header(3).tag, deadline);
+            let count = if i % 3 == 0 { 1 << 33 } else { 0 };
             assert!(
-                matches!(&m, Ok(m) if m.payload == want),
+                matches!(&m, Ok(m) if m.payload == want && m.header.call.count == count),
                 "message {i} ({len} B) from the mailbox: {m:?}"
             );
         }
