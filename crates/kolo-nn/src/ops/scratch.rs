@@ -11,6 +11,7 @@
 use std::any::Any;
 use std::cell::RefCell;
 use std::ops::{Deref, DerefMut};
+use std::thread::LocalKey;
 
 use candle_core::WithDType;
 
@@ -20,8 +21,35 @@ use super::aligned::Lines;
 /// once, the AMX one up to 8: its layouts, product and packed kernels).
 const POOL_LEN: usize = 12;
 
+/// Buffers that outlive a kernel call a thread keeps between steps: each Winograd convolution's
+/// transformed kernel lives from its forward pass to its backward pass, so a step holds one per
+/// convolution at once (ResNet-18: 13, 0.6-38 MB each) and the next step asks for the same sizes.
+const KEPT_LEN: usize = 64;
+
+type Pool = RefCell<Vec<Box<dyn Any>>>;
+
 thread_local! {
-    static POOL: RefCell<Vec<Box<dyn Any>>> = const { RefCell::new(Vec::new()) };
+    static POOL: Pool = const { RefCell::new(Vec::new()) };
+    static KEPT: Pool = const { RefCell::new(Vec::new()) };
+}
+
+/// A vector of `len` values with unspecified contents (those of an earlier use, zeros where it
+/// had to grow) for a buffer that outlives the call making it and is entirely written before it
+/// is read: from the thread's pool of such buffers, the smallest that holds `len`. Hand it back
+/// with [`keep_vec`] when done: made fresh, a buffer of megabytes is mapped, faulted in and
+/// zeroed by the kernel page by page on every step.
+pub(super) fn kept_vec<T: WithDType>(len: usize) -> Vec<T> {
+    // Sized by capacity: a buffer cut short by an earlier use keeps its room.
+    let mut v = taken(&KEPT, len, Vec::<T>::capacity).unwrap_or_default();
+    v.resize(len, T::zero());
+    v
+}
+
+/// Gives `v` (from [`kept_vec`] or not) to the thread's pool of buffers that outlive a call.
+pub(super) fn keep_vec<T: WithDType>(v: Vec<T>) {
+    if v.capacity() > 0 {
+        give_back(&KEPT, KEPT_LEN, v);
+    }
 }
 
 /// A work buffer of `T` from the thread's pool (see the module notes), returned to it on drop.
@@ -32,7 +60,7 @@ impl<T: WithDType> Scratch<T> {
     /// else the largest (which will grow), or a new one. Best fit keeps the pool from growing
     /// every buffer to the size of the largest use.
     pub(super) fn take(len: usize) -> Self {
-        Scratch(taken(len, Vec::<T>::len).unwrap_or_default())
+        Scratch(taken(&POOL, len, Vec::<T>::len).unwrap_or_default())
     }
 
     /// The first `len` values, with unspecified contents: those of an earlier use of the
@@ -49,7 +77,7 @@ impl<T: WithDType> Drop for Scratch<T> {
     fn drop(&mut self) {
         let v = std::mem::take(&mut self.0);
         if !v.is_empty() {
-            give_back(v);
+            give_back(&POOL, POOL_LEN, v);
         }
     }
 }
@@ -57,8 +85,12 @@ impl<T: WithDType> Drop for Scratch<T> {
 /// A buffer of `B` from the thread's pool for `len` values (`size` says how many one holds):
 /// the smallest that holds them, or else the largest (which will grow); `None` when the pool
 /// has none. Best fit keeps the pool from growing every buffer to the size of the largest use.
-fn taken<B: Any>(len: usize, size: impl Fn(&B) -> usize) -> Option<B> {
-    let found = POOL.with(|pool| {
+fn taken<B: Any>(
+    pool: &'static LocalKey<Pool>,
+    len: usize,
+    size: impl Fn(&B) -> usize,
+) -> Option<B> {
+    let found = pool.with(|pool| {
         let mut pool = pool.borrow_mut();
         let sizes = pool
             .iter()
@@ -78,12 +110,12 @@ fn taken<B: Any>(len: usize, size: impl Fn(&B) -> usize) -> Option<B> {
     found.and_then(|b| b.downcast::<B>().ok()).map(|b| *b)
 }
 
-/// Puts `b` back into the thread's pool (dropped where the pool is full).
-fn give_back<B: Any>(b: B) {
+/// Puts `b` back into the thread's `pool` (dropped where it holds `limit` buffers).
+fn give_back<B: Any>(pool: &'static LocalKey<Pool>, limit: usize, b: B) {
     // `try_with`: a thread being torn down has no pool any more; the buffer is freed.
-    let _ = POOL.try_with(|pool| {
+    let _ = pool.try_with(|pool| {
         if let Ok(mut pool) = pool.try_borrow_mut() {
-            if pool.len() < POOL_LEN {
+            if pool.len() < limit {
                 pool.push(Box::new(b));
             }
         }
@@ -99,7 +131,7 @@ impl<T: Copy + Default + 'static> LineScratch<T> {
     /// A buffer from the pool that holds `len` values if one does (see [`Scratch::take`]); its
     /// length is that of its last use: [`Lines::resize`] or [`Lines::zeroed`] it.
     pub(super) fn take(len: usize) -> Self {
-        LineScratch(taken(len, Lines::<T>::room).unwrap_or_else(Lines::new))
+        LineScratch(taken(&POOL, len, Lines::<T>::room).unwrap_or_else(Lines::new))
     }
 }
 
@@ -120,14 +152,33 @@ impl<T: Copy + Default + 'static> Drop for LineScratch<T> {
     fn drop(&mut self) {
         let v = std::mem::replace(&mut self.0, Lines::new());
         if v.room() > 0 {
-            give_back(v);
+            give_back(&POOL, POOL_LEN, v);
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{LineScratch, Scratch};
+    use super::{keep_vec, kept_vec, LineScratch, Scratch};
+
+    #[test]
+    fn a_kept_buffer_is_reused_by_capacity_with_its_stale_values() {
+        let mut v = kept_vec::<f32>(1000);
+        assert!(v.iter().all(|&x| x == 0.0), "a new buffer is zeros");
+        v.iter_mut().enumerate().for_each(|(i, x)| *x = i as f32);
+        let at = v.as_ptr();
+        keep_vec(v);
+        // Cut short, then asked for again at full length: the same memory, not a new buffer.
+        let mut short = kept_vec::<f32>(10);
+        assert_eq!((short.as_ptr(), &short[..3]), (at, &[0.0, 1.0, 2.0][..]));
+        short.truncate(2);
+        keep_vec(short);
+        let again = kept_vec::<f32>(1000);
+        assert_eq!(again.as_ptr(), at, "the buffer's room is what counts");
+        // Another type never gets it.
+        let other = kept_vec::<f64>(10);
+        assert_ne!(other.as_ptr().cast::<f32>(), at);
+    }
 
     #[test]
     fn a_buffer_comes_back_with_its_length_and_contents() {

@@ -7,6 +7,7 @@ use candle_core::{CpuStorage, DType, Layout, Result, WithDType};
 use super::super::gemm::{matmul_into, matmul_into_f32, MatRef};
 use super::super::im2col::{col2im_into, im2col_into};
 use super::super::relu::pos;
+use super::super::scratch::keep_vec;
 use super::super::tile_conv;
 use super::super::winograd;
 use super::{ConvGemm, Wanted};
@@ -112,8 +113,9 @@ impl ConvGemm {
             if self.relu {
                 y.iter_mut().for_each(|v| *v = pos(*v, T::zero()));
             }
-            if let Some(cache) = &self.cache {
-                cache.keep(T::to_cpu_storage_owned(u));
+            match &self.cache {
+                Some(cache) => cache.keep(T::to_cpu_storage_owned(u)),
+                None => keep_vec(u),
             }
             if out.is_empty() {
                 return Ok(y);

@@ -22,7 +22,7 @@ use candle_core::{Layout, Result, WithDType};
 use super::gemm::{matmul_into, MatRef};
 use super::im2col::Geom;
 use super::matmul_precision::f32_products;
-use super::scratch::Scratch;
+use super::scratch::{keep_vec, Scratch};
 use super::slices::copy_row;
 
 mod lanes;
@@ -394,6 +394,9 @@ fn backward_with<T: WithDType, W: Transforms<M, A>, const M: usize, const A: usi
     }
     if want_w {
         kernel_grad_transform::<T, W, M, A>(du, c_out, c, out);
+    }
+    if let Cow::Owned(u) = u {
+        keep_vec(u);
     }
     Ok(())
 }

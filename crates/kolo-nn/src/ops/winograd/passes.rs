@@ -5,6 +5,7 @@
 use candle_core::WithDType;
 
 use super::lanes::{copy_lanes, load, store, two_sided, Lanes, Tiles, Transforms, LANES};
+use crate::ops::scratch::kept_vec;
 use crate::ops::simd::vectorized_fn;
 
 /// Every `N × N` tile of every channel of the padded chunk `p` (planes of `pp` values, rows `pw`
@@ -126,14 +127,16 @@ pub(super) fn output_transform<T: WithDType, W: Transforms<M, A>, const M: usize
 }
 
 vectorized_fn! {
-/// `U[e][co][c]` (`[A·A, c_out, C]`) = `G g Gᵀ` of every 3×3 kernel of `w` (`[c_out, C, 3, 3]`).
+/// `U[e][co][c]` (`[A·A, c_out, C]`) = `G g Gᵀ` of every 3×3 kernel of `w` (`[c_out, C, 3, 3]`),
+/// in a buffer from the thread's pool of kept ones (every value is written; hand it back with
+/// `scratch::keep_vec`).
 pub(super) fn kernel_transform<T: WithDType, W: Transforms<M, A>, const M: usize, const A: usize>(
     w: &[T],
     c_out: usize,
     c: usize,
 ) -> Vec<T> {
     let plane = c_out * c;
-    let mut u = vec![T::zero(); A * A * plane];
+    let mut u = kept_vec::<T>(A * A * plane);
     for kc0 in (0..plane).step_by(LANES) {
         let n = LANES.min(plane - kc0);
         let offsets: [usize; LANES] = std::array::from_fn(|l| (kc0 + l) * 9);

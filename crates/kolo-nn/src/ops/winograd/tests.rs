@@ -15,11 +15,14 @@ fn run<T: WithDType>(
 ) -> Result<(Tensor, Tensor, Tensor)> {
     let xs = (x.as_slice::<T>()?, layout);
     let w = w.to_vec1::<T>()?;
-    let (y, u) = forward(xs, geom, &w, Some(&b.to_vec1()?), variant)?;
-    let u = Some(&u[..]).filter(|_| keep_u);
+    let (y, kept) = forward(xs, geom, &w, Some(&b.to_vec1()?), variant)?;
+    let u = Some(&kept[..]).filter(|_| keep_u);
     let mut grads = Vec::new();
     let r = r.to_vec1()?;
     backward(xs, (&w, u), geom, &r, (true, true), variant, &mut grads)?;
+    // Back to the pool, as the convolution op does: the next case's transformed kernel is made in
+    // this buffer (or another case's), over its stale values.
+    super::super::scratch::keep_vec(kept);
     let dx_len = geom.b * geom.c * geom.h * geom.w;
     if grads.len() != dx_len + w.len() {
         candle_core::bail!("{} gradient values for {dx_len} + {}", grads.len(), w.len());
