@@ -483,6 +483,25 @@ mod tests {
 
     const BEAT_TIMEOUT: Duration = Duration::from_millis(300);
 
+    /// Node `node` of round 0 beats for four heartbeat timeouts on a thread of its own, then
+    /// does `then`.
+    fn beat(
+        store: Arc<MemoryStore>,
+        node: usize,
+        then: impl FnOnce(&MemoryStore) + Send + 'static,
+    ) -> thread::JoinHandle<()> {
+        thread::spawn(move || {
+            let until = Instant::now() + BEAT_TIMEOUT * 4;
+            while Instant::now() < until {
+                store
+                    .add(&key(format!("r0/alive/{node}")), 1)
+                    .expect("beat");
+                thread::sleep(BEAT_TIMEOUT / 6);
+            }
+            then(&store);
+        })
+    }
+
     #[test]
     fn the_host_stops_waiting_for_a_node_whose_launcher_died() {
         // Node 0 (hosting) finished; node 1 beat once and went silent without finishing.
@@ -505,18 +524,10 @@ mod tests {
     fn the_host_keeps_waiting_for_a_node_that_beats_until_it_is_done() {
         let store = Arc::new(MemoryStore::new());
         done(&*store, 0, 0).expect("done");
-        let beating = {
-            let store = store.clone();
-            thread::spawn(move || {
-                // Beats for four heartbeat timeouts, then says it is done.
-                let until = Instant::now() + BEAT_TIMEOUT * 4;
-                while Instant::now() < until {
-                    store.add(&key("r0/alive/1".into()), 1).expect("beat");
-                    thread::sleep(BEAT_TIMEOUT / 6);
-                }
-                done(&*store, 0, 1).expect("done");
-            })
-        };
+        // Node 1 beats for four heartbeat timeouts, then says it is done.
+        let beating = beat(store.clone(), 1, move |store| {
+            done(store, 0, 1).expect("done");
+        });
         let started = Instant::now();
         let waited = wait_all_done(
             &*store,
@@ -543,14 +554,9 @@ mod tests {
         done(&*store, 0, 2).expect("done");
         let asked = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let beating = {
-            let (store, asked) = (store.clone(), asked.clone());
-            thread::spawn(move || {
-                let until = Instant::now() + BEAT_TIMEOUT * 4;
-                while Instant::now() < until {
-                    store.add(&key("r0/alive/3".into()), 1).expect("beat");
-                    thread::sleep(BEAT_TIMEOUT / 6);
-                }
-                asked.store(true, std::sync::atomic::Ordering::SeqCst);
+            let asked = asked.clone();
+            beat(store.clone(), 3, move |_| {
+                asked.store(true, std::sync::atomic::Ordering::SeqCst)
             })
         };
         let stop = || asked.load(std::sync::atomic::Ordering::SeqCst);
