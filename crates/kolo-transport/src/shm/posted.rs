@@ -19,8 +19,7 @@ use kolo_core::{segment_ranges, Header, LinkFailure, Received, RecvError, Tag, T
 
 use super::health::STATE_ALIVE;
 use super::prefix::Prefix;
-use super::ring::read_prefix;
-use super::ring::{Consumer, Partial};
+use super::ring::{read_prefix, Consumer, Partial};
 use super::{lock, ShmTransport};
 
 /// A posted receive's callbacks, as [`Transport::recv_posted`](kolo_core::Transport::recv_posted)

@@ -76,6 +76,19 @@ impl Encoded {
         self.bytes()[..self.len()].to_vec()
     }
 
+    /// The same prefix marked to [`REWIND`] the ring after its message.
+    #[inline]
+    pub(crate) fn rewinding(self) -> Encoded {
+        match self {
+            Encoded::Compact([word, group, low]) => Encoded::Compact([word | REWIND, group, low]),
+            Encoded::Full(mut b) => {
+                let word = u64::from_le_bytes(std::array::from_fn(|i| b[i])) | REWIND;
+                b[..8].copy_from_slice(&word.to_le_bytes());
+                Encoded::Full(b)
+            }
+        }
+    }
+
     /// How many bytes it takes.
     #[inline]
     pub(crate) fn len(&self) -> usize {
@@ -95,7 +108,7 @@ pub(crate) fn encode_prefix(header: &Header, len: usize) -> Encoded {
 /// Encodes the prefix of a `len`-byte message after which the stream goes on at the ring's start.
 #[inline]
 pub(crate) fn encode_rewind_prefix(header: &Header, len: usize) -> Encoded {
-    encode_prefix_as(header, len as u64, REWIND)
+    encode_prefix(header, len).rewinding()
 }
 
 /// Encodes the prefix of a `len`-byte message sent in place.

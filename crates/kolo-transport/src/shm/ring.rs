@@ -23,8 +23,8 @@ use super::health::{STATE_ALIVE, STATE_CLOSED};
 use super::layout::{LINE, RING_CTRL};
 use super::postings::Claim;
 use super::prefix::{
-    decode_prefix, decode_words, encode_prefix, encode_rewind_prefix, prefix_len, Encoded, Prefix,
-    COMPACT, IN_PLACE_BYTES, PREFIX_COMPACT, PREFIX_MAX,
+    decode_prefix, decode_words, encode_prefix, Encoded, Prefix, COMPACT, IN_PLACE_BYTES,
+    PREFIX_COMPACT, PREFIX_MAX,
 };
 use super::single_copy::Batch;
 use super::spsc::Spsc;
@@ -79,28 +79,23 @@ pub(super) unsafe fn read_prefix(
         return None;
     }
     // The compact form read straight from the ring into registers: through a copy on the stack,
-    // the decoder's loads wait on the copy's stores, on every message's critical path.
+    // the decoder's loads wait on the copy's stores, on every message's critical path. (A prefix
+    // starts on a line and never wraps; should one, its words are read through the stack.)
     // SAFETY (all reads): the caller holds the consumer lock; `avail` covers the bytes.
+    let w = unsafe { ring.read_words::<3>(head) }.unwrap_or_else(|| {
+        let mut b = [0u8; PREFIX_COMPACT];
+        unsafe { ring.read(head, &mut b) };
+        std::array::from_fn(|k| u64::from_le_bytes(std::array::from_fn(|i| b[8 * k + i])))
+    });
+    if w[0] & COMPACT != 0 {
+        return Some(decode_words(w, max_message));
+    }
+    if avail < PREFIX_MAX {
+        return None;
+    }
     let mut p = [0u8; PREFIX_MAX];
-    if let Some(w) = unsafe { ring.read_words::<3>(head) } {
-        if w[0] & COMPACT != 0 {
-            return Some(decode_words(w, max_message));
-        }
-        if avail < PREFIX_MAX {
-            return None;
-        }
-        unsafe { ring.read(head, &mut p) };
-        return decode_prefix(&p, max_message);
-    }
-    unsafe { ring.read(head, &mut p[..PREFIX_COMPACT]) };
-    if prefix_len([p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7]]) == PREFIX_COMPACT {
-        decode_prefix(&p[..PREFIX_COMPACT], max_message)
-    } else if avail >= PREFIX_MAX {
-        unsafe { ring.read(head, &mut p) };
-        decode_prefix(&p, max_message)
-    } else {
-        None
-    }
+    unsafe { ring.read(head, &mut p) };
+    decode_prefix(&p, max_message)
 }
 
 /// A streamed message's padding (at most `MESSAGE_ALIGN - 1` bytes of it).
@@ -420,7 +415,7 @@ impl ShmTransport {
             })
         {
             let (prefix, next) = match producer.rewind(&ring, payload.len(), tail, next) {
-                Some(lap) => (encode_rewind_prefix(header, payload.len()), lap),
+                Some(lap) => (prefix.rewinding(), lap),
                 None => (prefix, next),
             };
             // SAFETY: this thread holds the ring's producer lock; the free space covers both and
