@@ -15,6 +15,8 @@
 //! - [`autograd`]: collectives as differentiable tensor operations
 //!   ([`all_reduce_sum`](autograd::all_reduce_sum)).
 //! - [`vars`]: a `VarMap`'s variables in one order (by name), split into parameters and buffers.
+//! - [`memory`]: [`keep_freed_memory`](memory::keep_freed_memory), the `malloc` settings under
+//!   which a training step reuses the pages the last one freed (`kolo train`'s workers have them).
 //!
 //! The layers stand on the kernels and never the other way round: the kernels know neither the
 //! layers nor communication. Synchronized BatchNorm's all-reduce sits in the layer, between the
@@ -44,5 +46,6 @@
 pub mod autograd;
 pub mod batch_norm;
 pub mod layers;
+pub mod memory;
 pub mod ops;
 pub mod vars;

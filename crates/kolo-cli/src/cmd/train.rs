@@ -232,6 +232,12 @@ impl TrainArgs {
 }
 
 fn worker(args: &TrainArgs) -> ExitCode {
+    // Every step frees and allocates the same tensors again: keep their pages. `kolo train`'s
+    // launcher says so in GLIBC_TUNABLES (with huge pages); under torchrun, mpirun or srun, or
+    // where the user's GLIBC_TUNABLES say nothing of malloc, the worker asks malloc itself.
+    if !std::env::var("GLIBC_TUNABLES").is_ok_and(|t| t.contains("glibc.malloc.")) {
+        kolo_nn::memory::keep_freed_memory();
+    }
     if args.replicas > 1 {
         return replicas::worker(args.replicas, &args.config());
     }
