@@ -210,18 +210,9 @@ fn time_layer(
     Ok((fwd, step))
 }
 
-/// Freed memory stays in the heap: no `mmap` for buffers under 32 MiB, no trimming.
-fn keep_freed_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: `mallopt` only sets allocator parameters; called before any other thread runs.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30);
-    }
-}
-
 fn main() -> ExitCode {
-    keep_freed_memory();
+    // As in a training process: freed buffers stay for the next pass.
+    kolo_nn::memory::keep_freed_memory();
     let Args {
         layers,
         batch,
