@@ -277,15 +277,23 @@ def p2p(args, sizes, kolo):
         rs = results[name].get(b)
         return statistics.median(r[field] for r in rs) if rs else None
 
-    def round_ratios(b):
-        """OpenMPI's time / kolo-shm's in each round, sorted."""
-        if len(results["openmpi"].get(b, [])) != len(results["kolo-shm"].get(b, [])):
+    def round_ratios(b, other="openmpi"):
+        """`other`'s time / kolo-shm's in each round, sorted."""
+        if len(results[other].get(b, [])) != len(results["kolo-shm"].get(b, [])):
             return []
-        return sorted(per_round(results, "openmpi", "kolo-shm", b))
+        return sorted(per_round(results, other, "kolo-shm", b))
 
+    def spread(rs):
+        """The median of the rounds' ratios `rs` and their middle half."""
+        q = len(rs) // 4
+        return f"{statistics.median(rs):8.2f}x ({rs[q]:.2f}..{rs[-1 - q]:.2f})" if rs else f"{'-':>9}"
+
+    base = "kolo-shm-base" in names
     print(f"ping-pong between 2 ranks, medians of {args.rounds} rounds: time one way (us) and bandwidth (GB/s);"
-          " shm/ompi: the median of the rounds' ratios (and their middle half)")
-    print(f"{'bytes':>10} " + " ".join(f"{k + ' us':>14} {'GB/s':>7}" for k in names) + f" {'shm/ompi':>9}")
+          " shm/ompi: the median of the rounds' ratios (and their middle half)"
+          + ("; shm/base: the same against the baseline build" if base else ""))
+    print(f"{'bytes':>10} " + " ".join(f"{k + ' us':>14} {'GB/s':>7}" for k in names) + f" {'shm/ompi':>9}"
+          + (f" {'shm/base':>22}" if base else ""))
     misses = []
     for b in (int(s) for s in sizes):
         cells = []
@@ -295,9 +303,8 @@ def p2p(args, sizes, kolo):
         o, s = med("openmpi", b, "time_us") if "openmpi" in names else None, med("kolo-shm", b, "time_us")
         rs = round_ratios(b) if "openmpi" in names else []
         ratio = statistics.median(rs) if rs else None
-        q = len(rs) // 4
-        speed = f"{ratio:8.2f}x ({rs[q]:.2f}..{rs[-1 - q]:.2f})" if ratio else f"{'-':>9}"
-        print(f"{b:>10} " + " ".join(cells) + f" {speed}")
+        against_base = f" {spread(round_ratios(b, 'kolo-shm-base')):>22}" if base else ""
+        print(f"{b:>10} " + " ".join(cells) + f" {spread(rs)}" + against_base)
         if ratio and ratio < 1:
             misses.append(f"{b} B: kolo-shm at {ratio:.2f}x OpenMPI's bandwidth ({s:.3f} against {o:.3f} us"
                           " one way, medians)")

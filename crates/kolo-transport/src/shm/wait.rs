@@ -18,6 +18,9 @@ use kolo_core::RecvError;
 
 use super::ShmTransport;
 
+/// Looks a wait takes without a `pause` between them.
+const FAST_SPINS: u32 = 256;
+
 /// The most the spin grows to, as a multiple of the configured one.
 pub(super) const SPIN_GROWTH: u32 = 16;
 /// A wait that slept and ended within this many spins doubles the spin.
@@ -91,7 +94,12 @@ impl ShmTransport {
                     Some(_) => std::thread::yield_now(),
                 }
             }
-            std::hint::spin_loop();
+            // The first spins look again at once: a `pause` there (tens of cycles on current
+            // cores) only delays seeing a message that arrives within the next few hundred
+            // nanoseconds, the ping-pong case. Longer waits pause between looks.
+            if i >= FAST_SPINS {
+                std::hint::spin_loop();
+            }
         };
         let bell = self.bell(self.rank);
         loop {
