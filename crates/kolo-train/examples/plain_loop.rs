@@ -62,8 +62,11 @@ fn main() -> ExitCode {
 }
 
 fn train(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
-    // As `kolo train` does: the next step reuses the pages this one frees.
+    // ANCHOR: keep_memory
+    // As `kolo train` does: the next step reuses the pages this one frees (true where it
+    // applied: glibc on Linux).
     kolo_nn::memory::keep_freed_memory();
+    // ANCHOR_END: keep_memory
     let device = Device::Cpu;
     let mut data = kolo_data::load(a.dataset, Split::Train, None)?;
     if let Some(n) = a.limit.filter(|&n| n < data.len()) {
