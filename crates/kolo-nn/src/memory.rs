@@ -46,8 +46,9 @@ mod tests {
 
     /// With the freed memory kept, a block freed and asked for again comes back from the heap
     /// without a page fault; without it (glibc's defaults, mmap threshold raised to at most
-    /// 32 MiB), a 40 MiB block (over its largest threshold) is mapped anew each time and every page faults
-    /// again. (40 MiB also fits a thread's arena, whose heaps are 64 MiB: tests run on threads.)
+    /// 32 MiB), a 40 MiB block (over its largest threshold) is mapped anew each time and every
+    /// page faults again. (40 MiB also fits a thread's arena, whose heaps are 64 MiB: tests run
+    /// on threads.)
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     #[test]
     fn a_freed_block_is_reused_without_faults() {

@@ -96,7 +96,9 @@ impl ShmTransport {
             }
             // The first spins look again at once: a `pause` there (tens of cycles on current
             // cores) only delays seeing a message that arrives within the next few hundred
-            // nanoseconds, the ping-pong case. Longer waits pause between looks.
+            // nanoseconds, the ping-pong case. Longer waits pause between looks. (The loop's
+            // shape is measured: the same logic with this test nested into the clock's, one
+            // `i >= FAST_SPINS` for both, ran 256-384 B ping-pong 6-11 % slower on a Zen 5.)
             if i >= FAST_SPINS {
                 std::hint::spin_loop();
             }
