@@ -106,7 +106,9 @@ impl ShmTransport {
                 let ring = self.ring(peer, self.rank);
                 let head = ring.consumer_position();
                 ring.prefetch(head);
-                if ring.available(head) > 0 {
+                let avail = ring.available(head);
+                if avail > 0 {
+                    ring.prefetch_span(head, avail);
                     return Some(());
                 }
                 if self.state_word(peer, 0).load(Ordering::Acquire) != STATE_ALIVE {

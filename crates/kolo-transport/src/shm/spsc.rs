@@ -9,6 +9,9 @@
 
 use super::atomics::{AtomicU64, Ordering, SharedBytes};
 
+/// The most lines [`Spsc::prefetch_span`] asks for after the first.
+const SPAN_LINES: usize = 16;
+
 /// One ring: its two position words and its data bytes.
 #[derive(Debug)]
 pub(super) struct Spsc<'a> {
@@ -207,6 +210,21 @@ impl<'a> Spsc<'a> {
     #[inline]
     pub(super) fn prefetch(&self, head: u64) {
         self.data.prefetch((head % self.capacity() as u64) as usize);
+    }
+
+    /// Asks for the cache lines of the `len` bytes from position `head` after the first, up to
+    /// [`SPAN_LINES`] of them: a consumer that has just seen them published fetches them while it
+    /// decodes the prefix, not one after the other as it copies.
+    #[inline]
+    pub(super) fn prefetch_span(&self, head: u64, len: usize) {
+        let cap = self.capacity();
+        let at = (head % cap as u64) as usize;
+        let end = (at + len.min(SPAN_LINES * 64)).min(cap);
+        let mut line = (at & !63) + 64;
+        while line < end {
+            self.data.prefetch(line);
+            line += 64;
+        }
     }
 
     /// Gives the bytes before position `head` back to the producer.
