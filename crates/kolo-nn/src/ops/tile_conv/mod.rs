@@ -27,6 +27,7 @@
 //! [`grid_product`] (the kernel gradient: [`tap_grads`]), so that a strided convolution reuses
 //! them with its own layout and offsets.
 
+mod compact;
 mod layout;
 mod phases;
 mod strided;
@@ -359,8 +360,12 @@ pub(super) fn backward(
     if want_w {
         let x = gather(x)?;
         let wp = g.w + g.padding;
-        let taps: Vec<(usize, usize)> = (0..k * k).map(|t| (0, (t / k) * wp + t % k)).collect();
-        let acc = tap_grads(&x, grid_of(g), (grad, c_out, g.oh, g.ow), &taps, c);
+        let acc = if compact::pays(g, grid_of(g).hp() * wp) {
+            compact::tap_grads(&x, g, grad, c_out)
+        } else {
+            let taps: Vec<(usize, usize)> = (0..k * k).map(|t| (0, (t / k) * wp + t % k)).collect();
+            tap_grads(&x, grid_of(g), (grad, c_out, g.oh, g.ow), &taps, c)
+        };
         dw_from_taps(&acc, (c, c_out, k * k), out);
     }
     Ok(())

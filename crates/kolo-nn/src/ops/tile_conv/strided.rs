@@ -15,7 +15,9 @@ use candle_core::{Layout, Result};
 use super::super::bf16_gemm::pack_b_gathered;
 use super::super::im2col::{gather, Geom};
 use super::layout::{Epilogue, Grid};
-use super::{dw_from_taps, grid_product, grid_product_of, pack_kernel, tap_grads_of, Job, Phases};
+use super::{
+    compact, dw_from_taps, grid_product, grid_product_of, pack_kernel, tap_grads_of, Job, Phases,
+};
 
 /// The phase form of `g`, or an error where [`super::eligible`] was not asked first.
 fn phases(g: &Geom) -> Result<Phases> {
@@ -143,6 +145,11 @@ pub(super) fn backward(
     }
     if want_w {
         let x = gather(x)?;
+        if compact::pays(g, g1.h * w1) {
+            let acc = compact::tap_grads(&x, g, grad, c_out);
+            dw_from_taps(&acc, (c, c_out, k * k), out);
+            return Ok(());
+        }
         let taps: Vec<(usize, usize)> = (0..k * k)
             .map(|t| {
                 let (kh, kw) = (t / k, t % k);

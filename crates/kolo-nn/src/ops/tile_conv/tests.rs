@@ -178,11 +178,36 @@ fn forward_and_gradients(unit: &str) {
         }
         close(dx, &want_dx, &format!("{what}: input gradient"));
         close(dw, &want_dw, &format!("{what}: kernel gradient"));
+        // The compact form wherever it fits, whether or not `backward` takes it here.
+        if compact::fits(&g) {
+            let acc = compact::tap_grads(&x, &g, &dy, c_out);
+            let mut dwc = Vec::new();
+            dw_from_taps(&acc, (c, c_out, k * k), &mut dwc);
+            close(&dwc, &want_dw, &format!("{what}: compact kernel gradient"));
+        }
         // Only the kernel's gradient asked for: that alone.
         let mut only_w = Vec::new();
         backward((&x, &layout), &wt, &g, &dy, (false, true), &mut only_w).expect("backward");
         close(&only_w, &want_dw, &format!("{what}: kernel gradient alone"));
     }
+}
+
+#[test]
+fn small_images_take_the_compact_kernel_gradient_and_large_ones_the_grid() {
+    let fits = |(b, c, _, (h, w), (k, st), p): Case| compact::fits(&geom(b, c, (h, w), (k, st), p));
+    assert!(
+        CASES.iter().filter(|&&case| fits(case)).count() >= 10,
+        "the cases try the compact form"
+    );
+    // ResNet-18's stages on 28 × 28 input: 4 × 4 and 7 × 7 (stride 1), and the 5 × 5 phase
+    // images of the last stride-2 layer, waste enough of the grid's products; 28 × 28 does not.
+    let resnet = |c, side, stride| geom(32, c, (side, side), (3, stride), 1);
+    assert!(compact::pays(&resnet(512, 4, 1), 5 * 5));
+    assert!(compact::pays(&resnet(256, 7, 1), 8 * 8));
+    assert!(compact::pays(&resnet(256, 7, 2), 5 * 5));
+    assert!(!compact::pays(&resnet(64, 28, 1), 29 * 29));
+    // A row too wide for two registers keeps the grid.
+    assert!(!compact::fits(&resnet(32, 40, 1)));
 }
 
 #[test]
