@@ -139,13 +139,31 @@ fn gather_tap(
 fn gather_tap_avx512(
     x: &[f32],
     g: &Geom,
+    chunk: (usize, usize),
+    tap: (usize, usize),
+    kq: usize,
+    out: &mut [u16],
+) {
+    // An output row is one register of 16 values or two (`fits`: `W' ≤ 32`).
+    if g.ow <= 16 {
+        gather_rows::<1>(x, g, chunk, tap, kq, out)
+    } else {
+        gather_rows::<2>(x, g, chunk, tap, kq, out)
+    }
+}
+
+/// [`gather_tap`] with `BLOCKS` registers of 16 values per output row.
+#[target_feature(enable = "avx512f,avx512bf16,avx512vl,avx512bw")]
+fn gather_rows<const BLOCKS: usize>(
+    x: &[f32],
+    g: &Geom,
     (b0, n): (usize, usize),
     (kh, kw): (usize, usize),
     kq: usize,
     out: &mut [u16],
 ) {
     let (c, h, w, s, p, oh, ow) = (g.c, g.h, g.w, g.stride, g.padding, g.oh, g.ow);
-    // Lane l of the two registers holds column l − p of the source row (zero off the image).
+    // Lane l of the two source registers holds column l − p of the row (zero off the image).
     let cols = (w + p).min(32);
     let valid: u32 = (if cols >= 32 {
         u32::MAX
@@ -153,122 +171,57 @@ fn gather_tap_avx512(
         (1u32 << cols) - 1
     }) & !((1u32 << p) - 1);
     let (m_lo, m_hi) = (valid as __mmask16, (valid >> 16) as __mmask16);
-    // Output column j takes lane s·j + kw.
-    let blocks = ow.div_ceil(16);
-    let idx: Vec<__m512i> = (0..blocks)
-        .map(|jb| {
-            let lane = |l: i32| {
-                let j = jb * 16 + l as usize;
-                if j < ow {
-                    (s * j + kw) as i32
-                } else {
-                    0
-                }
-            };
-            _mm512_setr_epi32(
-                lane(0),
-                lane(1),
-                lane(2),
-                lane(3),
-                lane(4),
-                lane(5),
-                lane(6),
-                lane(7),
-                lane(8),
-                lane(9),
-                lane(10),
-                lane(11),
-                lane(12),
-                lane(13),
-                lane(14),
-                lane(15),
-            )
-        })
-        .collect();
+    // Output column j = 16·jb + l takes lane s·j + kw; the block's lanes past W' are not stored.
+    let idx: [__m512i; BLOCKS] = std::array::from_fn(|jb| {
+        let lanes: [i32; 16] = std::array::from_fn(|l| {
+            let j = jb * 16 + l;
+            if j < ow {
+                (s * j + kw) as i32
+            } else {
+                0
+            }
+        });
+        // SAFETY: 16 `i32`s, read unaligned.
+        unsafe { _mm512_loadu_si512(lanes.as_ptr().cast()) }
+    });
+    let stored: [__mmask16; BLOCKS] = std::array::from_fn(|jb| lanes(ow.saturating_sub(jb * 16)));
     let (xp, op) = (x.as_ptr(), out.as_mut_ptr());
-    if let [ix] = idx[..] {
-        // One register per output row (`W' ≤ 16`, every layer of ResNet-18 from 7 × 7 down).
-        let m = lanes(ow);
-        let zero = _mm512_setzero_ps();
-        for ch in 0..c {
-            for b in 0..n {
-                let plane = ((b0 + b) * c + ch) * h * w;
-                let mut dst = ch * kq + b * oh * ow;
-                for i in 0..oh {
-                    let v = match (s * i + kh).checked_sub(p).filter(|&r| r < h) {
-                        Some(r) => {
-                            let row = xp.wrapping_add(plane + r * w).wrapping_sub(p);
-                            // SAFETY: the lanes of `m_lo` and `m_hi` are columns 0..w of row r
-                            // of the plane, inside `x`.
-                            let (lo, hi) = unsafe {
-                                (
-                                    _mm512_maskz_loadu_ps(m_lo, row),
-                                    _mm512_maskz_loadu_ps(m_hi, row.wrapping_add(16)),
-                                )
-                            };
-                            _mm512_permutex2var_ps(lo, ix, hi)
+    let zero = _mm512_setzero_ps();
+    for ch in 0..c {
+        for b in 0..n {
+            let plane = ((b0 + b) * c + ch) * h * w;
+            let mut dst = ch * kq + b * oh * ow;
+            for i in 0..oh {
+                let (lo, hi) = match (s * i + kh).checked_sub(p).filter(|&r| r < h) {
+                    Some(r) => {
+                        // The row from column −p: lanes before column 0 and past column w − 1
+                        // are masked off, so never read.
+                        let row = xp.wrapping_add(plane + r * w).wrapping_sub(p);
+                        // SAFETY: the lanes of `m_lo` and `m_hi` are columns 0..w of row r of
+                        // the plane, inside `x`.
+                        unsafe {
+                            (
+                                _mm512_maskz_loadu_ps(m_lo, row),
+                                _mm512_maskz_loadu_ps(m_hi, row.wrapping_add(16)),
+                            )
                         }
-                        None => zero,
-                    };
-                    let v = _mm512_cvtneps_pbh(v);
-                    // SAFETY: positions of this output row inside `out`; `__m256bh` and
-                    // `__m256i` are the same 32 bytes.
+                    }
+                    // A row in the padding: zeros.
+                    None => (zero, zero),
+                };
+                for (jb, (&ix, &m)) in idx.iter().zip(&stored).enumerate() {
+                    let v = _mm512_cvtneps_pbh(_mm512_permutex2var_ps(lo, ix, hi));
+                    // SAFETY: positions of this output row inside `out` (see `gather_tap`);
+                    // `__m256bh` and `__m256i` are the same 32 bytes.
                     unsafe {
                         _mm256_mask_storeu_epi16(
-                            op.add(dst).cast(),
+                            op.add(dst + jb * 16).cast(),
                             m,
                             std::mem::transmute::<__m256bh, __m256i>(v),
                         )
                     };
-                    dst += ow;
                 }
-            }
-        }
-        return;
-    }
-    let zero = _mm256_setzero_si256();
-    for ch in 0..c {
-        for b in 0..n {
-            let plane = ((b0 + b) * c + ch) * h * w;
-            for i in 0..oh {
-                let dst = ch * kq + (b * oh + i) * ow;
-                let r = (s * i + kh).checked_sub(p).filter(|&r| r < h);
-                let Some(r) = r else {
-                    for jb in 0..blocks {
-                        // SAFETY: positions of this output row inside `out` (see `gather_tap`).
-                        unsafe {
-                            _mm256_mask_storeu_epi16(
-                                op.add(dst + jb * 16).cast(),
-                                lanes(ow - jb * 16),
-                                zero,
-                            )
-                        };
-                    }
-                    continue;
-                };
-                // The row from column −p: lanes before column 0 and past column w − 1 are
-                // masked off, so never read.
-                let row = xp.wrapping_add(plane + r * w).wrapping_sub(p);
-                // SAFETY: the lanes of `m_lo` and `m_hi` are columns 0..w of row r of the
-                // plane, inside `x`.
-                let (lo, hi) = unsafe {
-                    (
-                        _mm512_maskz_loadu_ps(m_lo, row),
-                        _mm512_maskz_loadu_ps(m_hi, row.wrapping_add(16)),
-                    )
-                };
-                for (jb, ix) in idx.iter().enumerate() {
-                    let v = _mm512_cvtneps_pbh(_mm512_permutex2var_ps(lo, *ix, hi));
-                    // SAFETY: positions of this output row inside `out`; `__m256bh` and
-                    // `__m256i` are the same 32 bytes.
-                    unsafe {
-                        _mm256_mask_storeu_epi16(
-                            op.add(dst + jb * 16).cast(),
-                            lanes(ow - jb * 16),
-                            std::mem::transmute::<__m256bh, __m256i>(v),
-                        )
-                    };
-                }
+                dst += ow;
             }
         }
     }

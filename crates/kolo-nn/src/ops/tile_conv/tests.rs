@@ -71,11 +71,12 @@ fn reference(x: &[f32], w: &[f32], g: &Geom, c_out: usize) -> Vec<f64> {
 /// 1×1 stride-2 shortcut (one phase, pixels no tap reads), 5×5, stride 3 (nine phases), a batch
 /// in several chunks (12 samples of 12×12); small images whose output rows are copied out of
 /// the grid (4×4 on 5×5 cells, 24 samples: chunks of 20 and 4; 2×2, and the 4×4 outputs of
-/// 8×8 at stride 2).
+/// 8×8 at stride 2); and output rows of more than 16 values (20×20: two registers a row in
+/// the compact kernel gradient).
 /// `(samples, channels in, channels out, image, (kernel side, stride), padding)`.
 type Case = (usize, usize, usize, (usize, usize), (usize, usize), usize);
 
-const CASES: [Case; 15] = [
+const CASES: [Case; 16] = [
     (2, 32, 32, (6, 6), (3, 1), 1),
     (5, 32, 32, (12, 12), (3, 1), 1),
     (3, 64, 32, (9, 7), (3, 1), 1),
@@ -91,6 +92,7 @@ const CASES: [Case; 15] = [
     (1, 32, 32, (10, 10), (3, 3), 1),
     (12, 32, 32, (12, 12), (3, 2), 1),
     (24, 32, 64, (4, 4), (3, 1), 1),
+    (1, 32, 32, (20, 20), (3, 1), 1),
 ];
 
 fn close(got: &[f32], want: &[f64], what: &str) {
