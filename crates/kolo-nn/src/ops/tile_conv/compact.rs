@@ -14,8 +14,8 @@ use std::arch::x86_64::*;
 
 use super::super::im2col::Geom;
 use super::super::scratch::LineScratch;
-use super::layout::{lanes, pairs_to_rows, to_planes_on, Grid};
-use super::{chunk, tile_product, TileOperand, MIN_GRAD_POSITIONS};
+use super::layout::lanes;
+use super::{chunk, grad_pairs, tile_product, TileOperand, MIN_GRAD_POSITIONS};
 
 /// The least share of wasted products of the grid form (its positions over the output's) for
 /// which this form is taken.
@@ -74,17 +74,8 @@ pub(super) fn tap_grads(x: &[f32], g: &Geom, dy: &[f32], c_out: usize) -> LineSc
             xt.zeroed(c * kq);
             dys.zeroed(c_out * kq);
         }
-        let dgrid = Grid {
-            bc: n,
-            c: c_out,
-            h: g.oh,
-            w: g.ow,
-            pad: 0,
-        };
-        to_planes_on(dy, dgrid, (g.oh, g.ow, 0), b0, kq, &mut dys);
-        dyp.resize(c_out * kq);
-        pairs_to_rows(&dys, c_out, kq, &mut dyp);
-        let b_k: Vec<usize> = (0..kq / 32).map(|kb| kb * 32 * c_out).collect();
+        let dyq = (dy, c_out, g.oh, g.ow);
+        let b_k = grad_pairs(dyq, (b0, n), (g.oh, g.ow), kq, &mut dys, &mut dyp);
         let bt = TileOperand {
             data: &dyp,
             tile_step: 32,

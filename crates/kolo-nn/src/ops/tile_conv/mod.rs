@@ -437,17 +437,8 @@ fn tap_grads_of(
             dys.resize(c_out * kq, 0);
         }
         planes(grid, b0, stride, &mut xs);
-        let dgrid = Grid {
-            bc: grid.bc,
-            c: c_out,
-            h: oh,
-            w: ow,
-            pad: 0,
-        };
-        to_planes_on(grad, dgrid, (hp, wp, 0), b0, kq, &mut dys);
-        dyp.resize(c_out * kq);
-        pairs_to_rows(&dys, c_out, kq, &mut dyp);
-        let b_k: Vec<usize> = (0..kq / 32).map(|kb| kb * 32 * c_out).collect();
+        let dy = (grad, c_out, oh, ow);
+        let b_k = grad_pairs(dy, (b0, grid.bc), (hp, wp), kq, &mut dys, &mut dyp);
         let b = TileOperand {
             data: &dyp,
             tile_step: 32,
@@ -470,6 +461,31 @@ fn tap_grads_of(
         }
     }
     acc
+}
+
+/// Samples `b0..b0 + n` of the output gradient `grad` (`[B, c_out, oh, ow]`) as `B` of a
+/// kernel gradient's products: bf16 planes of `kq` positions, each sample on `hp × wp` of them
+/// (`dys`, zero wherever nothing is written), their neighbouring positions paired into `dyp`
+/// ([`pairs_to_rows`]); returns the offsets of `B`'s steps of 32 along `k` in `dyp`.
+fn grad_pairs(
+    (grad, c_out, oh, ow): (&[f32], usize, usize, usize),
+    (b0, n): (usize, usize),
+    (hp, wp): (usize, usize),
+    kq: usize,
+    dys: &mut [u16],
+    dyp: &mut LineScratch<u16>,
+) -> Vec<usize> {
+    let dgrid = Grid {
+        bc: n,
+        c: c_out,
+        h: oh,
+        w: ow,
+        pad: 0,
+    };
+    to_planes_on(grad, dgrid, (hp, wp, 0), b0, kq, dys);
+    dyp.resize(c_out * kq);
+    pairs_to_rows(dys, c_out, kq, dyp);
+    (0..kq / 32).map(|kb| kb * 32 * c_out).collect()
 }
 
 #[cfg(test)]
