@@ -38,6 +38,19 @@ pub(super) fn pays(g: &Geom, grid_positions: usize) -> bool {
     fits(g) && grid_positions as f64 >= MIN_WASTE * (g.oh * g.ow) as f64
 }
 
+/// Whether this form pays for the strided `g` (phase images of `grid_positions` positions per
+/// sample): where it [`fits`] and has more than one tap, always — the grid form lays every
+/// channel out once per phase (`np²` planes each), where this one gathers only what each tap
+/// reads (ResNet's 128-channel stride-2 layer, 14 × 14 outputs on 15 × 15 phase cells: 0.85×
+/// the step time); a 1 × 1 kernel (one phase) as [`pays`] says.
+pub(super) fn pays_strided(g: &Geom, grid_positions: usize) -> bool {
+    if g.k > 1 {
+        fits(g)
+    } else {
+        pays(g, grid_positions)
+    }
+}
+
 /// The kernel gradient per tap, `[ch][tap][co]` (as [`super::tap_grads`] gives it), of the
 /// contiguous NCHW `x` and output gradient `dy` (`[B, c_out, H', W']`). Only where [`fits`].
 pub(super) fn tap_grads(x: &[f32], g: &Geom, dy: &[f32], c_out: usize) -> LineScratch<f32> {

@@ -145,7 +145,7 @@ pub(super) fn backward(
     }
     if want_w {
         let x = gather(x)?;
-        if compact::pays(g, g1.h * w1) {
+        if compact::pays_strided(g, g1.h * w1) {
             let acc = compact::tap_grads(&x, g, grad, c_out);
             dw_from_taps(&acc, (c, c_out, k * k), out);
             return Ok(());

@@ -208,6 +208,14 @@ fn small_images_take_the_compact_kernel_gradient_and_large_ones_the_grid() {
     assert!(compact::pays(&resnet(256, 7, 1), 8 * 8));
     assert!(compact::pays(&resnet(256, 7, 2), 5 * 5));
     assert!(!compact::pays(&resnet(64, 28, 1), 29 * 29));
+    // A strided 3×3 layer takes it wherever it fits (its phases cost a layout per phase), even
+    // on 15 × 15 phase cells for 14 × 14 outputs; the 1×1 shortcut only for the waste.
+    assert!(compact::pays_strided(&resnet(64, 28, 2), 15 * 15));
+    assert!(!compact::pays(&resnet(64, 28, 2), 15 * 15));
+    assert!(!compact::pays_strided(
+        &geom(32, 64, (28, 28), (1, 2), 0),
+        14 * 14
+    ));
     // A row too wide for two registers keeps the grid.
     assert!(!compact::fits(&resnet(32, 40, 1)));
 }
