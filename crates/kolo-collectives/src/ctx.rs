@@ -44,12 +44,16 @@ pub struct Ctx<'a> {
 }
 
 /// The fewest bytes of a block that the pairwise and linear algorithms send in place (2 ranks,
-/// shared memory, `kolo bench alltoall`: 64 KiB – 8 MiB blocks 1.1–1.7× faster, 32 KiB even).
+/// shared memory, `kolo bench alltoall`: 64 KiB – 8 MiB blocks 1.1–1.7× faster, 32 KiB even, with
+/// 256 KiB rings). Each segment goes in place only from the transport's own threshold too
+/// (`KOLO_SHM_SINGLE_COPY_BYTES`, 16 MiB by default: over 1 MiB rings the blocks stream faster),
+/// so by default none does.
 pub const IN_PLACE_BLOCK_BYTES: usize = 64 << 10;
 
 /// The fewest bytes of a block that the ring all-gather sends in place: each step's block is
-/// copied while the peer copies its own (2 ranks, `kolo bench allgather`: 256 KiB blocks
-/// 1.3× slower in place, 512 KiB 1.3× faster, 8 MiB 2× faster).
+/// copied while the peer copies its own (2 ranks, `kolo bench allgather`, 256 KiB rings: 256 KiB
+/// blocks 1.3× slower in place, 512 KiB 1.3× faster, 8 MiB 2× faster). As for
+/// [`IN_PLACE_BLOCK_BYTES`], the transport's threshold applies to each segment as well.
 pub const IN_PLACE_RING_BYTES: usize = 512 << 10;
 
 /// Segments sent in place and not yet known to be copied: (group rank, the transport's ticket).

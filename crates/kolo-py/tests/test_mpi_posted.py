@@ -10,7 +10,9 @@ from two_ranks import KOLO, run_two
 
 @pytest.mark.skipif(not KOLO, reason="set KOLO_BIN to the kolo binary (the suite does)")
 def test_posted_receives_fill_in_matching_order():
-    found = run_two("posted_worker.py")
+    # Sends in place from 8 KiB, so that the worker's 1 MiB sends go in place (the default
+    # threshold is 16 MiB) and their requests are pending.
+    found = run_two("posted_worker.py", KOLO_SHM_SINGLE_COPY_BYTES="8192")
     assert found[0] == {"rank": 0, "exchange": True, "send_request": True, "send_done": True}
     assert found[1] == {"rank": 1, "before_wait": True, "count": 5000, "rest": True,
                         "order": [True, True, True], "exchange": True, "truncated": True,

@@ -4,13 +4,15 @@
 //! scatter (linear, 64 KiB and more), on every transport. Every block lands whole and in its
 //! place, and each call returns only once its blocks are copied: the senders change their
 //! buffers at once and call again, and the next call's results must be the new bytes. And the
-//! all-gather in place (`Communicator::all_gather_in_place`, MPI's `IN_PLACE`).
+//! all-gather in place (`Communicator::all_gather_in_place`, MPI's `IN_PLACE`). The shared-memory
+//! worlds send in place from 8 KiB (`common::in_place_shm`; by default only from 16 MiB, which
+//! no segment reaches).
 
 mod common;
 
 use std::time::Duration;
 
-use common::{checks, spawn, Kind};
+use common::{checks, in_place_shm, spawn_with, Kind};
 use kolo::prelude::*;
 use kolo::Result;
 
@@ -100,7 +102,7 @@ fn rounds(c: &Communicator) -> Result<()> {
 #[test]
 fn all_gather_in_place_on_every_transport() {
     for kind in ALL {
-        for (rank, r) in spawn(kind, RANKS, cfg(), |c| {
+        for (rank, r) in spawn_with(kind, RANKS, cfg(), &in_place_shm(), |c| {
             checks::all_gather_in_place(&c, true)
         })
         .into_iter()
@@ -114,7 +116,7 @@ fn all_gather_in_place_on_every_transport() {
 #[test]
 fn blocks_sent_in_place_land_whole_and_in_time_on_every_transport() {
     for kind in ALL {
-        for (rank, r) in spawn(kind, RANKS, cfg(), |c| rounds(&c))
+        for (rank, r) in spawn_with(kind, RANKS, cfg(), &in_place_shm(), |c| rounds(&c))
             .into_iter()
             .enumerate()
         {

@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{spawn, Kind};
+use common::{in_place_shm, spawn_with, Kind};
 use kolo::prelude::*;
 use kolo::Result;
 
@@ -28,7 +28,7 @@ fn payload(rank: usize, i: usize) -> Vec<u8> {
 #[test]
 fn sends_in_place_arrive_whole_on_every_transport() {
     for kind in ALL {
-        let res = spawn(kind, 3, cfg(), |c| -> Result<Vec<bool>> {
+        let res = spawn_with(kind, 3, cfg(), &in_place_shm(), |c| -> Result<Vec<bool>> {
             let me = c.rank();
             let mut buffered = Vec::new();
             if me != 0 {

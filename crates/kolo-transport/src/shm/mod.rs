@@ -18,7 +18,7 @@
 //! it waits, so two ranks sending large messages to each other cannot deadlock — `send` stays
 //! buffered, as the [`Transport`] contract requires.
 //!
-//! A send in place ([`Transport::send_in_place`], kolo.MPI's large sends) puts only the payload's
+//! A send in place ([`Transport::send_in_place`], kolo.MPI's sends from 16 MiB) puts only the payload's
 //! address into the ring; the receiver copies the payload straight out of the sender's memory (see
 //! `single_copy`).
 //!
@@ -79,7 +79,7 @@ use kolo_store::Store;
 
 use health::{STATE_ABORTED, STATE_CLOSED, STATE_LOST};
 use layout::{Layout, LINE, MAGIC};
-pub use options::ShmOptions;
+pub use options::{ShmOptions, SINGLE_COPY_BYTES};
 use postings::Postings;
 use ring::{Consumer, Producer};
 pub use segment::Segment;

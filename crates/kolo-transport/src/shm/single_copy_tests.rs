@@ -6,8 +6,16 @@ use std::time::{Duration, Instant};
 
 use kolo_core::{LinkFailure, RecvError, Transport};
 
-use super::tests::{bytes, header, posted_once};
+use super::tests::{bytes, header, posted_once, TEST_SINGLE_COPY_BYTES};
 use super::{shm_world, ShmOptions, ShmTransport};
+
+/// The default settings but sends in place from [`TEST_SINGLE_COPY_BYTES`].
+fn in_place() -> ShmOptions {
+    ShmOptions {
+        single_copy_bytes: TEST_SINGLE_COPY_BYTES,
+        ..ShmOptions::default()
+    }
+}
 
 fn pair_with(opts: ShmOptions) -> (ShmTransport, ShmTransport) {
     let mut w = shm_world(2, &opts).expect("a shared-memory world of two threads");
@@ -42,7 +50,7 @@ fn recv(t: &ShmTransport) -> Result<Vec<u8>, RecvError> {
 fn messages_in_place_arrive_whole_through_a_posting_and_the_mailbox_in_order_with_others() {
     let (a, b) = pair_with(ShmOptions {
         ring_bytes: 64 << 10,
-        ..ShmOptions::default()
+        ..in_place()
     });
     let small = bytes(1000, 1);
     // SAFETY: `small` outlives the world.
@@ -78,7 +86,7 @@ fn messages_in_place_arrive_whole_through_a_posting_and_the_mailbox_in_order_wit
 
 #[test]
 fn a_message_in_place_that_a_posting_does_not_fit_goes_through_the_mailbox() {
-    let (a, b) = pair_with(ShmOptions::default());
+    let (a, b) = pair_with(in_place());
     let big = bytes(100_000, 5); // above the threshold
     let t = send_in_place(&a, &big);
     let (got, direct) = posted(&b, 200_000);
@@ -101,7 +109,7 @@ fn where_single_copy_is_off_a_send_in_place_is_an_ordinary_one() {
 
 #[test]
 fn a_sender_learns_that_its_receiver_closed_without_copying() {
-    let (a, b) = pair_with(ShmOptions::default());
+    let (a, b) = pair_with(in_place());
     let big = bytes(1 << 20, 7);
     let t = send_in_place(&a, &big);
     drop(b);
@@ -113,7 +121,7 @@ fn a_sender_learns_that_its_receiver_closed_without_copying() {
 
 #[test]
 fn a_closing_sender_waits_until_its_messages_in_place_are_copied() {
-    let (a, b) = pair_with(ShmOptions::default());
+    let (a, b) = pair_with(in_place());
     let big = bytes(2 << 20, 8);
     let want = big.clone();
     std::thread::scope(|s| {
@@ -136,7 +144,7 @@ fn a_closing_sender_waits_until_its_messages_in_place_are_copied() {
 
 #[test]
 fn a_copy_from_a_sender_that_aborted_is_a_failure_not_a_message() {
-    let (a, b) = pair_with(ShmOptions::default());
+    let (a, b) = pair_with(in_place());
     let big = bytes(1 << 20, 9);
     send_in_place(&a, &big);
     a.abort("gave up");
@@ -148,7 +156,7 @@ fn a_copy_from_a_sender_that_aborted_is_a_failure_not_a_message() {
 
 #[test]
 fn payloads_drained_into_the_mailbox_reuse_recycled_buffers() {
-    let (a, b) = pair_with(ShmOptions::default());
+    let (a, b) = pair_with(in_place());
     let big = bytes(100_000, 10);
     for in_place in [false, true] {
         // A buffer no payload of this length would get from the allocator.

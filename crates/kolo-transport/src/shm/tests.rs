@@ -10,9 +10,16 @@ use kolo_core::{
 
 use super::{shm_world, ShmOptions, ShmTransport};
 
+/// The threshold of sends in place in these tests: 8 KiB, so that their messages of 10 KiB – 3 MiB
+/// go in place (the default, [`super::SINGLE_COPY_BYTES`], is 16 MiB).
+pub(super) const TEST_SINGLE_COPY_BYTES: usize = 8 << 10;
+
+/// Two ranks of a world with rings of `ring_bytes` and sends in place from
+/// [`TEST_SINGLE_COPY_BYTES`].
 pub(super) fn pair(ring_bytes: usize) -> (ShmTransport, ShmTransport) {
     let opts = ShmOptions {
         ring_bytes,
+        single_copy_bytes: TEST_SINGLE_COPY_BYTES,
         ..ShmOptions::default()
     };
     let mut w = shm_world(2, &opts).expect("a shared-memory world of two threads");

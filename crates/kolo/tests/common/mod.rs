@@ -33,6 +33,24 @@ static NEXT_JOB: AtomicU64 = AtomicU64::new(0);
 
 /// Communicators of a world of `n` ranks on transport `kind`.
 pub fn world(kind: Kind, n: usize, config: Config) -> Vec<Communicator> {
+    if kind == Kind::Shm {
+        return kolo::shm_communicators(n, config).expect("shared-memory world");
+    }
+    let shm = ShmOptions::from_env().expect("shared-memory settings");
+    world_with(kind, n, config, &shm)
+}
+
+/// Shared-memory settings with sends in place from 8 KiB, for the tests of sends in place (whose
+/// messages are 64 KiB – 2 MiB; by default they start at 16 MiB).
+pub fn in_place_shm() -> ShmOptions {
+    ShmOptions {
+        single_copy_bytes: 8 << 10,
+        ..ShmOptions::from_env().expect("shared-memory settings")
+    }
+}
+
+/// [`world`] with the shared-memory settings `shm` (of the shared-memory and hybrid worlds).
+pub fn world_with(kind: Kind, n: usize, config: Config, shm: &ShmOptions) -> Vec<Communicator> {
     let over = |ts: Vec<Arc<dyn Transport>>| -> Vec<Communicator> {
         ts.into_iter()
             .map(|t| Communicator::with_transport(t, config.clone()))
@@ -40,14 +58,20 @@ pub fn world(kind: Kind, n: usize, config: Config) -> Vec<Communicator> {
     };
     match kind {
         Kind::Local => kolo::local_communicators(n, config),
-        Kind::Shm => kolo::shm_communicators(n, config).expect("shared-memory world"),
+        Kind::Shm => over(
+            shm_world(n, shm)
+                .expect("shared-memory world")
+                .into_iter()
+                .map(|t| Arc::new(t) as Arc<dyn Transport>)
+                .collect(),
+        ),
         Kind::Tcp => over(
             tcp_world(n)
                 .into_iter()
                 .map(|t| Arc::new(t) as Arc<dyn Transport>)
                 .collect(),
         ),
-        Kind::Hybrid => over(hybrid_world(n)),
+        Kind::Hybrid => over(hybrid_world(n, shm)),
     }
 }
 
@@ -79,12 +103,11 @@ fn tcp_world(n: usize) -> Vec<TcpTransport> {
 /// A world of `n` ranks on two pretend hosts (the even ranks, and the odd ones: a rank's place on
 /// its host is not its world rank), each rank a hybrid transport: shared memory to the ranks of its
 /// host, TCP to the others.
-fn hybrid_world(n: usize) -> Vec<Arc<dyn Transport>> {
+fn hybrid_world(n: usize, opts: &ShmOptions) -> Vec<Arc<dyn Transport>> {
     let hosts: [Vec<usize>; 2] = [(0..n).step_by(2).collect(), (1..n).step_by(2).collect()];
-    let opts = ShmOptions::default();
     let mut shm: Vec<Option<ShmTransport>> = (0..n).map(|_| None).collect();
     for host in hosts.iter().filter(|h| !h.is_empty()) {
-        let world = shm_world(host.len(), &opts).expect("shared-memory world");
+        let world = shm_world(host.len(), opts).expect("shared-memory world");
         for (t, &r) in world.into_iter().zip(host) {
             shm[r] = Some(t);
         }
@@ -112,7 +135,22 @@ pub fn spawn<R: Send>(
     config: Config,
     f: impl Fn(Communicator) -> R + Sync,
 ) -> Vec<R> {
-    let comms = world(kind, n, config);
+    run_on(world(kind, n, config), f)
+}
+
+/// [`spawn`] with the shared-memory settings `shm`.
+pub fn spawn_with<R: Send>(
+    kind: Kind,
+    n: usize,
+    config: Config,
+    shm: &ShmOptions,
+    f: impl Fn(Communicator) -> R + Sync,
+) -> Vec<R> {
+    run_on(world_with(kind, n, config, shm), f)
+}
+
+/// Runs `f` on each of `comms` on a thread of its own, returning each rank's result.
+fn run_on<R: Send>(comms: Vec<Communicator>, f: impl Fn(Communicator) -> R + Sync) -> Vec<R> {
     std::thread::scope(|s| {
         let hs: Vec<_> = comms
             .into_iter()
