@@ -18,9 +18,9 @@
 //! it waits, so two ranks sending large messages to each other cannot deadlock — `send` stays
 //! buffered, as the [`Transport`] contract requires.
 //!
-//! A send in place ([`Transport::send_in_place`], kolo.MPI's sends from 16 MiB) puts only the payload's
-//! address into the ring; the receiver copies the payload straight out of the sender's memory (see
-//! `single_copy`).
+//! A send in place ([`Transport::send_in_place`], kolo.MPI's sends from 16 MiB) puts only the
+//! payload's address into the ring; the receiver copies the payload straight out of the sender's
+//! memory (see `single_copy`).
 //!
 //! # Waiting
 //!

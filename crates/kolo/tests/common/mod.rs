@@ -58,21 +58,17 @@ pub fn world_with(kind: Kind, n: usize, config: Config, shm: &ShmOptions) -> Vec
     };
     match kind {
         Kind::Local => kolo::local_communicators(n, config),
-        Kind::Shm => over(
-            shm_world(n, shm)
-                .expect("shared-memory world")
-                .into_iter()
-                .map(|t| Arc::new(t) as Arc<dyn Transport>)
-                .collect(),
-        ),
-        Kind::Tcp => over(
-            tcp_world(n)
-                .into_iter()
-                .map(|t| Arc::new(t) as Arc<dyn Transport>)
-                .collect(),
-        ),
+        Kind::Shm => over(shared(shm_world(n, shm).expect("shared-memory world"))),
+        Kind::Tcp => over(shared(tcp_world(n))),
         Kind::Hybrid => over(hybrid_world(n, shm)),
     }
+}
+
+/// A world's endpoints as the transports communicators take.
+fn shared<T: Transport + 'static>(ts: Vec<T>) -> Vec<Arc<dyn Transport>> {
+    ts.into_iter()
+        .map(|t| Arc::new(t) as Arc<dyn Transport>)
+        .collect()
 }
 
 /// The endpoints of a TCP world of `n` ranks on this host.

@@ -7,11 +7,12 @@ takes a message of at most its buffer's length, filling its start and leaving th
 
 Sends are buffered — done once kolo has the bytes, whether or not a receive is posted — except
 large ones to a rank of the same host (``KOLO_SHM_SINGLE_COPY_BYTES``, 16 MiB, and more; smaller
-ones stream through the shared ring faster): those go in place, MPI's rendezvous: the receiver copies the bytes once, straight out of the sender's
-buffer, so ``Isend``'s request is pending and its buffer must stay as it is until ``Wait`` (as MPI
-asks), and ``Send`` returns once the receiver has them. A rank waiting in kolo for anything copies
-the messages in place sent to it meanwhile, so two ranks sending to each other first cannot
-deadlock. ``Bsend`` and ``Ibsend`` stay buffered.
+ones stream through the shared ring faster): those go in place, MPI's rendezvous: the receiver
+copies the bytes once, straight out of the sender's buffer, so ``Isend``'s request is pending and
+its buffer must stay as it is until ``Wait`` (as MPI asks), and ``Send`` returns once the
+receiver has them. A rank waiting in kolo for anything copies the messages in place sent to it
+meanwhile, so two ranks sending to each other first cannot deadlock. ``Bsend`` and ``Ibsend`` stay
+buffered.
 """
 
 import pickle
