@@ -91,6 +91,10 @@ def run(cmd, env=None):
     # kolo train sets this malloc tuning for its workers; give the plain loop and torch the same.
     tun = "glibc.malloc.mmap_threshold=4294967295:glibc.malloc.trim_threshold=4294967295:glibc.malloc.hugetlb=1"
     e = dict(os.environ, RAYON_NUM_THREADS="1", GLIBC_TUNABLES=tun, **(env or {}))
+    exe = cmd[0] if os.path.isabs(cmd[0]) else os.path.join(ROOT, cmd[0])
+    if not os.path.isfile(exe):
+        sys.exit(f"bench_train: {cmd[0]} is not built: cargo build --release -p kolo-cli -p kolo-train --bins "
+                 "--example plain_loop --example peak_flops (or pass --bin for another build)")
     # Two retries: PyTorch's Gloo DDP now and then aborts in its teardown after a complete run
     # ("terminate called without an active exception", twice in a row once); the failure is
     # reported, never hidden.
