@@ -13,10 +13,13 @@
 //!   (6e-2 of the largest output against 3e-3 elsewhere). Activations stay f32, so memory is not
 //!   halved;
 //! - **on a CPU whose only bf16 unit is slower than its f32 FMAs** (AVX512-BF16 without AMX on the
-//!   Intel Xeons measured: half the f32 rate, [`kolo_nn::ops::bf16_slower_than_f32`]): in f32, as
-//!   `--precision f32` does — bf16 could only be slower there (`KOLO_BF16_GEMM=avx512bf16` takes
-//!   the unit anyway);
-//! - **elsewhere** (a GPU, or a CPU without bf16 instructions): every step builds the model from
+//!   Intel Xeons measured: half the f32 rate, [`kolo_nn::ops::bf16_slower_than_f32`]), **or that
+//!   has no bf16 unit** (AMD EPYC to Zen 3, Intel Xeons to Ice Lake;
+//!   [`kolo_nn::ops::bf16_without_a_unit`]): in f32, as `--precision f32` does — bf16 could only
+//!   be slower there
+//!   (`KOLO_BF16_GEMM=avx512bf16` takes a slow unit anyway; `KOLO_BF16_GEMM=f32` computes around
+//!   bf16 conversions, as below);
+//! - **elsewhere** (a GPU, or `KOLO_BF16_GEMM=f32` on a CPU): every step builds the model from
 //!   [`Ddp::var_builder_in`]`(BF16)`, so each trainable parameter enters the graph as an f32
 //!   master weight cast to bf16; the input is cast to bf16, the logits back to f32 for the loss.
 //!   Backward runs through the casts, so gradients reach the master weights (and the gradient
@@ -36,7 +39,7 @@ use std::str::FromStr;
 
 use candle_core::{DType, Device};
 use kolo_nn::ops::{
-    bf16_slower_than_f32, matmul_precision, set_matmul_precision, Bf16Path, MatmulPrecision,
+    bf16_computes_in_f32, matmul_precision, set_matmul_precision, Bf16Path, MatmulPrecision,
 };
 use serde::{Deserialize, Serialize};
 
@@ -81,14 +84,14 @@ impl Precision {
 
     /// The type of the tensors the model computes on on `device` (`None`: f32): bf16 for
     /// [`Precision::Bf16`] unless kolo's matrix products round to bf16 themselves there
-    /// ([`Precision::apply`] set that up on a CPU with a bf16 unit) or the CPU's bf16 unit is
-    /// slower than f32 ([`bf16_slower_than_f32`]).
+    /// ([`Precision::apply`] set that up on a CPU with a bf16 unit) or the CPU has no bf16 unit
+    /// or only one slower than f32 ([`bf16_computes_in_f32`]).
     pub fn tensor_dtype(self, device: &Device) -> Option<DType> {
         match self {
             Precision::F32 => None,
             Precision::Bf16
                 if device.is_cpu()
-                    && (matmul_precision() == MatmulPrecision::Bf16 || bf16_slower_than_f32()) =>
+                    && (matmul_precision() == MatmulPrecision::Bf16 || bf16_computes_in_f32()) =>
             {
                 None
             }

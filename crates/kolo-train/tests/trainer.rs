@@ -292,11 +292,10 @@ fn bf16_trains_batch_norm_models() {
 }
 
 /// `--precision bf16` computes in bf16 only where that is faster: on a CPU whose bf16 unit is
-/// slower than its f32 FMAs (AVX512-BF16 without AMX on an Intel Xeon) it trains exactly as f32
-/// does; everywhere else (a bf16 unit that pays, or none: bf16 tensors) its losses differ from
-/// f32's.
+/// slower than its f32 FMAs (AVX512-BF16 without AMX on an Intel Xeon), or that has none (AVX2
+/// only), it trains exactly as f32 does; where a bf16 unit pays its losses differ from f32's.
 #[test]
-fn bf16_computes_in_f32_exactly_where_the_bf16_unit_is_slower() {
+fn bf16_computes_in_f32_exactly_where_no_bf16_unit_pays() {
     use kolo_ddp::precision::Precision;
     let losses = |precision| {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -310,14 +309,16 @@ fn bf16_computes_in_f32_exactly_where_the_bf16_unit_is_slower() {
         (s.epochs[0].train_loss, s.epochs[0].test_loss)
     };
     let (f32_run, bf16_run) = (losses(Precision::F32), losses(Precision::Bf16));
-    let slower = kolo_nn::ops::bf16_slower_than_f32();
+    let in_f32 = kolo_nn::ops::bf16_computes_in_f32();
     eprintln!(
-        "bf16 unit slower than f32 here: {slower} ({:?}); f32 {f32_run:?}, bf16 {bf16_run:?}",
+        "bf16 in f32 here: {in_f32} (no unit: {}, AVX512-BF16 {:?}); f32 {f32_run:?}, bf16 \
+         {bf16_run:?}",
+        kolo_nn::ops::bf16_without_a_unit(),
         kolo_nn::ops::avx512_bf16_speed()
     );
     assert_eq!(
         f32_run == bf16_run,
-        slower,
+        in_f32,
         "f32 {f32_run:?}, bf16 {bf16_run:?}"
     );
 }

@@ -64,6 +64,28 @@ pub fn bf16_slower_than_f32() -> bool {
     })
 }
 
+/// Whether this CPU has no bf16 unit at all (neither AMX nor AVX512-BF16: every x86-64 before
+/// them, AMD EPYC to Zen 3 included, and every other architecture) and nothing asks for a path
+/// (`KOLO_BF16_GEMM` unset). Mixed precision then computes in f32 (`kolo_ddp::precision`): bf16
+/// tensors there would be converted to f32 around every layer and cost a third of the step
+/// (ResNet-18 on a Zen 3: 28 against 43 samples/s) for no speed. `KOLO_BF16_GEMM=f32` keeps
+/// those conversions. Decided once per process.
+pub fn bf16_without_a_unit() -> bool {
+    static NONE: OnceLock<bool> = OnceLock::new();
+    *NONE.get_or_init(|| {
+        std::env::var_os("KOLO_BF16_GEMM").is_none_or(|v| v.is_empty())
+            && !Bf16Path::Amx.available()
+            && !Bf16Path::Avx512Bf16.available()
+    })
+}
+
+/// Whether `--precision bf16` computes in f32 on this CPU, exactly as `--precision f32` does:
+/// where it has no bf16 unit ([`bf16_without_a_unit`]) or only one slower than its f32 FMAs
+/// ([`bf16_slower_than_f32`]) — bf16 could only be slower there.
+pub fn bf16_computes_in_f32() -> bool {
+    bf16_without_a_unit() || bf16_slower_than_f32()
+}
+
 /// Sets how kolo's f32 matrix products compute, for the whole process, and returns the unit they
 /// will run on: `None` for [`MatmulPrecision::Highest`], and for [`MatmulPrecision::Bf16`] on a
 /// CPU without a bf16 unit (the products then stay f32; [`matmul_precision`] says `Highest`).

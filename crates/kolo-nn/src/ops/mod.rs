@@ -40,7 +40,8 @@ pub use conv::{conv2d, conv2d_relu, conv_out};
 pub use linear::linear;
 pub use low_precision::low_precision;
 pub use matmul_precision::{
-    bf16_matmul_unit, bf16_slower_than_f32, matmul_precision, set_matmul_precision, MatmulPrecision,
+    bf16_computes_in_f32, bf16_matmul_unit, bf16_slower_than_f32, bf16_without_a_unit,
+    matmul_precision, set_matmul_precision, MatmulPrecision,
 };
 pub use pool::{avg_pool2x2, max_pool2x2};
 pub use relu::relu;

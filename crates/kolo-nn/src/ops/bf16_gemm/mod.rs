@@ -72,8 +72,8 @@ impl Bf16Path {
 
 /// One line for the user on what bf16 training computes on this CPU (`kolo train --precision bf16`
 /// prints it once, after setting it up): the unit the matrix products of the convolutions and
-/// linear layers run on ([`super::set_matmul_precision`]), or that the layers compute in f32
-/// around bf16 conversions — and whether this CPU has a bf16 unit at all.
+/// linear layers run on ([`super::set_matmul_precision`]), or that the layers compute in f32 —
+/// as `--precision f32` does, or around bf16 conversions — and whether this CPU has a bf16 unit.
 pub fn bf16_compute_note() -> Result<String> {
     let units: Vec<Bf16Path> = [Bf16Path::Amx, Bf16Path::Avx512Bf16]
         .into_iter()
@@ -86,12 +86,19 @@ pub fn bf16_compute_note() -> Result<String> {
         super::matmul_precision::bf16_unit(),
         &units,
         slower,
+        super::matmul_precision::bf16_without_a_unit(),
     ))
 }
 
 /// [`bf16_compute_note`] for the unit f32 products run on (if any), the bf16 units the CPU has,
-/// and the speeds of an AVX512-BF16 unit left out for being slower than f32.
-fn bf16_note(products: Option<Bf16Path>, units: &[Bf16Path], slower: Option<UnitSpeed>) -> String {
+/// the speeds of an AVX512-BF16 unit left out for being slower than f32, and whether a CPU without
+/// a unit computes in f32 (`KOLO_BF16_GEMM` unset) rather than around bf16 conversions.
+fn bf16_note(
+    products: Option<Bf16Path>,
+    units: &[Bf16Path],
+    slower: Option<UnitSpeed>,
+    no_unit_in_f32: bool,
+) -> String {
     let label = |p: Bf16Path| match p {
         Bf16Path::Amx => "AMX",
         Bf16Path::Avx512Bf16 => "AVX512-BF16",
@@ -115,11 +122,15 @@ fn bf16_note(products: Option<Bf16Path>, units: &[Bf16Path], slower: Option<Unit
                 s.bf16_gflops, s.f32_gflops
             )
         }
-        (_, None, _) => {
-            "bf16: this CPU has no bf16 instructions (no AVX512-BF16, no AMX): the layers \
-                      compute in f32 around bf16 conversions — correct, but not faster than f32"
-                .into()
-        }
+        (_, None, _) if no_unit_in_f32 => "bf16: this CPU has no bf16 instructions (no \
+                                            AVX512-BF16, no AMX), so the layers compute in f32, as \
+                                            fast as --precision f32 (KOLO_BF16_GEMM=f32 computes \
+                                            around bf16 conversions instead, slower)"
+            .into(),
+        (_, None, _) => "bf16: this CPU has no bf16 instructions (no AVX512-BF16, no AMX): the \
+                         layers compute in f32 around bf16 conversions (KOLO_BF16_GEMM=f32) — \
+                         correct, but slower than f32"
+            .into(),
         (_, Some(_), _) => "bf16: the layers compute in f32 around bf16 conversions \
                          (KOLO_BF16_GEMM=f32 keeps this CPU's bf16 unit out)"
             .into(),

@@ -108,12 +108,24 @@ fn transposed_operands_are_read_through_their_strides() {
 #[test]
 fn the_bf16_note_says_what_computes_on_which_unit() {
     use super::{bf16_note, Bf16Path};
-    let none = bf16_note(None, &[], None);
+    let none = bf16_note(None, &[], None, true);
     assert!(
-        none.contains("no bf16 instructions") && none.contains("in f32"),
+        none.contains("no bf16 instructions")
+            && none.contains("compute in f32, as fast as --precision f32"),
         "{none}"
     );
-    let avx = bf16_note(Some(Bf16Path::Avx512Bf16), &[Bf16Path::Avx512Bf16], None);
+    let converted = bf16_note(None, &[], None, false);
+    assert!(
+        converted.contains("no bf16 instructions")
+            && converted.contains("around bf16 conversions (KOLO_BF16_GEMM=f32)"),
+        "{converted}"
+    );
+    let avx = bf16_note(
+        Some(Bf16Path::Avx512Bf16),
+        &[Bf16Path::Avx512Bf16],
+        None,
+        false,
+    );
     assert!(
         avx.starts_with(
             "bf16: the matrix products of the convolutions and linear layers on this CPU's \
@@ -125,12 +137,13 @@ fn the_bf16_note_says_what_computes_on_which_unit() {
         Some(Bf16Path::Amx),
         &[Bf16Path::Amx, Bf16Path::Avx512Bf16],
         None,
+        false,
     );
     assert!(
         amx.contains("this CPU's AMX unit") && amx.contains("implicit GEMMs"),
         "{amx}"
     );
-    let kept_out = bf16_note(None, &[Bf16Path::Avx512Bf16], None);
+    let kept_out = bf16_note(None, &[Bf16Path::Avx512Bf16], None, false);
     assert!(
         kept_out.contains("around bf16 conversions") && kept_out.contains("KOLO_BF16_GEMM=f32"),
         "{kept_out}"
@@ -139,14 +152,14 @@ fn the_bf16_note_says_what_computes_on_which_unit() {
         bf16_gflops: 68.2,
         f32_gflops: 171.4,
     };
-    let slower = bf16_note(None, &[Bf16Path::Avx512Bf16], Some(slow));
+    let slower = bf16_note(None, &[Bf16Path::Avx512Bf16], Some(slow), false);
     assert!(
         slower.contains("slower than its f32 FMAs (68 against 171 GFLOP/s")
             && slower.contains("compute in f32, as fast as --precision f32")
             && slower.contains("KOLO_BF16_GEMM=avx512bf16"),
         "{slower}"
     );
-    assert_eq!(bf16_note(Some(Bf16Path::F32), &[], None), none);
+    assert_eq!(bf16_note(Some(Bf16Path::F32), &[], None, true), none);
 }
 
 #[test]
