@@ -69,21 +69,21 @@ pub fn bf16_slower_than_f32() -> bool {
 /// (`KOLO_BF16_GEMM` unset). Mixed precision then computes in f32 (`kolo_ddp::precision`): bf16
 /// tensors there would be converted to f32 around every layer and cost a third of the step
 /// (ResNet-18 on a Zen 3: 28 against 43 samples/s) for no speed. `KOLO_BF16_GEMM=f32` keeps
-/// those conversions. Decided once per process.
+/// those conversions.
 pub fn bf16_without_a_unit() -> bool {
-    static NONE: OnceLock<bool> = OnceLock::new();
-    *NONE.get_or_init(|| {
-        std::env::var_os("KOLO_BF16_GEMM").is_none_or(|v| v.is_empty())
-            && !Bf16Path::Amx.available()
-            && !Bf16Path::Avx512Bf16.available()
-    })
+    bf16_computes_in_f32() && !Bf16Path::Avx512Bf16.available()
 }
 
 /// Whether `--precision bf16` computes in f32 on this CPU, exactly as `--precision f32` does:
-/// where it has no bf16 unit ([`bf16_without_a_unit`]) or only one slower than its f32 FMAs
-/// ([`bf16_slower_than_f32`]) — bf16 could only be slower there.
+/// where `KOLO_BF16_GEMM` is unset and [`bf16_path`] chose f32 — no bf16 unit
+/// ([`bf16_without_a_unit`]) or only one slower than its f32 FMAs ([`bf16_slower_than_f32`]);
+/// bf16 could only be slower there. Decided once per process (a training loop asks every step).
 pub fn bf16_computes_in_f32() -> bool {
-    bf16_without_a_unit() || bf16_slower_than_f32()
+    static IN_F32: OnceLock<bool> = OnceLock::new();
+    *IN_F32.get_or_init(|| {
+        matches!(super::bf16_gemm::bf16_path_asked(), Ok(None))
+            && matches!(bf16_path(), Ok(Bf16Path::F32))
+    })
 }
 
 /// Sets how kolo's f32 matrix products compute, for the whole process, and returns the unit they
