@@ -126,6 +126,11 @@ stage "Python package: the kolo wheel (maturin) and its tests (pytest; torch bac
 # reconfigurable process group (tests/test_torchft.py).
 VENV=$(dirname "$(dirname "$KOLO_TORCHRUN")")
 "$VENV/bin/pip" install -q --retries 5 "maturin>=1.9.4,<2" pytest expecttest "torchft==0.2.0"
+# mpi4py's demo programs (tests/test_mpi_demos.py runs them on kolo.MPI): its source
+# distribution, where scripts/osu_mpi4py.py keeps it, so that the demos run here and are not skipped.
+MPI4PY_SDIST="${KOLO_CACHE:-$HOME/.cache/kolo}/mpi4py"
+[ -f "$MPI4PY_SDIST/mpi4py-4.1.2.tar.gz" ] || "$VENV/bin/pip" download -q --retries 5 --no-binary mpi4py --no-deps \
+    -d "$MPI4PY_SDIST" "mpi4py==4.1.2"
 rm -rf target/wheels
 "$VENV/bin/maturin" build -q -m crates/kolo-py/Cargo.toml --profile dev -o target/wheels
 "$VENV/bin/pip" install -q --force-reinstall --no-deps target/wheels/kolo-*.whl

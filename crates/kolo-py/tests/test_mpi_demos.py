@@ -1,8 +1,8 @@
 """mpi4py's own demo programs under `kolo run -n 2` with ``from mpi4py import MPI`` changed to
 ``from kolo import MPI``: a quick run of a few (the OSU programs with small sizes and few
 iterations). Only where mpi4py's source distribution is on this machine already
-(``~/.cache/kolo/mpi4py/mpi4py-4.1.2.tar.gz``, where ``scripts/osu_mpi4py.py`` puts it): the
-tests download nothing. scripts/osu_mpi4py.py runs them all, in full, against mpi4py."""
+(``~/.cache/kolo/mpi4py/mpi4py-4.1.2.tar.gz``, where ``scripts/osu_mpi4py.py`` puts it and
+``scripts/test.sh`` downloads it before the tests): the tests themselves download nothing. scripts/osu_mpi4py.py runs them all, in full, against mpi4py."""
 
 import json
 import os
