@@ -4,6 +4,8 @@
 //! the chunk buffers. All `#[inline(always)]`: they are inlined into the vectorized passes of
 //! [`super::passes`].
 
+use std::mem::MaybeUninit;
+
 use candle_core::WithDType;
 
 use crate::ops::im2col::Geom;
@@ -59,13 +61,18 @@ pub(super) fn two_sided<T: WithDType, const N: usize, const O: usize>(
     t: &[[Lanes<T>; N]; N],
     f: impl Fn([Lanes<T>; N]) -> [Lanes<T>; O],
 ) -> [[Lanes<T>; O]; O] {
-    let mut cols = [[[T::zero(); LANES]; N]; O];
-    for j in 0..N {
+    // Not a zero-filled array first: that was a `memset` call per tile group.
+    let mut cols = MaybeUninit::<[[Lanes<T>; N]; O]>::uninit();
+    let at = cols.as_mut_ptr().cast::<Lanes<T>>();
+    (0..N).for_each(|j| {
         let out = f(std::array::from_fn(|i| t[i][j]));
         for (i, v) in out.into_iter().enumerate() {
-            cols[i][j] = v;
+            // SAFETY: `i < O` and `j < N`: inside `cols`.
+            unsafe { at.add(i * N + j).write(v) };
         }
-    }
+    });
+    // SAFETY: the loop wrote `cols[i][j]` for every `i < O` and `j < N`.
+    let cols = unsafe { cols.assume_init() };
     std::array::from_fn(|i| f(cols[i]))
 }
 
@@ -90,6 +97,10 @@ pub(super) fn load<T: WithDType, const N: usize>(
     offsets: &[usize],
     pw: usize,
 ) -> [[Lanes<T>; N]; N] {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(d) = super::f32x8::load(src, offsets, pw) {
+        return d;
+    }
     let mut d = [[[T::zero(); LANES]; N]; N];
     for (l, &at) in offsets.iter().enumerate() {
         for (i, row) in d.iter_mut().enumerate() {

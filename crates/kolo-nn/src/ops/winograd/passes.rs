@@ -84,22 +84,31 @@ pub(super) fn output_transform<T: WithDType, W: Transforms<M, A>, const M: usize
     let n_tiles = m.len() / (A * A * c_out).max(1);
     let plane = c_out * n_tiles;
     let (oh, ow) = (out.oh, out.ow);
+    // Made once, not per group of tiles: lanes past a partial group's `n` keep stale values,
+    // transformed but never stored.
+    let mut mm = [[[T::zero(); LANES]; A]; A];
+    // Row i of tile l as rows[i][l][..M]: a contiguous run of the output row (8 values: the
+    // f32 path's transposes write whole vectors).
+    let mut rows = [[[T::zero(); 8]; LANES]; M];
     for co in 0..c_out {
         let b = bias.map_or(T::zero(), |b| b[co]);
         for t0 in (0..n_tiles).step_by(LANES) {
             let n = LANES.min(n_tiles - t0);
-            let mut mm = [[[T::zero(); LANES]; A]; A];
             for (e, v) in mm.iter_mut().flatten().enumerate() {
                 let at = e * plane + co * n_tiles + t0;
                 copy_lanes(v, &m[at..], n);
             }
             let tile = two_sided(&mm, W::a_t);
-            // Row i of tile l as rows[i][l]: a contiguous run of the output row.
-            let mut rows = [[[T::zero(); M]; LANES]; M];
-            for (i, row) in rows.iter_mut().enumerate() {
-                for (l, run) in row.iter_mut().enumerate() {
-                    for (j, v) in run.iter_mut().enumerate() {
-                        *v = tile[i][j][l] + b;
+            #[cfg(target_arch = "x86_64")]
+            let done = super::f32x8::rows_of(&tile, b, &mut rows);
+            #[cfg(not(target_arch = "x86_64"))]
+            let done = false;
+            if !done {
+                for (i, row) in rows.iter_mut().enumerate() {
+                    for (l, run) in row.iter_mut().enumerate() {
+                        for (j, v) in run.iter_mut().take(M).enumerate() {
+                            *v = tile[i][j][l] + b;
+                        }
                     }
                 }
             }
@@ -111,7 +120,7 @@ pub(super) fn output_transform<T: WithDType, W: Transforms<M, A>, const M: usize
                 let cols = M.min(ow - ox0);
                 for (i, row) in rows.iter().enumerate().take(M.min(oh - oy0)) {
                     let at = base + (oy0 + i) * ow + ox0;
-                    let src = &row[l];
+                    let src = &row[l][..M];
                     if cols == M {
                         out.y[at..at + M].copy_from_slice(src);
                     } else {
@@ -160,9 +169,9 @@ pub(super) fn kernel_grad_transform<T: WithDType, W: Transforms<M, A>, const M: 
     dw.reserve(9 * plane);
     // Kernel after kernel, as they are appended (lanes past `n` are stale and not appended).
     let mut kernels = [T::zero(); LANES * 9];
+    let mut t = [[[T::zero(); LANES]; A]; A];
     for kc0 in (0..plane).step_by(LANES) {
         let n = LANES.min(plane - kc0);
-        let mut t = [[[T::zero(); LANES]; A]; A];
         for (e, v) in t.iter_mut().flatten().enumerate() {
             copy_lanes(v, &du[e * plane + kc0..], n);
         }
@@ -193,14 +202,19 @@ pub(super) fn input_grad_transform<T: WithDType, W: Transforms<M, A>, const M: u
     let n_tiles = offsets.len();
     let c = dv.len() / (A * A * n_tiles).max(1);
     let plane = c * n_tiles;
+    // Lanes past a partial group's length keep stale values, never added anywhere.
+    let mut tile = [[[T::zero(); LANES]; A]; A];
     for ci in 0..c {
         for (gi, group) in offsets.chunks(LANES).enumerate() {
             let t0 = ci * n_tiles + gi * LANES;
-            let mut tile = [[[T::zero(); LANES]; A]; A];
             for (e, v) in tile.iter_mut().flatten().enumerate() {
                 copy_lanes(v, &dv[e * plane + t0..], group.len());
             }
             let d = two_sided(&tile, W::b);
+            #[cfg(target_arch = "x86_64")]
+            if super::f32x8::add_into(&d, group, pw, &mut pdx[ci * pp..]) {
+                continue;
+            }
             for (l, &o) in group.iter().enumerate() {
                 let at = o + ci * pp;
                 for (i, row) in d.iter().enumerate() {
