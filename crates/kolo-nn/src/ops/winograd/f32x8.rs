@@ -199,6 +199,68 @@ pub(super) fn rows_of<T: WithDType, const M: usize>(
     true
 }
 
+/// The 3 × 3 kernels `k0..k0 + LANES` of `w` (`[kernels, 9]`, contiguous) as lane vectors
+/// (`d[i][j][l] = w[(k0 + l)·9 + 3i + j]`), for [`super::passes::kernel_transform`]: values 0–7
+/// of 8 kernels by one transpose, the ninth gathered; `None` where the fast path does not
+/// apply.
+#[inline(always)]
+pub(super) fn load_kernels<T: WithDType>(w: &[T], k0: usize) -> Option<[[Lanes<T>; 3]; 3]> {
+    if !applies::<T>(8, LANES) || (k0 + LANES) * 9 > w.len() {
+        return None;
+    }
+    // SAFETY: inside `w` (checked just above).
+    let s = unsafe { w.as_ptr().cast::<f32>().add(k0 * 9) };
+    let mut d = MaybeUninit::<[[Lanes<T>; 3]; 3]>::uninit();
+    let out = d.as_mut_ptr().cast::<f32>();
+    for half in [0, 8] {
+        // SAFETY: T is f32 and the CPU has AVX2 (`applies`); kernel `half + l` is the 9 values
+        // from `(half + l)·9`, all inside `w`; value `v` of lane `half + l` is at `v·LANES +
+        // half + l` of `d`.
+        unsafe {
+            let mut r: [__m256; 8] =
+                std::array::from_fn(|l| _mm256_loadu_ps(s.add((half + l) * 9)));
+            transpose8(&mut r);
+            for (v, x) in r.iter().enumerate() {
+                _mm256_storeu_ps(out.add(v * LANES + half), *x);
+            }
+            let last: [f32; 8] = std::array::from_fn(|l| *s.add((half + l) * 9 + 8));
+            _mm256_storeu_ps(out.add(8 * LANES + half), _mm256_loadu_ps(last.as_ptr()));
+        }
+    }
+    // SAFETY: all 9 vectors of both halves were written.
+    Some(unsafe { d.assume_init() })
+}
+
+/// The [`LANES`] 3 × 3 kernels of `dg` (`dg[i][j][l]`) one after the other, 9 values each, into
+/// `kernels`: the inverse of [`load_kernels`], for [`super::passes::kernel_grad_transform`];
+/// `false` where the fast path does not apply.
+#[inline(always)]
+pub(super) fn kernels_of<T: WithDType>(
+    dg: &[[Lanes<T>; 3]; 3],
+    kernels: &mut [T; LANES * 9],
+) -> bool {
+    if !applies::<T>(8, LANES) {
+        return false;
+    }
+    let d = (dg as *const [[Lanes<T>; 3]; 3]).cast::<f32>();
+    let out = kernels.as_mut_ptr().cast::<f32>();
+    for half in [0, 8] {
+        // SAFETY: T is f32 and the CPU has AVX2 (`applies`); the loads are values 0-7 of lanes
+        // `half..half + 8` of `dg`, each store the 8 values from `(half + l)·9` of `kernels`
+        // (the ninth, after them, written next), inside its `LANES·9`.
+        unsafe {
+            let mut r: [__m256; 8] =
+                std::array::from_fn(|v| _mm256_loadu_ps(d.add(v * LANES + half)));
+            transpose8(&mut r);
+            for (l, x) in r.iter().enumerate() {
+                _mm256_storeu_ps(out.add((half + l) * 9), *x);
+                *out.add((half + l) * 9 + 8) = *d.add(8 * LANES + half + l);
+            }
+        }
+    }
+    true
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -279,6 +341,32 @@ mod tests {
         }
         assert!(add_into(&d, &at, 40, &mut dst));
         assert_eq!(dst, want, "overlapping tiles add up, the rest is unchanged");
+    }
+
+    #[test]
+    fn kernels_load_and_come_back_as_the_generic_loops_do() {
+        if !avx2() {
+            return;
+        }
+        // 20 kernels: lanes from kernel 3 (16 of them), and one start too far for 16.
+        let w: Vec<f32> = (0..20 * 9).map(|i| (i * 13 % 97) as f32 - 40.0).collect();
+        let d = load_kernels(&w, 3).expect("taken");
+        for l in 0..LANES {
+            for i in 0..3 {
+                for j in 0..3 {
+                    assert_eq!(
+                        d[i][j][l],
+                        w[(3 + l) * 9 + 3 * i + j],
+                        "kernel {l} ({i}, {j})"
+                    );
+                }
+            }
+        }
+        assert!(load_kernels(&w, 5).is_none(), "past the last kernel");
+        assert!(load_kernels(&[0f64; 180], 0).is_none(), "not f32");
+        let mut kernels = [0f32; LANES * 9];
+        assert!(kernels_of(&d, &mut kernels));
+        assert_eq!(&kernels[..], &w[27..27 + LANES * 9]);
     }
 
     #[test]

@@ -148,8 +148,16 @@ pub(super) fn kernel_transform<T: WithDType, W: Transforms<M, A>, const M: usize
     let mut u = kept_vec::<T>(A * A * plane);
     for kc0 in (0..plane).step_by(LANES) {
         let n = LANES.min(plane - kc0);
-        let offsets: [usize; LANES] = std::array::from_fn(|l| (kc0 + l) * 9);
-        let gg = load::<T, 3>(w, &offsets[..n], 3);
+        #[cfg(target_arch = "x86_64")]
+        let fast = (n == LANES)
+            .then(|| super::f32x8::load_kernels(w, kc0))
+            .flatten();
+        #[cfg(not(target_arch = "x86_64"))]
+        let fast = None;
+        let gg = fast.unwrap_or_else(|| {
+            let offsets: [usize; LANES] = std::array::from_fn(|l| (kc0 + l) * 9);
+            load::<T, 3>(w, &offsets[..n], 3)
+        });
         store(&mut u[kc0..], plane, &two_sided(&gg, W::g), n);
     }
     u
@@ -176,10 +184,16 @@ pub(super) fn kernel_grad_transform<T: WithDType, W: Transforms<M, A>, const M: 
             copy_lanes(v, &du[e * plane + kc0..], n);
         }
         let dg = two_sided(&t, W::g_t);
-        for (l, out) in kernels.chunks_exact_mut(9).enumerate() {
-            for i in 0..3 {
-                for j in 0..3 {
-                    out[i * 3 + j] = dg[i][j][l];
+        #[cfg(target_arch = "x86_64")]
+        let done = super::f32x8::kernels_of(&dg, &mut kernels);
+        #[cfg(not(target_arch = "x86_64"))]
+        let done = false;
+        if !done {
+            for (l, out) in kernels.chunks_exact_mut(9).enumerate() {
+                for i in 0..3 {
+                    for j in 0..3 {
+                        out[i * 3 + j] = dg[i][j][l];
+                    }
                 }
             }
         }
