@@ -76,6 +76,45 @@ fn transpose8(r: &mut [__m256; 8]) {
     }
 }
 
+/// Lane vectors from 8 rows: `row(l)` is where lane `l`'s 8 values lie; after the transpose,
+/// vector `v < count` (value `v` of every lane) is stored at `dst + v·LANES`.
+///
+/// # Safety
+/// The CPU has AVX2; 8 values from every `row(l)` are readable and `LANES·(count − 1) + 8` from
+/// `dst` writable.
+#[inline(always)]
+unsafe fn lanes_from_rows(row: impl Fn(usize) -> *const f32, count: usize, dst: *mut f32) {
+    // SAFETY: the caller's.
+    unsafe {
+        let mut r: [__m256; 8] = std::array::from_fn(|l| _mm256_loadu_ps(row(l)));
+        transpose8(&mut r);
+        for (v, x) in r.iter().enumerate().take(count) {
+            _mm256_storeu_ps(dst.add(v * LANES), *x);
+        }
+    }
+}
+
+/// Rows from lane vectors, the inverse of [`lanes_from_rows`]: vectors `v < count` read from
+/// `src + v·LANES` (zeros past `count`), transposed, so that `r[l]` holds lane `l`'s values.
+///
+/// # Safety
+/// The CPU has AVX2; `LANES·(count − 1) + 8` values from `src` are readable.
+#[inline(always)]
+unsafe fn rows_from_lanes(src: *const f32, count: usize) -> [__m256; 8] {
+    // SAFETY: the caller's.
+    unsafe {
+        let mut r: [__m256; 8] = std::array::from_fn(|v| {
+            if v < count {
+                _mm256_loadu_ps(src.add(v * LANES))
+            } else {
+                _mm256_setzero_ps()
+            }
+        });
+        transpose8(&mut r);
+        r
+    }
+}
+
 /// `d[i][j][l] = src[at[l] + i·pw + j]`: the `N × N` tiles at the [`LANES`] offsets `at` as lane
 /// vectors (see [`super::lanes::load`]), every value written (no zero-filled array first);
 /// `None` where the fast path does not apply.
@@ -97,12 +136,8 @@ pub(super) fn load<T: WithDType, const N: usize>(
             // every store inside `d` (`i, j < N`, lanes `half..half + 8` of `LANES`); the CPU
             // has AVX2 (`applies`).
             unsafe {
-                let mut r: [__m256; 8] =
-                    std::array::from_fn(|l| _mm256_loadu_ps(s.add(at[half + l] + i * pw)));
-                transpose8(&mut r);
-                for (j, v) in r.iter().enumerate().take(N) {
-                    _mm256_storeu_ps(out.add((i * N + j) * LANES + half), *v);
-                }
+                let row = |l: usize| s.add(at[half + l] + i * pw);
+                lanes_from_rows(row, N, out.add(i * N * LANES + half));
             }
         }
     }
@@ -138,14 +173,7 @@ pub(super) fn add_into<T: WithDType, const N: usize>(
             // `half..half + 8` of `LANES`). The vectors past `N` are zeros, so the values after
             // a tile's row are written back unchanged.
             unsafe {
-                let mut r: [__m256; 8] = std::array::from_fn(|j| {
-                    if j < N {
-                        _mm256_loadu_ps(d.add((i * N + j) * LANES + half))
-                    } else {
-                        _mm256_setzero_ps()
-                    }
-                });
-                transpose8(&mut r);
+                let r = rows_from_lanes(d.add(i * N * LANES + half), N);
                 for (l, v) in r.iter().enumerate() {
                     rp.add(i * LANES + half + l).write(*v);
                 }
@@ -169,7 +197,8 @@ pub(super) fn add_into<T: WithDType, const N: usize>(
 }
 
 /// The rows of [`LANES`] tiles of side `M` from their lane vectors (`tile[i][j][l]`), each plus
-/// `bias`: `rows[i][l][..M]` is row `i` of tile `l` (the rest of the 8 values is padding), for
+/// `bias`: `rows[i][l][..M]` is row `i` of tile `l` (the rest of the 8 values is padding, the
+/// bias too), for
 /// [`super::passes::output_transform`]; `false` where the fast path does not apply.
 #[inline(always)]
 pub(super) fn rows_of<T: WithDType, const M: usize>(
@@ -190,16 +219,9 @@ pub(super) fn rows_of<T: WithDType, const M: usize>(
             // (`i, j < M`, lanes `half..half + 8`) and every store inside `rows` (8 values of
             // tile `half + l`'s row `i`).
             unsafe {
-                let mut r: [__m256; 8] = std::array::from_fn(|j| {
-                    if j < M {
-                        _mm256_add_ps(_mm256_loadu_ps(t.add((i * M + j) * LANES + half)), b)
-                    } else {
-                        _mm256_setzero_ps()
-                    }
-                });
-                transpose8(&mut r);
+                let r = rows_from_lanes(t.add(i * M * LANES + half), M);
                 for (l, v) in r.iter().enumerate() {
-                    _mm256_storeu_ps(out.add((i * LANES + half + l) * 8), *v);
+                    _mm256_storeu_ps(out.add((i * LANES + half + l) * 8), _mm256_add_ps(*v, b));
                 }
             }
         }
@@ -225,12 +247,7 @@ pub(super) fn load_kernels<T: WithDType>(w: &[T], k0: usize) -> Option<[[Lanes<T
         // from `(half + l)·9`, all inside `w`; value `v` of lane `half + l` is at `v·LANES +
         // half + l` of `d`.
         unsafe {
-            let mut r: [__m256; 8] =
-                std::array::from_fn(|l| _mm256_loadu_ps(s.add((half + l) * 9)));
-            transpose8(&mut r);
-            for (v, x) in r.iter().enumerate() {
-                _mm256_storeu_ps(out.add(v * LANES + half), *x);
-            }
+            lanes_from_rows(|l| s.add((half + l) * 9), 8, out.add(half));
             let last: [f32; 8] = std::array::from_fn(|l| *s.add((half + l) * 9 + 8));
             _mm256_storeu_ps(out.add(8 * LANES + half), _mm256_loadu_ps(last.as_ptr()));
         }
@@ -257,9 +274,7 @@ pub(super) fn kernels_of<T: WithDType>(
         // `half..half + 8` of `dg`, each store the 8 values from `(half + l)·9` of `kernels`
         // (the ninth, after them, written next), inside its `LANES·9`.
         unsafe {
-            let mut r: [__m256; 8] =
-                std::array::from_fn(|v| _mm256_loadu_ps(d.add(v * LANES + half)));
-            transpose8(&mut r);
+            let r = rows_from_lanes(d.add(half), 8);
             for (l, x) in r.iter().enumerate() {
                 _mm256_storeu_ps(out.add((half + l) * 9), *x);
                 *out.add((half + l) * 9 + 8) = *d.add(8 * LANES + half + l);

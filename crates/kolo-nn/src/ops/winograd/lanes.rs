@@ -97,7 +97,6 @@ pub(super) fn load<T: WithDType, const N: usize>(
     offsets: &[usize],
     pw: usize,
 ) -> [[Lanes<T>; N]; N] {
-    #[cfg(target_arch = "x86_64")]
     if let Some(d) = super::f32x8::load(src, offsets, pw) {
         return d;
     }

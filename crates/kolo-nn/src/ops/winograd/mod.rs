@@ -25,7 +25,6 @@ use super::matmul_precision::f32_products;
 use super::scratch::{keep_vec, Scratch};
 use super::slices::copy_row;
 
-#[cfg(target_arch = "x86_64")]
 mod f32x8;
 mod lanes;
 mod passes;

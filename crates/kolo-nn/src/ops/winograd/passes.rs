@@ -99,11 +99,7 @@ pub(super) fn output_transform<T: WithDType, W: Transforms<M, A>, const M: usize
                 copy_lanes(v, &m[at..], n);
             }
             let tile = two_sided(&mm, W::a_t);
-            #[cfg(target_arch = "x86_64")]
-            let done = super::f32x8::rows_of(&tile, b, &mut rows);
-            #[cfg(not(target_arch = "x86_64"))]
-            let done = false;
-            if !done {
+            if !super::f32x8::rows_of(&tile, b, &mut rows) {
                 for (i, row) in rows.iter_mut().enumerate() {
                     for (l, run) in row.iter_mut().enumerate() {
                         for (j, v) in run.iter_mut().take(M).enumerate() {
@@ -148,13 +144,7 @@ pub(super) fn kernel_transform<T: WithDType, W: Transforms<M, A>, const M: usize
     let mut u = kept_vec::<T>(A * A * plane);
     for kc0 in (0..plane).step_by(LANES) {
         let n = LANES.min(plane - kc0);
-        #[cfg(target_arch = "x86_64")]
-        let fast = (n == LANES)
-            .then(|| super::f32x8::load_kernels(w, kc0))
-            .flatten();
-        #[cfg(not(target_arch = "x86_64"))]
-        let fast = None;
-        let gg = fast.unwrap_or_else(|| {
+        let gg = super::f32x8::load_kernels(w, kc0).unwrap_or_else(|| {
             let offsets: [usize; LANES] = std::array::from_fn(|l| (kc0 + l) * 9);
             load::<T, 3>(w, &offsets[..n], 3)
         });
@@ -184,11 +174,7 @@ pub(super) fn kernel_grad_transform<T: WithDType, W: Transforms<M, A>, const M: 
             copy_lanes(v, &du[e * plane + kc0..], n);
         }
         let dg = two_sided(&t, W::g_t);
-        #[cfg(target_arch = "x86_64")]
-        let done = super::f32x8::kernels_of(&dg, &mut kernels);
-        #[cfg(not(target_arch = "x86_64"))]
-        let done = false;
-        if !done {
+        if !super::f32x8::kernels_of(&dg, &mut kernels) {
             for (l, out) in kernels.chunks_exact_mut(9).enumerate() {
                 for i in 0..3 {
                     for j in 0..3 {
@@ -225,7 +211,6 @@ pub(super) fn input_grad_transform<T: WithDType, W: Transforms<M, A>, const M: u
                 copy_lanes(v, &dv[e * plane + t0..], group.len());
             }
             let d = two_sided(&tile, W::b);
-            #[cfg(target_arch = "x86_64")]
             if super::f32x8::add_into(&d, group, pw, &mut pdx[ci * pp..]) {
                 continue;
             }
