@@ -7,7 +7,7 @@
 //!
 //! ```text
 //! RAYON_NUM_THREADS=1 cargo run --release -p kolo-nn --example conv_layers -- \
-//!     [--model resnet18|lenet] [--batch 32] [--repeats 7] [--channels C] \
+//!     [--model resnet18|lenet] [--batch 32] [--repeats 7] [--channels C] [--stride S] \
 //!     [--dtype f32|bf16|f32-bf16gemm] [--candle on|off]
 //! ```
 //!
@@ -19,7 +19,8 @@
 //! Prints one line per layer (milliseconds for the forward pass and for forward + backward, and
 //! the GFLOP/s of the direct convolution's `2·B·C·K·k²·H'·W'` flops per pass, three passes per
 //! step, two for a layer whose input needs no gradient: LeNet's first) and a JSON line with the
-//! totals; `--channels C` times only the layers with `C` output channels.
+//! totals; `--channels C` times only the layers with `C` output channels, `--stride S` only those
+//! of stride `S` (ResNet-18's im2col layers: `--stride 2`).
 //!
 //! glibc's allocator is told to keep freed memory (as it does in a training process, whose
 //! steps reuse the heap): otherwise one layer's buffers go back to the system after every pass
@@ -100,12 +101,14 @@ struct Args {
     batch: usize,
     repeats: usize,
     only: Option<usize>,
+    stride: Option<usize>,
     dtype: DType,
     candle: bool,
 }
 
 fn parse() -> std::result::Result<Args, String> {
     let (mut batch, mut repeats, mut only, mut layers) = (None, 7, None, &RESNET18[..]);
+    let mut stride = None;
     let (mut dtype, mut candle) = (DType::F32, true);
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -146,10 +149,11 @@ fn parse() -> std::result::Result<Args, String> {
             "--batch" => batch = Some(n),
             "--repeats" => repeats = n,
             "--channels" => only = Some(n),
+            "--stride" => stride = Some(n),
             other => {
                 return Err(format!(
                     "unknown option {other} (--model M, --batch N, --repeats R, --channels C, \
-                     --dtype D)"
+                     --stride S, --dtype D)"
                 ))
             }
         }
@@ -163,6 +167,7 @@ fn parse() -> std::result::Result<Args, String> {
         batch,
         repeats,
         only,
+        stride,
         dtype,
         candle,
     })
@@ -218,6 +223,7 @@ fn main() -> ExitCode {
         batch,
         repeats,
         only,
+        stride: only_stride,
         dtype,
         candle,
     } = match parse() {
@@ -230,7 +236,7 @@ fn main() -> ExitCode {
     let (mut total, mut flops, mut total_candle) = (0., 0., 0.);
     for l in layers {
         let (c, side, stride, count) = (l.c_out, l.side, l.stride, l.count);
-        if only.is_some_and(|o| o != c) {
+        if only.is_some_and(|o| o != c) || only_stride.is_some_and(|s| s != stride) {
             continue;
         }
         let timed = time_layer(batch, l, repeats, false, dtype).and_then(|k| {
