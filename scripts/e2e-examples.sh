@@ -31,7 +31,7 @@ job() {
 }
 
 check_ddp_minimal() {
-    local name="ddp_minimal: 2 ranks, a model built once, loss below 0.6, checkpoints, no flight record"
+    local name="ddp_minimal: 2 ranks, a model built once, loss below 0.6, checkpoints, test accuracy over 75 % on all 10,000 test images, no flight record"
     KOLO_TRACE_DIR="$TMP/minimal-trace" job "$EX/ddp_minimal" 12000 "$TMP/minimal"
     if ((rc != 0)); then fail "$name" "exit code $rc"; return; fi
     # A clean run leaves no flight record: every rank closed its transport before it exited.
@@ -41,6 +41,10 @@ check_ddp_minimal() {
     fi
     if ! grep -Eq '^\[rank 0\] epoch 1: mean loss 0\.[0-5]' <<<"$out"; then
         fail "$name" "no epoch 1 loss below 0.6 from rank 0"
+        return
+    fi
+    if ! grep -Eq '^\[rank 0\] test accuracy (7[5-9]|[89][0-9])\.[0-9]+ % of 10000$' <<<"$out"; then
+        fail "$name" "no test accuracy over 75 % of 10000 images from rank 0"
         return
     fi
     if [[ $(cat "$TMP/minimal/latest" 2>/dev/null) != epoch-0002 ]]; then

@@ -307,6 +307,16 @@ impl Ddp {
         VarBuilder::from_backend(Box::new(backend), dtype, device.clone())
     }
 
+    /// A `VarBuilder` for evaluating: the parameters and buffers as they are now, detached from
+    /// autograd (PyTorch's `torch.no_grad()`; see [`kolo_nn::vars::frozen_var_builder`]). A
+    /// model built from it computes as the trained one does but records no graph, so each
+    /// layer's activations are freed as the forward pass goes instead of being held to its end;
+    /// it shares the weights' storage, so a model built once from it follows the optimizer's
+    /// updates. Its forward passes never reach the gradient hooks.
+    pub fn eval_var_builder(&self, dtype: DType, device: &Device) -> VarBuilder<'static> {
+        kolo_nn::vars::frozen_var_builder(&self.varmap, dtype, device)
+    }
+
     /// Copies the parameters' current values into the weights of the model built from the latest
     /// [`Ddp::var_builder`] (where it holds copies: hooked or cast weights), so that a model built
     /// once computes with the updated parameters. [`DistributedOptimizer`](crate::distributed::DistributedOptimizer)
