@@ -25,7 +25,6 @@ use kolo_ddp::elastic::{self, Kept};
 use kolo_ddp::optim::DynOptimizer;
 use kolo_ddp::TrainError;
 use kolo_metrics::RunDir;
-use kolo_models as models;
 use serde::{Deserialize, Serialize};
 
 use super::config::{self, TrainConfig};
@@ -221,6 +220,8 @@ fn train_generation(
     let (rank, size) = (comm.rank(), comm.size());
     let shape = train.shape;
     let (mut xs, mut ys) = (Vec::new(), Vec::new());
+    // Built once for the generation: its world, and so its DDP, stay the same until it ends.
+    let model = epoch::train_model(cfg, dopt, device, (shape, train.num_classes), &comm)?;
     while pos.epoch < cfg.epochs {
         let order =
             kolo_data::rng::permutation(train.len(), cfg.seed.wrapping_add(pos.epoch as u64));
@@ -237,15 +238,9 @@ fn train_generation(
             let (lo, hi) = (global * rank / size, global * (rank + 1) / size);
             let mine = &order[pos.consumed + lo..pos.consumed + hi];
             train.gather(mine, &mut xs, &mut ys)?;
-            let mut x =
-                Tensor::from_slice(&xs, (mine.len(), shape[0], shape[1], shape[2]), device)?;
+            let x = Tensor::from_slice(&xs, (mine.len(), shape[0], shape[1], shape[2]), device)?;
+            let x = epoch::compute_input(cfg, x, device)?;
             let y = Tensor::from_slice(&ys, mine.len(), device)?;
-            let vb = epoch::compute_in(cfg, dopt, &mut x, device)?;
-            let model = if cfg.sync_bn {
-                models::build_sync_bn(cfg.model, vb, shape, train.num_classes, &comm)?
-            } else {
-                models::build(cfg.model, vb, shape, train.num_classes)?
-            };
             let logits = model.forward(&x, true)?.to_dtype(DType::F32)?;
             let loss = candle_nn::loss::cross_entropy(&logits, &y)?;
             let mean = check_loss(&comm, pos.step, f64::from(loss.to_scalar::<f32>()?))?;
