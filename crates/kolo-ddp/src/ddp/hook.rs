@@ -28,6 +28,22 @@ use candle_nn::{Init, VarBuilder, VarMap};
 /// parameter's index; an error fails the backward pass.
 pub type OnGradient = Arc<dyn Fn(usize, &Tensor) -> candle_core::Result<()> + Send + Sync>;
 
+/// [`Ddp`](super::Ddp)'s own hook: like [`OnGradient`], and returns whether it took the gradient
+/// (copied it into a bucket whose average will replace it). A gradient taken is not passed on to
+/// the parameter: candle would otherwise add it to a zero-filled gradient of the parameter's size
+/// (a memset and an add of every parameter, every step) only for the averaged one to replace it.
+pub(crate) type TakeGradient =
+    Arc<dyn Fn(usize, &Tensor) -> candle_core::Result<bool> + Send + Sync>;
+
+/// What a [`GradHook`] hands the gradient to.
+#[derive(Clone)]
+pub(crate) enum Handler {
+    /// A hook that looks: the gradient goes on to the parameter.
+    Observe(OnGradient),
+    /// DDP's: the gradient goes on to the parameter only where it was not taken.
+    Take(TakeGradient),
+}
+
 /// A `VarBuilder` over `varmap` whose trainable parameters — the names in `index`, with their
 /// indices — come wrapped in an identity op whose backward pass hands the parameter's complete
 /// gradient to `on_gradient`: the hook [`Ddp`](super::Ddp) starts its bucket all-reduces from, for
@@ -44,7 +60,7 @@ pub fn gradient_hooks(
     let backend = HookedBackend {
         varmap: varmap.clone(),
         index,
-        on_gradient: Some(on_gradient),
+        on_gradient: Some(Handler::Observe(on_gradient)),
         compute: None,
         handed: Arc::default(),
     };
@@ -55,7 +71,7 @@ pub fn gradient_hooks(
 /// `on_gradient`.
 pub(crate) struct GradHook {
     pub index: usize,
-    pub on_gradient: OnGradient,
+    pub on_gradient: Handler,
 }
 
 fn copy_contiguous<T: Copy>(v: &[T], layout: &Layout) -> candle_core::Result<Vec<T>> {
@@ -108,8 +124,14 @@ impl CustomOp1 for GradHook {
                 self.index
             )
         }
-        (self.on_gradient)(self.index, grad)?;
-        Ok(Some(grad.clone()))
+        let taken = match &self.on_gradient {
+            Handler::Observe(f) => {
+                f(self.index, grad)?;
+                false
+            }
+            Handler::Take(f) => f(self.index, grad)?,
+        };
+        Ok((!taken).then(|| grad.clone()))
     }
 }
 
@@ -215,7 +237,7 @@ pub(crate) struct HookedBackend {
     /// Parameter name → index, for the trainable parameters.
     pub index: HashMap<String, usize>,
     /// `None`: no hooks (gradients are averaged after backward, or not at all).
-    pub on_gradient: Option<OnGradient>,
+    pub on_gradient: Option<Handler>,
     /// Mixed precision: trainable parameters are handed out cast to this type (the `VarMap` keeps
     /// the f32 master weights, which receive the gradients through the cast); buffers stay as they
     /// are.
@@ -276,5 +298,57 @@ impl SimpleBackend for HookedBackend {
             .lock()
             .map(|d| d.contains_key(name))
             .unwrap_or(false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A model over one hooked weight `w` (`[2]`): the loss `Σ w·x`, whose gradient is `x`.
+    fn backward_through(handler: Handler) -> candle_core::Result<Option<Vec<f32>>> {
+        let dev = Device::Cpu;
+        let varmap = VarMap::new();
+        let backend = HookedBackend {
+            varmap: varmap.clone(),
+            index: HashMap::from([("w".to_string(), 0)]),
+            on_gradient: Some(handler),
+            compute: None,
+            handed: Arc::default(),
+        };
+        let vb = VarBuilder::from_backend(Box::new(backend), DType::F32, dev.clone());
+        let w = vb.get_with_hints(2, "w", Init::Const(1.0))?;
+        let x = Tensor::new(&[3f32, -4.], &dev)?;
+        let grads = (w * x)?.sum_all()?.backward()?;
+        let var = varmap.all_vars().remove(0);
+        grads.get(var.as_tensor()).map(|g| g.to_vec1()).transpose()
+    }
+
+    /// A gradient DDP's hook takes does not reach the parameter (no zero-filled gradient and add
+    /// for it); one it leaves, and any an observing hook sees, does, whole.
+    #[test]
+    fn a_taken_gradient_is_not_passed_on() -> candle_core::Result<()> {
+        let seen = Arc::new(AtomicUsize::new(0));
+        let counter = seen.clone();
+        let take: TakeGradient = Arc::new(move |i, g| {
+            assert_eq!((i, g.to_vec1::<f32>()?), (0, vec![3., -4.]));
+            counter.fetch_add(1, Ordering::Relaxed);
+            Ok(true)
+        });
+        assert_eq!(backward_through(Handler::Take(take))?, None);
+        let leave: TakeGradient = Arc::new(|_, _| Ok(false));
+        assert_eq!(backward_through(Handler::Take(leave))?, Some(vec![3., -4.]));
+        let counter = seen.clone();
+        let observe: OnGradient = Arc::new(move |_, _| {
+            counter.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        });
+        assert_eq!(
+            backward_through(Handler::Observe(observe))?,
+            Some(vec![3., -4.])
+        );
+        assert_eq!(seen.load(Ordering::Relaxed), 2);
+        Ok(())
     }
 }

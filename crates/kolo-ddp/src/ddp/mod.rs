@@ -293,8 +293,9 @@ impl Ddp {
                 let mut s = sync.lock().unwrap_or_else(|p| p.into_inner());
                 s.on_gradient(index, grad)
                     .map_err(|e| candle_core::Error::Msg(e.to_string()))
-            }) as OnGradient
+            }) as hook::TakeGradient
         });
+        let on_gradient = on_gradient.map(hook::Handler::Take);
         let handed = Arc::new(Mutex::new(hook::Handed::default()));
         *self.handed.lock().unwrap_or_else(|p| p.into_inner()) = handed.clone();
         let backend = HookedBackend {

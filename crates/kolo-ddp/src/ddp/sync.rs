@@ -361,10 +361,12 @@ impl Synchronizer {
         }
     }
 
-    /// Called by a hook with parameter `index`'s finished gradient.
-    pub fn on_gradient(&mut self, index: usize, grad: &Tensor) -> Result<()> {
+    /// Called by a hook with parameter `index`'s finished gradient. Returns whether it took it
+    /// (into its bucket, whose average [`Synchronizer::finish`] puts in the gradients): outside a
+    /// synchronizing pass it does not, and the gradient stays the parameter's.
+    pub fn on_gradient(&mut self, index: usize, grad: &Tensor) -> Result<bool> {
         if !self.active {
-            return Ok(());
+            return Ok(false);
         }
         if self.have[index] {
             return Err(TrainError::LateGradient {
@@ -376,7 +378,7 @@ impl Synchronizer {
             self.arrivals.push(index);
         }
         self.launch_ready();
-        Ok(())
+        Ok(true)
     }
 
     /// Completes the pass: fills what the hooks did not deliver from `grads` (zeros where a parameter
