@@ -97,6 +97,32 @@ struct Rebuild {
     tries: u8,
 }
 
+/// Copies the gradient `g` into its slot `dst` of a bucket: straight from its storage where it is
+/// a contiguous CPU tensor of the bucket's type (the common case: one copy), through a converted
+/// host copy otherwise (another device or type, a strided view).
+fn copy_grad<T: candle_core::WithDType>(dst: &mut [T], g: &Tensor) -> Result<()> {
+    if g.dtype() == T::DTYPE && g.elem_count() == dst.len() {
+        let (storage, layout) = g.storage_and_layout();
+        if let (candle_core::Storage::Cpu(cpu), Some((a, b))) =
+            (&*storage, layout.contiguous_offsets())
+        {
+            dst.copy_from_slice(&cpu.as_slice::<T>()?[a..b]);
+            return Ok(());
+        }
+    }
+    let data = g.flatten_all()?.to_dtype(T::DTYPE)?.to_vec1::<T>()?;
+    if data.len() != dst.len() {
+        return Err(candle_core::Error::Msg(format!(
+            "kolo ddp: a gradient of {} elements for a parameter of {}",
+            data.len(),
+            dst.len()
+        ))
+        .into());
+    }
+    dst.copy_from_slice(&data);
+    Ok(())
+}
+
 fn zeros(dtype: DType, n: usize) -> Buf {
     match dtype {
         DType::F64 => Buf::F64(vec![0.0; n]),
@@ -300,14 +326,8 @@ impl Synchronizer {
             });
         };
         match (buf, grad) {
-            (Buf::F32(v), Some(g)) => {
-                let data = g.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
-                v[range].copy_from_slice(&data);
-            }
-            (Buf::F64(v), Some(g)) => {
-                let data = g.flatten_all()?.to_dtype(DType::F64)?.to_vec1::<f64>()?;
-                v[range].copy_from_slice(&data);
-            }
+            (Buf::F32(v), Some(g)) => copy_grad(&mut v[range], g)?,
+            (Buf::F64(v), Some(g)) => copy_grad(&mut v[range], g)?,
             (Buf::F32(v), None) => v[range].iter_mut().for_each(|x| *x = 0.0),
             (Buf::F64(v), None) => v[range].iter_mut().for_each(|x| *x = 0.0),
         }
