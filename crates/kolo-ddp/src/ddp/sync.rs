@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use candle_core::backprop::GradStore;
-use candle_core::{DType, Tensor, Var};
+use candle_core::{DType, Device, Tensor, Var};
 use kolo::{Communicator, ReduceOp, Work};
 
 use super::bucket::BucketLayout;
@@ -41,6 +41,14 @@ enum Pending {
     Device(InFlight),
     /// A bucket that could not be launched: the error surfaces where it is waited on.
     Failed(TrainError),
+}
+
+/// A reduced bucket as it reaches the gradients: one CPU tensor that each parameter's gradient is
+/// a view of, or the buffer itself, copied from for parameters on another device (and kept for the
+/// next pass).
+enum Reduced {
+    Flat(Tensor),
+    Kept(Buf),
 }
 
 /// Waits for `w`; with the timeline on, also when it ran.
@@ -488,12 +496,31 @@ impl Synchronizer {
                     Buf::F64(v) => v.iter_mut().for_each(|x| *x /= n as f64),
                 }
             }
+            // On the CPU the averaged bucket becomes one tensor, and each parameter's gradient
+            // its view of it (no copy; the next pass fills a new buffer). A parameter elsewhere
+            // gets a copy on its device.
+            let host = self.layout.buckets[b]
+                .iter()
+                .all(|&p| vars[p].device().is_cpu());
+            let n = self.layout.len[b];
+            let reduced = match (host, done) {
+                (true, Buf::F32(v)) => Reduced::Flat(Tensor::from_vec(v, n, &Device::Cpu)?),
+                (true, Buf::F64(v)) => Reduced::Flat(Tensor::from_vec(v, n, &Device::Cpu)?),
+                (false, done) => Reduced::Kept(done),
+            };
             for &p in &self.layout.buckets[b] {
                 let range = self.layout.slot[p].1.clone();
                 let var = &vars[p];
-                let t = match &done {
-                    Buf::F32(v) => Tensor::from_slice(&v[range], var.shape(), var.device())?,
-                    Buf::F64(v) => Tensor::from_slice(&v[range], var.shape(), var.device())?,
+                let t = match &reduced {
+                    Reduced::Flat(f) => f
+                        .narrow(0, range.start, range.len())?
+                        .reshape(var.shape())?,
+                    Reduced::Kept(Buf::F32(v)) => {
+                        Tensor::from_slice(&v[range], var.shape(), var.device())?
+                    }
+                    Reduced::Kept(Buf::F64(v)) => {
+                        Tensor::from_slice(&v[range], var.shape(), var.device())?
+                    }
                 };
                 let t = if t.dtype() == var.dtype() {
                     t
@@ -502,7 +529,9 @@ impl Synchronizer {
                 };
                 grads.insert(var.as_tensor(), t);
             }
-            self.bufs[b] = Some(done);
+            if let Reduced::Kept(done) = reduced {
+                self.bufs[b] = Some(done);
+            }
         }
         self.try_rebuild()
     }
