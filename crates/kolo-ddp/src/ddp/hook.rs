@@ -28,21 +28,13 @@ use candle_nn::{Init, VarBuilder, VarMap};
 /// parameter's index; an error fails the backward pass.
 pub type OnGradient = Arc<dyn Fn(usize, &Tensor) -> candle_core::Result<()> + Send + Sync>;
 
-/// [`Ddp`](super::Ddp)'s own hook: like [`OnGradient`], and returns whether it took the gradient
-/// (copied it into a bucket whose average will replace it). A gradient taken is not passed on to
-/// the parameter: candle would otherwise add it to a zero-filled gradient of the parameter's size
-/// (a memset and an add of every parameter, every step) only for the averaged one to replace it.
+/// What a [`GradHook`] hands the gradient to: like [`OnGradient`], and returns whether it took the
+/// gradient. [`Ddp`](super::Ddp)'s takes the ones it copies into a bucket, whose average will
+/// replace them; a gradient taken is not passed on to the parameter, where candle would add it to
+/// a zero-filled gradient of the parameter's size (a memset and an add of every parameter, every
+/// step) only for the averaged one to replace it. An [`OnGradient`] takes none.
 pub(crate) type TakeGradient =
     Arc<dyn Fn(usize, &Tensor) -> candle_core::Result<bool> + Send + Sync>;
-
-/// What a [`GradHook`] hands the gradient to.
-#[derive(Clone)]
-pub(crate) enum Handler {
-    /// A hook that looks: the gradient goes on to the parameter.
-    Observe(OnGradient),
-    /// DDP's: the gradient goes on to the parameter only where it was not taken.
-    Take(TakeGradient),
-}
 
 /// A `VarBuilder` over `varmap` whose trainable parameters — the names in `index`, with their
 /// indices — come wrapped in an identity op whose backward pass hands the parameter's complete
@@ -60,7 +52,10 @@ pub fn gradient_hooks(
     let backend = HookedBackend {
         varmap: varmap.clone(),
         index,
-        on_gradient: Some(Handler::Observe(on_gradient)),
+        on_gradient: Some(Arc::new(move |i, g: &Tensor| {
+            on_gradient(i, g)?;
+            Ok(false)
+        })),
         compute: None,
         handed: Arc::default(),
     };
@@ -71,7 +66,7 @@ pub fn gradient_hooks(
 /// `on_gradient`.
 pub(crate) struct GradHook {
     pub index: usize,
-    pub on_gradient: Handler,
+    pub on_gradient: TakeGradient,
 }
 
 fn copy_contiguous<T: Copy>(v: &[T], layout: &Layout) -> candle_core::Result<Vec<T>> {
@@ -124,13 +119,7 @@ impl CustomOp1 for GradHook {
                 self.index
             )
         }
-        let taken = match &self.on_gradient {
-            Handler::Observe(f) => {
-                f(self.index, grad)?;
-                false
-            }
-            Handler::Take(f) => f(self.index, grad)?,
-        };
+        let taken = (self.on_gradient)(self.index, grad)?;
         Ok((!taken).then(|| grad.clone()))
     }
 }
@@ -237,7 +226,7 @@ pub(crate) struct HookedBackend {
     /// Parameter name → index, for the trainable parameters.
     pub index: HashMap<String, usize>,
     /// `None`: no hooks (gradients are averaged after backward, or not at all).
-    pub on_gradient: Option<Handler>,
+    pub on_gradient: Option<TakeGradient>,
     /// Mixed precision: trainable parameters are handed out cast to this type (the `VarMap` keeps
     /// the f32 master weights, which receive the gradients through the cast); buffers stay as they
     /// are.
@@ -307,7 +296,7 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     /// A model over one hooked weight `w` (`[2]`): the loss `Σ w·x`, whose gradient is `x`.
-    fn backward_through(handler: Handler) -> candle_core::Result<Option<Vec<f32>>> {
+    fn backward_through(handler: TakeGradient) -> candle_core::Result<Option<Vec<f32>>> {
         let dev = Device::Cpu;
         let varmap = VarMap::new();
         let backend = HookedBackend {
@@ -336,18 +325,34 @@ mod tests {
             counter.fetch_add(1, Ordering::Relaxed);
             Ok(true)
         });
-        assert_eq!(backward_through(Handler::Take(take))?, None);
+        assert_eq!(backward_through(take)?, None);
         let leave: TakeGradient = Arc::new(|_, _| Ok(false));
-        assert_eq!(backward_through(Handler::Take(leave))?, Some(vec![3., -4.]));
+        assert_eq!(backward_through(leave)?, Some(vec![3., -4.]));
+        // What `gradient_hooks` builds its hooks from: an observer, which takes nothing.
+        let dev = Device::Cpu;
+        let varmap = VarMap::new();
         let counter = seen.clone();
         let observe: OnGradient = Arc::new(move |_, _| {
             counter.fetch_add(1, Ordering::Relaxed);
             Ok(())
         });
-        assert_eq!(
-            backward_through(Handler::Observe(observe))?,
-            Some(vec![3., -4.])
+        let vb = gradient_hooks(
+            &varmap,
+            HashMap::from([("w".to_string(), 0)]),
+            observe,
+            DType::F32,
+            &dev,
         );
+        let w = vb.get_with_hints(2, "w", Init::Const(1.0))?;
+        let grads = (w * Tensor::new(&[3f32, -4.], &dev)?)?
+            .sum_all()?
+            .backward()?;
+        let var = varmap.all_vars().remove(0);
+        let g = grads
+            .get(var.as_tensor())
+            .map(|g| g.to_vec1::<f32>())
+            .transpose()?;
+        assert_eq!(g, Some(vec![3., -4.]));
         assert_eq!(seen.load(Ordering::Relaxed), 2);
         Ok(())
     }

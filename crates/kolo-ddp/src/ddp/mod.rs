@@ -43,6 +43,7 @@
 
 pub mod adasum_hook;
 mod bucket;
+mod bucket_buf;
 pub mod comm_hook;
 mod device_buckets;
 mod hook;
@@ -295,7 +296,6 @@ impl Ddp {
                     .map_err(|e| candle_core::Error::Msg(e.to_string()))
             }) as hook::TakeGradient
         });
-        let on_gradient = on_gradient.map(hook::Handler::Take);
         let handed = Arc::new(Mutex::new(hook::Handed::default()));
         *self.handed.lock().unwrap_or_else(|p| p.into_inner()) = handed.clone();
         let backend = HookedBackend {

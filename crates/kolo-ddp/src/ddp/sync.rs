@@ -18,20 +18,15 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use candle_core::backprop::GradStore;
-use candle_core::{DType, Device, Tensor, Var};
+use candle_core::{DType, Tensor, Var};
 use kolo::{Communicator, ReduceOp, Work};
 
 use super::bucket::BucketLayout;
+use super::bucket_buf::{hand_back, zeros, Buf};
 use super::comm_hook::{BucketFuture, BucketParams, CommHook, GradBucket, Reduction};
 use super::device_buckets::{DeviceBuckets, InFlight};
 use crate::error::{Result, TrainError};
 use crate::timeline::{BucketEvent, Timeline};
-
-/// A bucket's buffer, in the parameters' element type.
-enum Buf {
-    F32(Vec<f32>),
-    F64(Vec<f64>),
-}
 
 enum Pending {
     F32(Work<Vec<f32>>),
@@ -41,14 +36,6 @@ enum Pending {
     Device(InFlight),
     /// A bucket that could not be launched: the error surfaces where it is waited on.
     Failed(TrainError),
-}
-
-/// A reduced bucket as it reaches the gradients: one CPU tensor that each parameter's gradient is
-/// a view of, or the buffer itself, copied from for parameters on another device (and kept for the
-/// next pass).
-enum Reduced {
-    Flat(Tensor),
-    Kept(Buf),
 }
 
 /// Waits for `w`; with the timeline on, also when it ran.
@@ -103,39 +90,6 @@ struct Rebuild {
     first_bytes: usize,
     bucket_bytes: usize,
     tries: u8,
-}
-
-/// Copies the gradient `g` into its slot `dst` of a bucket: straight from its storage where it is
-/// a contiguous CPU tensor of the bucket's type (the common case: one copy), through a converted
-/// host copy otherwise (another device or type, a strided view).
-fn copy_grad<T: candle_core::WithDType>(dst: &mut [T], g: &Tensor) -> Result<()> {
-    if g.dtype() == T::DTYPE && g.elem_count() == dst.len() {
-        let (storage, layout) = g.storage_and_layout();
-        if let (candle_core::Storage::Cpu(cpu), Some((a, b))) =
-            (&*storage, layout.contiguous_offsets())
-        {
-            dst.copy_from_slice(&cpu.as_slice::<T>()?[a..b]);
-            return Ok(());
-        }
-    }
-    let data = g.flatten_all()?.to_dtype(T::DTYPE)?.to_vec1::<T>()?;
-    if data.len() != dst.len() {
-        return Err(candle_core::Error::Msg(format!(
-            "kolo ddp: a gradient of {} elements for a parameter of {}",
-            data.len(),
-            dst.len()
-        ))
-        .into());
-    }
-    dst.copy_from_slice(&data);
-    Ok(())
-}
-
-fn zeros(dtype: DType, n: usize) -> Buf {
-    match dtype {
-        DType::F64 => Buf::F64(vec![0.0; n]),
-        _ => Buf::F32(vec![0.0; n]),
-    }
 }
 
 impl Synchronizer {
@@ -333,12 +287,7 @@ impl Synchronizer {
                 name: self.names[index].clone(),
             });
         };
-        match (buf, grad) {
-            (Buf::F32(v), Some(g)) => copy_grad(&mut v[range], g)?,
-            (Buf::F64(v), Some(g)) => copy_grad(&mut v[range], g)?,
-            (Buf::F32(v), None) => v[range].iter_mut().for_each(|x| *x = 0.0),
-            (Buf::F64(v), None) => v[range].iter_mut().for_each(|x| *x = 0.0),
-        }
+        buf.put(range, grad)?;
         self.have[index] = true;
         self.missing[b] -= 1;
         Ok(())
@@ -496,42 +445,13 @@ impl Synchronizer {
                     Buf::F64(v) => v.iter_mut().for_each(|x| *x /= n as f64),
                 }
             }
-            // On the CPU the averaged bucket becomes one tensor, and each parameter's gradient
-            // its view of it (no copy; the next pass fills a new buffer). A parameter elsewhere
-            // gets a copy on its device.
-            let host = self.layout.buckets[b]
-                .iter()
-                .all(|&p| vars[p].device().is_cpu());
-            let n = self.layout.len[b];
-            let reduced = match (host, done) {
-                (true, Buf::F32(v)) => Reduced::Flat(Tensor::from_vec(v, n, &Device::Cpu)?),
-                (true, Buf::F64(v)) => Reduced::Flat(Tensor::from_vec(v, n, &Device::Cpu)?),
-                (false, done) => Reduced::Kept(done),
-            };
-            for &p in &self.layout.buckets[b] {
-                let range = self.layout.slot[p].1.clone();
-                let var = &vars[p];
-                let t = match &reduced {
-                    Reduced::Flat(f) => f
-                        .narrow(0, range.start, range.len())?
-                        .reshape(var.shape())?,
-                    Reduced::Kept(Buf::F32(v)) => {
-                        Tensor::from_slice(&v[range], var.shape(), var.device())?
-                    }
-                    Reduced::Kept(Buf::F64(v)) => {
-                        Tensor::from_slice(&v[range], var.shape(), var.device())?
-                    }
-                };
-                let t = if t.dtype() == var.dtype() {
-                    t
-                } else {
-                    t.to_dtype(var.dtype())?
-                };
-                grads.insert(var.as_tensor(), t);
-            }
-            if let Reduced::Kept(done) = reduced {
-                self.bufs[b] = Some(done);
-            }
+            hand_back(
+                done,
+                &self.layout.buckets[b],
+                &self.layout.slot,
+                vars,
+                grads,
+            )?;
         }
         self.try_rebuild()
     }
