@@ -81,4 +81,18 @@ mod tests {
         assert!(Cli::try_parse_from(["kolo", "run", "-n", "2"]).is_err());
         assert!(Cli::try_parse_from(["kolo", "run", "-n", "0", "prog"]).is_err());
     }
+
+    /// `--train-limit 0` and `--test-limit 0` are refused: no training, or an "accuracy" over no
+    /// test sample (it printed 0.00 %), is not a result.
+    #[test]
+    fn train_limits_are_at_least_one() {
+        for flag in ["--train-limit", "--test-limit"] {
+            assert!(Cli::try_parse_from(["kolo", "train", flag, "1"]).is_ok());
+            let err = Cli::try_parse_from(["kolo", "train", flag, "0"])
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(err.contains(flag) && err.contains("at least 1"), "{err}");
+        }
+    }
 }

@@ -128,10 +128,10 @@ pub struct TrainArgs {
     #[arg(long, requires = "out")]
     resume: bool,
     /// Train on the first N samples only
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = parse_positive)]
     train_limit: Option<usize>,
     /// Evaluate on the first N test samples only
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = parse_positive)]
     test_limit: Option<usize>,
     /// Stop after epoch K (the job can be continued with --resume)
     #[arg(long, value_name = "K")]
