@@ -70,6 +70,7 @@ impl LrSchedule {
 }
 
 /// Reduces one number over all ranks (e.g. a loss or an accuracy) and returns the result on every rank.
+#[track_caller]
 pub fn reduce_value(comm: &Communicator, value: f64, op: ReduceOp) -> Result<f64> {
     let mut v = [value];
     comm.all_reduce(&mut v, op)?;
@@ -78,6 +79,7 @@ pub fn reduce_value(comm: &Communicator, value: f64, op: ReduceOp) -> Result<f64
 
 /// Gathers every rank's loss; if any is NaN or infinite every rank returns
 /// [`TrainError::NonFiniteLoss`] naming the ranks, otherwise the mean loss.
+#[track_caller]
 pub fn check_loss(comm: &Communicator, step: u64, loss: f64) -> Result<f64> {
     let mut all = vec![0.0f64; comm.size()];
     comm.all_gather(&[loss], &mut all)?;
@@ -94,6 +96,7 @@ pub fn check_loss(comm: &Communicator, step: u64, loss: f64) -> Result<f64> {
 /// [`Ddp::join_with_pre_step`]). If any active rank's loss is NaN or infinite every rank returns
 /// [`TrainError::NonFiniteLoss`] (joined ranks listed with 0); otherwise the mean over the active
 /// ranks, or `None` when no rank is active.
+#[track_caller]
 pub fn check_loss_active(comm: &Communicator, step: u64, loss: Option<f64>) -> Result<Option<f64>> {
     let mine = [loss.unwrap_or(0.0), f64::from(u8::from(loss.is_some()))];
     let mut all = vec![0.0f64; 2 * comm.size()];

@@ -41,6 +41,16 @@ pub enum TrainError {
         losses: Vec<f64>,
     },
 
+    /// `Ddp::new` was given a `VarMap` without parameters.
+    #[error(
+        "rank {rank}: Ddp::new was given a VarMap without parameters: build the model once on the \
+         VarMap (VarBuilder::from_varmap) before Ddp::new, so that its parameters exist"
+    )]
+    NoParameters {
+        /// The rank that says so (every rank does).
+        rank: usize,
+    },
+
     /// A parameter received a gradient after its bucket had been sent.
     #[error("parameter {name} got a second gradient in one backward pass (is it used twice in the forward pass?); build Ddp with overlap disabled")]
     LateGradient {

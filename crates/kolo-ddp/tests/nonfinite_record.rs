@@ -23,9 +23,10 @@ fn a_non_finite_loss_leaves_every_ranks_flight_record() {
             "{}",
             dump.reason
         );
-        assert_eq!(
-            dump.groups[0].collectives.last().map(|o| o.op.as_str()),
-            Some("all_gather")
-        );
+        let last = dump.groups[0].collectives.last();
+        assert_eq!(last.map(|o| o.op.as_str()), Some("all_gather"));
+        // The line that called check_loss, not check_loss's own.
+        let at = last.and_then(|o| o.location.as_deref()).unwrap_or("");
+        assert!(at.contains("tests/nonfinite_record.rs"), "{at}");
     }
 }

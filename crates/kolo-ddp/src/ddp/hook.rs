@@ -58,6 +58,7 @@ pub fn gradient_hooks(
         })),
         compute: None,
         handed: Arc::default(),
+        known_only: false,
     };
     VarBuilder::from_backend(Box::new(backend), dtype, device.clone())
 }
@@ -135,17 +136,19 @@ fn same_samples(a: &Tensor, b: &Tensor) -> candle_core::Result<bool> {
     else {
         return Ok(true);
     };
-    fn agree<T: PartialEq>(x: &[T], y: &[T]) -> bool {
+    // Bit for bit: a copy is exact, and a NaN parameter equals its copy (`==` would say not).
+    fn agree<T, B: PartialEq>(x: &[T], y: &[T], bits: impl Fn(&T) -> B) -> bool {
         let n = x.len().min(y.len());
         let step = (n / 64).max(1);
-        (0..n).step_by(step).all(|i| x[i] == y[i]) && (n == 0 || x[n - 1] == y[n - 1])
+        let same = |i: usize| bits(&x[i]) == bits(&y[i]);
+        (0..n).step_by(step).all(same) && (n == 0 || same(n - 1))
     }
     Ok(match (&*sa, &*sb) {
         (Storage::Cpu(CpuStorage::F32(x)), Storage::Cpu(CpuStorage::F32(y))) => {
-            agree(&x[a0..a1], &y[b0..b1])
+            agree(&x[a0..a1], &y[b0..b1], |v| v.to_bits())
         }
         (Storage::Cpu(CpuStorage::F64(x)), Storage::Cpu(CpuStorage::F64(y))) => {
-            agree(&x[a0..a1], &y[b0..b1])
+            agree(&x[a0..a1], &y[b0..b1], |v| v.to_bits())
         }
         _ => true,
     })
@@ -233,6 +236,9 @@ pub(crate) struct HookedBackend {
     pub compute: Option<DType>,
     /// What this builder handed out (shared with the [`Ddp`](super::Ddp), which refreshes it).
     pub handed: Arc<Mutex<Handed>>,
+    /// Refuse a name the `VarMap` does not hold (instead of creating it): [`Ddp`](super::Ddp)'s
+    /// builders, whose parameters are those the `VarMap` held when it was made.
+    pub known_only: bool,
 }
 
 impl SimpleBackend for HookedBackend {
@@ -244,6 +250,14 @@ impl SimpleBackend for HookedBackend {
         dtype: DType,
         dev: &Device,
     ) -> candle_core::Result<Tensor> {
+        if self.known_only && !self.contains_tensor(name) {
+            candle_core::bail!(
+                "kolo ddp: the model asks for `{name}`, which the VarMap given to Ddp::new does \
+                 not hold, so no rank would synchronize, train or save it. Build the whole model \
+                 once on the VarMap (VarBuilder::from_varmap) before Ddp::new, then again from \
+                 Ddp::var_builder"
+            )
+        }
         let var = self.varmap.get(s, name, h, dtype, dev)?;
         let Some(&index) = self.index.get(name) else {
             return Ok(var);
@@ -305,6 +319,7 @@ mod tests {
             on_gradient: Some(handler),
             compute: None,
             handed: Arc::default(),
+            known_only: false,
         };
         let vb = VarBuilder::from_backend(Box::new(backend), DType::F32, dev.clone());
         let w = vb.get_with_hints(2, "w", Init::Const(1.0))?;
@@ -312,6 +327,19 @@ mod tests {
         let grads = (w * x)?.sum_all()?.backward()?;
         let var = varmap.all_vars().remove(0);
         grads.get(var.as_tensor()).map(|g| g.to_vec1()).transpose()
+    }
+
+    /// A copy of non-finite weights is the parameter's current value (NaN equals its copy bit
+    /// for bit); a weight that missed an update is not.
+    #[test]
+    fn a_copy_of_nan_weights_is_current() -> candle_core::Result<()> {
+        let dev = Device::Cpu;
+        let w = Tensor::new(&[f32::NAN, 1.0, f32::INFINITY], &dev)?;
+        assert!(same_samples(&w, &w.copy()?)?);
+        let w64 = w.to_dtype(DType::F64)?;
+        assert!(same_samples(&w64, &w64.copy()?)?);
+        assert!(!same_samples(&w, &(w.clone() + 1.0)?)?);
+        Ok(())
     }
 
     /// A gradient DDP's hook takes does not reach the parameter (no zero-filled gradient and add

@@ -145,6 +145,9 @@ impl Ddp {
         let (buffers, params): (Vec<_>, Vec<_>) =
             all.into_iter().partition(|(n, _)| is_buffer_name(n));
         vars_comm::check_same_vars(comm, &params, "parameter")?;
+        if params.is_empty() {
+            return Err(TrainError::NoParameters { rank: comm.rank() });
+        }
         let dtype = vars_comm::common_float_dtype(&params, "parameter")?;
         let numels: Vec<usize> = params.iter().map(|(_, v)| v.elem_count()).collect();
         let reverse: Vec<usize> = (0..numels.len()).rev().collect();
@@ -267,10 +270,10 @@ impl Ddp {
     /// [`DistributedOptimizer`](crate::distributed::DistributedOptimizer) refreshes after every step
     /// (with another optimizer, call [`Ddp::refresh`] after its step). A parameter asked for twice
     /// under one name (tied weights) is the same tensor both times.
+    ///
+    /// A name the `VarMap` did not hold when `Ddp::new` saw it is an error naming it (a layer
+    /// added after `Ddp::new` would be neither synchronized nor trained).
     pub fn var_builder(&self, dtype: DType, device: &Device) -> VarBuilder<'static> {
-        if !self.hooks_active() {
-            return VarBuilder::from_varmap(&self.varmap, dtype, device);
-        }
         self.backend(None, dtype, device)
     }
 
@@ -304,6 +307,7 @@ impl Ddp {
             on_gradient,
             compute,
             handed,
+            known_only: true,
         };
         VarBuilder::from_backend(Box::new(backend), dtype, device.clone())
     }
@@ -390,10 +394,11 @@ impl Ddp {
         Ok(grads)
     }
 
-    /// The parameters that got no gradient in the last averaged backward pass (or
+    /// The parameters that got no gradient on this rank in the last averaged backward pass (or
     /// [`Ddp::sync_gradients`]) and were averaged as zeros: parameters the loss does not depend
-    /// on (PyTorch's `find_unused_parameters` finds these). The first pass with any says so on
-    /// stderr, naming them.
+    /// on (PyTorch's `find_unused_parameters` finds these). One that no rank used gets no
+    /// gradient at all, so no optimizer steps it. The first pass with any says so on stderr,
+    /// naming them.
     pub fn unused_parameters(&self) -> Vec<String> {
         self.unused
             .lock()
@@ -410,7 +415,8 @@ impl Ddp {
             let more = if names.len() > 8 { ", ..." } else { "" };
             eprintln!(
                 "kolo-ddp: rank {}: {} of {} parameters got no gradient in this backward pass and \
-                 count as zeros (said once; Ddp::unused_parameters lists them after each pass): \
+                 count as zeros in the average, or get no gradient where no rank used them (said \
+                 once; Ddp::unused_parameters lists them after each pass): \
                  {}{more}. The loss does not depend on them: a layer the forward pass skipped, or \
                  an operation without a backward pass on the way (candle_nn's LayerNorm on a \
                  contiguous input and ops::softmax_last_dim are fused kernels without one: \

@@ -6,6 +6,8 @@
 //! gradient on a rank (unused in that step) holds its bucket back until the end of backward, when it
 //! is filled with zeros (or with the gradient candle computed, if the model was not built with hooks).
 //! So every rank issues the same all-reduces in the same order — never a hang, never mixed buckets.
+//! A last, small all-reduce says which parameters some rank used: one that no rank used gets no
+//! gradient, not an average of zeros.
 //!
 //! With a [`CommHook`] registered, the hook replaces the all-reduce of each (f32) bucket: it is
 //! called at the moment the bucket would have been launched, and its [`BucketFuture`] is waited on
@@ -383,6 +385,10 @@ impl Synchronizer {
             self.launch(b);
             self.next = b + 1;
         }
+        // Which parameters some rank used: a byte each, the maximum over ranks, behind the buckets.
+        let mut used = vec![1u8; self.names.len()];
+        self.no_grad.iter().for_each(|&p| used[p] = 0);
+        let used = self.comm.all_reduce_async(used, ReduceOp::Max);
         let timed = self.timeline.is_enabled();
         for b in 0..self.layout.count() {
             let (mut done, times) = match self.pending[b].take() {
@@ -452,6 +458,13 @@ impl Synchronizer {
                 vars,
                 grads,
             )?;
+        }
+        // A parameter no rank used keeps no gradient, so that no optimizer steps it (weight decay,
+        // momentum) — as with one worker, and as PyTorch's DDP leaves it.
+        for (p, &u) in used.wait()?.iter().enumerate() {
+            if u == 0 {
+                grads.remove(vars[p].as_tensor());
+            }
         }
         self.try_rebuild()
     }
