@@ -190,6 +190,33 @@ pub fn load_latest(root: &Path, device: &Device) -> Result<Option<Checkpoint>> {
     }))
 }
 
+/// Rank 0 reads the newest checkpoint under `root` ([`load_latest`]) and every rank learns its
+/// progress, or that there is none (`None` on every rank) — or, where rank 0 could not read it,
+/// that it failed and why (on the other ranks an error naming rank 0), not only that rank 0
+/// stopped. A collective. Rank 0's result also holds the checkpoint, whose tensors
+/// [`broadcast_tensors`] then sends.
+pub fn load_latest_on_rank0(
+    comm: &Communicator,
+    root: &Path,
+    device: &Device,
+) -> Result<Option<(TrainState, Option<Checkpoint>)>> {
+    let loaded = (comm.rank() == 0).then(|| load_latest(root, device));
+    let told = loaded.as_ref().map(|r| match r {
+        Ok(c) => Ok(c.as_ref().map(|c| c.state.clone())),
+        Err(e) => Err(e.to_string()),
+    });
+    let told: std::result::Result<Option<TrainState>, String> = comm.broadcast_object(told, 0)?;
+    match (loaded, told) {
+        (Some(Err(e)), _) => Err(e),
+        (_, Err(reason)) => Err(TrainError::Checkpoint {
+            path: root.to_path_buf(),
+            reason: format!("rank 0 could not read the newest checkpoint: {reason}"),
+        }),
+        (_, Ok(None)) => Ok(None),
+        (loaded, Ok(Some(state))) => Ok(Some((state, loaded.and_then(|r| r.ok().flatten())))),
+    }
+}
+
 /// The checkpoint directory named by the contents of the `latest` file at `path`: one plain name,
 /// no path.
 pub(crate) fn parse_latest(path: &Path, text: &[u8]) -> Result<String> {

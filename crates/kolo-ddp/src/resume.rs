@@ -48,13 +48,7 @@ impl DistributedOptimizer<Box<dyn DynOptimizer>> {
             .params()
             .first()
             .map_or(candle_core::Device::Cpu, |(_, v)| v.device().clone());
-        let ckpt = match comm.rank() {
-            0 => checkpoint::load_latest(root, &dev)?,
-            _ => None,
-        };
-        let mine = (comm.rank() == 0).then(|| ckpt.as_ref().map(|c| c.state.clone()));
-        let state: Option<TrainState> = comm.broadcast_object(mine, 0)?;
-        let Some(state) = state else {
+        let Some((state, ckpt)) = checkpoint::load_latest_on_rank0(&comm, root, &dev)? else {
             return Ok(None);
         };
         let model = checkpoint::broadcast_tensors(&comm, 0, ckpt.as_ref().map(|c| &c.model), &dev)?;

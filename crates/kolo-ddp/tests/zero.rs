@@ -135,7 +135,7 @@ fn train_rank(comm: &kolo::Communicator, run: &Run) -> Result<Outcome, TrainErro
     };
     let mut dopt = DistributedOptimizer::new(ddp, opt, 1)?;
     if let Some(dir) = &run.resume {
-        resume(comm, dir, &varmap, &mut dopt)?;
+        resume(dir, &mut dopt)?;
     }
     for step in run.steps.clone() {
         let net = Net::new(dopt.ddp().var_builder(DType::F32, &Device::Cpu))?;
@@ -174,28 +174,18 @@ fn train_rank(comm: &kolo::Communicator, run: &Run) -> Result<Outcome, TrainErro
     })
 }
 
-/// What `kolo train --resume` does: rank 0 reads, every rank gets model and full optimizer state.
+/// `DistributedOptimizer::resume`: rank 0 reads, every rank gets model and full optimizer state.
 fn resume(
-    comm: &kolo::Communicator,
     dir: &Path,
-    varmap: &VarMap,
     dopt: &mut DistributedOptimizer<Box<dyn DynOptimizer>>,
 ) -> Result<(), TrainError> {
-    let ckpt = if comm.rank() == 0 {
-        checkpoint::load_latest(dir, &Device::Cpu)?
-    } else {
-        None
-    };
-    let state: TrainState = comm.broadcast_object(ckpt.as_ref().map(|c| c.state.clone()), 0)?;
-    let model =
-        checkpoint::broadcast_tensors(comm, 0, ckpt.as_ref().map(|c| &c.model), &Device::Cpu)?;
-    checkpoint::restore_vars(dir, &sorted_vars(varmap), &model)?;
-    let opt =
-        checkpoint::broadcast_tensors(comm, 0, ckpt.as_ref().map(|c| &c.optimizer), &Device::Cpu)?;
-    dopt.inner_mut().load_state(&opt)?;
-    dopt.inner_mut().set_step_count(state.optimizer_steps);
-    dopt.set_steps(state.step);
-    Ok(())
+    match dopt.resume(dir)? {
+        Some(_) => Ok(()),
+        None => Err(TrainError::InvalidArgument {
+            arg: "dir",
+            reason: format!("no checkpoint under {}", dir.display()),
+        }),
+    }
 }
 
 /// `f` on `n` thread-ranks (60 s timeout).
@@ -440,4 +430,37 @@ fn partition_balances_by_elements_and_is_deterministic() {
     // More ranks than parameters: some ranks own nothing.
     let owner = partition(&[3, 2], 4);
     assert_eq!(owner, vec![0, 1]);
+}
+
+/// A checkpoint rank 0 cannot read stops every rank with the reason: the other ranks' errors
+/// name rank 0 and say why, not only that rank 0 left.
+#[test]
+fn an_unreadable_checkpoint_is_an_error_on_every_rank_with_the_reason() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().to_path_buf();
+    run_ranks(
+        2,
+        &Run {
+            save: Some(path.clone()),
+            ..fresh(false, sgd(), 0..2)
+        },
+    );
+    let latest = std::fs::read_to_string(path.join("latest")).expect("latest");
+    let model = path.join(latest.trim()).join("model.safetensors");
+    std::fs::write(&model, b"not a safetensors file").expect("overwrite");
+    let errors = ranks(2, |comm| -> Result<_, TrainError> {
+        let (_varmap, ddp) = new_ddp(comm)?;
+        let opt = optim::build(ddp.params().to_vec(), sgd())?;
+        let mut dopt = DistributedOptimizer::new(ddp, opt, 1)?;
+        Ok(dopt.resume(&path).err().map(|e| e.to_string()))
+    });
+    for (rank, e) in errors.into_iter().enumerate() {
+        let e = e.unwrap_or_else(|| panic!("rank {rank} resumed from a corrupt checkpoint"));
+        assert!(e.contains("model.safetensors"), "rank {rank}: {e}");
+        assert_eq!(
+            e.contains("rank 0 could not read"),
+            rank > 0,
+            "rank {rank}: {e}"
+        );
+    }
 }

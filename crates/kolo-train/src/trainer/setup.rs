@@ -10,7 +10,7 @@ use kolo_data::{Dataset, DistributedSampler, Split};
 use kolo_metrics::RunDir;
 
 use super::config::TrainConfig;
-use kolo_ddp::checkpoint::{self, TrainState};
+use kolo_ddp::checkpoint;
 use kolo_ddp::ddp::{Ddp, DdpOptions};
 use kolo_ddp::distributed::{DistributedOptimizer, LrSchedule};
 use kolo_ddp::TrainError;
@@ -158,14 +158,7 @@ pub(super) fn resume(
 ) -> Result<Resumed> {
     let lead = comm.rank() == 0;
     let ckpt_root = RunDir::from_path(dir).checkpoint_dir();
-    let ckpt = if lead {
-        checkpoint::load_latest(&ckpt_root, device)?
-    } else {
-        None
-    };
-    let state: Option<TrainState> =
-        comm.broadcast_object(lead.then(|| ckpt.as_ref().map(|c| c.state.clone())), 0)?;
-    let Some(state) = state else {
+    let Some((state, ckpt)) = checkpoint::load_latest_on_rank0(comm, &ckpt_root, device)? else {
         if lead {
             println!(
                 "no checkpoint in {}; starting from scratch",
