@@ -263,6 +263,20 @@ pub enum Error {
         waited: std::time::Duration,
     },
 
+    /// An operation panicked inside kolo (a bug): the communicator is failed and its peers are
+    /// told, instead of the panic leaving them waiting.
+    #[error(
+        "{op} on rank {rank}: kolo panicked ({message}); this is a bug in kolo, please report it"
+    )]
+    Panicked {
+        /// Operation.
+        op: &'static str,
+        /// Rank that panicked.
+        rank: usize,
+        /// The panic's message.
+        message: String,
+    },
+
     /// A collective engine (MPI) reported an error.
     #[error("{op} on rank {rank}: {backend} error: {reason}")]
     Backend {

@@ -28,7 +28,7 @@ pub enum ErrorKind {
     Backend,
     /// Something kolo does not do ([`Error::Unsupported`]).
     Unsupported,
-    /// Anything else: I/O, the store, serialization, a user's abort.
+    /// Anything else: I/O, the store, serialization, a user's abort, a panic inside kolo.
     Other,
 }
 
@@ -86,6 +86,7 @@ impl Error {
             | Error::Store(_)
             | Error::Serialize { .. }
             | Error::Membership { .. }
+            | Error::Panicked { .. }
             | Error::JobOver { .. } => ErrorKind::Other,
         }
     }

@@ -273,6 +273,42 @@ fn bad_v_counts_are_errors() {
     }
 }
 
+/// An all-to-all-v whose counts disagree with themselves on one rank (its block to itself sent
+/// with one length and expected with another) is that rank's argument error, and an error on
+/// every other rank at once, not a panic and a hang.
+#[test]
+fn all_to_all_v_counts_that_disagree_with_themselves_are_errors() {
+    for kind in KINDS {
+        let errs = all_fail(kind, 2, |c| {
+            let (sc, rc) = if c.rank() == 1 {
+                ([2, 3], [2, 2])
+            } else {
+                ([2, 2], [2, 2])
+            };
+            let send = vec![1.0f32; sc.iter().sum()];
+            let mut recv = vec![0.0f32; rc.iter().sum()];
+            c.all_to_all_v(&send, &sc, &mut recv, &rc)
+        });
+        assert!(
+            matches!(
+                errs[1],
+                Error::InvalidArgument {
+                    arg: "recv_counts",
+                    rank: 1,
+                    ..
+                }
+            ),
+            "{kind:?}: {}",
+            errs[1]
+        );
+        assert!(
+            errs[1].to_string().contains("send_counts[1]"),
+            "{}",
+            errs[1]
+        );
+    }
+}
+
 #[test]
 fn monitored_barrier_names_the_ranks_that_do_not_arrive() {
     for kind in KINDS {
@@ -436,5 +472,49 @@ fn gpu_memory_without_nccl_is_refused_on_every_rank() {
             );
             assert_eq!(sum, 1.0);
         }
+    }
+}
+
+/// A buffer that panics when the collective takes its elements.
+struct Panicking(Vec<f32>);
+
+impl kolo::CollectiveBuffer for Panicking {
+    type Elem = f32;
+    fn elements(&self) -> &[f32] {
+        &self.0
+    }
+    fn elements_mut(&mut self) -> &mut [f32] {
+        panic!("this buffer refuses to be written")
+    }
+}
+
+/// A panic inside an asynchronous collective on one rank fails that rank's call with the panic's
+/// message and its peers' at once (an abort naming it), instead of leaving them waiting for the
+/// timeout.
+#[test]
+fn a_panic_inside_a_collective_fails_every_rank_at_once() {
+    for kind in KINDS {
+        let errs = all_fail(kind, 2, |c| {
+            if c.rank() == 1 {
+                c.all_reduce_async(Panicking(vec![1.0; 4]), ReduceOp::Sum)
+                    .wait()
+                    .map(|_| ())
+            } else {
+                c.all_reduce_async(vec![1.0f32; 4], ReduceOp::Sum)
+                    .wait()
+                    .map(|_| ())
+            }
+        });
+        assert!(
+            matches!(&errs[1], Error::Panicked { rank: 1, message, .. }
+                if message.contains("refuses to be written")),
+            "{kind:?}: {}",
+            errs[1]
+        );
+        assert!(
+            errs[0].to_string().contains("panicked"),
+            "{kind:?}: {}",
+            errs[0]
+        );
     }
 }

@@ -299,6 +299,19 @@ impl Inner {
                 let rt = c.counts("recv_counts", rc)?;
                 c.len("send", send.len() / e, st)?;
                 c.len("recv", recv.len() / e, rt)?;
+                let me = self.rank;
+                if sc[me] != rc[me] {
+                    return Err(Error::InvalidArgument {
+                        op: op.name(),
+                        rank: me,
+                        arg: "recv_counts",
+                        reason: format!(
+                            "rank {me} sends itself {} elements (send_counts[{me}]) but expects \
+                             {} from itself (recv_counts[{me}])",
+                            sc[me], rc[me]
+                        ),
+                    });
+                }
                 // Counts differ per rank by design; message lengths are checked on receipt.
                 Ok(c.call(dtype, 0, None, None))
             }

@@ -36,7 +36,17 @@ impl Communicator {
         let (work, completer) = Work::new(op.name());
         let run = move |inner: &std::sync::Arc<Inner>, seq| {
             completer.start();
-            (f(inner, seq), completer)
+            // A panic on the worker thread (a bug, or a buffer of the caller's that panics) fails
+            // the communicator and tells the peers, instead of leaving them waiting.
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(inner, seq)))
+                .unwrap_or_else(|panic| {
+                    Err(inner.poison(kolo_core::Error::Panicked {
+                        op: op.name(),
+                        rank: inner.rank,
+                        message: crate::communicator::panic_message(&*panic),
+                    }))
+                });
+            (r, completer)
         };
         match self
             .inner

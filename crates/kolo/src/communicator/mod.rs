@@ -22,6 +22,7 @@ use crate::work::WorkQueue;
 
 mod flight;
 mod run;
+pub(crate) use run::panic_message;
 
 pub(crate) use crate::backend::ARENA_GROUP;
 

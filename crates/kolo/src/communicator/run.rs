@@ -33,15 +33,23 @@ impl Inner {
     /// Runs collective `c` as number `seq` with fingerprint `call` on the backend, recorded.
     pub(crate) fn exec(&self, seq: u64, call: Call, c: Collective<'_>) -> Result<()> {
         let at = self.recorder.start(seq, &call);
-        let r = self.backend.run(
-            Job {
-                comm: self,
-                seq,
-                call,
-                at,
-            },
-            c,
-        );
+        let op = call.op.name();
+        let job = Job {
+            comm: self,
+            seq,
+            call,
+            at,
+        };
+        // A panic (a bug) fails the communicator and tells the peers, instead of leaving them
+        // waiting for this rank until the timeout.
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.backend.run(job, c)))
+            .unwrap_or_else(|panic| {
+                Err(self.poison(Error::Panicked {
+                    op,
+                    rank: self.rank,
+                    message: panic_message(&*panic),
+                }))
+            });
         self.recorder.end(seq, at, &r);
         r
     }
@@ -258,6 +266,15 @@ impl StopReport for Inner {
     fn report_on_stop(&self) -> bool {
         Inner::report_on_stop(self)
     }
+}
+
+/// The text of a panic's payload (a `&str` or a `String`, as `panic!` makes them).
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
 }
 
 #[cfg(test)]
