@@ -62,9 +62,7 @@ pub enum Error {
 
     /// Two ranks are in different calls at the same point of their sequence (different operation,
     /// element type, count, root, reduce operator or algorithm).
-    #[error(
-        "collective mismatch: rank {rank} called {local} but rank {peer} called {remote} ({tag})"
-    )]
+    #[error("{}", mismatch(*.rank, *.peer, .local, .remote, .tag))]
     Mismatch {
         /// Rank that noticed.
         rank: usize,
@@ -313,6 +311,25 @@ pub enum Error {
 }
 
 /// What [`Error::BarrierTimeout`] says after "monitored_barrier on rank N: ".
+/// A mismatch in words: two collectives, or a receive and the message a send delivered to it.
+fn mismatch(rank: usize, peer: usize, local: &Call, remote: &Call, tag: &Tag) -> String {
+    if tag.space != crate::call::TagSpace::P2p {
+        return format!(
+            "collective mismatch: rank {rank} called {local} but rank {peer} called {remote} ({tag})"
+        );
+    }
+    let what = |c: &Call| match c.dtype {
+        Some(d) => format!("{d} x {}", c.count),
+        None => format!("{} x {}", c.op, c.count),
+    };
+    format!(
+        "point-to-point mismatch: rank {rank} called recv({}) from rank {peer}, but rank {peer} \
+         sent {} ({tag})",
+        what(local),
+        what(remote)
+    )
+}
+
 fn barrier_timeout(rank: usize, missing: &[usize], waited: Duration) -> String {
     let ms = waited.as_millis();
     let list = missing

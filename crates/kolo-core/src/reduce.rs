@@ -18,7 +18,9 @@ pub enum ReduceOp {
     Min = 3,
     /// Element-wise maximum; a NaN on any rank gives NaN.
     Max = 4,
-    /// Sum divided by the number of ranks (integer types truncate toward zero, like integer division).
+    /// Sum divided by the number of ranks. For integer types the exact average, truncated toward
+    /// zero like integer division: summed in `i64` (an `i64` as two halves), so it does not wrap
+    /// where the sum overflows the type.
     Avg = 5,
 }
 

@@ -79,6 +79,15 @@ fn p2p_errors() {
             "{r1:?}"
         );
         assert!(matches!(r1[1], Some(Error::Mismatch { .. })), "{r1:?}");
+        // Said as what it is: a receive of f32s and a send of i32s, not two collectives.
+        let text = r1[1].as_ref().map(|e| e.to_string()).unwrap_or_default();
+        assert!(
+            text.starts_with(
+                "point-to-point mismatch: rank 1 called recv(f32 x 4) from rank 0, but rank 0 \
+                 sent i32 x 4"
+            ),
+            "{text}"
+        );
         assert!(
             matches!(
                 r1[2],
@@ -383,5 +392,36 @@ fn then_hands_over_the_result() {
         assert_eq!(first.expect("callback ran").expect("all-reduce"), 3.0);
         assert_eq!(second.expect("ran at once").expect("barrier"), 1.0);
         assert!(err.expect("callback ran"), "a mismatched call fails");
+    }
+}
+
+/// The average of integers whose sum overflows their type is exact (200 and 200 average to 200,
+/// not to the wrapped 72), truncated toward zero, in all-reduce, reduce, reduce-scatter and the
+/// asynchronous form, on every transport.
+#[test]
+fn integer_averages_do_not_overflow() {
+    for kind in KINDS {
+        let res = spawn(kind, 2, cfg(), |c| -> kolo::Result<_> {
+            let r = c.rank();
+            let mut bytes = [200u8, if r == 0 { 255 } else { 254 }];
+            c.all_reduce(&mut bytes, ReduceOp::Avg)?;
+            let mut ints = [i32::MAX - 3, if r == 0 { -7 } else { 0 }];
+            c.reduce(&mut ints, ReduceOp::Avg, 1)?;
+            let send = [i64::MAX - 2 * r as i64, i64::MIN, -5 * (1 - r as i64), 9];
+            let mut longs = [0i64; 2];
+            c.reduce_scatter(&send, &mut longs, ReduceOp::Avg)?;
+            let late = c.all_reduce_async(vec![250u8; 3], ReduceOp::Avg).wait()?;
+            Ok((bytes, (r == 1).then_some(ints), longs, late))
+        });
+        let [a, b] = [&res[0], &res[1]].map(|x| x.as_ref().expect("the rank's results"));
+        assert_eq!((a.0, b.0), ([200, 254], [200, 254]), "{kind:?}");
+        assert_eq!(b.1, Some([i32::MAX - 3, -3]), "{kind:?}");
+        assert_eq!(a.2, [i64::MAX - 1, i64::MIN], "{kind:?}");
+        assert_eq!(b.2, [-2, 9], "{kind:?}");
+        assert_eq!(
+            (&a.3[..], &b.3[..]),
+            (&[250u8; 3][..], &[250u8; 3][..]),
+            "{kind:?}"
+        );
     }
 }

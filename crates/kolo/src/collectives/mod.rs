@@ -10,10 +10,12 @@
 mod blocking;
 mod check;
 pub(crate) mod device;
+mod int_avg;
 mod nonblocking;
 
 use kolo_collectives::algorithms::barrier_monitored;
 use kolo_collectives::select;
+use kolo_core::dtype::{as_bytes, as_bytes_mut};
 use kolo_core::{Algorithm, Call, DType, Error, OpKind, ReduceOp, Result};
 
 use crate::backend::{Collective, Job};
@@ -93,6 +95,17 @@ impl Inner {
         let call = self.check_args(OpKind::AllReduce, |c| {
             Ok(c.call(dtype, count, Some(op), None))
         })?;
+        if int_avg::applies(dtype, op) {
+            let mut wide = int_avg::widen(dtype, buf);
+            let c = Collective::AllReduce {
+                buf: as_bytes_mut(&mut wide),
+                dtype: DType::I64,
+                op: ReduceOp::Sum,
+            };
+            self.exec(seq, call, c)?;
+            int_avg::narrow(dtype, &wide, self.size(), buf);
+            return Ok(());
+        }
         let c = Collective::AllReduce { buf, dtype, op };
         self.exec(seq, call, c)
     }
@@ -113,6 +126,20 @@ impl Inner {
                 Some(c.root(root)?),
             ))
         })?;
+        if int_avg::applies(dtype, op) {
+            let mut wide = int_avg::widen(dtype, buf);
+            let c = Collective::Reduce {
+                buf: as_bytes_mut(&mut wide),
+                dtype: DType::I64,
+                op: ReduceOp::Sum,
+                root,
+            };
+            self.exec(seq, call, c)?;
+            if self.rank == root {
+                int_avg::narrow(dtype, &wide, self.size(), buf);
+            }
+            return Ok(());
+        }
         let c = Collective::Reduce {
             buf,
             dtype,
@@ -136,6 +163,19 @@ impl Inner {
             c.len("send", send.len() / e, count * n)?;
             Ok(c.call(dtype, count, Some(op), None))
         })?;
+        if int_avg::applies(dtype, op) {
+            let wide_send = int_avg::widen(dtype, send);
+            let mut wide = int_avg::widen(dtype, recv);
+            let c = Collective::ReduceScatter {
+                send: as_bytes(&wide_send),
+                recv: as_bytes_mut(&mut wide),
+                dtype: DType::I64,
+                op: ReduceOp::Sum,
+            };
+            self.exec(seq, call, c)?;
+            int_avg::narrow(dtype, &wide, self.size(), recv);
+            return Ok(());
+        }
         let c = Collective::ReduceScatter {
             send,
             recv,
