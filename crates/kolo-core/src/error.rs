@@ -165,7 +165,7 @@ pub enum Error {
     },
 
     /// Another rank failed and aborted the communicator.
-    #[error("{op} on rank {rank}: aborted by rank {by}: {reason}")]
+    #[error("{}", aborted(.op, *.rank, *.by, .reason))]
     Aborted {
         /// Operation.
         op: &'static str,
@@ -310,7 +310,17 @@ pub enum Error {
     },
 }
 
-/// What [`Error::BarrierTimeout`] says after "monitored_barrier on rank N: ".
+/// The text of [`Error::Aborted`]: "allreduce on rank 1: aborted by rank 0: <reason>" on the
+/// other ranks; on the rank that aborted, "rank 0 aborted: <reason>" (not "abort on rank 0:
+/// aborted by rank 0").
+fn aborted(op: &str, rank: usize, by: usize, reason: &str) -> String {
+    if op == "abort" && rank == by {
+        format!("rank {rank} aborted: {reason}")
+    } else {
+        format!("{op} on rank {rank}: aborted by rank {by}: {reason}")
+    }
+}
+
 /// A mismatch in words: two collectives, or a receive and the message a send delivered to it.
 fn mismatch(rank: usize, peer: usize, local: &Call, remote: &Call, tag: &Tag) -> String {
     if tag.space != crate::call::TagSpace::P2p {
@@ -330,6 +340,7 @@ fn mismatch(rank: usize, peer: usize, local: &Call, remote: &Call, tag: &Tag) ->
     )
 }
 
+/// What [`Error::BarrierTimeout`] says after "monitored_barrier on rank N: ".
 fn barrier_timeout(rank: usize, missing: &[usize], waited: Duration) -> String {
     let ms = waited.as_millis();
     let list = missing

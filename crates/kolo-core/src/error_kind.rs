@@ -142,6 +142,15 @@ mod tests {
                 "barrier on rank 0: aborted by rank 1: all_reduce on rank 1: something: with colons"
             );
         }
+        // The rank that aborted says so once, not "abort on rank 0: aborted by rank 0".
+        let own = Error::Aborted {
+            op: "abort",
+            rank: 0,
+            by: 0,
+            kind: ErrorKind::Other,
+            reason: "allreduce: an empty list".into(),
+        };
+        assert_eq!(own.to_string(), "rank 0 aborted: allreduce: an empty list");
         // A reason without a kind (an older peer, a user's abort) is kept whole.
         assert_eq!(decode_abort("stop"), (ErrorKind::Other, "stop".into()));
         assert_eq!(

@@ -143,9 +143,10 @@ fn train_rank(comm: &kolo::Communicator, run: &Run) -> Result<Outcome, TrainErro
         dopt.backward_step(&net.loss(&x, &y)?)?;
     }
     if let Some(dir) = &run.save {
-        // Every rank gathers; rank 0 writes.
+        // Every rank gathers; rank 0 writes (an unsharded optimizer's state is `Some` on every
+        // rank: ranks writing the same directory at once race for its files).
         let snapshot = dopt.inner().gather_state()?;
-        if let Some(s) = snapshot {
+        if let Some(s) = snapshot.filter(|_| comm.rank() == 0) {
             let state = TrainState {
                 epoch: 1,
                 step: dopt.steps(),

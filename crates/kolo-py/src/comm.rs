@@ -213,7 +213,7 @@ impl PyCommunicator {
         &self,
         py: Python<'_>,
         buf: &Bound<'_, PyAny>,
-        root: usize,
+        #[pyo3(from_py_with = crate::args::root)] root: usize,
         dtype: Option<&str>,
         done: Option<Py<PyAny>>,
     ) -> PyResult<()> {
@@ -273,7 +273,7 @@ impl PyCommunicator {
         &self,
         py: Python<'_>,
         buf: Option<&Bound<'_, PyAny>>,
-        root: usize,
+        #[pyo3(from_py_with = crate::args::root)] root: usize,
         op: &str,
         dtype: Option<&str>,
         done: Option<Py<PyAny>>,
@@ -344,7 +344,7 @@ impl PyCommunicator {
         py: Python<'_>,
         send: &Bound<'_, PyAny>,
         recv: Option<&Bound<'_, PyAny>>,
-        root: usize,
+        #[pyo3(from_py_with = crate::args::root)] root: usize,
         counts: Option<Vec<usize>>,
         dtype: Option<&str>,
         done: Option<Py<PyAny>>,
@@ -363,7 +363,7 @@ impl PyCommunicator {
         py: Python<'_>,
         send: Option<&Bound<'_, PyAny>>,
         recv: &Bound<'_, PyAny>,
-        root: usize,
+        #[pyo3(from_py_with = crate::args::root)] root: usize,
         counts: Option<Vec<usize>>,
         dtype: Option<&str>,
         done: Option<Py<PyAny>>,
@@ -421,7 +421,7 @@ impl PyCommunicator {
         &self,
         py: Python<'py>,
         data: Option<Vec<u8>>,
-        root: usize,
+        #[pyo3(from_py_with = crate::args::root)] root: usize,
     ) -> PyResult<Bound<'py, PyBytes>> {
         let v = self.blocking(py, move |c| c.broadcast_object(data.map(Pickled), root))?;
         Ok(PyBytes::new(py, &v.0))
@@ -443,7 +443,7 @@ impl PyCommunicator {
         &self,
         py: Python<'py>,
         data: Vec<u8>,
-        root: usize,
+        #[pyo3(from_py_with = crate::args::root)] root: usize,
     ) -> PyResult<Option<Vec<Bound<'py, PyBytes>>>> {
         let all = self.blocking(py, move |c| c.gather_object(&Pickled(data), root))?;
         Ok(all.map(|all| all.iter().map(|p| PyBytes::new(py, &p.0)).collect()))

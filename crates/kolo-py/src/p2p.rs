@@ -165,7 +165,7 @@ impl PyCommunicator {
         &self,
         py: Python<'_>,
         buf: &Bound<'_, PyAny>,
-        dest: usize,
+        #[pyo3(from_py_with = crate::args::dest)] dest: usize,
         tag: u64,
         dtype: Option<&str>,
         done: Option<Py<PyAny>>,
@@ -189,7 +189,7 @@ impl PyCommunicator {
         &self,
         py: Python<'py>,
         buf: &Bound<'py, PyAny>,
-        dest: usize,
+        #[pyo3(from_py_with = crate::args::dest)] dest: usize,
         tag: u64,
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
         self.send_bytes_in_place(py, buf, dest, tag)?
@@ -203,7 +203,7 @@ impl PyCommunicator {
         &self,
         py: Python<'py>,
         buf: &Bound<'py, PyAny>,
-        src: usize,
+        #[pyo3(from_py_with = crate::args::src)] src: usize,
         tag: u64,
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
         self.post_bytes(py, buf, src, tag)
@@ -214,7 +214,7 @@ impl PyCommunicator {
         &self,
         py: Python<'_>,
         buf: &Bound<'_, PyAny>,
-        src: usize,
+        #[pyo3(from_py_with = crate::args::src)] src: usize,
         tag: u64,
         dtype: Option<&str>,
         done: Option<Py<PyAny>>,
@@ -235,7 +235,7 @@ impl PyCommunicator {
         &self,
         py: Python<'_>,
         buf: &Bound<'_, PyAny>,
-        src: usize,
+        #[pyo3(from_py_with = crate::args::src)] src: usize,
         tag: u64,
         dtype: Option<&str>,
         wait: bool,
@@ -322,7 +322,7 @@ impl PyCommunicator {
     fn recv_bytes<'py>(
         &self,
         py: Python<'py>,
-        src: usize,
+        #[pyo3(from_py_with = crate::args::src)] src: usize,
         tag: u64,
         wait: bool,
     ) -> PyResult<Option<Bound<'py, PyBytes>>> {

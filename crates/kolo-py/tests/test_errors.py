@@ -135,6 +135,19 @@ def test_wrong_lengths_and_ranks_are_argument_errors():
         c.all_gather(np.ones(3, np.float32), np.empty(3, np.float64))
 
 
+@pytest.mark.parametrize("arg", ["root", "src", "dest"])
+def test_a_negative_rank_is_an_argument_error_naming_the_argument(arg):
+    (c,) = kolo.local_world(1)
+    x = np.ones(3, np.float32)
+    call = {
+        "root": lambda: c.broadcast(x, root=-1),
+        "src": lambda: c.recv(x, src=-1),
+        "dest": lambda: c.send(x, dest=-2),
+    }[arg]
+    with pytest.raises(kolo.ArgumentError, match=f"^{arg} -[12]: not a rank"):
+        call()
+
+
 def test_closed_communicator_raises():
     (c,) = kolo.local_world(1)
     c.close()

@@ -187,10 +187,51 @@ def test_an_empty_all_reduce_is_refused_on_every_rank():
         with pytest.raises(ValueError, match="non-empty tensor list"):
             group(c).allreduce([])
         # Bad input on one rank ends the group on every rank, naming it (no one waits).
-        with pytest.raises(kolo.KoloError, match="allreduce on rank"):
+        said = r"aborted(?: by rank \d)?: allreduce: kolo: allreduce requires"
+        with pytest.raises(kolo.KoloError, match=said):
             group(c).allreduce([torch.ones(2)]).wait()
 
     ok(run_ranks(2, body))
+
+
+@pytest.mark.parametrize("op", ["gather", "scatter"])
+def test_the_roots_list_holds_one_tensor_per_rank_or_every_rank_fails(op):
+    which = "output" if op == "gather" else "input"
+
+    def body(c):
+        g, x = group(c), torch.ones(2)
+        three = [[torch.empty(2) for _ in range(3)]]
+        if c.rank == 1:
+            # The other rank's call fails at once, naming rank 0 and the list.
+            with pytest.raises(kolo.KoloError, match=f"aborted by rank 0: {op}: kolo: {op}: the"):
+                (g.gather([], [x]) if op == "gather" else g.scatter([x], [])).wait()
+            return "failed"
+        with pytest.raises(ValueError, match=f"{which} list holds 3 tensors; it should hold 2"):
+            g.gather(three, [x]) if op == "gather" else g.scatter([x], three)
+        return "refused"
+
+    assert ok(run_ranks(2, body)) == ["refused", "failed"]
+
+
+def test_a_list_tensor_of_another_dtype_or_length_is_refused():
+    from kolo._torch_ops import one_per_rank
+
+    like = torch.ones(2)
+    with pytest.raises(ValueError, match=r"output\[1\] is torch.float64 x 2, the other side"):
+        one_per_rank([like, like.double()], like, 2, "gather", "output")
+    with pytest.raises(ValueError, match=r"input\[0\] is torch.float32 x 3"):
+        one_per_rank([torch.ones(3), like], like, 2, "scatter", "input")
+    one_per_rank([like, torch.empty(1, 2).t()], like, 2, "gather", "output")
+
+
+def test_an_unsupported_reduction_is_named_as_torch_names_it():
+    import torch.distributed as dist
+    from kolo._torch_ops import op_name
+
+    with pytest.raises(ValueError, match=r"unsupported reduction ReduceOp.PREMUL_SUM: "):
+        op_name(dist._make_nccl_premul_sum(2.0))
+    with pytest.raises(ValueError, match=r"unsupported reduction ReduceOp.BAND: "):
+        op_name(dist.ReduceOp.BAND)
 
 
 def barrier_errors(size, absent, timeout):

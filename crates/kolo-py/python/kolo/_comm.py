@@ -73,7 +73,9 @@ def aborts(method):
         try:
             return method(self, *args, **kwargs)
         except BAD_INPUT as e:
-            self._c.abort(f"{method.__name__} on rank {self._c.rank}: {e}")
+            # The error says which rank aborted ("aborted by rank r"); the reason names the call
+            # as the user made it (`allreduce`, not the private `_allreduce` behind it).
+            self._c.abort(f"{method.__name__.lstrip('_')}: {e}")
             raise
 
     return checked

@@ -25,17 +25,20 @@ _SUPPORTED = ", ".join(
 def op_name(reduce_op, tensor=None):
     """kolo's name for torch's reduction `reduce_op` (of `tensor`'s dtype), from kolo's table."""
     red = getattr(reduce_op, "op", reduce_op)  # a ReduceOp holds its RedOpType in .op
+    label = getattr(red, "name", None)
+    # As torch spells it (ReduceOp.PREMUL_SUM), not the object's default repr (an address).
+    label = f"ReduceOp.{label}" if label else repr(reduce_op)
     name = _kolo.REDUCE_OP_NAMES.get(str(getattr(red, "name", "")).lower())
     if name is None:
         raise ValueError(
-            f"kolo: unsupported reduction {reduce_op}: the kolo backend reduces with {_SUPPORTED}"
+            f"kolo: unsupported reduction {label}: the kolo backend reduces with {_SUPPORTED}"
         )
     if tensor is not None and tensor.dtype == torch.bool:
         if name not in _BOOL_OPS:
-            raise ValueError(f"kolo: {reduce_op} of bool tensors is not defined")
+            raise ValueError(f"kolo: {label} of bool tensors is not defined")
         return _BOOL_OPS[name]
     if tensor is not None and tensor.is_complex() and name not in ("sum", "avg"):
-        raise ValueError(f"kolo: {reduce_op} of complex tensors is not defined (SUM and AVG are)")
+        raise ValueError(f"kolo: {label} of complex tensors is not defined (SUM and AVG are)")
     return name
 
 
@@ -91,6 +94,24 @@ def one(tensors, op):
             f"kolo: {op} takes one tensor per process (got {len(tensors)}): one device per rank"
         )
     return tensors[0]
+
+
+def one_per_rank(tensors, like, size, op, which):
+    """Raises unless the root's list `tensors` of a gather (scatter) holds one tensor per rank
+    (`size`), each of `like`'s dtype and element count, as Gloo checks before it starts."""
+    if len(tensors) != size:
+        raise ValueError(
+            f"kolo: {op}: the {which} list holds {len(tensors)} tensors; it should hold {size}, "
+            "one per rank of the group"
+        )
+    for i, t in enumerate(tensors):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"kolo: {op}: {which}[{i}]: expected a tensor, got {type(t).__name__}")
+        if t.dtype != like.dtype or t.numel() != like.numel():
+            raise ValueError(
+                f"kolo: {op}: {which}[{i}] is {t.dtype} x {t.numel()}, the other side of the "
+                f"call {like.dtype} x {like.numel()}: every tensor of the list matches it"
+            )
 
 
 def copy_out(outs, flat):

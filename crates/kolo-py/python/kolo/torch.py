@@ -60,6 +60,7 @@ from ._torch_ops import (  # noqa: E402
     check as _check,
     copy_out as _copy_out,
     one as _one,
+    one_per_rank as _one_per_rank,
     op_name as _op,
     plain_buffer as _plain,
     raw as _raw,
@@ -346,6 +347,7 @@ class ProcessGroupKolo(dist.ProcessGroup):
             return self._start(
                 [], ([lambda d: self._c.gather(s, None, root, dtype=dt, done=d)], None), opts)
         outs = _one(output_tensors, "gather")
+        _one_per_rank(outs, inp, self.size(), "gather", "output")
         flat = torch.empty((self.size(),) + tuple(inp.shape), dtype=inp.dtype)
         r = _raw(flat, "gather output")[0]
         call = lambda d: self._c.gather(s, r, root, dtype=dt, done=d)  # noqa: E731
@@ -369,6 +371,7 @@ class ProcessGroupKolo(dist.ProcessGroup):
         s = None
         if self.rank() == root:
             ins = _one(input_tensors, "scatter")
+            _one_per_rank(ins, out, self.size(), "scatter", "input")
             flat = torch.cat([t.reshape(-1) for t in ins])
             s = _raw(flat, "scatter input")[0]
         return self._start(

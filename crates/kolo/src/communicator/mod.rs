@@ -337,11 +337,14 @@ impl Inner {
         crate::error_file::record_error(&e.to_string());
         // A peer's abort already reached everyone; echoing it would only add noise.
         if !matches!(e, Error::Aborted { by, .. } if by != self.rank) {
-            // The kind travels with the text: a peer's error is then of the same kind.
-            self.transport.abort(&kolo_core::error_kind::encode_abort(
-                e.kind(),
-                &e.to_string(),
-            ));
+            // The kind travels with the text: a peer's error is then of the same kind. This
+            // rank's own abort sends its reason alone: the peers' error names this rank already.
+            let text = match &e {
+                Error::Aborted { by, reason, .. } if *by == self.rank => reason.clone(),
+                other => other.to_string(),
+            };
+            self.transport
+                .abort(&kolo_core::error_kind::encode_abort(e.kind(), &text));
         }
         e
     }
