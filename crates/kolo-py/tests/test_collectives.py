@@ -143,6 +143,54 @@ def test_v_forms():
         np.testing.assert_array_equal(sv, np.arange(start, start + counts[r]))
 
 
+@pytest.mark.parametrize("dtype", [np.int16, np.int8, np.bool_, np.complex64, np.uint64])
+def test_calls_that_move_data_take_any_dtype(dtype):
+    # Moved as bytes, as mpi4py moves any buffer; counts stay in elements of the array.
+    size, counts = 3, [1, 3, 2]
+
+    def val(rank, n):
+        return (np.arange(n) * 3 + rank + 1).astype(dtype)
+
+    def body(c):
+        r = c.rank
+        b = val(0, 5) if r == 0 else np.zeros(5, dtype)
+        c.broadcast(b, root=0)
+        ag = c.all_gather(val(r, 2))
+        agv = np.zeros(sum(counts), dtype)
+        c.all_gather_v(val(r, counts[r]), agv, counts)
+        gv = np.zeros(sum(counts), dtype) if r == 1 else None
+        c.gather(val(r, counts[r]), gv, root=1, counts=counts)
+        sv = np.zeros(counts[r], dtype)
+        c.scatter(val(9, 6) if r == 0 else None, sv, root=0, counts=counts)
+        a2a = np.zeros(size * 2, dtype)
+        c.all_to_all(val(r, size * 2), a2a)
+        p2p = np.zeros(4, dtype)
+        c.send(val(r, 4), (r + 1) % size)
+        c.recv(p2p, (r - 1) % size)
+        return b, ag, agv, gv, sv, a2a, p2p
+
+    res = ok(run_ranks(size, body))
+    cat = np.concatenate([val(q, n) for q, n in enumerate(counts)])
+    for r, (b, ag, agv, gv, sv, a2a, p2p) in enumerate(res):
+        assert b.dtype == dtype and ag.dtype == dtype
+        np.testing.assert_array_equal(b, val(0, 5))
+        np.testing.assert_array_equal(ag, np.stack([val(q, 2) for q in range(size)]))
+        np.testing.assert_array_equal(agv, cat)
+        if r == 1:
+            np.testing.assert_array_equal(gv, cat)
+        start = sum(counts[:r])
+        np.testing.assert_array_equal(sv, val(9, 6)[start : start + counts[r]])
+        want = np.concatenate([val(q, size * 2)[2 * r : 2 * r + 2] for q in range(size)])
+        np.testing.assert_array_equal(a2a, want)
+        np.testing.assert_array_equal(p2p, val((r - 1) % size, 4))
+
+
+def test_reductions_still_refuse_a_dtype_kolo_does_not_reduce():
+    (c,) = kolo.local_world(1)
+    with pytest.raises(TypeError, match=r"unsupported element type int16 \(numpy\): kolo reduces"):
+        c.all_reduce(np.ones(2, np.int16))
+
+
 def test_in_place_all_gather_from_own_slot():
     # The input is this rank's slot of the output (torch's all_gather_into_tensor idiom).
     def body(c):

@@ -25,7 +25,34 @@ def _buffer(x, arg):
     mod = type(x).__module__ or ""
     if mod.startswith("torch"):
         return _tensor_buffer(x, arg)
+    dtype = getattr(x, "dtype", None) if mod.startswith("numpy") else None
+    if dtype is not None and dtype.name not in DTYPES:
+        raise TypeError(
+            f"{arg}: unsupported element type {x.dtype} (numpy): kolo reduces {', '.join(DTYPES)} "
+            "(broadcast, the gathers, scatter, all-to-all and send/recv move any dtype)"
+        )
     return x, None
+
+
+def _moved(x, arg):
+    """`x` for a call that only moves data (broadcast, the gathers, scatter, all-to-all,
+    send/recv): (buffer, kolo element type or None, buffer elements per element of `x`). What
+    kolo reduces as `_buffer` gives it; a numpy array of any other dtype (int16, int8, bool,
+    complex, a structured one) as its bytes, as mpi4py moves any buffer."""
+    if isinstance(x, (list, tuple)) and x and not isinstance(x[0], (int, float)):
+        x = x[0]  # mpi4py's [buffer, datatype]
+    np = _numpy_or_none()
+    if np is not None and isinstance(x, np.ndarray) and x.dtype.name not in DTYPES:
+        if not x.flags.c_contiguous:
+            raise ValueError(f"{arg}: the array is not contiguous: pass np.ascontiguousarray(a)")
+        return x.reshape(-1).view(np.uint8), "uint8", x.itemsize
+    b, dt = _buffer(x, arg)
+    return b, dt, 1
+
+
+def _scaled(counts, scale):
+    """Per-rank element counts as counts of the buffer's elements (bytes for `_moved`'s)."""
+    return None if counts is None else [int(c) * scale for c in counts]
 
 
 def check_tensor(t, arg):
@@ -156,6 +183,14 @@ class Work:
         return self._error if self._event.is_set() else None
 
 
+def _numpy_or_none():
+    try:
+        import numpy
+    except ImportError:  # pragma: no cover - numpy is optional
+        return None
+    return numpy
+
+
 def _numpy():
     try:
         import numpy
@@ -239,7 +274,7 @@ class Communicator:
 
     @aborts
     def broadcast(self, buf, root=0, async_op=False):
-        b, dt = _buffer(buf, "buf")
+        b, dt, _ = _moved(buf, "buf")
         return self._run(lambda d: self._c.broadcast(b, root, dtype=dt, done=d), buf, async_op)
 
     @aborts
@@ -262,15 +297,15 @@ class Communicator:
         """Every rank's `send` in rank order into `recv` (allocated `[size, *send.shape]` when
         not given)."""
         recv = self._out(send, self.size) if recv is None else recv
-        s, dt = _buffer(send, "send")
-        r, _ = _buffer(recv, "recv")
+        s, dt, _ = _moved(send, "send")
+        r, _, _ = _moved(recv, "recv")
         return self._run(lambda d: self._c.all_gather(s, r, dtype=dt, done=d), recv, async_op)
 
     @aborts
     def all_gather_v(self, send, recv, counts, async_op=False):
-        s, dt = _buffer(send, "send")
-        r, _ = _buffer(recv, "recv")
-        counts = [int(c) for c in counts]
+        s, dt, scale = _moved(send, "send")
+        r, _, _ = _moved(recv, "recv")
+        counts = _scaled(counts, scale)
         return self._run(
             lambda d: self._c.all_gather(s, r, counts, dtype=dt, done=d), recv, async_op
         )
@@ -289,8 +324,9 @@ class Communicator:
         elsewhere."""
         if recv is None and self.rank == root and counts is None:
             recv = self._out(send, self.size)
-        s, dt = _buffer(send, "send")
-        r = None if recv is None or self.rank != root else _buffer(recv, "recv")[0]
+        s, dt, scale = _moved(send, "send")
+        r = None if recv is None or self.rank != root else _moved(recv, "recv")[0]
+        counts = _scaled(counts, scale)
         return self._run(
             lambda d: self._c.gather(s, r, root, counts=counts, dtype=dt, done=d),
             recv if self.rank == root else None,
@@ -300,16 +336,18 @@ class Communicator:
     @aborts
     def scatter(self, send, recv, root=0, counts=None, async_op=False):
         """`root`'s `send` in equal parts (or `counts` per rank) into every rank's `recv`."""
-        r, dt = _buffer(recv, "recv")
-        s = None if send is None or self.rank != root else _buffer(send, "send")[0]
+        r, dt, scale = _moved(recv, "recv")
+        s = None if send is None or self.rank != root else _moved(send, "send")[0]
+        counts = _scaled(counts, scale)
         return self._run(
             lambda d: self._c.scatter(s, r, root, counts=counts, dtype=dt, done=d), recv, async_op
         )
 
     @aborts
     def all_to_all(self, send, recv, send_counts=None, recv_counts=None, async_op=False):
-        s, dt = _buffer(send, "send")
-        r, _ = _buffer(recv, "recv")
+        s, dt, scale = _moved(send, "send")
+        r, _, _ = _moved(recv, "recv")
+        send_counts, recv_counts = _scaled(send_counts, scale), _scaled(recv_counts, scale)
         return self._run(
             lambda d: self._c.all_to_all(s, r, send_counts, recv_counts, dtype=dt, done=d),
             recv,
@@ -318,12 +356,12 @@ class Communicator:
 
     @aborts
     def send(self, buf, dest, tag=0, async_op=False):
-        b, dt = _buffer(buf, "buf")
+        b, dt, _ = _moved(buf, "buf")
         return self._run(lambda d: self._c.send(b, dest, tag, dtype=dt, done=d), None, async_op)
 
     @aborts
     def recv(self, buf, src, tag=0, async_op=False):
-        b, dt = _buffer(buf, "buf")
+        b, dt, _ = _moved(buf, "buf")
         return self._run(lambda d: self._c.recv(b, src, tag, dtype=dt, done=d), buf, async_op)
 
     # -- objects (pickled; only exchange them with ranks you trust, as with mpi4py) -----------
