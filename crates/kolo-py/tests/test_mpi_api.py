@@ -169,3 +169,23 @@ def test_what_kolo_lacks_raises_not_implemented_naming_it():
         return comm.allreduce(1, op=MPI.SUM)
 
     assert world(2, body) == [2, 2]
+
+
+def test_bad_input_fails_the_peers_naming_the_call_once():
+    import kolo
+
+    def body(c):
+        comm = MPI.Wrap(c)
+        try:
+            if comm.Get_rank() == 0:  # 3 values are not 2 equal blocks
+                comm.Scatter([np.zeros(3), MPI.DOUBLE], MPI.IN_PLACE, root=0)
+            else:
+                comm.Scatter(None, np.zeros(1), root=0)
+        except (ValueError, kolo.KoloError) as e:
+            return str(e)
+        return None
+
+    own, peer = run_ranks(2, body)
+    assert own.startswith("message: cannot infer the count: 24 bytes are not 2"), own
+    # The peer's error names rank 0 once and the MPI call (not "MPI Scatter on rank 0" again).
+    assert peer.startswith("scatter on rank 1: aborted by rank 0: MPI Scatter: message:"), peer

@@ -31,7 +31,7 @@ class Intracomm(P2P, Collectives):
 
     def _fail(self, method, error):
         """Ends the communicator on every rank for bad input to `method` (see `BAD_INPUT`)."""
-        self._c.abort(f"MPI {method} on rank {self._rank}: {error}")
+        self._c.abort(f"MPI {method}: {error}")  # the error names this rank already
 
     # -- who --------------------------------------------------------------------------------------
     def Get_rank(self):
