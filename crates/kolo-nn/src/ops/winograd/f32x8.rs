@@ -29,8 +29,10 @@ fn applies<T: WithDType>(side: usize, n: usize) -> bool {
 
 /// Whether this CPU takes the fast paths: AVX2 without AVX-512F (std caches the checks). With
 /// AVX-512 the passes run their AVX-512 copies, whose lane vectors are one 16-float register
-/// each, and keep their generic loops there: these 8-float moves were measured on AVX2 CPUs only
-/// (a 16 × 16 form would suit those registers).
+/// each, and keep their generic loops there: these 8-float moves were measured on AVX2 CPUs only.
+/// A 16-tile form for AVX-512 (masked loads of a tile row, tiles `l` and `l + 8` in one register,
+/// two 8 × 8 transposes at once) measured no faster on a Zen 4 EPYC, whose passes wait on their
+/// strided reads of the transformed planes, not on these moves (performance chapter, Zen 4).
 #[inline(always)]
 fn cpu_takes_them() -> bool {
     is_x86_feature_detected!("avx2") && !is_x86_feature_detected!("avx512f")
