@@ -70,6 +70,26 @@ pub enum TrainError {
         size: usize,
     },
 
+    /// Join mode is on on some ranks and off on others ([`Ddp::set_join`](crate::ddp::Ddp::set_join)
+    /// called on some ranks only): their steps' first collectives differ.
+    #[error(
+        "join: join mode is {} on rank {rank} but {} on rank {peer}: call ddp.set_join({}) on \
+         every rank at the same point, before the loop ({source})",
+        on_off(*.here),
+        on_off(!*.here),
+        !*.here
+    )]
+    JoinModeDiffers {
+        /// Rank that noticed.
+        rank: usize,
+        /// The rank whose call showed the other mode.
+        peer: usize,
+        /// Whether join mode is on on `rank`.
+        here: bool,
+        /// The mismatch the two calls made.
+        source: kolo::Error,
+    },
+
     /// A communication hook returned a result that cannot be a bucket's gradients.
     #[error("communication hook {hook}: bucket {bucket}: {reason}")]
     CommHook {
@@ -145,4 +165,12 @@ fn describe_losses(losses: &[f64]) -> String {
         .map(|(r, l)| format!("rank {r} has {l}"))
         .collect();
     bad.join(", ")
+}
+
+fn on_off(on: bool) -> &'static str {
+    if on {
+        "on"
+    } else {
+        "off"
+    }
 }

@@ -245,19 +245,43 @@ fn a_rank_without_join_mode_is_reported() {
             ddp.backward(&net.loss(&x, &y)?).map(|_| ())
         },
     );
-    let errors: Vec<String> = res
-        .into_iter()
-        .map(|r| match r {
-            Ok(Err(e)) => e.to_string(),
-            other => panic!("expected an error, got {other:?}"),
-        })
-        .collect();
-    assert!(
-        errors
-            .iter()
-            .any(|e| e.contains("mismatch") && e.contains("rank 0") && e.contains("rank 1")),
-        "{errors:?}"
-    );
+    let mut told = 0;
+    for (rank, r) in res.into_iter().enumerate() {
+        let e = match r {
+            Ok(Err(e)) => e,
+            other => panic!("rank {rank}: expected an error, got {other:?}"),
+        };
+        let text = e.to_string();
+        // A rank that sees the mismatch itself is told what differs and what to do (the mismatch
+        // kept as the source); one the other aborted first gets the mismatch in the abort.
+        if let TrainError::JoinModeDiffers {
+            rank: r,
+            peer,
+            here,
+            ..
+        } = e
+        {
+            told += 1;
+            assert!(
+                r == rank && peer == 1 - rank && here == (rank == 0),
+                "{text}"
+            );
+            let (mine, theirs) = if here { ("on", "off") } else { ("off", "on") };
+            let said = format!("join mode is {mine} on rank {rank} but {theirs} on rank {peer}");
+            assert!(text.contains(&said), "rank {rank}: {text}");
+            assert!(
+                text.contains("set_join") && text.contains("mismatch"),
+                "{text}"
+            );
+        } else {
+            assert!(
+                matches!(&e, TrainError::Comm(kolo::Error::Aborted { by, .. }) if *by == 1 - rank)
+                    && text.contains("mismatch"),
+                "rank {rank}: {text}"
+            );
+        }
+    }
+    assert!(told >= 1, "no rank was told that join mode differs");
 }
 
 #[test]

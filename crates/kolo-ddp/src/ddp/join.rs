@@ -164,6 +164,43 @@ impl Ddp {
         Some(self.comm.all_reduce_async(vec![1i64], ReduceOp::Sum))
     }
 
+    /// `e`, or [`TrainError::JoinModeDiffers`] where it is the mismatch of a rank in join mode
+    /// (whose step begins with the count of [`Ddp::start_active_count`]) and one not in it.
+    pub(super) fn join_hint(&self, e: TrainError) -> TrainError {
+        let TrainError::Comm(kolo_err) = &e else {
+            return e;
+        };
+        let kolo::Error::Mismatch {
+            rank,
+            peer,
+            local,
+            remote,
+            ..
+        } = kolo_err.root_cause()
+        else {
+            return e;
+        };
+        let counts = |c: &kolo::Call| {
+            c.op == kolo::OpKind::AllReduce
+                && c.dtype == Some(kolo::DType::I64)
+                && c.reduce == Some(ReduceOp::Sum)
+                && c.count == 1
+        };
+        if counts(local) == counts(remote) || counts(local) != self.join.enabled {
+            return e;
+        }
+        let (rank, peer, here) = (*rank, *peer, self.join.enabled);
+        let TrainError::Comm(source) = e else {
+            return e;
+        };
+        TrainError::JoinModeDiffers {
+            rank,
+            peer,
+            here,
+            source,
+        }
+    }
+
     /// Waits for the count of [`Ddp::start_active_count`]: the number to divide the summed
     /// gradients by (None outside join mode).
     pub(super) fn finish_active_count(

@@ -380,9 +380,12 @@ impl Ddp {
         };
         if sync {
             let _s = timeline.span("gradient sync");
-            let divide_by = self.finish_active_count(count)?;
+            let divide_by = self
+                .finish_active_count(count)
+                .map_err(|e| self.join_hint(e))?;
             let mut s = self.lock();
-            s.finish(&mut grads, &self.vars(), divide_by)?;
+            s.finish(&mut grads, &self.vars(), divide_by)
+                .map_err(|e| self.join_hint(e))?;
             let unused = s.no_grad_names();
             drop(s);
             self.note_unused(unused);
@@ -448,12 +451,15 @@ impl Ddp {
             return Ok(());
         }
         let count = self.start_active_count();
-        let divide_by = self.finish_active_count(count)?;
+        let divide_by = self
+            .finish_active_count(count)
+            .map_err(|e| self.join_hint(e))?;
         let mut s = self.lock();
         let timeline = s.timeline().clone();
         let _span = timeline.span("gradient sync");
         s.begin_pass(false, self.reduce_op());
-        s.finish(grads, &self.vars(), divide_by)?;
+        s.finish(grads, &self.vars(), divide_by)
+            .map_err(|e| self.join_hint(e))?;
         let unused = s.no_grad_names();
         drop(s);
         drop(_span);
