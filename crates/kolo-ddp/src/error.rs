@@ -73,11 +73,10 @@ pub enum TrainError {
     /// Join mode is on on some ranks and off on others ([`Ddp::set_join`](crate::ddp::Ddp::set_join)
     /// called on some ranks only): their steps' first collectives differ.
     #[error(
-        "join: join mode is {} on rank {rank} but {} on rank {peer}: call ddp.set_join({}) on \
-         every rank at the same point, before the loop ({source})",
+        "join: join mode is {} on rank {rank} but {} on rank {peer}: call set_join with the same \
+         value on every rank, at the same point before the loop ({source})",
         on_off(*.here),
-        on_off(!*.here),
-        !*.here
+        on_off(!*.here)
     )]
     JoinModeDiffers {
         /// Rank that noticed.
