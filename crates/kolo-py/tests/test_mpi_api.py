@@ -189,3 +189,21 @@ def test_bad_input_fails_the_peers_naming_the_call_once():
     assert own.startswith("message: cannot infer the count: 24 bytes are not 2"), own
     # The peer's error names rank 0 once and the MPI call (not "MPI Scatter on rank 0" again).
     assert peer.startswith("scatter on rank 1: aborted by rank 0: MPI Scatter: message:"), peer
+
+
+def test_a_buffer_of_the_wrong_length_is_said_in_bytes():
+    import kolo
+
+    def body(c):
+        comm = MPI.Wrap(c)
+        r = comm.Get_rank()
+        recv = np.empty(3, np.float64) if r == 0 else None  # 2 ranks x 2 values need 4
+        try:
+            comm.Gather(np.full(2, r, np.float64), recv, root=0)
+        except kolo.KoloError as e:
+            return e
+        return None
+
+    own = run_ranks(2, body)[0]
+    assert isinstance(own, kolo.ArgumentError), own
+    assert str(own).endswith("has 24 bytes, expected 32 bytes (kolo.MPI moves a message's bytes)")

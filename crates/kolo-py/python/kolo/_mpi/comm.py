@@ -12,6 +12,10 @@ from .datatypes import BAD_INPUT, OPS, UNDEFINED, add_missing, reduce_objects
 
 SUM = OPS["SUM"]
 
+# The native calls kolo.MPI's buffer methods make, as their errors begin.
+_NATIVE_OPS = ("gather ", "scatter ", "all_gather ", "all_to_all ", "broadcast ", "send ",
+               "recv ", "reduce ", "all_reduce ", "reduce_scatter ", "scan ", "exscan ")
+
 
 class Intracomm(P2P, Collectives):
     """A communicator with mpi4py's method names (``MPI.COMM_WORLD``, ``MPI.Wrap(comm)``)."""
@@ -30,7 +34,14 @@ class Intracomm(P2P, Collectives):
         self._name = name
 
     def _fail(self, method, error):
-        """Ends the communicator on every rank for bad input to `method` (see `BAD_INPUT`)."""
+        """Ends the communicator on every rank for bad input to `method` (see `BAD_INPUT`). A
+        buffer length the native side counted is in bytes here (kolo.MPI hands it bytes), and the
+        error says so instead of "elements"."""
+        text = str(error)
+        if " elements, expected " in text and text.startswith(_NATIVE_OPS):
+            head, _, want = text.rpartition(" elements, expected ")
+            said = f"{head} bytes, expected {want} bytes (kolo.MPI moves a message's bytes)"
+            error.args = (said,)
         self._c.abort(f"MPI {method}: {error}")  # the error names this rank already
 
     # -- who --------------------------------------------------------------------------------------
