@@ -200,10 +200,25 @@ def test_a_buffer_of_the_wrong_length_is_said_in_bytes():
         recv = np.empty(3, np.float64) if r == 0 else None  # 2 ranks x 2 values need 4
         try:
             comm.Gather(np.full(2, r, np.float64), recv, root=0)
-        except kolo.KoloError as e:
+        except kolo.ArgumentError as e:
             return e
         return None
 
     own = run_ranks(2, body)[0]
     assert isinstance(own, kolo.ArgumentError), own
     assert str(own).endswith("has 24 bytes, expected 32 bytes (kolo.MPI moves a message's bytes)")
+
+
+def test_a_reductions_length_stays_in_elements():
+    import kolo
+
+    def body(c):
+        comm = MPI.Wrap(c)
+        try:  # 2 ranks x 2 doubles need 4 to send
+            comm.Reduce_scatter_block(np.ones(3), np.empty(2), op=MPI.SUM)
+        except kolo.ArgumentError as e:
+            return str(e)
+        return None
+
+    for text in run_ranks(2, body):
+        assert text.endswith("buffer `send` has 3 elements, expected 4"), text

@@ -12,9 +12,9 @@ from .datatypes import BAD_INPUT, OPS, UNDEFINED, add_missing, reduce_objects
 
 SUM = OPS["SUM"]
 
-# The native calls kolo.MPI's buffer methods make, as their errors begin.
-_NATIVE_OPS = ("gather ", "scatter ", "all_gather ", "all_to_all ", "broadcast ", "send ",
-               "recv ", "reduce ", "all_reduce ", "reduce_scatter ", "scan ", "exscan ")
+# The native calls that kolo.MPI hands bytes (`_U8`), as their errors begin; its reductions hand
+# the datatype's elements, whose counts are elements.
+_BYTE_OPS = ("gather ", "scatter ", "all_gather ", "all_to_all ", "broadcast ", "send ", "recv ")
 
 
 class Intracomm(P2P, Collectives):
@@ -38,7 +38,7 @@ class Intracomm(P2P, Collectives):
         buffer length the native side counted is in bytes here (kolo.MPI hands it bytes), and the
         error says so instead of "elements"."""
         text = str(error)
-        if " elements, expected " in text and text.startswith(_NATIVE_OPS):
+        if " elements, expected " in text and text.startswith(_BYTE_OPS):
             head, _, want = text.rpartition(" elements, expected ")
             said = f"{head} bytes, expected {want} bytes (kolo.MPI moves a message's bytes)"
             error.args = (said,)
