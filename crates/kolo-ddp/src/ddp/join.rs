@@ -167,17 +167,7 @@ impl Ddp {
     /// `e`, or [`TrainError::JoinModeDiffers`] where it is the mismatch of a rank in join mode
     /// (whose step begins with the count of [`Ddp::start_active_count`]) and one not in it.
     pub(super) fn join_hint(&self, e: TrainError) -> TrainError {
-        let TrainError::Comm(kolo_err) = &e else {
-            return e;
-        };
-        let kolo::Error::Mismatch {
-            rank,
-            peer,
-            local,
-            remote,
-            ..
-        } = kolo_err.root_cause()
-        else {
+        let TrainError::Comm(source) = e else {
             return e;
         };
         let counts = |c: &kolo::Call| {
@@ -186,18 +176,26 @@ impl Ddp {
                 && c.reduce == Some(ReduceOp::Sum)
                 && c.count == 1
         };
-        if counts(local) == counts(remote) || counts(local) != self.join.enabled {
-            return e;
-        }
-        let (rank, peer, here) = (*rank, *peer, self.join.enabled);
-        let TrainError::Comm(source) = e else {
-            return e;
+        let differs = match source.root_cause() {
+            kolo::Error::Mismatch {
+                rank,
+                peer,
+                local,
+                remote,
+                ..
+            } if counts(local) != counts(remote) && counts(local) == self.join.enabled => {
+                Some((*rank, *peer))
+            }
+            _ => None,
         };
-        TrainError::JoinModeDiffers {
-            rank,
-            peer,
-            here,
-            source,
+        match differs {
+            Some((rank, peer)) => TrainError::JoinModeDiffers {
+                rank,
+                peer,
+                here: self.join.enabled,
+                source,
+            },
+            None => TrainError::Comm(source),
         }
     }
 

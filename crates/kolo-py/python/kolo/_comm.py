@@ -20,13 +20,11 @@ BAD_INPUT = (TypeError, ValueError, NotImplementedError)
 def _buffer(x, arg):
     """`x` as (an object with the buffer protocol, kolo element type or None). Torch CPU
     tensors become numpy views of their memory (bfloat16 through int16, which numpy lacks)."""
-    if isinstance(x, (list, tuple)) and x and not isinstance(x[0], (int, float)):
-        x = x[0]  # mpi4py's [buffer, datatype]
+    x = _unwrapped(x)
     mod = type(x).__module__ or ""
     if mod.startswith("torch"):
         return _tensor_buffer(x, arg)
-    dtype = getattr(x, "dtype", None) if mod.startswith("numpy") else None
-    if dtype is not None and dtype.name not in DTYPES:
+    if _foreign_numpy(x):
         raise TypeError(
             f"{arg}: unsupported element type {x.dtype} (numpy): kolo reduces {', '.join(DTYPES)} "
             "(broadcast, the gathers, scatter, all-to-all and send/recv move any dtype)"
@@ -34,18 +32,30 @@ def _buffer(x, arg):
     return x, None
 
 
+def _unwrapped(x):
+    """The buffer of mpi4py's ``[buffer, datatype]`` form; `x` itself otherwise."""
+    if isinstance(x, (list, tuple)) and x and not isinstance(x[0], (int, float)):
+        return x[0]
+    return x
+
+
+def _foreign_numpy(x):
+    """Whether `x` is a numpy array of a dtype kolo does not reduce."""
+    return (type(x).__module__ or "").startswith("numpy") and getattr(
+        getattr(x, "dtype", None), "name", DTYPES[0]
+    ) not in DTYPES
+
+
 def _moved(x, arg):
     """`x` for a call that only moves data (broadcast, the gathers, scatter, all-to-all,
     send/recv): (buffer, kolo element type or None, buffer elements per element of `x`). What
     kolo reduces as `_buffer` gives it; a numpy array of any other dtype (int16, int8, bool,
     complex, a structured one) as its bytes, as mpi4py moves any buffer."""
-    if isinstance(x, (list, tuple)) and x and not isinstance(x[0], (int, float)):
-        x = x[0]  # mpi4py's [buffer, datatype]
-    np = _numpy_or_none()
-    if np is not None and isinstance(x, np.ndarray) and x.dtype.name not in DTYPES:
+    x = _unwrapped(x)
+    if _foreign_numpy(x):
         if not x.flags.c_contiguous:
             raise ValueError(f"{arg}: the array is not contiguous: pass np.ascontiguousarray(a)")
-        return x.reshape(-1).view(np.uint8), "uint8", x.itemsize
+        return x.reshape(-1).view("u1"), "uint8", x.itemsize
     b, dt = _buffer(x, arg)
     return b, dt, 1
 
@@ -181,14 +191,6 @@ class Work:
     def exception(self):
         """The error the finished operation raised, or None."""
         return self._error if self._event.is_set() else None
-
-
-def _numpy_or_none():
-    try:
-        import numpy
-    except ImportError:  # pragma: no cover - numpy is optional
-        return None
-    return numpy
 
 
 def _numpy():
