@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::call::{Call, Tag};
+use crate::DType;
 
 /// Result with kolo's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -32,8 +33,13 @@ pub enum Error {
         size: usize,
     },
 
-    /// A buffer of the wrong length for the call on this rank.
-    #[error("{op} on rank {rank}: buffer `{arg}` has {actual} elements, expected {expected}")]
+    /// A buffer of the wrong length for the call on this rank. Its lengths are counted in
+    /// elements of `dtype`, and said in bytes for [`DType::U8`] (what kolo.MPI and byte buffers
+    /// move).
+    #[error(
+        "{op} on rank {rank}: buffer `{arg}` has {actual} {unit}, expected {expected}",
+        unit = if *.dtype == DType::U8 { "bytes" } else { "elements" }
+    )]
     BufferLength {
         /// Operation.
         op: &'static str,
@@ -41,6 +47,8 @@ pub enum Error {
         rank: usize,
         /// Argument name.
         arg: &'static str,
+        /// Element type of the buffer.
+        dtype: DType,
         /// Elements required.
         expected: usize,
         /// Elements passed.

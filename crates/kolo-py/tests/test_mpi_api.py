@@ -200,13 +200,16 @@ def test_a_buffer_of_the_wrong_length_is_said_in_bytes():
         recv = np.empty(3, np.float64) if r == 0 else None  # 2 ranks x 2 values need 4
         try:
             comm.Gather(np.full(2, r, np.float64), recv, root=0)
-        except kolo.ArgumentError as e:
+        except kolo.KoloError as e:
             return e
         return None
 
-    own = run_ranks(2, body)[0]
+    own, peer = run_ranks(2, body)
     assert isinstance(own, kolo.ArgumentError), own
-    assert str(own).endswith("has 24 bytes, expected 32 bytes (kolo.MPI moves a message's bytes)")
+    assert str(own).endswith("buffer `recv` has 24 bytes, expected 32"), own
+    # The peer reads the same count in the abort it gets, not 24 "elements" of no datatype.
+    assert isinstance(peer, kolo.KoloError), peer
+    assert "has 24 bytes, expected 32" in str(peer), peer
 
 
 def test_a_reductions_length_stays_in_elements():

@@ -164,6 +164,26 @@ fn wrong_buffer_length_names_the_argument() {
 }
 
 #[test]
+fn a_byte_buffers_length_is_said_in_bytes() {
+    for kind in KINDS {
+        let errs = all_fail(kind, 2, |c| {
+            let send = vec![0u8; 3];
+            // Rank 0's receive buffer is a byte short; rank 1's fits.
+            let mut recv = vec![0u8; 5 + c.rank()];
+            c.all_gather(&send, &mut recv)
+        });
+        let text = errs[0].to_string();
+        assert!(
+            text.ends_with("buffer `recv` has 5 bytes, expected 6"),
+            "{text}"
+        );
+        // The peer's abort carries the same words.
+        let peer = errs[1].to_string();
+        assert!(peer.contains("has 5 bytes, expected 6"), "{peer}");
+    }
+}
+
+#[test]
 fn a_missing_rank_times_out_naming_it() {
     for kind in KINDS {
         let t = Instant::now();

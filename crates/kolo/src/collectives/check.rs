@@ -26,12 +26,19 @@ impl Check<'_> {
         Ok(root as u32)
     }
 
-    pub fn len(&self, arg: &'static str, actual: usize, expected: usize) -> Result<()> {
+    pub fn len(
+        &self,
+        arg: &'static str,
+        dtype: DType,
+        actual: usize,
+        expected: usize,
+    ) -> Result<()> {
         if actual != expected {
             return Err(Error::BufferLength {
                 op: self.op.name(),
                 rank: self.inner.rank,
                 arg,
+                dtype,
                 expected,
                 actual,
             });
@@ -102,12 +109,12 @@ impl Check<'_> {
             ),
             Some(counts) => {
                 let total = self.counts("counts", counts)?;
-                self.len(piece.arg, piece.len, counts[me])?;
+                self.len(piece.arg, dtype, piece.len, counts[me])?;
                 (self.call_v(dtype, counts, Some(root32)), total)
             }
         };
         if me == root {
-            self.len(whole.arg, whole.len, total)?;
+            self.len(whole.arg, dtype, whole.len, total)?;
         }
         Ok(call)
     }

@@ -160,7 +160,7 @@ impl Inner {
         let (e, n) = (dtype.size(), self.size());
         let count = recv.len() / e;
         let call = self.check_args(OpKind::ReduceScatter, |c| {
-            c.len("send", send.len() / e, count * n)?;
+            c.len("send", dtype, send.len() / e, count * n)?;
             Ok(c.call(dtype, count, Some(op), None))
         })?;
         if int_avg::applies(dtype, op) {
@@ -239,15 +239,15 @@ impl Inner {
             None => {
                 // In place, a whole block per rank.
                 let mine = mine.unwrap_or(total / n.max(1));
-                c.len(recv_arg, total, mine * n)?;
+                c.len(recv_arg, dtype, total, mine * n)?;
                 Ok(c.call(dtype, mine, None, None))
             }
             Some(counts) => {
                 let sum = c.counts("counts", counts)?;
                 if let Some(mine) = mine {
-                    c.len("send", mine, counts[self.rank])?;
+                    c.len("send", dtype, mine, counts[self.rank])?;
                 }
-                c.len(recv_arg, total, sum)?;
+                c.len(recv_arg, dtype, total, sum)?;
                 Ok(c.call_v(dtype, counts, None))
             }
         })
@@ -323,7 +323,7 @@ impl Inner {
         let call = self.check_args(op, |c| match counts {
             None => {
                 let len = send.len() / e;
-                c.len("recv", recv.len() / e, len)?;
+                c.len("recv", dtype, recv.len() / e, len)?;
                 if !len.is_multiple_of(n) {
                     return Err(Error::InvalidArgument {
                         op: op.name(),
@@ -337,8 +337,8 @@ impl Inner {
             Some((sc, rc)) => {
                 let st = c.counts("send_counts", sc)?;
                 let rt = c.counts("recv_counts", rc)?;
-                c.len("send", send.len() / e, st)?;
-                c.len("recv", recv.len() / e, rt)?;
+                c.len("send", dtype, send.len() / e, st)?;
+                c.len("recv", dtype, recv.len() / e, rt)?;
                 let me = self.rank;
                 if sc[me] != rc[me] {
                     return Err(Error::InvalidArgument {

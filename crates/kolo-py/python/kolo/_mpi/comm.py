@@ -12,10 +12,6 @@ from .datatypes import BAD_INPUT, OPS, UNDEFINED, add_missing, reduce_objects
 
 SUM = OPS["SUM"]
 
-# The native calls that kolo.MPI hands bytes (`_U8`), as their errors begin; its reductions hand
-# the datatype's elements, whose counts are elements.
-_BYTE_OPS = ("gather ", "scatter ", "all_gather ", "all_to_all ", "broadcast ", "send ", "recv ")
-
 
 class Intracomm(P2P, Collectives):
     """A communicator with mpi4py's method names (``MPI.COMM_WORLD``, ``MPI.Wrap(comm)``)."""
@@ -34,14 +30,7 @@ class Intracomm(P2P, Collectives):
         self._name = name
 
     def _fail(self, method, error):
-        """Ends the communicator on every rank for bad input to `method` (see `BAD_INPUT`). A
-        buffer length the native side counted is in bytes here (kolo.MPI hands it bytes), and the
-        error says so instead of "elements"."""
-        text = str(error)
-        if " elements, expected " in text and text.startswith(_BYTE_OPS):
-            head, _, want = text.rpartition(" elements, expected ")
-            said = f"{head} bytes, expected {want} bytes (kolo.MPI moves a message's bytes)"
-            error.args = (said,)
+        """Ends the communicator on every rank for bad input to `method` (see `BAD_INPUT`)."""
         self._c.abort(f"MPI {method}: {error}")  # the error names this rank already
 
     # -- who --------------------------------------------------------------------------------------
