@@ -43,7 +43,8 @@ def test_every_collective(n):
     for name in ["all_reduce torch.bfloat16", "all_reduce avg", "broadcast", "all_gather list",
                  "all_gather_into_tensor in place", "reduce_scatter_tensor", "reduce_scatter list",
                  "scatter", "all_to_all_single", "all_to_all list", "all_gather_object",
-                 "async work's future", "new_group all_reduce", "monitored_barrier"]:
+                 "async work's future", "new_group all_reduce", "split_group all_reduce",
+                 "split_group non-member", "monitored_barrier"]:
         assert passes(out, name) >= 2, (name, out[-3000:])
     assert out.count("DONE") == n
 

@@ -126,6 +126,24 @@ def collectives():
         x = torch.ones(1)
         dist.all_reduce(x, group=sub)
         check("new_group all_reduce", x.item() == float(len({0, n - 1})))
+    # torch's split_group over the kolo group: each split keeps its order (the even ranks
+    # reversed), a rank left out of every split gets no group.
+    splits = [[k for k in ranks if k % 2 == 0][::-1], [k for k in ranks if k % 2 == 1]]
+    splits = [s for s in splits if s]
+    g = dist.split_group(split_ranks=splits)
+    mine = next(s for s in splits if r in s)
+    x = torch.tensor([float(r)])
+    dist.all_reduce(x, group=g)
+    check("split_group all_reduce", x.item() == float(sum(mine))
+          and dist.get_rank(g) == mine.index(r) and dist.get_process_group_ranks(g) == mine,
+          (x, mine))
+    h = dist.split_group(split_ranks=[[k for k in ranks if k != 0]]) if n > 1 else None
+    if r == 0:
+        check("split_group non-member", h is None or h is dist.GroupMember.NON_GROUP_MEMBER, h)
+    else:
+        y = torch.ones(1)
+        dist.all_reduce(y, group=h)
+        check("split_group non-member", y.item() == float(n - 1), y)
     # A barrier holds every rank until the last arrives (the last rank comes 0.3 s late): no rank
     # leaves before the last arrival.
     for name, barrier in [("barrier", dist.barrier),

@@ -302,7 +302,8 @@ def _cpu_backend_class():
         # Said here: torch's C++ side reads these through Python, and its own versions of them,
         # inherited, would come back to that C++ side (endless recursion).
         supports_coalescing = property(lambda self: False)
-        supports_splitting = property(lambda self: False)
+        # The group splits (``ProcessGroupKolo.split_group``); torch asks its backend whether.
+        supports_splitting = property(lambda self: True)
         supports_shrinking = property(lambda self: False)
         supports_reconfigure = property(lambda self: False)
         supports_window = property(lambda self: False)

@@ -95,11 +95,12 @@ class ProcessGroupKolo(dist.ProcessGroup):
     place, asynchronous: every call returns a `Work` at once and kolo's worker thread runs the
     calls in order)."""
 
-    def __init__(self, comm, rank, size, name="kolo"):
+    def __init__(self, comm, rank, size, name="kolo", store=None):
         super().__init__(rank, size)
         self._c = comm
         self._group_name = name
         self._group_desc = ""
+        self._store = store
 
     # -- names torch asks for -----------------------------------------------------------------
     def getBackendName(self):
@@ -116,6 +117,33 @@ class ProcessGroupKolo(dist.ProcessGroup):
 
     def setGroupDesc(self, desc):
         self._group_desc = desc
+
+    def get_group_store(self):
+        """The store this group met through (a split group's: its parent's, under its name)."""
+        if self._store is None:
+            raise RuntimeError(f"kolo: process group {self._group_name!r} has no store")
+        return self._store
+
+    def split_group(self, new_ranks, timeout=None, opts=None, group_name=None, group_desc=None,
+                    device_types=None):
+        """torch's ``dist.split_group`` on a kolo group: the ranks of `new_ranks` (this group's
+        ranks, in their new order) form a new group, split from this one's communicator over the
+        connections it has (no new rendezvous), as Gloo's and NCCL's splits do. Collective, as
+        torch says: every rank of this group calls it, each with the split it is in (torch hands
+        a rank in none the first split, and it gets None)."""
+        me = self.rank()
+        ranks = [int(r) for r in new_ranks]
+        member = me in ranks
+        # Splits do not overlap (torch checks), so a split's lowest rank names it.
+        sub = self._c.split(min(ranks) if member and ranks else None, ranks.index(me) if member else 0)
+        if sub is None:
+            return None
+        name = str(group_name) if group_name else f"{self._group_name}:split:{min(ranks)}"
+        store = None if self._store is None else dist.PrefixStore(f"kolo-split/{name}/", self._store)
+        pg = _wrap(sub, ranks.index(me), len(ranks), name, store)
+        if group_desc:
+            pg.setGroupDesc(str(group_desc))
+        return pg
 
     @property
     def comm(self):
@@ -491,10 +519,15 @@ def make_group(store, rank, size, group="default", timeout=None):
         timeout=timeout,
         host=_store_host(store),
     )
+    return _wrap(comm, rank, size, group, store)
+
+
+def _wrap(comm, rank, size, name, store):
+    """The :class:`ProcessGroupKolo` of the communicator `comm`, its operations recorded."""
     from . import _flight
 
     _flight.watch(comm)
-    pg = ProcessGroupKolo(comm, rank, size, group)
+    pg = ProcessGroupKolo(comm, rank, size, name, store)
     # torch uses a ProcessGroup subclass as the group itself (its Python methods are what torch's
     # calls reach, a receive's work included), and so registers no backend for its devices: the
     # group registers one for the CPU, passing every call on to it.
