@@ -15,6 +15,7 @@
 
 mod common;
 
+// ANCHOR: uses
 use candle_core::{DType, Device, Module};
 use candle_nn::{loss::cross_entropy, VarBuilder, VarMap};
 use common::{fashion, mlp, xy};
@@ -23,6 +24,7 @@ use kolo_data::{batches, DatasetKind, DistributedSampler, Split};
 use kolo_ddp::ddp::{Ddp, DdpOptions};
 use kolo_ddp::distributed::{check_loss, DistributedOptimizer};
 use kolo_ddp::optim::{self, OptimizerConfig};
+// ANCHOR_END: uses
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);

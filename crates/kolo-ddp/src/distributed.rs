@@ -77,18 +77,29 @@ pub fn reduce_value(comm: &Communicator, value: f64, op: ReduceOp) -> Result<f64
     Ok(v[0])
 }
 
-/// Gathers every rank's loss; if any is NaN or infinite every rank returns
-/// [`TrainError::NonFiniteLoss`] naming the ranks, otherwise the mean loss.
+/// Gathers every rank's loss and step; if any loss is NaN or infinite every rank returns
+/// [`TrainError::NonFiniteLoss`] naming the ranks, if the ranks passed different steps (one
+/// skipped a batch or stepped twice) [`TrainError::StepsDiffer`], otherwise the mean loss.
 #[track_caller]
 pub fn check_loss(comm: &Communicator, step: u64, loss: f64) -> Result<f64> {
-    let mut all = vec![0.0f64; comm.size()];
-    comm.all_gather(&[loss], &mut all)?;
-    if all.iter().any(|l| !l.is_finite()) {
-        let e = TrainError::NonFiniteLoss { step, losses: all };
-        comm.dump_flight_record_on_failure(&e.to_string());
-        return Err(e);
-    }
-    Ok(all.iter().sum::<f64>() / all.len() as f64)
+    // The step travels as two exact halves: an f64 holds integers up to 2^53 only.
+    let mine = [loss, (step >> 32) as f64, (step & 0xffff_ffff) as f64];
+    let mut all = vec![0.0f64; 3 * comm.size()];
+    comm.all_gather(&mine, &mut all)?;
+    let losses: Vec<f64> = all.chunks_exact(3).map(|c| c[0]).collect();
+    let steps: Vec<u64> = all
+        .chunks_exact(3)
+        .map(|c| ((c[1] as u64) << 32) | c[2] as u64)
+        .collect();
+    let e = if losses.iter().any(|l| !l.is_finite()) {
+        TrainError::NonFiniteLoss { step, losses }
+    } else if steps.iter().any(|&s| s != step) {
+        TrainError::StepsDiffer { steps }
+    } else {
+        return Ok(losses.iter().sum::<f64>() / losses.len() as f64);
+    };
+    comm.dump_flight_record_on_failure(&e.to_string());
+    Err(e)
 }
 
 /// [`check_loss`] for join mode (uneven inputs, see [`crate::ddp::join`]): ranks with a batch pass

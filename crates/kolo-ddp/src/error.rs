@@ -32,6 +32,22 @@ pub enum TrainError {
         actual: String,
     },
 
+    /// Loading or reading a data set failed (`kolo_data`).
+    #[error(transparent)]
+    Data(#[from] kolo_data::DataError),
+
+    /// The ranks passed different steps to [`crate::distributed::check_loss`]: one skipped a
+    /// batch or stepped twice, and their gradients no longer belong to the same step.
+    #[error(
+        "ranks are at different steps: {}; every rank must run every step (a rank that skips a \
+         batch, or steps twice, trains on gradients of another step)",
+        describe_steps(.steps)
+    )]
+    StepsDiffer {
+        /// Every rank's step, in rank order.
+        steps: Vec<u64>,
+    },
+
     /// The loss became NaN or infinite on some rank; every rank stops with this error.
     #[error("non-finite loss at step {step}: {}", describe_losses(.losses))]
     NonFiniteLoss {
@@ -172,4 +188,16 @@ fn on_off(on: bool) -> &'static str {
     } else {
         "off"
     }
+}
+
+/// "rank 0 at step 10, rank 1 at step 11" for the ranks whose step is not rank 0's (and rank 0).
+fn describe_steps(steps: &[u64]) -> String {
+    let first = steps.first().copied().unwrap_or(0);
+    steps
+        .iter()
+        .enumerate()
+        .filter(|&(r, &s)| r == 0 || s != first)
+        .map(|(r, s)| format!("rank {r} at step {s}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }

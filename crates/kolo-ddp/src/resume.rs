@@ -12,29 +12,61 @@ use std::path::{Path, PathBuf};
 
 use crate::checkpoint::{self, TrainState};
 use crate::distributed::DistributedOptimizer;
-use crate::error::Result;
+use crate::error::{Result, TrainError};
 use crate::optim::DynOptimizer;
 
 impl DistributedOptimizer<Box<dyn DynOptimizer>> {
     /// Writes a checkpoint of the job after `epoch` epochs under `root` (rank 0 writes; the
     /// others return `None`): parameters and buffers, the full optimizer state (gathered from its
-    /// shards under ZeRO), the step counts. A collective: call it on every rank.
+    /// shards under ZeRO), the step counts. A collective: call it on every rank, at the same
+    /// point. The ranks first agree on `epoch` and their step count (a call on rank 0 alone, as a
+    /// PyTorch habit has it, fails there as a collective that no peer made; ranks at different
+    /// points fail with [`TrainError::Checkpoint`] naming them), and every rank learns whether
+    /// rank 0's write succeeded: if it did not, every rank returns an error.
+    #[track_caller]
     pub fn save_checkpoint(&self, root: &Path, epoch: usize) -> Result<Option<PathBuf>> {
         let ddp = self.ddp();
+        let comm = ddp.comm();
+        let (me, size) = (comm.rank(), comm.size());
+        let mine = [epoch as i64, self.steps() as i64];
+        let mut all = vec![0i64; 2 * size];
+        comm.all_gather(&mine, &mut all)?;
+        if let Some(r) = (0..size).find(|&r| all[2 * r..2 * r + 2] != mine) {
+            return Err(TrainError::Checkpoint {
+                path: root.to_path_buf(),
+                reason: format!(
+                    "rank {r} saves epoch {} after step {}, rank {me} epoch {epoch} after step {}: \
+                     call save_checkpoint on every rank at the same point of the loop",
+                    all[2 * r],
+                    all[2 * r + 1],
+                    self.steps()
+                ),
+            });
+        }
         let snapshot = self.inner().gather_state()?;
-        let Some(snapshot) = snapshot.filter(|_| ddp.comm().rank() == 0) else {
-            return Ok(None);
-        };
-        let mut vars = ddp.params().to_vec();
-        vars.extend(ddp.buffers().iter().cloned());
-        let state = TrainState {
-            epoch,
-            step: self.steps(),
-            optimizer_steps: snapshot.step_count,
-            world_size: ddp.comm().size(),
-            ..TrainState::default()
-        };
-        checkpoint::save(root, &vars, &snapshot, &state).map(Some)
+        let written = snapshot.filter(|_| me == 0).map(|snapshot| {
+            let mut vars = ddp.params().to_vec();
+            vars.extend(ddp.buffers().iter().cloned());
+            let state = TrainState {
+                epoch,
+                step: self.steps(),
+                optimizer_steps: snapshot.step_count,
+                world_size: size,
+                ..TrainState::default()
+            };
+            checkpoint::save(root, &vars, &snapshot, &state)
+        });
+        // Rank 0 tells every rank whether the checkpoint exists now.
+        let mut ok = [u8::from(matches!(written, Some(Ok(_))))];
+        comm.broadcast(&mut ok, 0)?;
+        match written {
+            Some(w) => w.map(Some),
+            None if ok[0] == 1 => Ok(None),
+            None => Err(TrainError::Checkpoint {
+                path: root.to_path_buf(),
+                reason: "rank 0 could not write the checkpoint (its error says why)".into(),
+            }),
+        }
     }
 
     /// Restores the newest checkpoint under `root` (read by rank 0, broadcast to every rank):

@@ -21,6 +21,7 @@ pub fn fashion(limit: usize) -> Result<Dataset, Box<dyn std::error::Error>> {
     Ok(data.subset(&(0..limit.min(data.len())).collect::<Vec<_>>())?)
 }
 
+// ANCHOR: xy
 /// Images and labels of the samples `batch` as tensors (`xs`, `ys`: reused buffers).
 #[allow(dead_code)]
 pub fn xy(
@@ -34,6 +35,7 @@ pub fn xy(
     let x = Tensor::from_slice(xs, (batch.len(), 784), dev)?;
     Ok((x, Tensor::from_slice(ys, batch.len(), dev)?))
 }
+// ANCHOR_END: xy
 
 /// Whether every rank holds bit for bit the same `vars` (kolo-ddp's check, `true` for none).
 #[allow(dead_code)]
