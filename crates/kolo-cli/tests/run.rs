@@ -330,6 +330,45 @@ fn worker_ignoring_sigterm_is_killed_after_grace_period() {
 }
 
 #[test]
+fn a_stopped_worker_is_continued_to_take_its_sigterm() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Rank 0 stops itself (as SIGSTOP or ^Z would); rank 1 then fails.
+    let script = r#"
+        if [ "$RANK" = 0 ]; then
+            echo $$ > "$DIR/pid.0"
+            kill -STOP $$
+            sleep 30
+        fi
+        while [ ! -e "$DIR/pid.0" ]; do sleep 0.02; done
+        sleep 0.2
+        exit 1
+    "#;
+    let start = Instant::now();
+    let out = kolo()
+        .args([
+            "run",
+            "-n",
+            "2",
+            "--grace-period",
+            "10",
+            "--",
+            "sh",
+            "-c",
+            script,
+        ])
+        .env("DIR", dir.path())
+        .output()
+        .expect("the kolo binary starts");
+    let elapsed = start.elapsed();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "stderr: {err}");
+    // SIGTERM reached it at once, not SIGKILL after the grace period.
+    assert!(!err.contains("SIGKILL"), "stderr: {err}");
+    assert!(elapsed < Duration::from_secs(5), "took {elapsed:?}: {err}");
+    assert_all_gone(&worker_pids(dir.path()));
+}
+
+#[test]
 fn sigterm_to_launcher_stops_workers() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut child = kolo()

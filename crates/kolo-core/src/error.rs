@@ -15,7 +15,7 @@ use crate::DType;
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Everything that can go wrong in kolo's communication layer.
-#[derive(Clone, Debug, thiserror::Error)]
+#[derive(Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// A root, peer or member rank outside the group.
@@ -571,5 +571,13 @@ mod tests {
              send/recv from rank 0: Rank 1 failed to pass monitoredBarrier in 20 ms"
         ));
         assert!(barrier(0, &[1], 0).contains(": Rank 0 timed out in monitoredBarrier after 0 ms"));
+    }
+}
+
+/// The message, as `Display` writes it, not the fields: a `main` returning this error prints it so,
+/// and the message is what names the rank, the call and what to do.
+impl std::fmt::Debug for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
     }
 }

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 ///
 /// Every variant that concerns a file names it, and format errors carry the
 /// numbers involved (the magic found, the dimensions, the byte counts).
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum DataError {
     /// A file or directory could not be opened or read.
@@ -148,5 +148,13 @@ mod tests {
         let s = e.to_string();
         assert!(s.contains("x/train-images-idx3-ubyte"), "{s}");
         assert!(s.contains("100") && s.contains("42"), "{s}");
+    }
+}
+
+/// The message, as `Display` writes it, not the fields: a `main` returning this error prints it so,
+/// and the message is what names the rank, the call and what to do.
+impl std::fmt::Debug for DataError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
     }
 }

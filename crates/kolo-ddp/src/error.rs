@@ -6,7 +6,7 @@ use std::path::PathBuf;
 pub type Result<T, E = TrainError> = std::result::Result<T, E>;
 
 /// What can go wrong while setting up or running data-parallel training.
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum TrainError {
     /// Communication failed (a lost peer, a mismatch, a timeout, ...).
@@ -200,4 +200,12 @@ fn describe_steps(steps: &[u64]) -> String {
         .map(|(r, s)| format!("rank {r} at step {s}"))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// The message, as `Display` writes it, not the fields: a `main` returning this error prints it so,
+/// and the message is what names the rank, the call and what to do.
+impl std::fmt::Debug for TrainError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
 }

@@ -349,5 +349,10 @@ fn a_model_that_missed_a_refresh_is_an_error_naming_what_to_do() {
         };
         assert!(text.contains("ddp.refresh()"), "rank {r}: {text}");
         assert!(text.contains("DistributedOptimizer"), "rank {r}: {text}");
+        // The parameter by its name, not by an index.
+        let named = ["conv.", "fc1.", "fc2."]
+            .iter()
+            .any(|p| text.contains(&format!("parameter {p}")));
+        assert!(named, "rank {r}: {text}");
     }
 }

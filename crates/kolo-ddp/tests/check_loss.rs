@@ -23,6 +23,7 @@ fn a_rank_a_step_ahead_is_reported_on_every_rank() {
         let s = 1u64 << 32;
         assert_eq!(steps, &[s + 10, s + 10, s + 11]);
         let text = e.to_string();
+        assert_eq!(format!("{e:?}"), text, "Debug is the message");
         assert!(
             text.starts_with(&format!(
                 "ranks are at different steps: rank 0 at step {}, rank 2 at step {}",

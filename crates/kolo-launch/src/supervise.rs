@@ -402,9 +402,11 @@ fn ask_for_records(workers: &[Worker]) {
 /// How long the launcher waits for the flight records of the workers it is about to stop.
 const RECORD_WAIT: Duration = Duration::from_millis(400);
 
-/// Sends SIGTERM to every live worker's process group.
+/// Sends SIGTERM to every live worker's process group, then SIGCONT: a stopped worker (SIGSTOP,
+/// a shell's ^Z) would otherwise hold the SIGTERM pending through the whole grace period.
 fn terminate(workers: &[Worker], grace: Duration) -> Phase {
     signal_live(workers, libc::SIGTERM);
+    signal_live(workers, libc::SIGCONT);
     Phase::Terminating {
         deadline: Instant::now() + grace,
     }
@@ -442,6 +444,7 @@ fn signal_live(workers: &[Worker], sig: libc::c_int) {
 /// the launch itself failed.
 pub(crate) fn stop_all(workers: &mut [Worker], grace: Duration) {
     signal_live(workers, libc::SIGTERM);
+    signal_live(workers, libc::SIGCONT);
     let deadline = Instant::now() + grace;
     let mut killed = false;
     loop {

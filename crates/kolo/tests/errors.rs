@@ -180,6 +180,8 @@ fn a_byte_buffers_length_is_said_in_bytes() {
         // The peer's abort carries the same words.
         let peer = errs[1].to_string();
         assert!(peer.contains("has 5 bytes, expected 6"), "{peer}");
+        // `Debug` (what a `main` returning the error prints) is the message, not the fields.
+        assert_eq!(format!("{:?}", errs[0]), text);
     }
 }
 

@@ -67,6 +67,8 @@ pub fn gradient_hooks(
 /// `on_gradient`.
 pub(crate) struct GradHook {
     pub index: usize,
+    /// The parameter's name, for errors.
+    pub name: String,
     pub on_gradient: TakeGradient,
 }
 
@@ -113,11 +115,11 @@ impl CustomOp1 for GradHook {
     ) -> candle_core::Result<Option<Tensor>> {
         if !same_samples(arg, res)? {
             candle_core::bail!(
-                "kolo ddp: parameter #{} of the model is not the parameter's current value: the \
+                "kolo ddp: parameter {} of the model is not the parameter's current value: the \
                  model was built from Ddp::var_builder before an optimizer step that kolo did not \
                  see. Step with kolo's DistributedOptimizer (it refreshes the model), or call \
                  ddp.refresh() after your optimizer's step, or build the model anew each step",
-                self.index
+                self.name
             )
         }
         let taken = (self.on_gradient)(self.index, grad)?;
@@ -272,6 +274,7 @@ impl SimpleBackend for HookedBackend {
         if let Some(on_gradient) = &self.on_gradient {
             t = t.apply_op1_arc(Arc::new(Box::new(GradHook {
                 index,
+                name: name.to_string(),
                 on_gradient: on_gradient.clone(),
             })))?;
             copies.push(t.clone());

@@ -243,11 +243,7 @@ pub fn all_gather_in_place(c: &Communicator, bad_input: bool) -> kolo::Result<()
     // Bad input, refused before anything is sent: each rank names its own buffer, unless the
     // abort of a faster rank, naming that rank's, comes first — in this call or in the barrier
     // before it (the communicator fails either way).
-    let expected = format!(
-        "buffer `buf` has {} elements, expected {}",
-        n * 3 + 1,
-        n * 3
-    );
+    let expected = format!("buffer `buf` has {} bytes, expected {}", n * 3 + 1, n * 3);
     let mut odd = vec![0u8; n * 3 + 1];
     match c.barrier().and_then(|()| c.all_gather_in_place(&mut odd)) {
         Err(e) if e.to_string().contains(&expected) => Ok(()),
