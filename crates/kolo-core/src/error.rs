@@ -514,6 +514,14 @@ fn tag_words(tag: u64) -> String {
     }
 }
 
+/// The message, as `Display` writes it, not the fields: a `main` returning this error prints it so,
+/// and the message is what names the rank, the call and what to do.
+impl std::fmt::Debug for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -571,13 +579,5 @@ mod tests {
              send/recv from rank 0: Rank 1 failed to pass monitoredBarrier in 20 ms"
         ));
         assert!(barrier(0, &[1], 0).contains(": Rank 0 timed out in monitoredBarrier after 0 ms"));
-    }
-}
-
-/// The message, as `Display` writes it, not the fields: a `main` returning this error prints it so,
-/// and the message is what names the rank, the call and what to do.
-impl std::fmt::Debug for Error {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        std::fmt::Display::fmt(self, f)
     }
 }
