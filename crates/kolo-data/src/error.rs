@@ -122,6 +122,14 @@ fn fmt_paths(paths: &[PathBuf]) -> String {
     out
 }
 
+/// The message, as `Display` writes it, not the fields: a `main` returning this error prints it so,
+/// and the message is what names the rank, the call and what to do.
+impl std::fmt::Debug for DataError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -148,13 +156,5 @@ mod tests {
         let s = e.to_string();
         assert!(s.contains("x/train-images-idx3-ubyte"), "{s}");
         assert!(s.contains("100") && s.contains("42"), "{s}");
-    }
-}
-
-/// The message, as `Display` writes it, not the fields: a `main` returning this error prints it so,
-/// and the message is what names the rank, the call and what to do.
-impl std::fmt::Debug for DataError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        std::fmt::Display::fmt(self, f)
     }
 }
