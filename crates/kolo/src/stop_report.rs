@@ -25,8 +25,10 @@ static INSTALL: Once = Once::new();
 static WORLDS: Mutex<Vec<Weak<dyn StopReport>>> = Mutex::new(Vec::new());
 
 /// How long a stopped worker waits for its transports to notice a dead peer (a socket's reader
-/// thread may not have run yet) before it gives up and exits without a report.
-const GRACE: Duration = Duration::from_millis(300);
+/// thread may not have run yet) before it gives up and exits without a report. 300 ms was too
+/// short on a loaded 2-core machine (a debug build in mid all-reduce, once in a full test run);
+/// torchrun waits 30 s after its SIGTERM, and a worker with a report to write ends at once.
+const GRACE: Duration = Duration::from_secs(1);
 
 /// Registers a world communicator to be checked when torchrun stops this worker; installs the
 /// SIGTERM handler on first use. Does nothing outside torchrun.
