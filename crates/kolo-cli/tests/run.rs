@@ -285,6 +285,28 @@ fn killed_worker_is_blamed_not_the_peers_that_exit_after_it() {
     assert!(elapsed < Duration::from_secs(4), "took {elapsed:?}");
 }
 
+/// `kolo run -n 2 --grace-period GRACE -- sh -c SCRIPT` with `DIR` set to `dir`: its output and
+/// how long it took.
+fn run_sh_with_grace(script: &str, grace: &str, dir: &Path) -> (Output, Duration) {
+    let start = Instant::now();
+    let out = kolo()
+        .args([
+            "run",
+            "-n",
+            "2",
+            "--grace-period",
+            grace,
+            "--",
+            "sh",
+            "-c",
+            script,
+        ])
+        .env("DIR", dir)
+        .output()
+        .expect("the kolo binary starts");
+    (out, start.elapsed())
+}
+
 #[test]
 fn worker_ignoring_sigterm_is_killed_after_grace_period() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -297,23 +319,7 @@ fn worker_ignoring_sigterm_is_killed_after_grace_period() {
         while [ ! -e "$DIR/pid.0" ]; do sleep 0.02; done
         exit 1
     "#;
-    let start = Instant::now();
-    let out = kolo()
-        .args([
-            "run",
-            "-n",
-            "2",
-            "--grace-period",
-            "1",
-            "--",
-            "sh",
-            "-c",
-            script,
-        ])
-        .env("DIR", dir.path())
-        .output()
-        .expect("the kolo binary starts");
-    let elapsed = start.elapsed();
+    let (out, elapsed) = run_sh_with_grace(script, "1", dir.path());
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(1), "stderr: {err}");
     assert!(err.contains("rank 1 (pid "), "stderr: {err}");
@@ -343,23 +349,7 @@ fn a_stopped_worker_is_continued_to_take_its_sigterm() {
         sleep 0.2
         exit 1
     "#;
-    let start = Instant::now();
-    let out = kolo()
-        .args([
-            "run",
-            "-n",
-            "2",
-            "--grace-period",
-            "10",
-            "--",
-            "sh",
-            "-c",
-            script,
-        ])
-        .env("DIR", dir.path())
-        .output()
-        .expect("the kolo binary starts");
-    let elapsed = start.elapsed();
+    let (out, elapsed) = run_sh_with_grace(script, "10", dir.path());
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(1), "stderr: {err}");
     // SIGTERM reached it at once, not SIGKILL after the grace period.
