@@ -129,6 +129,16 @@ fn a_rank_that_never_enters_is_named_with_where_it_was() {
         let text = analysis::diagnose(&dumps[..2]);
         assert!(text.contains("2 of 3 ranks left a flight record"), "{text}");
         assert!(text.contains("No record from rank 2"), "{text}");
+        assert!(text.contains("died before writing it"), "{text}");
+        // A rank the others saw close its communicator finished early: said so, not "died".
+        let mut closed = dumps[..2].to_vec();
+        closed[0].reason = "all_gather on rank 0: rank 2 has closed its communicator".into();
+        let text = analysis::diagnose(&closed);
+        assert!(
+            text.contains("No record from rank 2: it closed its communicator (returned or exited)"),
+            "{text}"
+        );
+        assert!(!text.contains("died before writing it"), "{text}");
     }
 }
 

@@ -233,11 +233,24 @@ pub fn diagnose(dumps: &[FlightDump]) -> String {
         "{} of {size} ranks left a flight record.",
         by_rank.len()
     );
-    if !missing.is_empty() {
+    // A rank the others saw close its communicator finished (returned, exited) before they failed.
+    let closed = |r: usize| {
+        let words = format!("rank {r} has closed its communicator");
+        by_rank.values().any(|d| d.reason.contains(&words))
+    };
+    let (finished, lost): (Vec<usize>, Vec<usize>) = missing.iter().partition(|&&r| closed(r));
+    if !finished.is_empty() {
+        let _ = writeln!(
+            out,
+            "No record from {}: it closed its communicator (returned or exited) while the others still called it, and left none.",
+            plural(&finished)
+        );
+    }
+    if !lost.is_empty() {
         let _ = writeln!(
             out,
             "No record from {}: the process died before writing it (killed, crashed) or its host is unreachable.",
-            plural(&missing)
+            plural(&lost)
         );
     }
     let who: Vec<String> = by_rank
