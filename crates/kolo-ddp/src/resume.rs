@@ -28,18 +28,18 @@ impl DistributedOptimizer<Box<dyn DynOptimizer>> {
         let ddp = self.ddp();
         let comm = ddp.comm();
         let (me, size) = (comm.rank(), comm.size());
-        let mine = [epoch as i64, self.steps() as i64];
+        let steps = self.steps();
+        let mine = [epoch as i64, steps as i64];
         let mut all = vec![0i64; 2 * size];
         comm.all_gather(&mine, &mut all)?;
         if let Some(r) = (0..size).find(|&r| all[2 * r..2 * r + 2] != mine) {
             return Err(TrainError::Checkpoint {
                 path: root.to_path_buf(),
                 reason: format!(
-                    "rank {r} saves epoch {} after step {}, rank {me} epoch {epoch} after step {}: \
-                     call save_checkpoint on every rank at the same point of the loop",
+                    "rank {r} saves epoch {} after step {}, rank {me} epoch {epoch} after step \
+                     {steps}: call save_checkpoint on every rank at the same point of the loop",
                     all[2 * r],
                     all[2 * r + 1],
-                    self.steps()
                 ),
             });
         }
@@ -49,7 +49,7 @@ impl DistributedOptimizer<Box<dyn DynOptimizer>> {
             vars.extend(ddp.buffers().iter().cloned());
             let state = TrainState {
                 epoch,
-                step: self.steps(),
+                step: steps,
                 optimizer_steps: snapshot.step_count,
                 world_size: size,
                 ..TrainState::default()

@@ -402,11 +402,9 @@ fn ask_for_records(workers: &[Worker]) {
 /// How long the launcher waits for the flight records of the workers it is about to stop.
 const RECORD_WAIT: Duration = Duration::from_millis(400);
 
-/// Sends SIGTERM to every live worker's process group, then SIGCONT: a stopped worker (SIGSTOP,
-/// a shell's ^Z) would otherwise hold the SIGTERM pending through the whole grace period.
+/// Sends SIGTERM to every live worker's process group ([`sigterm_live`]).
 fn terminate(workers: &[Worker], grace: Duration) -> Phase {
-    signal_live(workers, libc::SIGTERM);
-    signal_live(workers, libc::SIGCONT);
+    sigterm_live(workers);
     Phase::Terminating {
         deadline: Instant::now() + grace,
     }
@@ -429,6 +427,13 @@ fn kill(workers: &[Worker], grace: Option<Duration>) -> Phase {
     Phase::Killing
 }
 
+/// SIGTERM to every live worker's process group, then SIGCONT: a stopped worker (SIGSTOP, a
+/// shell's ^Z) would otherwise hold the SIGTERM pending through the whole grace period.
+fn sigterm_live(workers: &[Worker]) {
+    signal_live(workers, libc::SIGTERM);
+    signal_live(workers, libc::SIGCONT);
+}
+
 fn signal_live(workers: &[Worker], sig: libc::c_int) {
     for w in workers.iter().filter(|w| w.exit.is_none()) {
         if let Err(err) = signal_group(w.pid, sig) {
@@ -443,8 +448,7 @@ fn signal_live(workers: &[Worker], sig: libc::c_int) {
 /// Stops all workers (SIGTERM, grace period, SIGKILL) and reaps them, after
 /// the launch itself failed.
 pub(crate) fn stop_all(workers: &mut [Worker], grace: Duration) {
-    signal_live(workers, libc::SIGTERM);
-    signal_live(workers, libc::SIGCONT);
+    sigterm_live(workers);
     let deadline = Instant::now() + grace;
     let mut killed = false;
     loop {

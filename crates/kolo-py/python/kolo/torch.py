@@ -133,14 +133,14 @@ class ProcessGroupKolo(dist.ProcessGroup):
         a rank in none the first split, and it gets None)."""
         me = self.rank()
         ranks = [int(r) for r in new_ranks]
-        member = me in ranks
+        key = ranks.index(me) if me in ranks else None
         # Splits do not overlap (torch checks), so a split's lowest rank names it.
-        sub = self._c.split(min(ranks) if member and ranks else None, ranks.index(me) if member else 0)
+        sub = self._c.split(None if key is None else min(ranks), key or 0)
         if sub is None:
             return None
         name = str(group_name) if group_name else f"{self._group_name}:split:{min(ranks)}"
         store = None if self._store is None else dist.PrefixStore(f"kolo-split/{name}/", self._store)
-        pg = _wrap(sub, ranks.index(me), len(ranks), name, store)
+        pg = _wrap(sub, key, len(ranks), name, store)
         if group_desc:
             pg.setGroupDesc(str(group_desc))
         return pg
