@@ -2,9 +2,9 @@
 //! aborted, when a communicator failed), and the error codes MPI returns turned into kolo errors.
 
 use std::os::raw::{c_char, c_int};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, OnceLock, Weak};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock, RwLock, Weak};
+use std::time::{Duration, Instant};
 
 use kolo_core::{Error, Result};
 use mpi::environment::Universe;
@@ -28,6 +28,14 @@ static STARTED: OnceLock<std::result::Result<(), String>> = OnceLock::new();
 static FAILED: AtomicBool = AtomicBool::new(false);
 /// Set when MPI is finalized (nothing may call MPI after that).
 static FINALIZED: AtomicBool = AtomicBool::new(false);
+/// Held shared around each of the transports' MPI calls, which come from any thread (the flight
+/// recorder's watcher asks for failures every 100 ms, and the last owner of a world, on whatever
+/// thread, tells its peers it left); held exclusively while MPI is finalized at exit, so that no
+/// call is in flight then and none starts after it.
+static LIFE: RwLock<()> = RwLock::new(());
+/// Transports being dropped on some thread (telling their peers they left): finalizing waits a
+/// moment for them.
+static CLOSING: AtomicUsize = AtomicUsize::new(0);
 /// Live transports, whose buffered sends are completed before MPI is finalized.
 static TRANSPORTS: Mutex<Vec<Weak<dyn AtExit>>> = Mutex::new(Vec::new());
 
@@ -124,9 +132,40 @@ extern "C" fn at_exit() {
     for t in live {
         t.drain(Duration::from_secs(2));
     }
+    let until = Instant::now() + Duration::from_secs(2);
+    while CLOSING.load(Ordering::SeqCst) > 0 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let _no_call_in_flight = LIFE.write().unwrap_or_else(|p| p.into_inner());
     FINALIZED.store(true, Ordering::SeqCst);
     // Dropping the universe calls MPI_Finalize.
     drop(UNIVERSE.lock().unwrap_or_else(|p| p.into_inner()).take());
+}
+
+/// Runs `call` (one or more MPI calls that do not block and do not call this again) unless MPI is
+/// finalized (`None` then); MPI is not finalized while it runs.
+pub(crate) fn while_live<R>(call: impl FnOnce() -> R) -> Option<R> {
+    let _live = LIFE.read().unwrap_or_else(|p| p.into_inner());
+    if FINALIZED.load(Ordering::SeqCst) {
+        return None;
+    }
+    Some(call())
+}
+
+/// Counts a transport telling its peers it left, for as long as the guard lives: MPI's exit waits
+/// (a moment) for it.
+pub(crate) fn closing() -> Closing {
+    CLOSING.fetch_add(1, Ordering::SeqCst);
+    Closing(())
+}
+
+/// See [`closing`].
+pub(crate) struct Closing(());
+
+impl Drop for Closing {
+    fn drop(&mut self) {
+        CLOSING.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// World ranks that have finished (sent their closing notice at exit): a collective still waiting

@@ -50,11 +50,13 @@ impl Shared {
     /// Completes the sends MPI has finished with.
     fn progress(&self) {
         let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        p.retain_mut(|s| {
-            let mut done: c_int = 0;
-            // SAFETY: `req` is an active request of this process.
-            let rc = unsafe { ffi::MPI_Test(&mut s.req, &mut done, ffi::RSMPI_STATUS_IGNORE) };
-            rc == 0 && done == 0
+        runtime::while_live(|| {
+            p.retain_mut(|s| {
+                let mut done: c_int = 0;
+                // SAFETY: `req` is an active request of this process; MPI is not finalized.
+                let rc = unsafe { ffi::MPI_Test(&mut s.req, &mut done, ffi::RSMPI_STATUS_IGNORE) };
+                rc == 0 && done == 0
+            })
         });
     }
 
@@ -87,8 +89,8 @@ impl Shared {
             let mut msg: ffi::MPI_Message = unsafe { ffi::RSMPI_MESSAGE_NULL };
             // SAFETY: MPI_Status is a plain C struct; zero is a valid value.
             let mut status: ffi::MPI_Status = unsafe { std::mem::zeroed() };
-            // SAFETY: valid communicator and out-parameters.
-            let rc = unsafe {
+            // SAFETY: valid communicator and out-parameters; MPI is not finalized.
+            let Some(rc) = runtime::while_live(|| unsafe {
                 ffi::MPI_Improbe(
                     ffi::RSMPI_ANY_SOURCE,
                     ffi::RSMPI_ANY_TAG,
@@ -97,6 +99,8 @@ impl Shared {
                     &mut msg,
                     &mut status,
                 )
+            }) else {
+                return any;
             };
             if rc != 0 {
                 self.mailbox.fail(LinkFailure::LocalClosed {
@@ -108,19 +112,25 @@ impl Shared {
                 return any;
             }
             any = true;
-            let mut count: c_int = 0;
-            // SAFETY: `status` describes the probed message.
-            unsafe { ffi::MPI_Get_count(&status, ffi::RSMPI_UINT8_T, &mut count) };
-            let mut buf = vec![0u8; count.max(0) as usize];
-            // SAFETY: `buf` holds the message's `count` bytes; `msg` is the matched message.
-            let rc = unsafe {
-                ffi::MPI_Mrecv(
-                    buf.as_mut_ptr() as *mut c_void,
-                    count,
-                    ffi::RSMPI_UINT8_T,
-                    &mut msg,
-                    ffi::RSMPI_STATUS_IGNORE,
-                )
+            let mut buf = Vec::new();
+            // A matched message is received in the same turn: MPI is not finalized in between.
+            let Some(rc) = runtime::while_live(|| {
+                let mut count: c_int = 0;
+                // SAFETY: `status` describes the probed message.
+                unsafe { ffi::MPI_Get_count(&status, ffi::RSMPI_UINT8_T, &mut count) };
+                buf = vec![0u8; count.max(0) as usize];
+                // SAFETY: `buf` holds the message's `count` bytes; `msg` is the matched message.
+                unsafe {
+                    ffi::MPI_Mrecv(
+                        buf.as_mut_ptr() as *mut c_void,
+                        count,
+                        ffi::RSMPI_UINT8_T,
+                        &mut msg,
+                        ffi::RSMPI_STATUS_IGNORE,
+                    )
+                }
+            }) else {
+                return any;
             };
             let src = status.MPI_SOURCE.max(0) as usize;
             if rc != 0 {
@@ -185,8 +195,8 @@ impl Shared {
         // SAFETY: a null handle is only an out-parameter placeholder.
         let mut req: ffi::MPI_Request = unsafe { ffi::RSMPI_REQUEST_NULL };
         // SAFETY: `buf` is kept alive (in `pending`) until MPI has completed the send; the heap
-        // block does not move when the Vec does.
-        let rc = unsafe {
+        // block does not move when the Vec does; MPI is not finalized.
+        let rc = runtime::while_live(|| unsafe {
             ffi::MPI_Isend(
                 buf.as_ptr() as *const c_void,
                 len,
@@ -196,7 +206,10 @@ impl Shared {
                 self.comm.0,
                 &mut req,
             )
-        };
+        })
+        .ok_or_else(|| LinkFailure::LocalClosed {
+            reason: "MPI is finalized: this process is exiting".into(),
+        })?;
         if rc != 0 {
             return Err(LinkFailure::PeerLost {
                 peer,
@@ -256,10 +269,16 @@ impl runtime::AtExit for Shared {
 impl Drop for Shared {
     fn drop(&mut self) {
         if runtime::live() {
+            let _closing = runtime::closing();
             // Like a closed TCP connection: a peer still waiting for this rank learns it left.
             self.close();
             self.drain(Duration::from_secs(10));
             // The communicator is not freed (see `MpiEngine`): MPI_Finalize does it.
+        }
+        let left = std::mem::take(self.pending.get_mut().unwrap_or_else(|e| e.into_inner()));
+        if !left.is_empty() && runtime::live() {
+            // MPI still reads the buffers of sends it has not completed: leaked, not freed.
+            std::mem::forget(left);
         }
     }
 }

@@ -112,6 +112,42 @@ fn a_watched_world_keeps_message_order() {
     assert!(run.success, "{}", run.text);
 }
 
+/// A rank whose main thread returns while another thread still polls the world's messages and a
+/// third drops a second world (its last owner): MPI is finalized at exit, and neither thread may
+/// call MPI under or after that (OpenMPI ends such a process with an error or a segfault).
+#[test]
+#[ignore = "entry point of the ranks `mpirun` starts"]
+fn rank_exits_while_threads_use_mpi() {
+    let Some(c) = world() else { return };
+    let second = kolo::init_mpi(Config::default()).expect("second MPI world");
+    c.barrier().expect("barrier");
+    let poller = c.clone();
+    std::thread::spawn(move || loop {
+        let _ = poller.failure();
+        let _ = poller.try_recv_vec_matching::<u8>(kolo::Source::Any, kolo::TagMatch::Any);
+    });
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(5));
+        drop(second);
+    });
+    report(&c, Ok(()));
+}
+
+#[test]
+fn a_rank_exits_cleanly_while_other_threads_use_mpi() {
+    for round in 0..3 {
+        let run = mpirun_with(3, "rank_exits_while_threads_use_mpi", &[]);
+        for r in 0..3 {
+            assert!(
+                run.text.contains(&format!("rank {r} ok")),
+                "round {round}, rank {r}:\n{}",
+                run.text
+            );
+        }
+        assert!(run.success, "round {round}:\n{}", run.text);
+    }
+}
+
 #[test]
 #[ignore = "entry point of the ranks `mpirun` starts"]
 fn rank_mismatch() {
