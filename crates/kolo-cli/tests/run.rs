@@ -5,35 +5,13 @@ use std::fs;
 use std::io::{BufRead, BufReader};
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Output, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
-fn kolo() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_kolo"))
-}
+mod common;
 
-/// Runs `kolo run <args>` to completion; returns its output and how long it took.
-fn run(args: &[&str]) -> (Output, Duration) {
-    let start = Instant::now();
-    let output = kolo()
-        .arg("run")
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("the kolo binary starts");
-    (output, start.elapsed())
-}
-
-fn stdout(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-/// Whether `pid` is a live (not reaped, not zombie) process.
+use common::{kolo, run, stderr, stdout};
 fn is_alive(pid: i32) -> bool {
     match fs::read_to_string(format!("/proc/{pid}/stat")) {
         // The state follows the parenthesised command name.

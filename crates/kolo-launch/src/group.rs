@@ -8,7 +8,9 @@ use crate::output::{self, Target};
 use crate::process::SignalFlags;
 use crate::spawn::{self, JobEnv, Worker};
 use crate::supervise::{self, StopCause};
-use crate::{records, LaunchConfig, LaunchError, LaunchOutcome, RankExit, Termination};
+use crate::{
+    error_record, records, LaunchConfig, LaunchError, LaunchOutcome, RankExit, Termination,
+};
 
 /// How long the launcher waits, after all workers have exited, for their
 /// output to be forwarded completely.
@@ -39,6 +41,7 @@ pub(crate) fn run_group(
             Ok(n) => streams += n,
             Err(err) => {
                 supervise::stop_all(&mut workers, cfg.grace_period);
+                error_record::remove_all(job);
                 return Err(err);
             }
         }
@@ -93,6 +96,7 @@ pub(crate) fn run_group(
         Ok(stopped) => stopped,
         Err(err) => {
             supervise::stop_all(&mut workers, Duration::ZERO);
+            error_record::remove_all(job);
             return Err(err);
         }
     };
@@ -138,9 +142,14 @@ pub(crate) fn run_group(
         Some(StopCause::Remote(why)) => (None, None, Some(why)),
         None => (None, None, None),
     };
+    let root_cause_error = first_failure
+        .and_then(|rank| workers.iter().find(|w| w.rank == rank))
+        .and_then(error_record::message_of);
+    error_record::remove_all(job);
     Ok(LaunchOutcome {
         ranks,
         first_failure,
+        root_cause_error,
         also_failed: stopped.also_failed,
         interrupted_by,
         restarts: 0,

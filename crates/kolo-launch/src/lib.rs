@@ -33,6 +33,7 @@ pub mod bind;
 mod config;
 pub mod env;
 mod error;
+mod error_record;
 mod group;
 pub mod mpirun;
 pub mod net;
@@ -283,10 +284,16 @@ fn launch_nodes(
         }
         let local = outcome.root_cause().map(|r| match silent.first() {
             Some(&(node, still)) => watch::lost_node(&round, node, still),
-            None => format!(
-                "node {} ({host}): rank {} (pid {}) failed: {}",
-                round.node_rank, r.rank, r.pid, r.termination
-            ),
+            None => {
+                let mut what = format!(
+                    "node {} ({host}): rank {} (pid {}) failed: {}",
+                    round.node_rank, r.rank, r.pid, r.termination
+                );
+                if let Some(e) = &outcome.root_cause_error {
+                    what.push_str(&format!(" ({e})"));
+                }
+                what
+            }
         });
         // Workers that exit with an error usually do so because a peer died (maybe on another
         // node): give a node whose worker was killed the chance to record the root cause first.

@@ -82,6 +82,10 @@ pub struct LaunchOutcome {
     /// one killed by a signal is preferred, since workers that lose a peer
     /// exit with an error right after it.
     pub first_failure: Option<usize>,
+    /// The error the [`first_failure`](Self::first_failure) rank recorded in its error file
+    /// (`TORCHELASTIC_ERROR_FILE`, which the launcher gives every worker and kolo's communicators
+    /// write on their first failure), if it wrote one.
+    pub root_cause_error: Option<String>,
     /// The other ranks that failed on their own, in rank order — typically
     /// workers that exited with an error after losing the
     /// [`first_failure`](Self::first_failure). Ranks the launcher itself
@@ -212,6 +216,7 @@ mod tests {
                 rank(1, Termination::Exited(0)),
             ],
             first_failure: None,
+            root_cause_error: None,
             also_failed: Vec::new(),
             interrupted_by: None,
             restarts: 0,
@@ -231,6 +236,7 @@ mod tests {
                 rank(2, Termination::Exited(7)),
             ],
             first_failure: Some(1),
+            root_cause_error: None,
             also_failed: vec![2],
             interrupted_by: None,
             restarts: 0,
@@ -252,6 +258,7 @@ mod tests {
                 rank(1, Termination::Signaled(libc::SIGTERM)),
             ],
             first_failure: Some(0),
+            root_cause_error: None,
             also_failed: Vec::new(),
             interrupted_by: None,
             restarts: 0,
@@ -266,6 +273,7 @@ mod tests {
         let out = LaunchOutcome {
             ranks: vec![rank(0, Termination::Signaled(libc::SIGTERM))],
             first_failure: None,
+            root_cause_error: None,
             also_failed: Vec::new(),
             interrupted_by: Some(libc::SIGINT),
             restarts: 0,
@@ -288,6 +296,7 @@ mod tests {
                 rank(1, Termination::Exited(4)),
             ],
             first_failure: None,
+            root_cause_error: None,
             also_failed: Vec::new(),
             interrupted_by: None,
             restarts: 0,

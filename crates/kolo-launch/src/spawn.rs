@@ -5,7 +5,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use crate::process::isolate_child;
-use crate::{bind, env};
+use crate::{bind, env, error_record};
 use crate::{LaunchConfig, LaunchError, Termination};
 
 /// A started worker.
@@ -26,6 +26,8 @@ pub(crate) struct Worker {
     /// A fault-tolerant worker that failed and was not restarted: its peers go on without it,
     /// so its failure does not stop the job.
     pub(crate) left_out: bool,
+    /// Where the worker records its first error (`TORCHELASTIC_ERROR_FILE`), if it has a file.
+    pub(crate) error_file: Option<std::path::PathBuf>,
 }
 
 /// What every worker of one launch shares.
@@ -100,10 +102,13 @@ pub(crate) fn spawn_worker(
     local: usize,
 ) -> Result<Worker, LaunchError> {
     let rank = job.rank(cfg, local);
+    let error_file = error_record::file_for(job, rank);
     let mut cmd = Command::new(&cfg.program);
-    cmd.args(&cfg.args)
-        .envs(worker_env(cfg, job, local))
-        .envs(cfg.extra_env.iter().map(|(k, v)| (k, v)))
+    cmd.args(&cfg.args).envs(worker_env(cfg, job, local));
+    if let Some(path) = &error_file {
+        cmd.env(error_record::ERROR_FILE_ENV, path);
+    }
+    cmd.envs(cfg.extra_env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null());
     if cfg.direct_output_rank == Some(rank) {
         cmd.stdout(Stdio::inherit()).stderr(Stdio::inherit());
@@ -146,6 +151,7 @@ pub(crate) fn spawn_worker(
         exited_at: None,
         watched: false,
         left_out: false,
+        error_file,
     })
 }
 

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use rustix::io::Errno;
 use rustix::process::{waitid, Pid, WaitId, WaitIdOptions};
 
+use crate::error_record;
 use crate::process::{signal_group, signal_name, SignalFlags};
 use crate::spawn::Worker;
 use crate::{LaunchError, Termination};
@@ -221,7 +222,9 @@ pub(crate) fn supervise(
 
         if all_exited(workers) {
             let also_failed = match cause {
-                Some(StopCause::Failure(root)) => {
+                Some(StopCause::Failure(first_by_exit)) => {
+                    let root = error_record::first_to_fail(workers, first_by_exit);
+                    cause = Some(StopCause::Failure(root));
                     let also = also_failed(workers, root, stopping_since);
                     report_failures(workers, root, &also);
                     also
@@ -371,6 +374,13 @@ fn report_failures(workers: &[Worker], root: usize, also_failed: &[usize]) {
     if let Some(w) = find(root) {
         if let Some(t) = w.exit {
             report(format_args!("rank {} (pid {}) failed: {t}", w.rank, w.pid));
+            if let Some(message) = error_record::message_of(w) {
+                report(format_args!(
+                    "rank {}'s error: {}",
+                    w.rank,
+                    indent(&message)
+                ));
+            }
         }
     }
     let others: Vec<String> = also_failed
@@ -381,6 +391,11 @@ fn report_failures(workers: &[Worker], root: usize, also_failed: &[usize]) {
     if !others.is_empty() {
         report(format_args!("also failed: {}", others.join(", ")));
     }
+}
+
+/// `text` with its lines after the first indented under `kolo run: `.
+fn indent(text: &str) -> String {
+    text.lines().collect::<Vec<_>>().join("\n    ")
 }
 
 /// Before stopping the workers after a failure: has every live worker that catches SIGUSR1 (kolo's

@@ -31,16 +31,19 @@ pub fn error_file_in(env: impl kolo_core::settings::Env) -> Option<PathBuf> {
 }
 
 /// The JSON torchrun expects: `{"message": {"message": ..., "extraInfo": {"py_callstack": ...,
-/// "timestamp": "<unix seconds>"}}}`. Its summary prints `py_callstack`, so that holds the whole
-/// message.
-pub fn error_json(message: &str, unix_seconds: u64) -> String {
+/// "timestamp": "<unix seconds>"}}}`, `since_epoch` the moment of the error. Its summary prints
+/// `py_callstack`, so that holds the whole message. `extraInfo` also holds `kolo_unix_ns`, the
+/// moment to the nanosecond: `kolo run` reads it to tell which of several failing ranks failed
+/// first (torchrun's whole seconds cannot).
+pub fn error_json(message: &str, since_epoch: std::time::Duration) -> String {
     let text = format!("KoloError: {message}");
     serde_json::json!({
         "message": {
             "message": text,
             "extraInfo": {
                 "py_callstack": text,
-                "timestamp": unix_seconds.to_string(),
+                "timestamp": since_epoch.as_secs().to_string(),
+                "kolo_unix_ns": since_epoch.as_nanos().to_string(),
             }
         }
     })
@@ -60,7 +63,7 @@ pub fn write_error_file(path: &Path, message: &str) -> std::io::Result<bool> {
     }
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
+        .unwrap_or_default();
     let tmp = path.with_extension(format!("kolo-{}.tmp", std::process::id()));
     {
         let mut f = std::fs::File::create(&tmp)?;
@@ -123,9 +126,11 @@ mod tests {
 
     #[test]
     fn the_json_is_what_torchrun_parses() {
-        let j: serde_json::Value =
-            serde_json::from_str(&error_json("rank 1: \"x\"\nlost", 1700000000))
-                .unwrap_or_default();
+        let j: serde_json::Value = serde_json::from_str(&error_json(
+            "rank 1: \"x\"\nlost",
+            std::time::Duration::new(1_700_000_000, 5),
+        ))
+        .unwrap_or_default();
         assert_eq!(
             j["message"]["message"].as_str(),
             Some("KoloError: rank 1: \"x\"\nlost")
@@ -137,6 +142,10 @@ mod tests {
         assert_eq!(
             j["message"]["extraInfo"]["timestamp"].as_str(),
             Some("1700000000")
+        );
+        assert_eq!(
+            j["message"]["extraInfo"]["kolo_unix_ns"].as_str(),
+            Some("1700000000000000005")
         );
     }
 

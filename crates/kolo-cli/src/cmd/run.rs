@@ -25,6 +25,7 @@ Every worker gets these environment variables:
   MASTER_ADDR, MASTER_PORT       where the rendezvous store listens
   KOLO_AGENT_STORE               1: the launcher hosts the store (rank 0 must not start one)
   KOLO_JOB_ID                    a random hex id shared by all workers of this launch
+  TORCHELASTIC_ERROR_FILE        where the worker records its first error
 
 If a worker exits with a non-zero code or is killed by a signal, the others \
 get SIGTERM, then SIGKILL after the grace period, and `kolo run` exits with \
@@ -33,7 +34,10 @@ worker blamed is the one that failed first, not those that exited in its wake \
 after losing a peer: `kolo run` waits 100 ms after the first failure before \
 stopping the others, and within that time prefers a worker killed by a \
 signal. Once the job has stopped it names that worker, then the other ranks \
-that failed on their own (`also failed: ...`). \
+that failed on their own (`also failed: ...`). Each worker gets an error file \
+(TORCHELASTIC_ERROR_FILE, as under torchrun) where kolo writes its first \
+failure; `kolo run` shows the blamed worker's (`rank R's error: ...`), and \
+blames instead a rank that recorded its error before the blamed one failed. \
 SIGINT, SIGTERM and SIGHUP sent to `kolo run` are forwarded to the workers \
 the same way; it then exits with 128 + signal (130 for Ctrl-C). Workers never \
 outlive the launcher.";
