@@ -55,7 +55,7 @@ fn the_root_causes_recorded_error_is_shown_under_the_headline() {
     );
     assert!(
         err.contains(
-            "kolo run: rank 1's error: rank 1: all_reduce: buffer `recv` has 3 elements, \
+            "kolo run: rank 1's error: all_reduce: buffer `recv` has 3 elements, \
              expected 4\n    the second line\n"
         ),
         "stderr: {err}"
@@ -88,7 +88,7 @@ fn a_rank_that_recorded_its_error_first_is_blamed_though_it_exits_last() {
         "stderr: {err}"
     );
     assert!(
-        err.contains("kolo run: rank 0's error: rank 0: the first error\n"),
+        err.contains("kolo run: rank 0's error: the first error\n"),
         "stderr: {err}"
     );
     assert!(

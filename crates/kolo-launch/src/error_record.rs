@@ -126,13 +126,38 @@ pub(crate) fn message_of(worker: &Worker) -> Option<String> {
         .error_file
         .as_deref()
         .and_then(read)
-        .map(|e| e.message)
+        .map(|e| without_own_rank(&e.message, worker.rank).to_string())
         .filter(|m| !m.is_empty())
+}
+
+/// The message without a leading `rank R: ` or `rank R aborted: ` naming the worker's own
+/// rank, which the launcher's line already names.
+fn without_own_rank(message: &str, rank: usize) -> &str {
+    let own = format!("rank {rank}");
+    message
+        .strip_prefix(own.as_str())
+        .and_then(|rest| {
+            rest.strip_prefix(": ")
+                .or_else(|| rest.strip_prefix(" aborted: "))
+        })
+        .unwrap_or(message)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_own_rank_prefix_is_dropped_and_no_other() {
+        assert_eq!(without_own_rank("rank 0 aborted: no data", 0), "no data");
+        assert_eq!(
+            without_own_rank("rank 3: all_reduce: lost rank 1", 3),
+            "all_reduce: lost rank 1"
+        );
+        assert_eq!(without_own_rank("rank 12: x", 1), "rank 12: x");
+        assert_eq!(without_own_rank("rank 1: x", 2), "rank 1: x");
+        assert_eq!(without_own_rank("rank 1 lost", 1), "rank 1 lost");
+    }
 
     #[test]
     fn kolo_and_torch_records_are_read() {
