@@ -172,7 +172,7 @@ pub fn fixed(op: kolo_core::OpKind, n: usize) -> Algorithm {
     match op {
         Barrier => Algorithm::Dissemination,
         Broadcast | Reduce => Algorithm::BinomialTree,
-        AllGather | AllGatherV | ReduceScatter => Algorithm::Ring,
+        AllGather | AllGatherV | ReduceScatter | Split | NewGroup => Algorithm::Ring,
         AllToAll | AllToAllV => Algorithm::Pairwise,
         Scatter | ScatterV | Gather | GatherV => Algorithm::Linear,
         // Chosen by size in [`adasum`].

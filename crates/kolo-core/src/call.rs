@@ -33,10 +33,16 @@ pub enum OpKind {
     AllToAllV = 14,
     /// All-reduce by adaptive summation (Adasum); `count` is a hash of the layer lengths.
     AllReduceAdasum = 15,
+    /// The all-gather of colors and keys that `Communicator::split` starts with: a kind
+    /// of its own, so that it never agrees with another rank's `all_gather` of two `i64`.
+    Split = 16,
+    /// The all-gather of rank-list fingerprints that `Communicator::new_group` starts with
+    /// (likewise).
+    NewGroup = 17,
 }
 
 impl OpKind {
-    const ALL: [OpKind; 15] = [
+    const ALL: [OpKind; 17] = [
         OpKind::Send,
         OpKind::Barrier,
         OpKind::Broadcast,
@@ -52,6 +58,8 @@ impl OpKind {
         OpKind::AllGatherV,
         OpKind::AllToAllV,
         OpKind::AllReduceAdasum,
+        OpKind::Split,
+        OpKind::NewGroup,
     ];
 
     /// The name users know the operation by (`all_reduce`, `send`, ...).
@@ -72,6 +80,8 @@ impl OpKind {
             OpKind::AllGatherV => "all_gather_v",
             OpKind::AllToAllV => "all_to_all_v",
             OpKind::AllReduceAdasum => "all_reduce_adasum",
+            OpKind::Split => "split",
+            OpKind::NewGroup => "new_group",
         }
     }
 
@@ -201,6 +211,10 @@ impl Call {
 impl fmt::Display for Call {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}(", self.op)?;
+        if matches!(self.op, OpKind::Split | OpKind::NewGroup) {
+            // Its data (colors and keys, a list's fingerprint) are kolo's, not the caller's.
+            return f.write_str(")");
+        }
         let mut sep = "";
         if let Some(d) = self.dtype {
             let vform = matches!(

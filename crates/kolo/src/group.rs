@@ -3,7 +3,7 @@
 //! transport, with its own group id in every tag so its messages never mix with the parent's.
 
 use kolo_core::call::fnv1a;
-use kolo_core::{DType, Error, Result};
+use kolo_core::{Error, OpKind, Result};
 
 use crate::communicator::Communicator;
 
@@ -51,19 +51,16 @@ impl Communicator {
 
     /// Splits the group: ranks passing the same `color` form a new communicator, ordered by `key` (ties
     /// by their rank here). A rank passing `None` joins no group and gets `None`. Collective: every rank
-    /// of this communicator must call it.
+    /// of this communicator must call it; a rank making another collective call meanwhile (even an
+    /// `all_gather` of two `i64`, the shape of split's own exchange) is a collective mismatch that
+    /// names `split()`.
     #[track_caller]
     pub fn split(&self, color: Option<u32>, key: i64) -> Result<Option<Communicator>> {
         let mine = [color.map_or(-1, i64::from), key];
         let mut all = vec![0i64; 2 * self.size()];
         let seq = self.inner.issue_blocking()?;
-        self.inner.all_gather(
-            seq,
-            kolo_core::dtype::as_bytes(&mine),
-            kolo_core::dtype::as_bytes_mut(&mut all),
-            DType::I64,
-            None,
-        )?;
+        self.inner
+            .group_gather(OpKind::Split, seq, &mine, &mut all)?;
         let engine = self.engine_split(color, key)?;
         let Some(c) = color else {
             return Ok(None);
@@ -123,13 +120,8 @@ impl Communicator {
         let h = fnv1a(&[&list]) as i64;
         let mut all = vec![0i64; self.size()];
         let seq = self.inner.issue_blocking()?;
-        self.inner.all_gather(
-            seq,
-            kolo_core::dtype::as_bytes(&[h]),
-            kolo_core::dtype::as_bytes_mut(&mut all),
-            DType::I64,
-            None,
-        )?;
+        self.inner
+            .group_gather(OpKind::NewGroup, seq, &[h], &mut all)?;
         if let Some(other) = all.iter().position(|&x| x != h) {
             return Err(self.inner.poison(invalid(format!(
                 "rank {} passed a different list of ranks than rank {}",

@@ -95,6 +95,45 @@ fn different_collectives_are_a_mismatch() {
     }
 }
 
+/// `split` and `new_group` start with an all-gather of kolo's own (colors and keys, a list's
+/// fingerprint): a rank calling `all_gather` with the same count and type meanwhile is a mismatch
+/// named by the group call, not a silent agreement.
+#[test]
+fn group_calls_never_agree_with_an_all_gather() {
+    for kind in KINDS {
+        let errs = all_fail(kind, 2, |c| {
+            let mut all = [0i64; 4];
+            if c.rank() == 0 {
+                c.split(Some(0), 0).map(drop)
+            } else {
+                c.all_gather(&[0i64, 0], &mut all)
+            }
+        });
+        let text = errs.iter().map(ToString::to_string).collect::<Vec<_>>();
+        assert!(errs.iter().all(mentions_mismatch), "{kind:?}: {text:?}");
+        assert!(
+            text.iter().any(|t| t.contains("rank 0 called split()")
+                && t.contains("rank 1 called all_gather(i64 x 2")),
+            "{kind:?}: {text:?}"
+        );
+        let errs = all_fail(kind, 2, |c| {
+            let mut all = [0i64; 2];
+            if c.rank() == 0 {
+                c.new_group(&[0, 1]).map(drop)
+            } else {
+                c.all_gather(&[0i64], &mut all)
+            }
+        });
+        let text = errs.iter().map(ToString::to_string).collect::<Vec<_>>();
+        assert!(errs.iter().all(mentions_mismatch), "{kind:?}: {text:?}");
+        assert!(
+            text.iter().any(|t| t.contains("rank 0 called new_group()")
+                && t.contains("rank 1 called all_gather(i64 x 1")),
+            "{kind:?}: {text:?}"
+        );
+    }
+}
+
 #[test]
 fn different_types_are_a_mismatch() {
     for kind in KINDS {

@@ -206,6 +206,29 @@ impl Inner {
         self.exec(seq, call, c)
     }
 
+    /// The all-gather of `mine` (the same count on every rank) that a group-forming call (`op`:
+    /// [`OpKind::Split`] or [`OpKind::NewGroup`]) starts with, under that call's own name.
+    pub(crate) fn group_gather(
+        &self,
+        op: OpKind,
+        seq: u64,
+        mine: &[i64],
+        all: &mut [i64],
+    ) -> Result<()> {
+        let n = self.size();
+        let call = self.check_args(op, |c| {
+            c.len("recv", DType::I64, all.len(), mine.len() * n)?;
+            Ok(c.call(DType::I64, mine.len(), None, None))
+        })?;
+        let c = Collective::AllGather {
+            send: as_bytes(mine),
+            recv: as_bytes_mut(all),
+            dtype: DType::I64,
+            counts: None,
+        };
+        self.exec(seq, call, c)
+    }
+
     /// All-gather in place: `buf` holds every rank's block, this rank's filled in; `counts` is
     /// `None` for the equal-count form. Agrees with ranks that call [`Inner::all_gather`].
     pub(crate) fn all_gather_in_place(
