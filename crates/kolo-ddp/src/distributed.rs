@@ -305,6 +305,14 @@ impl<O: StepOptimizer> DistributedOptimizer<O> {
     /// the optimizer. Returns whether it stepped.
     pub fn backward_step(&mut self, loss: &Tensor) -> Result<bool> {
         self.pass += 1;
+        if self.pass >= self.passes_per_step {
+            // The rate `apply` steps with, checked alike on every rank by the averaged pass.
+            let lr = match self.schedule {
+                Some(s) => s.lr(self.steps),
+                None => self.opt.learning_rate(),
+            };
+            self.ddp.check_learning_rate(lr);
+        }
         let mut grads = if self.passes_per_step == 1 {
             self.ddp.backward(loss)?
         } else {

@@ -57,6 +57,22 @@ pub enum TrainError {
         losses: Vec<f64>,
     },
 
+    /// The ranks were about to step with different learning rates (see
+    /// [`Ddp::check_learning_rate`](crate::ddp::Ddp::check_learning_rate)); every rank stops
+    /// with this error before the step.
+    #[error(
+        "rank {rank}: the ranks step with different learning rates: {}; every rank must use the \
+         same one (a rate scaled by the rank, or a schedule that reads rank-local state, gives \
+         each replica other weights)",
+        describe_rates(.rates)
+    )]
+    LearningRatesDiffer {
+        /// The rank reporting.
+        rank: usize,
+        /// Every rank's learning rate, in rank order (`None`: a rank that checked none).
+        rates: Vec<Option<f64>>,
+    },
+
     /// `Ddp::new` was given a `VarMap` without parameters.
     #[error(
         "rank {rank}: Ddp::new was given a VarMap without parameters: build the model once on the \
@@ -170,6 +186,18 @@ pub enum TrainError {
         /// Why.
         reason: String,
     },
+}
+
+fn describe_rates(rates: &[Option<f64>]) -> String {
+    let each: Vec<String> = rates
+        .iter()
+        .enumerate()
+        .map(|(r, x)| match x {
+            Some(x) => format!("rank {r} {x}"),
+            None => format!("rank {r} none"),
+        })
+        .collect();
+    each.join(", ")
 }
 
 fn describe_losses(losses: &[f64]) -> String {

@@ -42,6 +42,7 @@
 //!   see [`comm_hook`]), e.g. fp16 or bf16 compression ([`Ddp::set_compression`]).
 
 pub mod adasum_hook;
+mod agree;
 mod bucket;
 mod bucket_buf;
 pub mod comm_hook;
@@ -395,6 +396,18 @@ impl Ddp {
             }
         }
         Ok(grads)
+    }
+
+    /// The learning rate this rank steps with after the next averaged backward pass (or
+    /// [`Ddp::sync_gradients`]), which then checks that every rank passed the same one and fails
+    /// on every rank with [`TrainError::LearningRatesDiffer`](crate::TrainError) naming each
+    /// rank's rate where they differ: replicas stepped with different rates hold different
+    /// weights from then on, and nothing else would say so. The check rides on the pass's last
+    /// all-reduce (no collective of its own). [`DistributedOptimizer`](crate::distributed::DistributedOptimizer)
+    /// calls it before every averaged pass; a loop with its own optimizer calls it with that
+    /// optimizer's rate before [`Ddp::backward`].
+    pub fn check_learning_rate(&self, lr: f64) {
+        self.lock().check_lr(lr);
     }
 
     /// The parameters that got no gradient on this rank in the last averaged backward pass (or

@@ -23,6 +23,7 @@ use candle_core::backprop::GradStore;
 use candle_core::{DType, Tensor, Var};
 use kolo::{Communicator, ReduceOp, Work};
 
+use super::agree;
 use super::bucket::BucketLayout;
 use super::bucket_buf::{hand_back, zeros, Buf};
 use super::comm_hook::{BucketFuture, BucketParams, CommHook, GradBucket, Reduction};
@@ -81,6 +82,8 @@ pub(crate) struct Synchronizer {
     arrivals: Vec<usize>,
     /// The bucket rebuild still to do (see [`Synchronizer::plan_rebuild`]).
     rebuild: Option<Rebuild>,
+    /// The learning rate the next synchronizing pass checks every rank agrees on ([`agree`]).
+    lr: Option<f64>,
 }
 
 /// A pending rebuild of the buckets in the order gradients arrive (PyTorch's bucket rebuild after
@@ -104,6 +107,7 @@ impl Synchronizer {
             no_grad: Vec::new(),
             arrivals: Vec::new(),
             rebuild: None,
+            lr: None,
             timeline: Timeline::disabled(),
             launched: vec![None; n],
             hook: None,
@@ -120,6 +124,11 @@ impl Synchronizer {
             next: 0,
             pending: (0..n).map(|_| None).collect(),
         }
+    }
+
+    /// Sets the learning rate the next synchronizing pass checks (see [`agree`]).
+    pub fn check_lr(&mut self, lr: f64) {
+        self.lr = Some(lr);
     }
 
     pub fn layout_ref(&self) -> &BucketLayout {
@@ -385,9 +394,12 @@ impl Synchronizer {
             self.launch(b);
             self.next = b + 1;
         }
-        // Which parameters some rank used: a byte each, the maximum over ranks, behind the buckets.
+        // Which parameters some rank used: a byte each, the maximum over ranks, behind the buckets;
+        // then the learning rate's agreement.
         let mut used = vec![1u8; self.names.len()];
         self.no_grad.iter().for_each(|&p| used[p] = 0);
+        let lr = self.lr.take();
+        agree::append(&mut used, lr);
         let used = self.comm.all_reduce_async(used, ReduceOp::Max);
         let timed = self.timeline.is_enabled();
         for b in 0..self.layout.count() {
@@ -461,7 +473,12 @@ impl Synchronizer {
         }
         // A parameter no rank used keeps no gradient, so that no optimizer steps it (weight decay,
         // momentum) — as with one worker, and as PyTorch's DDP leaves it.
-        for (p, &u) in used.wait()?.iter().enumerate() {
+        let used = used.wait()?;
+        let (used, lr_tail) = used.split_at(used.len() - agree::BYTES);
+        if !agree::agreed(lr_tail) {
+            return Err(agree::disagreement(&self.comm, lr)?);
+        }
+        for (p, &u) in used.iter().enumerate() {
             if u == 0 {
                 grads.remove(vars[p].as_tensor());
             }
