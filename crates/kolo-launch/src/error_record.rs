@@ -32,9 +32,44 @@ fn dir(job_id: &str) -> PathBuf {
     std::env::temp_dir().join(format!("kolo-run-{}-{job_id}", std::process::id()))
 }
 
+/// Removes the error-file directories in `tmp` of launchers of this user that no longer run (a
+/// launcher killed with SIGKILL cannot remove its own). A directory whose launcher's pid runs
+/// again (reused) stays.
+fn remove_stale_in(tmp: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(entries) = std::fs::read_dir(tmp) else {
+        return;
+    };
+    let me = rustix::process::getuid().as_raw();
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("kolo-run-"))
+            .and_then(|rest| rest.split_once('-'))
+            .and_then(|(pid, _)| pid.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let mine = entry.metadata().is_ok_and(|m| m.is_dir() && m.uid() == me);
+        let gone = rustix::process::Pid::from_raw(pid).is_some_and(|p| {
+            matches!(
+                rustix::process::test_kill_process(p),
+                Err(rustix::io::Errno::SRCH)
+            )
+        });
+        if mine && gone {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
 /// A fresh error file for local worker `rank` of `job` (`None` where the directory cannot be
-/// made: the worker then runs without one).
+/// made: the worker then runs without one). The first call also removes what launchers that were
+/// killed left behind.
 pub(crate) fn file_for(job: &JobEnv, rank: usize) -> Option<PathBuf> {
+    static STALE: std::sync::Once = std::sync::Once::new();
+    STALE.call_once(|| remove_stale_in(&std::env::temp_dir()));
     let dir = dir(&job.job_id);
     std::fs::DirBuilder::new()
         .recursive(true)
@@ -146,6 +181,24 @@ fn without_own_rank(message: &str, rank: usize) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn directories_of_launchers_that_are_gone_are_removed_and_no_other() {
+        let tmp = tempfile::tempdir().expect("a temporary directory");
+        // A pid beyond the kernel's largest runs no process.
+        let gone = tmp.path().join("kolo-run-2147483600-job");
+        let alive = tmp
+            .path()
+            .join(format!("kolo-run-{}-job", std::process::id()));
+        let other = tmp.path().join("kolo-running-2147483600-x");
+        for d in [&gone, &alive, &other] {
+            std::fs::create_dir(d).expect("made");
+            std::fs::write(d.join("rank-0-0.json"), "{}").expect("written");
+        }
+        remove_stale_in(tmp.path());
+        assert!(!gone.exists());
+        assert!(alive.exists() && other.exists());
+    }
 
     #[test]
     fn the_own_rank_prefix_is_dropped_and_no_other() {
