@@ -100,37 +100,33 @@ fn different_collectives_are_a_mismatch() {
 /// named by the group call, not a silent agreement.
 #[test]
 fn group_calls_never_agree_with_an_all_gather() {
+    /// Rank 0 makes a group call, rank 1 an all-gather of `n` i64 (the call's own exchange's
+    /// shape); both must fail with a mismatch naming `group_call` and the all-gather.
+    fn check(
+        kind: Kind,
+        group_call: &str,
+        n: usize,
+        f: impl Fn(&Communicator) -> kolo::Result<()> + Sync,
+    ) {
+        let errs = all_fail(kind, 2, |c| {
+            if c.rank() == 0 {
+                f(c)
+            } else {
+                c.all_gather(&vec![0i64; n], &mut vec![0i64; 2 * n])
+            }
+        });
+        let text = errs.iter().map(ToString::to_string).collect::<Vec<_>>();
+        assert!(errs.iter().all(mentions_mismatch), "{kind:?}: {text:?}");
+        assert!(
+            text.iter()
+                .any(|t| t.contains(&format!("rank 0 called {group_call}()"))
+                    && t.contains(&format!("rank 1 called all_gather(i64 x {n}"))),
+            "{kind:?}: {text:?}"
+        );
+    }
     for kind in KINDS {
-        let errs = all_fail(kind, 2, |c| {
-            let mut all = [0i64; 4];
-            if c.rank() == 0 {
-                c.split(Some(0), 0).map(drop)
-            } else {
-                c.all_gather(&[0i64, 0], &mut all)
-            }
-        });
-        let text = errs.iter().map(ToString::to_string).collect::<Vec<_>>();
-        assert!(errs.iter().all(mentions_mismatch), "{kind:?}: {text:?}");
-        assert!(
-            text.iter().any(|t| t.contains("rank 0 called split()")
-                && t.contains("rank 1 called all_gather(i64 x 2")),
-            "{kind:?}: {text:?}"
-        );
-        let errs = all_fail(kind, 2, |c| {
-            let mut all = [0i64; 2];
-            if c.rank() == 0 {
-                c.new_group(&[0, 1]).map(drop)
-            } else {
-                c.all_gather(&[0i64], &mut all)
-            }
-        });
-        let text = errs.iter().map(ToString::to_string).collect::<Vec<_>>();
-        assert!(errs.iter().all(mentions_mismatch), "{kind:?}: {text:?}");
-        assert!(
-            text.iter().any(|t| t.contains("rank 0 called new_group()")
-                && t.contains("rank 1 called all_gather(i64 x 1")),
-            "{kind:?}: {text:?}"
-        );
+        check(kind, "split", 2, |c| c.split(Some(0), 0).map(drop));
+        check(kind, "new_group", 1, |c| c.new_group(&[0, 1]).map(drop));
     }
 }
 
