@@ -73,6 +73,26 @@ pub enum TrainError {
         rates: Vec<Option<f64>>,
     },
 
+    /// The ranks hold different parameter values (see
+    /// [`Ddp::check_replicas`](crate::ddp::Ddp::check_replicas)): the replicas train different
+    /// models, and a checkpoint would keep only rank 0's. Every rank returns it.
+    #[error(
+        "rank {rank}: the replicas hold different parameters: {} from rank 0's, first `{parameter}`; \
+         every rank must step the same weights with the same update (an optimizer step of one's \
+         own on gradients Ddp did not average, a hyper-parameter such as weight decay set per \
+         rank, or a parameter changed on some ranks only): Ddp::broadcast_parameters(0) gives \
+         every rank rank 0's",
+        describe_ranks(.ranks)
+    )]
+    ReplicasDiffer {
+        /// The rank reporting.
+        rank: usize,
+        /// The ranks whose parameters differ from rank 0's, in rank order.
+        ranks: Vec<usize>,
+        /// The first parameter (in the Ddp's order) in which the first of them differs.
+        parameter: String,
+    },
+
     /// `Ddp::new` was given a `VarMap` without parameters.
     #[error(
         "rank {rank}: Ddp::new was given a VarMap without parameters: build the model once on the \
@@ -198,6 +218,14 @@ fn describe_rates(rates: &[Option<f64>]) -> String {
         })
         .collect();
     each.join(", ")
+}
+
+fn describe_ranks(ranks: &[usize]) -> String {
+    let each: Vec<String> = ranks.iter().map(ToString::to_string).collect();
+    match ranks {
+        [_] => format!("rank {} differs", each.join("")),
+        _ => format!("ranks {} differ", each.join(", ")),
+    }
 }
 
 fn describe_losses(losses: &[f64]) -> String {

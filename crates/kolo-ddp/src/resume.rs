@@ -21,8 +21,11 @@ impl DistributedOptimizer<Box<dyn DynOptimizer>> {
     /// shards under ZeRO), the step counts. A collective: call it on every rank, at the same
     /// point. The ranks first agree on `epoch` and their step count (a call on rank 0 alone, as a
     /// PyTorch habit has it, fails there as a collective that no peer made; ranks at different
-    /// points fail with [`TrainError::Checkpoint`] naming them), and every rank learns whether
-    /// rank 0's write succeeded: if it did not, every rank returns an error.
+    /// points fail with [`TrainError::Checkpoint`] naming them) and check that every rank holds
+    /// the same parameters ([`Ddp::check_replicas`](crate::ddp::Ddp::check_replicas): replicas
+    /// that drifted apart fail with [`TrainError::ReplicasDiffer`] and nothing is written), and
+    /// every rank learns whether rank 0's write succeeded: if it did not, every rank returns an
+    /// error.
     #[track_caller]
     pub fn save_checkpoint(&self, root: &Path, epoch: usize) -> Result<Option<PathBuf>> {
         let ddp = self.ddp();
@@ -43,6 +46,8 @@ impl DistributedOptimizer<Box<dyn DynOptimizer>> {
                 ),
             });
         }
+        // Rank 0's copy is written as the job's: only where every replica holds it.
+        ddp.check_replicas()?;
         let snapshot = self.inner().gather_state()?;
         let written = snapshot.filter(|_| me == 0).map(|snapshot| {
             let mut vars = ddp.params().to_vec();

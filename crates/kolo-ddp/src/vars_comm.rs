@@ -218,3 +218,115 @@ pub fn same_on_every_rank(comm: &Communicator, vars: &[(String, Var)]) -> Result
     comm.all_reduce(&mut hi, kolo::ReduceOp::Max)?;
     Ok(Some(lo == hi))
 }
+
+/// A fingerprint of `t`'s values, bit for bit: each value's bits mixed with its position, summed.
+/// Two tensors whose values differ anywhere (a last bit included) get different fingerprints
+/// but for a chance of 2⁻⁶⁴.
+pub fn fingerprint(t: &Tensor) -> Result<u64> {
+    let t = t.flatten_all()?;
+    let bits: Vec<u64> = match t.dtype() {
+        DType::F32 => t
+            .to_vec1::<f32>()?
+            .iter()
+            .map(|x| x.to_bits().into())
+            .collect(),
+        DType::F64 => t.to_vec1::<f64>()?.iter().map(|x| x.to_bits()).collect(),
+        DType::BF16 => t
+            .to_vec1::<half::bf16>()?
+            .iter()
+            .map(|x| x.to_bits().into())
+            .collect(),
+        DType::F16 => t
+            .to_vec1::<half::f16>()?
+            .iter()
+            .map(|x| x.to_bits().into())
+            .collect(),
+        DType::U8 => t.to_vec1::<u8>()?.iter().map(|&x| x.into()).collect(),
+        DType::U32 => t.to_vec1::<u32>()?.iter().map(|&x| x.into()).collect(),
+        DType::I64 => t.to_vec1::<i64>()?.iter().map(|&x| x as u64).collect(),
+        _ => t
+            .to_dtype(DType::F64)?
+            .to_vec1::<f64>()?
+            .iter()
+            .map(|x| x.to_bits())
+            .collect(),
+    };
+    Ok(bits.iter().enumerate().fold(0u64, |sum, (i, &b)| {
+        sum.wrapping_add(mix(b ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)))
+    }))
+}
+
+/// splitmix64's finalizer: every input bit changes about half of the output's.
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// Where the ranks' values of `vars` differ from rank 0's: the ranks that differ (in rank
+/// order) and the first variable (in `vars`' order) in which the first of them does; `None`
+/// where every rank holds bit for bit the same values. One all-gather of a fingerprint per
+/// variable ([`fingerprint`]). A collective: every rank passes the same list of variables (the
+/// same count; [`check_same_vars`] checks names and shapes).
+pub fn differing_ranks(
+    comm: &Communicator,
+    vars: &[(String, Var)],
+) -> Result<Option<(Vec<usize>, String)>> {
+    let mine = vars
+        .iter()
+        .map(|(_, v)| fingerprint(v.as_tensor()).map(|f| f as i64))
+        .collect::<Result<Vec<i64>>>()?;
+    let n = mine.len();
+    if n == 0 {
+        return Ok(None);
+    }
+    let mut all = vec![0i64; n * comm.size()];
+    comm.all_gather(&mine, &mut all)?;
+    let row = |r: usize| &all[r * n..(r + 1) * n];
+    let ranks: Vec<usize> = (1..comm.size()).filter(|&r| row(r) != row(0)).collect();
+    let Some(&first) = ranks.first() else {
+        return Ok(None);
+    };
+    let i = (0..n).find(|&i| row(first)[i] != row(0)[i]).unwrap_or(0);
+    Ok(Some((ranks, vars[i].0.clone())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fingerprint_changes_with_any_bit_and_any_order() -> Result<()> {
+        let dev = Device::Cpu;
+        let values = [1.5f32, -2.25, 3.0, 0.0];
+        let f = |v: &[f32], dtype: DType| -> Result<u64> {
+            fingerprint(&Tensor::new(v, &dev)?.to_dtype(dtype)?)
+        };
+        for dtype in [DType::F32, DType::BF16, DType::F16, DType::F64] {
+            let base = f(&values, dtype)?;
+            assert_eq!(base, f(&values, dtype)?, "{dtype:?}: the same values");
+            let swapped = [values[1], values[0], values[2], values[3]];
+            assert_ne!(base, f(&swapped, dtype)?, "{dtype:?}: two values swapped");
+            let shaped = Tensor::new(&values, &dev)?
+                .reshape((2, 2))?
+                .to_dtype(dtype)?;
+            assert_eq!(
+                base,
+                fingerprint(&shaped)?,
+                "{dtype:?}: the shape is not hashed"
+            );
+        }
+        let last_bit = [
+            values[0],
+            values[1],
+            f32::from_bits(3f32.to_bits() ^ 1),
+            0.0,
+        ];
+        assert_ne!(f(&values, DType::F32)?, f(&last_bit, DType::F32)?);
+        assert_ne!(
+            f(&values, DType::F32)?,
+            f(&[1.5, -2.25, 3.0, -0.0], DType::F32)?
+        );
+        Ok(())
+    }
+}

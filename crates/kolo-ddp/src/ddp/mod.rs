@@ -49,6 +49,7 @@ pub mod comm_hook;
 mod device_buckets;
 mod hook;
 pub mod join;
+mod same_weights;
 mod sync;
 
 pub use adasum_hook::{AdasumHook, GradientReduce};

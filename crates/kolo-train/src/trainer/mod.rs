@@ -132,6 +132,8 @@ fn train_on(comm: &Communicator, cfg: &TrainConfig, device: &Device) -> Result<S
         train_seconds += seconds;
 
         let eval_span = timeline.span("evaluate");
+        // Replicas that drifted apart train different models: stop, naming them.
+        dopt.ddp().check_replicas()?;
         let buffers_agreed = vars_comm::same_on_every_rank(comm, dopt.ddp().buffers())?;
         dopt.ddp().sync_buffers()?;
         let (test_loss, test_accuracy) =
