@@ -1,5 +1,5 @@
 //! Horovod's shape of data parallelism: a [`DistributedOptimizer`] wrapping any optimizer, plus
-//! [`reduce_value`] for metrics, the linear learning-rate scaling rule with warm-up ([`LrSchedule`]),
+//! [`reduce_value`] for metrics, a learning-rate schedule (the linear scaling rule with warm-up, then cosine or step decay: [`LrSchedule`]),
 //! and [`check_loss`], which stops every rank together when any rank's loss is not finite.
 
 use candle_core::backprop::GradStore;
@@ -9,6 +9,8 @@ use kolo::{Communicator, ReduceOp};
 use crate::ddp::{Ddp, JoinReport};
 use crate::error::{Result, TrainError};
 use crate::optim::DynOptimizer;
+
+pub use crate::lr_schedule::{LrDecay, LrSchedule};
 
 /// What [`DistributedOptimizer`] needs of an optimizer: a step from gradients and a learning rate.
 /// Implemented for every `candle_nn::Optimizer` and for kolo's boxed optimizers.
@@ -42,30 +44,6 @@ impl StepOptimizer for Box<dyn DynOptimizer> {
     }
     fn set_learning_rate(&mut self, lr: f64) {
         DynOptimizer::set_learning_rate(self.as_mut(), lr)
-    }
-}
-
-/// The linear scaling rule (Goyal et al.): with `scale` = the number of workers, the learning rate
-/// grows from `base_lr` to `base_lr · scale` over `warmup_steps`, then stays there.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct LrSchedule {
-    /// Learning rate of one worker.
-    pub base_lr: f64,
-    /// Factor reached after warm-up (1 disables scaling).
-    pub scale: f64,
-    /// Steps of linear warm-up (0: scaled from the first step).
-    pub warmup_steps: u64,
-}
-
-impl LrSchedule {
-    /// The learning rate at optimizer step `step` (0-based).
-    pub fn lr(&self, step: u64) -> f64 {
-        let progress = if self.warmup_steps == 0 {
-            1.0
-        } else {
-            (step as f64 / self.warmup_steps as f64).min(1.0)
-        };
-        self.base_lr * (1.0 + (self.scale - 1.0) * progress)
     }
 }
 
@@ -350,25 +328,6 @@ impl<O: StepOptimizer> DistributedOptimizer<O> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn warmup_reaches_the_scaled_rate() {
-        let s = LrSchedule {
-            base_lr: 0.1,
-            scale: 4.0,
-            warmup_steps: 10,
-        };
-        assert!((s.lr(0) - 0.1).abs() < 1e-12);
-        assert!((s.lr(5) - 0.25).abs() < 1e-12);
-        assert!((s.lr(10) - 0.4).abs() < 1e-12);
-        assert!((s.lr(1000) - 0.4).abs() < 1e-12);
-        let none = LrSchedule {
-            base_lr: 0.1,
-            scale: 1.0,
-            warmup_steps: 0,
-        };
-        assert!((none.lr(7) - 0.1).abs() < 1e-12);
-    }
 
     #[test]
     fn non_finite_loss_stops_every_rank() {

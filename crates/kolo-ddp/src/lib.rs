@@ -70,6 +70,7 @@ mod error;
 pub mod fuzzing;
 #[cfg(feature = "cuda")]
 pub mod gpu;
+mod lr_schedule;
 pub mod optim;
 pub mod precision;
 pub mod replicas;

@@ -7,7 +7,7 @@ use candle_core::{DType, Device, Tensor};
 use candle_nn::{Init, VarMap};
 use kolo::Config;
 use kolo_ddp::ddp::{Ddp, DdpOptions};
-use kolo_ddp::distributed::{DistributedOptimizer, LrSchedule};
+use kolo_ddp::distributed::{DistributedOptimizer, LrDecay, LrSchedule};
 use kolo_ddp::optim::{self, OptimizerConfig};
 use kolo_ddp::{Result, TrainError};
 
@@ -86,6 +86,7 @@ fn the_same_rate_trains_and_a_schedule_that_differs_is_caught() {
             base_lr: 0.1,
             scale: 1.0 + r as f64,
             warmup_steps: 1,
+            decay: LrDecay::Constant,
         }),
         |_| 0.1,
     );

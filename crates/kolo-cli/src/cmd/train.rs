@@ -17,7 +17,7 @@ use kolo_ddp::device::DeviceKind;
 use kolo_ddp::optim::OptimizerKind;
 use kolo_ddp::precision::Precision;
 use kolo_models::ModelKind;
-use kolo_train::trainer::{self, TrainConfig};
+use kolo_train::trainer::{self, LrDecayKind, TrainConfig};
 
 use super::error::CliError;
 
@@ -121,6 +121,20 @@ pub struct TrainArgs {
     /// Epochs of linear learning-rate warm-up with --scale-lr
     #[arg(long, default_value = "0")]
     warmup_epochs: f64,
+    /// What the learning rate does after warm-up: constant; cosine, half a cosine down to --min-lr
+    /// at the end of the run (PyTorch's CosineAnnealingLR); step, --lr-gamma times every
+    /// --lr-step-epochs epochs (StepLR)
+    #[arg(long, default_value = "constant", value_name = "constant|cosine|step")]
+    lr_decay: LrDecayKind,
+    /// Epochs between the decays of --lr-decay step
+    #[arg(long, default_value = "30", value_name = "EPOCHS")]
+    lr_step_epochs: f64,
+    /// Factor of each decay of --lr-decay step
+    #[arg(long, default_value = "0.1")]
+    lr_gamma: f64,
+    /// The learning rate at the end of a --lr-decay cosine run
+    #[arg(long, default_value = "0")]
+    min_lr: f64,
     /// Run directory (default: a new directory under runs/)
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
@@ -187,6 +201,10 @@ impl TrainArgs {
             backward_passes_per_step: self.backward_passes_per_step,
             scale_lr: self.scale_lr,
             warmup_epochs: self.warmup_epochs,
+            lr_decay: self.lr_decay,
+            lr_step_epochs: self.lr_step_epochs,
+            lr_gamma: self.lr_gamma,
+            min_lr: self.min_lr,
             // The launcher names the run directory (so that a restarted group finds its checkpoints),
             // and a restarted group resumes from the newest one.
             out: self

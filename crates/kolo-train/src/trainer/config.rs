@@ -45,6 +45,21 @@ pub struct TrainConfig {
     pub scale_lr: bool,
     /// Epochs of learning-rate warm-up when scaling.
     pub warmup_epochs: f64,
+    /// What the learning rate does after warm-up: constant, a cosine to [`Self::min_lr`] at the
+    /// end of the run, or steps of [`Self::lr_gamma`] every [`Self::lr_step_epochs`]
+    /// ([`kolo_ddp::distributed::LrDecay`]).
+    #[serde(default)]
+    pub lr_decay: LrDecayKind,
+    /// Epochs between the decays of [`LrDecayKind::Step`] (PyTorch's `StepLR` `step_size`, in
+    /// epochs as torchvision's recipes count it).
+    #[serde(default = "thirty")]
+    pub lr_step_epochs: f64,
+    /// Factor of each decay of [`LrDecayKind::Step`].
+    #[serde(default = "a_tenth")]
+    pub lr_gamma: f64,
+    /// The rate at the end of a [`LrDecayKind::Cosine`] run.
+    #[serde(default)]
+    pub min_lr: f64,
     /// Run directory (default: a new directory under `runs/`).
     pub out: Option<PathBuf>,
     /// Continue from the newest checkpoint in the run directory.
@@ -95,6 +110,41 @@ fn one() -> usize {
     1
 }
 
+fn thirty() -> f64 {
+    30.0
+}
+
+fn a_tenth() -> f64 {
+    0.1
+}
+
+/// The learning-rate decay of a run (`kolo train --lr-decay`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LrDecayKind {
+    /// The rate stays where warm-up left it.
+    #[default]
+    Constant,
+    /// Half a cosine down to `min_lr` over the run's steps after warm-up.
+    Cosine,
+    /// `lr_gamma` times every `lr_step_epochs` epochs.
+    Step,
+}
+
+impl std::str::FromStr for LrDecayKind {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "constant" => Ok(LrDecayKind::Constant),
+            "cosine" => Ok(LrDecayKind::Cosine),
+            "step" => Ok(LrDecayKind::Step),
+            other => Err(format!(
+                "unknown learning-rate decay `{other}`: expected constant, cosine or step"
+            )),
+        }
+    }
+}
+
 impl Default for TrainConfig {
     fn default() -> Self {
         TrainConfig {
@@ -113,6 +163,10 @@ impl Default for TrainConfig {
             backward_passes_per_step: 1,
             scale_lr: false,
             warmup_epochs: 0.0,
+            lr_decay: LrDecayKind::Constant,
+            lr_step_epochs: 30.0,
+            lr_gamma: 0.1,
+            min_lr: 0.0,
             out: None,
             resume: false,
             train_limit: None,
@@ -154,6 +208,29 @@ pub fn check_config(cfg: &TrainConfig) -> Result<()> {
     }
     if cfg.backward_passes_per_step == 0 {
         return bad("backward passes per step", "must be at least 1");
+    }
+    match cfg.lr_decay {
+        LrDecayKind::Constant => {}
+        LrDecayKind::Cosine
+            if !(cfg.min_lr.is_finite() && (0.0..=cfg.lr).contains(&cfg.min_lr)) =>
+        {
+            return Err(TrainError::InvalidArgument {
+                arg: "min-lr",
+                reason: format!(
+                    "{} must be a number from 0 to the learning rate ({})",
+                    cfg.min_lr, cfg.lr
+                ),
+            });
+        }
+        LrDecayKind::Cosine => {}
+        LrDecayKind::Step => {
+            if !(cfg.lr_step_epochs.is_finite() && cfg.lr_step_epochs > 0.0) {
+                return bad("lr-step-epochs", "must be a positive number of epochs");
+            }
+            if !(cfg.lr_gamma.is_finite() && cfg.lr_gamma > 0.0) {
+                return bad("lr-gamma", "must be a positive number");
+            }
+        }
     }
     if cfg.replicas == 0 {
         return bad("replicas", "must be at least 1");

@@ -11,7 +11,7 @@ mod record;
 mod setup;
 mod summary;
 
-pub use config::{check_config, TrainConfig};
+pub use config::{check_config, LrDecayKind, TrainConfig};
 pub use elastic::run_elastic;
 pub use summary::{EpochStats, Summary};
 

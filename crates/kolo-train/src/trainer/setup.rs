@@ -9,10 +9,10 @@ use kolo::Communicator;
 use kolo_data::{Dataset, DistributedSampler, Split};
 use kolo_metrics::RunDir;
 
-use super::config::TrainConfig;
+use super::config::{LrDecayKind, TrainConfig};
 use kolo_ddp::checkpoint;
 use kolo_ddp::ddp::{Ddp, DdpOptions};
-use kolo_ddp::distributed::{DistributedOptimizer, LrSchedule};
+use kolo_ddp::distributed::{DistributedOptimizer, LrDecay, LrSchedule};
 use kolo_ddp::TrainError;
 use kolo_nn::vars::sorted_vars;
 
@@ -210,21 +210,35 @@ pub(super) fn steps_per_epoch(
     ))
 }
 
-/// Scales the learning rate by the number of workers (with warm-up) when asked.
+/// The run's learning-rate schedule: scaled by the number of workers (with warm-up) when asked,
+/// then decayed as asked. `batches_per_epoch` counts backward passes; the schedule counts
+/// optimizer steps, `backward_passes_per_step` passes each.
 pub(super) fn schedule(
     cfg: &TrainConfig,
     workers: usize,
-    steps_per_epoch: usize,
+    batches_per_epoch: usize,
     dopt: DistributedOptimizer<Box<dyn DynOptimizer>>,
 ) -> DistributedOptimizer<Box<dyn DynOptimizer>> {
-    if cfg.scale_lr && workers > 1 {
-        let warmup = (cfg.warmup_epochs * steps_per_epoch as f64).round() as u64;
-        dopt.with_schedule(LrSchedule {
-            base_lr: cfg.lr,
-            scale: workers as f64,
-            warmup_steps: warmup,
-        })
-    } else {
-        dopt
-    }
+    let steps_per_epoch = batches_per_epoch as f64 / cfg.backward_passes_per_step.max(1) as f64;
+    let steps = |epochs: f64| (epochs * steps_per_epoch).round() as u64;
+    let scaled = cfg.scale_lr && workers > 1;
+    let warmup_steps = if scaled { steps(cfg.warmup_epochs) } else { 0 };
+    let decay = match cfg.lr_decay {
+        LrDecayKind::Constant if !scaled => return dopt,
+        LrDecayKind::Constant => LrDecay::Constant,
+        LrDecayKind::Cosine => LrDecay::Cosine {
+            steps: steps(cfg.epochs as f64).saturating_sub(warmup_steps),
+            min_lr: cfg.min_lr,
+        },
+        LrDecayKind::Step => LrDecay::Step {
+            every: steps(cfg.lr_step_epochs).max(1),
+            gamma: cfg.lr_gamma,
+        },
+    };
+    dopt.with_schedule(LrSchedule {
+        base_lr: cfg.lr,
+        scale: if scaled { workers as f64 } else { 1.0 },
+        warmup_steps,
+        decay,
+    })
 }
