@@ -2,29 +2,15 @@
 //! steps, a cosine falling to `min_lr` at the end of the run (after the warm-up of the linear
 //! scaling rule) — and the decay settings it refuses.
 
-use std::path::Path;
+mod common;
+
 use std::time::Duration;
 
+use common::synthetic;
 use kolo::Config;
-use kolo_data::DatasetKind;
 use kolo_ddp::TrainError;
-use kolo_models::ModelKind;
 use kolo_train::trainer::{run, LrDecayKind, TrainConfig};
 use kolo_train::RunError;
-
-fn synthetic(out: &Path, epochs: usize) -> TrainConfig {
-    TrainConfig {
-        model: ModelKind::Mlp,
-        dataset: DatasetKind::Synthetic,
-        epochs,
-        batch_size: 32,
-        lr: 0.05,
-        out: Some(out.to_path_buf()),
-        progress: false,
-        seed: 7,
-        ..TrainConfig::default()
-    }
-}
 
 /// Trains `cfg` on `n` thread ranks; rank 0's per-epoch (step, learning rate) from metrics.csv.
 fn rates(n: usize, cfg: &TrainConfig) -> Result<Vec<(u64, f64)>, RunError> {

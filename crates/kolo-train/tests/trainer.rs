@@ -1,31 +1,20 @@
 //! The training loop end to end on small data, with threads as ranks: it learns, writes its outputs,
 //! resumes to the same parameters as an uninterrupted run, and fails cleanly on bad settings.
 
+mod common;
+
 use std::collections::HashMap;
 use std::path::Path;
 use std::time::Duration;
 
 use candle_core::{Device, Tensor};
+use common::synthetic;
 use kolo::Config;
 use kolo_data::DatasetKind;
 use kolo_ddp::TrainError;
 use kolo_models::ModelKind;
 use kolo_train::trainer::{run, Summary, TrainConfig};
 use kolo_train::RunError;
-
-fn synthetic(out: &Path, epochs: usize) -> TrainConfig {
-    TrainConfig {
-        model: ModelKind::Mlp,
-        dataset: DatasetKind::Synthetic,
-        epochs,
-        batch_size: 32,
-        lr: 0.05,
-        out: Some(out.to_path_buf()),
-        progress: false,
-        seed: 7,
-        ..TrainConfig::default()
-    }
-}
 
 fn train(n: usize, cfg: &TrainConfig) -> Vec<Result<Summary, RunError>> {
     kolo::run_local(

@@ -254,6 +254,8 @@ fn train_generation(
             pos.loss_steps += 1;
             pos.seconds += t.elapsed().as_secs_f64();
         }
+        // Replicas that drifted apart train different models: stop, naming them.
+        dopt.ddp().check_replicas()?;
         dopt.ddp().sync_buffers()?;
         let eval_sampler = DistributedSampler::eval(test.len(), size, rank)?;
         let (test_loss, test_accuracy) =
