@@ -45,6 +45,8 @@ With --torch-backends (PyTorch on Gloo vs PyTorch on kolo's Python backend), ins
   gloo  the PyTorch peer of --model with --workers workers (default 2), as above
   kolo  the same peer with its process group's backend "gloo" changed to "kolo" (nothing else; needs the
         kolo wheel installed in this Python, crates/kolo-py)
+With --wrap fsdp both train under PyTorch's FSDP2 instead (fully_shard per block: parameters sharded, all-gathered
+for forward and backward, gradients reduce-scattered; scripts/torch_ddp_resnet18.py's WRAP=fsdp, its LeNet too).
 reporting samples/s, the time per step (per-worker batch / (samples/s / workers)) and kolo / Gloo.
 
 With --device cuda (GPUs: `kolo train --device cuda` against PyTorch DDP on NCCL), instead, alternating:
@@ -315,7 +317,10 @@ def peer_with_backend(path, backend):
 
 def torch_backends(a):
     peer = PEER_RESNET if a.model == "resnet18" else PEER
-    env = {"MOMENTUM": str(a.momentum)}
+    env = {"MOMENTUM": str(a.momentum), "WRAP": a.wrap}
+    if a.wrap == "fsdp" and a.model == "lenet":
+        peer = PEER_RESNET  # the LeNet peer of ../shared/peers has no FSDP; this one has kolo's LeNet
+        env["MODEL"] = "lenet"
     if a.model == "resnet18":
         env.update(TRAIN_LIMIT=str(a.train_limit or 0), TEST_LIMIT=str(a.test_limit or 0))
     scripts = {"gloo": peer, "kolo": peer_with_backend(peer, "kolo")}
@@ -337,14 +342,14 @@ def torch_backends(a):
         os.unlink(scripts["kolo"])
     med = {k: statistics.median(v) for k, v in res.items()}
     step = {k: 1000 * a.batch * a.workers / v for k, v in med.items()}
-    print(f"\nPyTorch DDP {a.model}, {a.workers} workers x batch {a.batch}, {a.epochs} epoch(s), medians of "
+    print(f"\nPyTorch {a.wrap.upper()} {a.model}, {a.workers} workers x batch {a.batch}, {a.epochs} epoch(s), medians of "
           f"{a.rounds} rounds:")
     for k in med:
         print(f"  torch on {k:4s} {med[k]:9.0f} samples/s  {step[k]:7.2f} ms per step   "
               f"(runs: {', '.join(f'{x:.0f}' for x in res[k])})")
     print(f"  kolo / Gloo: {med['kolo'] / med['gloo']:.3f}x samples/s; step time {step['kolo']:.2f} vs "
           f"{step['gloo']:.2f} ms")
-    print(json.dumps({"model": a.model, "workers": a.workers, "batch": a.batch, "medians": med, "runs": res,
+    print(json.dumps({"model": a.model, "wrap": a.wrap, "workers": a.workers, "batch": a.batch, "medians": med, "runs": res,
                       "step_ms": step}))
 
 
@@ -409,6 +414,8 @@ def main():
                     help="per-core f32 peak in GFLOP/s (default: run BIN/examples/peak_flops if built)")
     ap.add_argument("--timeline", action="store_true", help="the cost of --timeline (see above)")
     ap.add_argument("--torch-backends", action="store_true", help="PyTorch DDP on Gloo vs on kolo (see above)")
+    ap.add_argument("--wrap", default="ddp", choices=["ddp", "fsdp"],
+                    help="with --torch-backends: PyTorch's DDP, or FSDP2 (fully_shard, ZeRO-3; see above)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--csv", help="(the kolo/PyTorch comparison) also write the median samples/s of kolo "
                                   "and PyTorch DDP at 1 and 2 workers here, and draw it beside as a PNG "

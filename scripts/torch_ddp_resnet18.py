@@ -3,7 +3,7 @@
 the ResNet-18 of kolo (crates/kolo-models/src/resnet.rs) on Fashion-MNIST.
 
 Usage: [MOMENTUM=m] [WEIGHT_DECAY=w] [TRAIN_LIMIT=N] [TEST_LIMIT=N] [MODEL=resnet18|lenet|mlp] [DEVICE=cpu|cuda]
-       [PRECISION=f32|bf16] python torch_ddp_resnet18.py N EPOCHS [BATCH] [LR]
+       [PRECISION=f32|bf16] [WRAP=ddp|fsdp] python torch_ddp_resnet18.py N EPOCHS [BATCH] [LR]
        python torch_ddp_resnet18.py --check-against CHECKPOINT   (a kolo run directory, checkpoint directory or
                                                                model.safetensors: same tensors, shapes, counts?)
        python torch_ddp_resnet18.py --flops resnet18|lenet|mlp     (training FLOPs per sample, one JSON line)
@@ -36,6 +36,12 @@ PRECISION=bf16 (`kolo train --precision bf16`'s peer): the forward pass and the 
 torch.autocast(device, dtype=torch.bfloat16), PyTorch's mixed precision (f32 weights and optimizer, bf16
 convolutions and products: on CPUs with AMX or AVX512-BF16 oneDNN runs them there); the backward pass outside it,
 as PyTorch's documentation says; evaluation in f32.
+
+WRAP=fsdp (`bench_train.py --torch-backends --wrap fsdp`): PyTorch's FSDP2 instead of DDP, fully_shard on every
+residual block (ResNet-18) or linear layer (MLP, LeNet) and on the model, each worker holding 1/N of every
+parameter, all-gathering them for forward and backward and reduce-scattering the gradients (ZeRO-3's
+communication: 3 (N-1)/N of the parameters per step, against DDP's 2); BatchNorm buffers are then full on every
+worker and still copied from rank 0 before evaluating.
 
 FLOPs are those torch.utils.flop_counter.FlopCounterMode counts (convolutions and matrix products, forward and
 backward; not BatchNorm, ReLU, pooling, loss or optimizer). Needs only torch (no numpy).
@@ -233,7 +239,19 @@ def run(rank, n, epochs, bs, lr, port, flops):
     # Buffers copied once at construction, not before every forward (newer torch names it forward_sync_buffers).
     keep = {"forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP).parameters
             else "broadcast_buffers": False}
-    model = DDP(net, bucket_cap_mb=25, device_ids=[dev.index] if gpu else None, **keep)
+    wrap = os.environ.get("WRAP", "ddp")
+    if wrap == "fsdp":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+        mesh = init_device_mesh(dev.type, (n,))
+        for m in net.modules():
+            if isinstance(m, (Residual, nn.Linear)) or (name == "lenet" and isinstance(m, nn.Conv2d)):
+                fully_shard(m, mesh=mesh)
+        model = fully_shard(net, mesh=mesh)
+    elif wrap == "ddp":
+        model = DDP(net, bucket_cap_mb=25, device_ids=[dev.index] if gpu else None, **keep)
+    else:
+        sys.exit(f"torch_ddp_resnet18: WRAP={wrap}: ddp or fsdp")
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=float(os.environ.get("MOMENTUM", "0.9")),
                           weight_decay=float(os.environ.get("WEIGHT_DECAY", "0")))
     sampler = torch.utils.data.DistributedSampler(range(len(xtr)), num_replicas=n, rank=rank, shuffle=True, seed=0)
@@ -259,7 +277,7 @@ def run(rank, n, epochs, bs, lr, port, flops):
         if first88 is None and acc >= 0.88: first88 = time.perf_counter() - t_all
     if rank == 0:
         tot = time.perf_counter() - t_all
-        print(json.dumps({"impl": "torch-ddp-nccl" if gpu else "torch-ddp-gloo", "model": name, "n": n, "epochs": epochs, "batch": bs,
+        print(json.dumps({"impl": f"torch-{wrap}-" + ("nccl" if gpu else dist.get_backend()), "model": name, "n": n, "epochs": epochs, "batch": bs,
                           "precision": "bf16" if bf16 else "f32",
                           "lr": lr, "train_samples": seen, "final_acc": round(acc, 4),
                           "train_samples_per_s": round(seen / max(train_s, 1e-9), 1), "secs_to_88": first88,

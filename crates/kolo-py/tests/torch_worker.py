@@ -260,13 +260,73 @@ def train():
     say(f"PARAMS {sums}")
 
 
+def sharded():
+    # PyTorch's sharded training on the backend: FSDP2 (fully_shard, per layer), FSDP1 on the CPU,
+    # ZeroRedundancyOptimizer with DDP, and torch.distributed.checkpoint saving FSDP2's sharded
+    # state and loading it into a fresh model. Each rank trains on its own fixed random batches;
+    # the mean losses (compared across backends by the test) and whether the load gave back the
+    # saved parameters.
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    r, n = dist.get_rank(), dist.get_world_size()
+
+    def model():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
+
+    def fsdp2():
+        m = model()
+        for layer in m:
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        return fully_shard(m, mesh=mesh)
+
+    def train(m, opt, steps=4):
+        g = torch.Generator().manual_seed(1 + r)
+        losses = []
+        for _ in range(steps):
+            x, y = torch.randn(16, 32, generator=g), torch.randint(0, 10, (16,), generator=g)
+            loss = nn.functional.cross_entropy(m(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            mean = loss.detach().clone()
+            dist.all_reduce(mean)
+            losses.append(mean.item() / n)
+        return losses
+
+    mesh = init_device_mesh("cpu", (n,))
+    m = fsdp2()
+    say("LOSSES fsdp2 " + " ".join(f"{x:.9g}" for x in train(m, torch.optim.AdamW(m.parameters(), lr=1e-2))))
+    m = FSDP(model(), use_orig_params=True, device_id=torch.device("cpu"))
+    say("LOSSES fsdp1 " + " ".join(f"{x:.9g}" for x in train(m, torch.optim.AdamW(m.parameters(), lr=1e-2))))
+    m = nn.parallel.DistributedDataParallel(model())
+    zero = ZeroRedundancyOptimizer(m.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-2)
+    say("LOSSES zero " + " ".join(f"{x:.9g}" for x in train(m, zero)))
+    zero.consolidate_state_dict(0)
+    m = fsdp2()
+    train(m, torch.optim.SGD(m.parameters(), lr=0.1), steps=2)
+    where = [os.environ["CHECKPOINT_DIR"]]
+    dcp.save({"model": m.state_dict()}, checkpoint_id=where[0])
+    fresh = fsdp2()
+    state = {"model": fresh.state_dict()}
+    dcp.load(state, checkpoint_id=where[0])
+    fresh.load_state_dict(state["model"])
+    check("checkpoint loads the saved parameters",
+          all(torch.equal(a.full_tensor(), b.full_tensor()) for a, b in zip(m.parameters(), fresh.parameters())))
+
+
 if __name__ == "__main__":
     scenario = sys.argv[1]
     backend = os.environ.get("BACKEND", "kolo")
     dist.init_process_group(backend=backend)
     check(f"backend is {backend}", dist.get_backend() == backend)
     {"collectives": collectives, "ddp": ddp, "mismatch": mismatch, "dead": dead,
-     "bad_input": bad_input, "train": train}[scenario]()
+     "bad_input": bad_input, "train": train, "sharded": sharded}[scenario]()
     if scenario != "dead":
         dist.destroy_process_group()
     say("DONE")
