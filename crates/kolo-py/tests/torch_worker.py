@@ -262,7 +262,7 @@ def train():
 
 def sharded():
     # PyTorch's sharded training on the backend: FSDP2 (fully_shard, per layer), FSDP1 on the CPU,
-    # ZeroRedundancyOptimizer with DDP, and torch.distributed.checkpoint saving FSDP2's sharded
+    # ZeroRedundancyOptimizer with DDP, tensor parallelism, and torch.distributed.checkpoint saving FSDP2's sharded
     # state and loading it into a fresh model. Each rank trains on its own fixed random batches;
     # the mean losses (compared across backends by the test) and whether the load gave back the
     # saved parameters.
@@ -285,8 +285,9 @@ def sharded():
                 fully_shard(layer, mesh=mesh)
         return fully_shard(m, mesh=mesh)
 
-    def train(m, opt, steps=4):
-        g = torch.Generator().manual_seed(1 + r)
+    def train(m, opt, steps=4, same_batches=False):
+        # Each rank its own batches, or (tensor parallelism) every rank the same ones.
+        g = torch.Generator().manual_seed(1 if same_batches else 1 + r)
         losses = []
         for _ in range(steps):
             x, y = torch.randn(16, 32, generator=g), torch.randint(0, 10, (16,), generator=g)
@@ -308,6 +309,12 @@ def sharded():
     zero = ZeroRedundancyOptimizer(m.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-2)
     say("LOSSES zero " + " ".join(f"{x:.9g}" for x in train(m, zero)))
     zero.consolidate_state_dict(0)
+    # Tensor parallelism (DTensor): the first layer's columns and the second's rows split over
+    # the ranks, the same batches on every rank.
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    m = parallelize_module(model(), mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    tp = train(m, torch.optim.SGD(m.parameters(), lr=0.1), same_batches=True)
+    say("LOSSES tp " + " ".join(f"{x:.9g}" for x in tp))
     m = fsdp2()
     train(m, torch.optim.SGD(m.parameters(), lr=0.1), steps=2)
     where = [os.environ["CHECKPOINT_DIR"]]
