@@ -224,35 +224,24 @@ pub fn same_on_every_rank(comm: &Communicator, vars: &[(String, Var)]) -> Result
 /// but for a chance of 2⁻⁶⁴.
 pub fn fingerprint(t: &Tensor) -> Result<u64> {
     let t = t.flatten_all()?;
-    let bits: Vec<u64> = match t.dtype() {
-        DType::F32 => t
-            .to_vec1::<f32>()?
-            .iter()
-            .map(|x| x.to_bits().into())
-            .collect(),
-        DType::F64 => t.to_vec1::<f64>()?.iter().map(|x| x.to_bits()).collect(),
-        DType::BF16 => t
-            .to_vec1::<half::bf16>()?
-            .iter()
-            .map(|x| x.to_bits().into())
-            .collect(),
-        DType::F16 => t
-            .to_vec1::<half::f16>()?
-            .iter()
-            .map(|x| x.to_bits().into())
-            .collect(),
-        DType::U8 => t.to_vec1::<u8>()?.iter().map(|&x| x.into()).collect(),
-        DType::U32 => t.to_vec1::<u32>()?.iter().map(|&x| x.into()).collect(),
-        DType::I64 => t.to_vec1::<i64>()?.iter().map(|&x| x as u64).collect(),
-        _ => t
-            .to_dtype(DType::F64)?
-            .to_vec1::<f64>()?
-            .iter()
-            .map(|x| x.to_bits())
-            .collect(),
-    };
-    Ok(bits.iter().enumerate().fold(0u64, |sum, (i, &b)| {
-        sum.wrapping_add(mix(b ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)))
+    match t.dtype() {
+        DType::F32 => fold_bits(&t, |x: f32| x.to_bits().into()),
+        DType::F64 => fold_bits(&t, f64::to_bits),
+        DType::BF16 => fold_bits(&t, |x: half::bf16| x.to_bits().into()),
+        DType::F16 => fold_bits(&t, |x: half::f16| x.to_bits().into()),
+        DType::U8 => fold_bits(&t, |x: u8| x.into()),
+        DType::U32 => fold_bits(&t, |x: u32| x.into()),
+        DType::I64 => fold_bits(&t, |x: i64| x as u64),
+        _ => fold_bits(&t.to_dtype(DType::F64)?, f64::to_bits),
+    }
+}
+
+/// The sum over `t`'s values (one dimension, of type `T`) of their `bits` mixed with their
+/// position.
+fn fold_bits<T: WithDType>(t: &Tensor, bits: impl Fn(T) -> u64) -> Result<u64> {
+    let values = t.to_vec1::<T>()?;
+    Ok(values.into_iter().enumerate().fold(0u64, |sum, (i, x)| {
+        sum.wrapping_add(mix(bits(x) ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)))
     }))
 }
 

@@ -215,7 +215,7 @@ fn banner(
     workers: &str,
 ) {
     println!(
-        "kolo train: {} on {} ({} train / {} test samples), {} ({}) × batch {}, {} lr {}{}",
+        "kolo train: {} on {} ({} train / {} test samples), {} ({}) × batch {}, {} lr {}{}{}",
         cfg.model,
         cfg.dataset,
         train.len(),
@@ -232,6 +232,12 @@ fn banner(
             format!(" momentum {}", cfg.momentum)
         } else {
             String::new()
+        },
+        match cfg.lr_decay {
+            LrDecayKind::Constant => String::new(),
+            LrDecayKind::Cosine => format!(", cosine decay to {}", cfg.min_lr),
+            LrDecayKind::Step =>
+                format!(", × {} every {} epochs", cfg.lr_gamma, cfg.lr_step_epochs),
         }
     );
     precision_note(cfg);
