@@ -97,8 +97,9 @@ def test_training_matches_gloo():
 
 
 def test_sharded_training_matches_gloo(tmp_path):
-    # PyTorch's sharded training (FSDP2, FSDP1, ZeroRedundancyOptimizer, tensor parallelism) and its sharded
-    # checkpoints (torch.distributed.checkpoint) on kolo: the losses Gloo gives, step for step.
+    # PyTorch's sharded and model-parallel training (FSDP2, FSDP1, ZeroRedundancyOptimizer, tensor
+    # and pipeline parallelism) and its sharded checkpoints (torch.distributed.checkpoint) on
+    # kolo: the losses Gloo gives, step for step.
     losses = {}
     for backend in ["gloo", "kolo"]:
         env = {"BACKEND": backend, "CHECKPOINT_DIR": str(tmp_path / backend)}
@@ -107,8 +108,8 @@ def test_sharded_training_matches_gloo(tmp_path):
         assert passes(out, "checkpoint loads the saved parameters") == 2, out[-3000:]
         rows = [x.split() for x in out.splitlines() if x.startswith("LOSSES ")]
         losses[backend] = {row[1]: [float(v) for v in row[2:]] for row in rows}
-        assert sorted(losses[backend]) == ["fsdp1", "fsdp2", "tp", "zero"], out[-3000:]
-        assert len(rows) == 8, out[-3000:]  # every rank, every kind
+        assert sorted(losses[backend]) == ["fsdp1", "fsdp2", "pp", "tp", "zero"], out[-3000:]
+        assert len(rows) == 9, out[-3000:]  # every rank each kind, the last stage the pipeline's
     for kind, want in losses["gloo"].items():
         assert losses["kolo"][kind] == pytest.approx(want, rel=1e-6), kind
 

@@ -262,7 +262,7 @@ def train():
 
 def sharded():
     # PyTorch's sharded training on the backend: FSDP2 (fully_shard, per layer), FSDP1 on the CPU,
-    # ZeroRedundancyOptimizer with DDP, tensor parallelism, and torch.distributed.checkpoint saving FSDP2's sharded
+    # ZeroRedundancyOptimizer with DDP, tensor and pipeline parallelism, and torch.distributed.checkpoint saving FSDP2's sharded
     # state and loading it into a fresh model. Each rank trains on its own fixed random batches;
     # the mean losses (compared across backends by the test) and whether the load gave back the
     # saved parameters.
@@ -315,6 +315,29 @@ def sharded():
     m = parallelize_module(model(), mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
     tp = train(m, torch.optim.SGD(m.parameters(), lr=0.1), same_batches=True)
     say("LOSSES tp " + " ".join(f"{x:.9g}" for x in tp))
+    # Pipeline parallelism: the model cut in two stages (one rank each, the last one with the
+    # loss), GPipe over 4 micro-batches of each batch; the activations and their gradients go
+    # between the stages by send and recv.
+    if n == 2:
+        from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+        stage_module = [model()[:2], model()[2:]][r]
+        stage = PipelineStage(stage_module, r, n, torch.device("cpu"))
+        gpipe = ScheduleGPipe(stage, n_microbatches=4, loss_fn=nn.functional.cross_entropy)
+        opt = torch.optim.SGD(stage_module.parameters(), lr=0.1)
+        g = torch.Generator().manual_seed(1)
+        pp = []
+        for _ in range(4):
+            x, y = torch.randn(16, 32, generator=g), torch.randint(0, 10, (16,), generator=g)
+            losses = []
+            if r == 0:
+                gpipe.step(x)
+            else:
+                gpipe.step(target=y, losses=losses)
+                pp.append(torch.stack(losses).mean().item())
+            opt.step()
+            opt.zero_grad()
+        if r == 1:
+            say("LOSSES pp " + " ".join(f"{x:.9g}" for x in pp))
     m = fsdp2()
     train(m, torch.optim.SGD(m.parameters(), lr=0.1), steps=2)
     where = [os.environ["CHECKPOINT_DIR"]]
