@@ -74,7 +74,7 @@ impl<'a, T> MatRef<'a, T> {
 /// `dst = lhs @ rhs`, or `dst += lhs @ rhs` when `accumulate`; `dst` is the
 /// `lhs.rows × rhs.cols` matrix at the start of the slice with element `(i, j)` at
 /// `i·dst_rs + j·dst_cs`. Runs on candle's
-/// thread count (f32, f64) or on the bf16 GEMM (bf16: products summed in f32, rounded to bf16
+/// thread count (one inside [`super::threads::for_each_block`]'s tasks) (f32, f64) or on the bf16 GEMM (bf16: products summed in f32, rounded to bf16
 /// once, with what `dst` held when accumulating). Errors (naming `op`) on mismatched shapes,
 /// views that leave their slices, or another dtype.
 pub(super) fn matmul_into<T: WithDType>(
@@ -123,7 +123,7 @@ pub(super) fn matmul_into<T: WithDType>(
             return f32_on_bf16(op, unit, dst, (dst_rs, dst_cs), lhs, rhs, accumulate);
         }
     }
-    let threads = candle_core::utils::get_num_threads();
+    let threads = super::threads::for_work(m * n * k, MIN_MACS_PER_THREAD);
     let parallelism = if threads > 1 {
         gemm::Parallelism::Rayon(threads)
     } else {
@@ -157,6 +157,10 @@ pub(super) fn matmul_into<T: WithDType>(
     }
     Ok(())
 }
+
+/// Multiply-adds a GEMM gives each thread at the least (about 80 µs of one core's work): a
+/// smaller product runs on the caller's thread, as splitting it costs more than it saves.
+const MIN_MACS_PER_THREAD: usize = 4 << 20;
 
 /// Products with a side (`m`, `n` or `k`) shorter than this stay f32 under
 /// [`MatmulPrecision::Bf16`]: packing the operands (`m·k + k·n` values) then costs about as much as

@@ -88,29 +88,29 @@ impl Geom {
 }
 
 /// Splits `data` into chunks of `chunk` elements and runs `f(chunk_index, chunk)` on them,
-/// spread over up to candle's thread count when there is enough work.
+/// spread over candle's threads (rayon's pool) where each thread gets enough to copy.
 fn par_chunks_mut<T: Send>(data: &mut [T], chunk: usize, f: impl Fn(usize, &mut [T]) + Sync) {
-    const MIN_PARALLEL_ELEMS: usize = 1 << 16;
+    /// Values a thread copies at the least (a few hundred microseconds).
+    const MIN_ELEMS_PER_THREAD: usize = 1 << 18;
     let chunk = chunk.max(1);
     let n_chunks = data.len().div_ceil(chunk);
-    let threads = candle_core::utils::get_num_threads().clamp(1, n_chunks.max(1));
-    if threads == 1 || data.len() < MIN_PARALLEL_ELEMS {
+    let threads = super::threads::for_work(data.len(), MIN_ELEMS_PER_THREAD).min(n_chunks);
+    if threads <= 1 {
         for (i, c) in data.chunks_mut(chunk).enumerate() {
             f(i, c);
         }
         return;
     }
+    // A task per thread's share of the chunks, on the pool's threads (no thread started here).
     let per_thread = n_chunks.div_ceil(threads);
-    std::thread::scope(|s| {
-        for (t, part) in data.chunks_mut(per_thread * chunk).enumerate() {
-            let f = &f;
-            s.spawn(move || {
-                for (i, c) in part.chunks_mut(chunk).enumerate() {
-                    f(t * per_thread + i, c);
-                }
-            });
-        }
-    });
+    use rayon::prelude::*;
+    data.par_chunks_mut(per_thread * chunk)
+        .enumerate()
+        .for_each(|(t, part)| {
+            for (i, c) in part.chunks_mut(chunk).enumerate() {
+                f(t * per_thread + i, c);
+            }
+        });
 }
 
 /// Samples `b0..b0 + bc` of `[B, C, H, W]` (any strides) -> patch matrix `[C·k·k, bc·H'·W']`

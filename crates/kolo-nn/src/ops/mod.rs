@@ -25,6 +25,7 @@ mod scratch;
 mod simd;
 mod slices;
 pub(crate) mod storage;
+mod threads;
 mod tile_conv;
 mod winograd;
 

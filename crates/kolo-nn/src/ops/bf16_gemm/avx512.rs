@@ -40,7 +40,7 @@ pub(super) fn matmul<S: Source>(
     {
         // Row blocks split over candle's threads: each task owns its rows of `c` and its blocks
         // of the packed `A`, and reads all of the packed `B`.
-        let threads = candle_core::utils::get_num_threads().min(mbs).max(1);
+        let threads = super::super::threads::count().min(mbs).max(1);
         let per = mbs.div_ceil(threads);
         let task = |(t, c): (usize, &mut [f32])| {
             let (b0, b1) = (t * per, ((t + 1) * per).min(mbs));

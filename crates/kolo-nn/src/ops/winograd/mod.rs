@@ -24,6 +24,7 @@ use super::im2col::Geom;
 use super::matmul_precision::f32_products;
 use super::scratch::{keep_vec, Scratch};
 use super::slices::copy_row;
+use super::threads::for_each_block;
 
 mod f32x8;
 mod lanes;
@@ -259,16 +260,17 @@ fn forward_with<T: WithDType, W: Transforms<M, A>, const M: usize, const A: usiz
         let v = v_buf.slice(elems * g.c * tc);
         let m = m_buf.slice(elems * c_out * tc);
         input_transform::<T, W, M, A>(p, ph * pw, pw, &offsets, v);
-        for e in 0..elems {
+        let v = &*v;
+        for_each_block(m, c_out * tc, |e, m_e| {
             matmul_into(
                 OP,
-                &mut m[e * c_out * tc..(e + 1) * c_out * tc],
+                m_e,
                 (tc, 1),
                 MatRef::row_major(&u[e * c_out * g.c..(e + 1) * c_out * g.c], c_out, g.c),
                 MatRef::row_major(&v[e * g.c * tc..(e + 1) * g.c * tc], g.c, tc),
                 false,
-            )?;
-        }
+            )
+        })?;
         let out = OutChunk {
             y: &mut y,
             b0,
@@ -368,19 +370,18 @@ fn backward_with<T: WithDType, W: Transforms<M, A>, const M: usize, const A: usi
             pad_input(x, g, (t, M), (b0, bc), p)?;
             let v = v_buf.slice(elems * c * tc);
             input_transform::<T, W, M, A>(p, ph * pw, pw, &offsets, v);
-            for e in 0..elems {
+            let v = &*v;
+            for_each_block(&mut du[..], c_out * c, |e, du_e| {
                 let v_e = MatRef::row_major(&v[e * c * tc..(e + 1) * c * tc], c, tc);
-                let du_e = &mut du[e * c_out * c..(e + 1) * c_out * c];
-                matmul_into(OP, du_e, (c, 1), dm_e(e), v_e.t(), b0 > 0)?;
-            }
+                matmul_into(OP, du_e, (c, 1), dm_e(e), v_e.t(), b0 > 0)
+            })?;
         }
         if want_x {
             let dv = dv_buf.slice(elems * c * tc);
-            for e in 0..elems {
+            for_each_block(dv, c * tc, |e, dv_e| {
                 let u_e = MatRef::row_major(&u[e * c_out * c..(e + 1) * c_out * c], c_out, c);
-                let dv_e = &mut dv[e * c * tc..(e + 1) * c * tc];
-                matmul_into(OP, dv_e, (tc, 1), u_e.t(), dm_e(e), false)?;
-            }
+                matmul_into(OP, dv_e, (tc, 1), u_e.t(), dm_e(e), false)
+            })?;
             pdx.clear();
             pdx.resize(bc * c * ph * pw, T::zero());
             input_grad_transform::<T, W, M, A>(dv, ph * pw, pw, &offsets, &mut pdx);
