@@ -200,23 +200,12 @@ fn compare(rank: usize, want: &Signature, got: &Signature, noun: &str) -> Option
 }
 
 /// Whether every rank of `comm` holds bit for bit the same values of `vars` (`None` when there are
-/// none): a checksum of their bits, its minimum and maximum over the ranks compared. A collective.
+/// none): [`differing_ranks`] found none. A collective.
 pub fn same_on_every_rank(comm: &Communicator, vars: &[(String, Var)]) -> Result<Option<bool>> {
     if vars.is_empty() {
         return Ok(None);
     }
-    let mut sum = 0u64;
-    for (_, v) in vars {
-        let values = v.as_tensor().flatten_all()?.to_dtype(DType::F32)?;
-        for (i, x) in values.to_vec1::<f32>()?.iter().enumerate() {
-            sum = sum.wrapping_add(u64::from(x.to_bits()).wrapping_mul(i as u64 + 1));
-        }
-    }
-    let folded = (sum % (1 << 53)) as f64; // exact in f64
-    let (mut lo, mut hi) = ([folded], [folded]);
-    comm.all_reduce(&mut lo, kolo::ReduceOp::Min)?;
-    comm.all_reduce(&mut hi, kolo::ReduceOp::Max)?;
-    Ok(Some(lo == hi))
+    Ok(Some(differing_ranks(comm, vars)?.is_none()))
 }
 
 /// A fingerprint of `t`'s values, bit for bit: each value's bits mixed with its position, summed.
